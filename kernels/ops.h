@@ -1,0 +1,175 @@
+// The ops interface: the only boundary between model code and a compute backend
+// (CPU here; CUDA implements the same interface later). Model code allocates, zeroes,
+// copies and computes only through an Ops object and never touches device memory.
+//
+// Conventions (every backend follows them):
+// - fp32, row-major, contiguous; N = B*T rows of a [B, T, C] activation.
+// - Linear weights are (out, in): out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias[OC].
+// - Backward functions ACCUMULATE (+=) into every gradient they produce, inputs and
+//   parameters alike; a null gradient pointer means "not needed". The one exception is
+//   cross_entropy_backward, which overwrites (so dlogits may alias logits).
+// - Functions are synchronous with respect to later calls on the same Ops object.
+// - Thread safety: one Ops object per thread of control (it owns scratch memory).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace trident {
+
+struct AdamWParams {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
+  int step = 1;               // 1-based, for bias correction
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------
+  virtual void* allocate(size_t bytes) = 0;  // aligned to 64 bytes, zero-filled
+  virtual void deallocate(void* ptr) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;         // device -> device
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // host -> device
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+
+  // ---- embeddings ---------------------------------------------------------------
+  // out[B*T, C] = wte[tokens[n] - vocab_begin] (+ wpe[n % T] when wpe != null).
+  // wte holds rows [vocab_begin, vocab_begin + vocab_local) of the table; a token
+  // outside that range contributes zero (vocab-parallel embedding).
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                 const float* wpe, int B, int T, int C, int vocab_begin,
+                                 int vocab_local) = 0;
+  // dwte[vocab_local, C] += scatter of dout; dwpe[T, C] += sum over batch (if non-null).
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int B, int T, int C, int vocab_begin,
+                                  int vocab_local) = 0;
+
+  // ---- normalisation ------------------------------------------------------------
+  // out = (inp - mean) * rstd * weight + bias (bias may be null); saves mean[N], rstd[N].
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C,
+                                 float eps) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  // out = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps); saves rstd[N].
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+                               int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                const float* weight, const float* rstd, int N, int C) = 0;
+
+  // ---- linear -------------------------------------------------------------------
+  // out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias[OC] (bias may be null). Overwrites out.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int IC, int OC) = 0;
+  // dinp[N, IC] += dout @ weight; dweight[OC, IC] += dout^T @ inp; dbias[OC] += sum_n dout.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int IC,
+                               int OC) = 0;
+
+  // ---- attention ----------------------------------------------------------------
+  // Rotary embedding in place on x[B, T, H, HD], GPT-NeoX / HF "rotate half" pairing:
+  // for i < HD/2, (x[i], x[i + HD/2]) is rotated by angle pos * theta^(-2i/HD),
+  // pos = t + pos_offset.
+  virtual void rope_forward(float* x, int B, int T, int H, int HD, float theta,
+                            int pos_offset) = 0;
+  // The transpose rotation, in place on the gradient dx[B, T, H, HD].
+  virtual void rope_backward(float* dx, int B, int T, int H, int HD, float theta,
+                             int pos_offset) = 0;
+  // Causal softmax attention with scale 1/sqrt(HD). q[B, T, NH, HD], k and v
+  // [B, T, NKV, HD]; query head h reads kv head h / (NH / NKV). out[B, T, NH, HD];
+  // att[B, NH, T, T] keeps the softmax probabilities for backward (upper triangle 0).
+  virtual void attention_forward(float* out, float* att, const float* q, const float* k,
+                                 const float* v, int B, int T, int NH, int NKV, int HD) = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v,
+                                  const float* att, int B, int T, int NH, int NKV, int HD) = 0;
+
+  // ---- pointwise ----------------------------------------------------------------
+  // GELU, tanh approximation (GPT-2).
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) = 0;
+  // out = silu(gate) * up.
+  virtual void swiglu_forward(float* out, const float* gate, const float* up, size_t n) = 0;
+  virtual void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                               const float* up, size_t n) = 0;
+  // out = a + b (out may alias a or b).
+  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+  // dst += src.
+  virtual void accumulate(float* dst, const float* src, size_t n) = 0;
+  // x *= s.
+  virtual void scale(float* x, float s, size_t n) = 0;
+
+  // ---- loss ---------------------------------------------------------------------
+  // losses[n] = -log softmax(logits[n, :V])[targets[n]]. logits is [N, Vp]; the padded
+  // columns V..Vp-1 are excluded from the softmax.
+  virtual void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                     int N, int V, int Vp) = 0;
+  // dlogits[n, v] = dloss * (softmax[n, v] - [v == targets[n]]) for v < V, 0 for padded
+  // columns. OVERWRITES dlogits, which may alias logits.
+  virtual void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                      float dloss, int N, int V, int Vp) = 0;
+
+  // ---- optimizer ----------------------------------------------------------------
+  // AdamW on n elements: m, v updated in place; param -= lr * (mhat / (sqrt(vhat) + eps)
+  // + weight_decay * param), with bias-corrected mhat and vhat.
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
+                            const AdamWParams& p) = 0;
+  // Sum of squares in double precision, returned to the host.
+  virtual double sum_squares(const float* x, size_t n) = 0;
+};
+
+// The CPU backend (OpenBLAS sgemm + OpenMP). Always built. `threads` <= 0 means all cores.
+std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
+
+// Owns one allocation made through an Ops object. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Ops& ops, size_t bytes) : ops_(&ops), ptr_(ops.allocate(bytes)), bytes_(bytes) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ops_(o.ops_), ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ops_ = o.ops_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void reset() {
+    if (ptr_ != nullptr) ops_->deallocate(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Ops* ops_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace trident

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the build needs (Debian packages; idempotent, non-interactive) and
+# builds Trident into build/. Usage: scripts/setup.sh [--no-build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(cmake g++ libyaml-cpp-dev libspdlog-dev libopenmpi-dev openmpi-bin
+          libopenblas-openmp-dev nlohmann-json3-dev libxxhash-dev libgtest-dev ninja-build)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}"
+fi
+
+if [[ "${1:-}" == "--no-build" ]]; then exit 0; fi
+
+BUILD_DIR=${TRIDENT_BUILD_DIR:-build}
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DTRIDENT_CUDA="${TRIDENT_CUDA:-AUTO}"
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"

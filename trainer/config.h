@@ -1,0 +1,94 @@
+// The training configuration: every YAML key of DESIGN.md with its default. Strict:
+// an unknown key, a value of the wrong type or an impossible value is an error whose
+// message names the key ("training.lr: expected a number, got 'abc'") and exits 2.
+// docs/CONFIG.md documents every key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace trident {
+
+enum class PipelineSchedule { kGpipe, k1F1B };
+enum class LrSchedule { kConstant, kCosine, kLinear };
+
+struct ParallelConfig {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int zero_stage = 0;                // 0..3
+  int micro_batch_size = 4;          // sequences per micro-batch per rank
+  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
+  std::vector<int> stage_layers;     // layers per stage; empty = balanced
+  int bucket_mb = 25;                // gradient reduction bucket size (MiB)
+};
+
+struct DataConfig {
+  std::string train;  // file, glob or directory of llm.c token shards
+  std::string val;    // same; empty = no validation
+  bool shuffle = true;
+  uint64_t seed = 1234;
+};
+
+struct TrainingConfig {
+  int global_batch_size = 8;  // sequences per optimizer step = micro_batch_size * accum * dp
+  int max_steps = 100;
+  float lr = 3e-4f;
+  float min_lr = 0.0f;
+  int warmup_steps = 0;
+  LrSchedule lr_schedule = LrSchedule::kCosine;
+  float weight_decay = 0.1f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;  // 0 = off
+  uint64_t seed = 42;
+  int eval_interval = 0;   // 0 = off
+  int eval_batches = 4;
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int interval = 0;  // 0 = off
+  int keep_last = 3;
+  bool async = true;
+};
+
+struct LoggingConfig {
+  std::string metrics = "metrics.jsonl";  // JSONL file; empty = none
+  int log_interval = 1;
+};
+
+struct Config {
+  TransformerConfig model;
+  ParallelConfig parallel;
+  DataConfig data;
+  TrainingConfig training;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+
+  // Micro-batches per optimizer step on each data-parallel rank.
+  int grad_accum_steps() const {
+    return training.global_batch_size / (parallel.micro_batch_size * parallel.dp);
+  }
+};
+
+// Loads `path`, applies `overrides` ("section.key=value", YAML value syntax) in order,
+// finalizes the model config and validates everything. Errors name the file and key.
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same, from YAML text (tests).
+Result<Config> parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                            const std::string& source_name = "<string>");
+// Validates cross-section constraints (batch divisibility, layout vs heads, ...).
+Status validate_config(const Config& config);
+// The config as YAML (printed at start-up, stored in checkpoints); parse_config of
+// the result gives back an equal Config.
+std::string config_to_yaml(const Config& config);
+
+const char* lr_schedule_name(LrSchedule s);
+const char* pipeline_schedule_name(PipelineSchedule s);
+
+}  // namespace trident
