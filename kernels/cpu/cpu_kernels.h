@@ -1,0 +1,80 @@
+// CPU kernels behind CpuOps (kernels/cpu/cpu_ops.cpp): free functions, one group per
+// file, with exactly the semantics documented in kernels/ops.h (backward accumulates,
+// null gradients skipped, cross_entropy_backward overwrites and may alias).
+//
+// Threads: each function parallelises with OpenMP using the calling thread's
+// nthreads-var (CpuOps sets it before every call). Results are bitwise independent of
+// the thread count: every reduction over rows either runs serially per output column
+// block or over a fixed chunking, never over "one chunk per thread".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace trident::cpu {
+
+// embedding.cpp
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C, int vocab_begin, int vocab_local);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C, int vocab_begin, int vocab_local);
+
+// norm.cpp
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C, float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                     int C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+
+// matmul.cpp
+// Row-major C[M, N] = alpha * op(A) op(B) + beta * C, op = transpose when asked. Cut into
+// fixed tiles, one single-threaded OpenBLAS call per tile, tiles spread over the OpenMP
+// threads: bitwise the same for any thread count.
+void sgemm_tiled(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                 int lda, const float* B, int ldb, float beta, float* C, int ldc);
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int IC, int OC);
+// dst[C] += sum over the N rows of src[N, C]; rows summed in order (deterministic).
+void column_sum_accumulate(float* dst, const float* src, int N, int C);
+
+// rope.cpp
+void rope_forward(float* x, int B, int T, int H, int HD, float theta, int pos_offset);
+void rope_backward(float* dx, int B, int T, int H, int HD, float theta, int pos_offset);
+
+// attention.cpp
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+                       int B, int T, int NH, int NKV, int HD);
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* att, int B, int T, int NH,
+                        int NKV, int HD);
+
+// activation.cpp
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n);
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, size_t n);
+void add(float* out, const float* a, const float* b, size_t n);
+void accumulate(float* dst, const float* src, size_t n);
+void scale(float* x, float s, size_t n);
+
+// cross_entropy.cpp
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V, int Vp);
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                            float dloss, int N, int V, int Vp);
+
+// adamw.cpp
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
+                  const AdamWParams& p);
+double sum_squares(const float* x, size_t n);
+
+}  // namespace trident::cpu

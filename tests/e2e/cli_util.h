@@ -1,0 +1,73 @@
+// Helpers for tests that run the trident binary: a scratch directory, a command runner
+// that captures output and exit code, and a small English token corpus.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+
+namespace trident::testing {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
+  int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string trident_binary() { return std::string(TRIDENT_BINARY_DIR) + "/trident"; }
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "trident_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name)) << text;
+  }
+
+ private:
+  std::string path_;
+};
+
+// Byte tokens of repeated English sentences: structured enough that a small model's
+// loss falls quickly, and fixed so runs are comparable.
+inline std::vector<uint32_t> english_bytes(size_t min_tokens) {
+  static const char* kText =
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife. However little known the feelings or views of "
+      "such a man may be on his first entering a neighbourhood, this truth is so well fixed "
+      "in the minds of the surrounding families, that he is considered the rightful property "
+      "of some one or other of their daughters. ";
+  std::vector<uint32_t> tokens;
+  while (tokens.size() < min_tokens) {
+    for (const char* p = kText; *p; ++p) tokens.push_back(static_cast<unsigned char>(*p));
+  }
+  return tokens;
+}
+
+}  // namespace trident::testing

@@ -1,0 +1,186 @@
+// End-to-end: `trident train` on a tiny model — the loss falls, two runs are bitwise
+// identical, the metrics file has the DESIGN.md fields — and bad input exits 2 naming
+// the culprit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/e2e/cli_util.h"
+
+namespace trident {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+class TrainCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(write_token_file(dir_.file("train.bin"), testing::english_bytes(40000), 1).is_ok());
+    ASSERT_TRUE(write_token_file(dir_.file("val.bin"), testing::english_bytes(5000), 1).is_ok());
+  }
+
+  // A small gpt2 (or llama) config over the scratch data; `extra` is appended YAML.
+  std::string write_config(const std::string& name, const std::string& arch,
+                           const std::string& extra = "") {
+    std::string yaml =
+        "model: {arch: " + arch + ", vocab_size: 256, seq_len: 32, n_layers: 2, n_heads: 4,"
+        " d_model: 64}\n"
+        "parallel: {micro_batch_size: 4}\n"
+        "data: {train: " + dir_.file("train.bin") + ", val: " + dir_.file("val.bin") + "}\n"
+        "training: {global_batch_size: 8, max_steps: 30, lr: 0.003, warmup_steps: 5,"
+        " eval_interval: 15, eval_batches: 2}\n"
+        "logging: {metrics: " + dir_.file(name + ".jsonl") + ", log_interval: 10}\n" + extra;
+    dir_.write(name + ".yaml", yaml);
+    return dir_.file(name + ".yaml");
+  }
+
+  testing::CommandResult train(const std::string& config, const std::string& flags = "") {
+    return run_command(testing::trident_binary() + " train --config " + config + " " + flags);
+  }
+
+  std::vector<nlohmann::json> read_metrics(const std::string& name) {
+    std::vector<nlohmann::json> records;
+    std::ifstream in(dir_.file(name + ".jsonl"));
+    std::string line;
+    while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+    return records;
+  }
+
+  ScratchDir dir_;
+};
+
+std::vector<std::string> step_losses(const std::vector<nlohmann::json>& records) {
+  std::vector<std::string> out;
+  for (const auto& r : records) {
+    if (r.contains("loss")) out.push_back(r["loss"].dump());  // exact decimal round trip
+  }
+  return out;
+}
+
+TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    SCOPED_TRACE(arch);
+    const std::string a = std::string(arch) + "_a", b = std::string(arch) + "_b";
+    auto ra = train(write_config(a, arch));
+    ASSERT_EQ(ra.exit_code, 0) << ra.output;
+    auto rb = train(write_config(b, arch));
+    ASSERT_EQ(rb.exit_code, 0) << rb.output;
+    EXPECT_NE(ra.output.find("step 30/30 | loss"), std::string::npos) << ra.output;
+
+    auto ma = read_metrics(a);
+    auto la = step_losses(ma);
+    ASSERT_EQ(la.size(), 30u);
+    EXPECT_EQ(la, step_losses(read_metrics(b)));
+    const double first = std::stod(la.front()), last = std::stod(la.back());
+    EXPECT_NEAR(first, std::log(256.0), 0.3);  // starts near uniform over the bytes
+    EXPECT_LT(last, 0.6 * first) << "loss did not fall: " << first << " -> " << last;
+
+    // The metrics file: exactly the DESIGN.md fields, and evaluations at 15 and 30.
+    int evals = 0;
+    for (const auto& r : ma) {
+      if (r.contains("val_loss")) {
+        EXPECT_EQ(r.size(), 2u);
+        EXPECT_TRUE(r["step"] == 15 || r["step"] == 30) << r.dump();
+        EXPECT_LT(r["val_loss"].get<double>(), first);
+        ++evals;
+      } else {
+        for (const char* key : {"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"}) {
+          EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
+        }
+        EXPECT_EQ(r.size(), 7u) << r.dump();
+      }
+    }
+    EXPECT_EQ(evals, 2);
+  }
+}
+
+TEST_F(TrainCli, UnknownConfigKeyExits2NamingTheKey) {
+  auto r = train(write_config("bad", "gpt2", "checkpoint: {intervall: 5}\n"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint.intervall"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, UnknownSetOverrideExits2) {
+  auto r = train(write_config("bad", "gpt2"), "--set training.lrr=0.1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("training.lrr"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, HeadsNotDividingWidthExits2) {
+  auto r = train(write_config("bad", "gpt2"), "--set model.n_heads=5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.n_heads"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, TruncatedTokenFileExits2NamingTheFile) {
+  const std::string path = dir_.file("train.bin");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 3);
+  auto r = train(write_config("bad", "gpt2"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, TokenIdBeyondVocabExits2) {
+  auto tokens = testing::english_bytes(40000);
+  tokens[123] = 300;  // >= vocab_size 256
+  ASSERT_TRUE(write_token_file(dir_.file("train.bin"), tokens, 1).is_ok());
+  auto r = train(write_config("bad", "gpt2", ""), "--set data.shuffle=false");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("300"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir_.file("train.bin")), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, BadLlmcCheckpointExits2) {
+  // Wrong magic.
+  std::vector<int32_t> header(256, 0);
+  header[0] = 12345;
+  header[1] = 3;
+  {
+    std::ofstream out(dir_.file("bad_magic.ckpt"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  }
+  auto r = train(write_config("bad", "gpt2"), "--set model.init_from=" + dir_.file("bad_magic.ckpt"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad_magic.ckpt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("magic"), std::string::npos) << r.output;
+
+  // Right header, missing tensors.
+  header = std::vector<int32_t>(256, 0);
+  header[0] = 20240326;
+  header[1] = 3;
+  header[2] = 32;   // maxT
+  header[3] = 256;  // V
+  header[4] = 2;    // L
+  header[5] = 4;    // NH
+  header[6] = 64;   // C
+  header[7] = 256;  // Vp
+  {
+    std::ofstream out(dir_.file("short.ckpt"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    std::vector<float> some(1000, 0.0f);
+    out.write(reinterpret_cast<const char*>(some.data()), 4000);
+  }
+  r = train(write_config("bad", "gpt2"), "--set model.init_from=" + dir_.file("short.ckpt"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("short.ckpt"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, UsageErrorsExit2) {
+  EXPECT_EQ(run_command(testing::trident_binary()).exit_code, 2);
+  EXPECT_EQ(run_command(testing::trident_binary() + " frobnicate").exit_code, 2);
+  auto r = run_command(testing::trident_binary() + " train");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--config"), std::string::npos) << r.output;
+  r = train(write_config("ok", "gpt2"), "--bogus");
+  EXPECT_EQ(r.exit_code, 2);
+  r = run_command(testing::trident_binary() + " train --config " + dir_.file("missing.yaml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("missing.yaml"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace trident

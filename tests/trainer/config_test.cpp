@@ -1,0 +1,554 @@
+// Tests of the strict YAML config (trainer/config.h) and of the model config's derived
+// sizes, validation, parameter count and FLOPs (model/config.h).
+#include "trainer/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace trident {
+namespace {
+
+const std::string kMinimal = "data:\n  train: data/train_*.bin\n";
+
+// Parses `yaml` and expects a config error (exit code 2) whose message holds every
+// string of `needles`.
+void expect_error(const std::string& yaml, const std::vector<std::string>& overrides,
+                  std::initializer_list<std::string> needles) {
+  Result<Config> r = parse_config(yaml, overrides, "cfg.yaml");
+  ASSERT_FALSE(r.is_ok()) << "parsed although it should not have:\n" << yaml;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_EQ(r.status().exit_code(), 2);
+  for (const auto& needle : needles) {
+    EXPECT_NE(r.status().message().find(needle), std::string::npos)
+        << "message: " << r.status().message() << "\nmissing: " << needle;
+  }
+}
+
+Config parse_ok(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  Result<Config> r = parse_config(yaml, overrides, "cfg.yaml");
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  return r.is_ok() ? r.value() : Config{};
+}
+
+void expect_config_eq(const Config& a, const Config& b) {
+  const TransformerConfig &m = a.model, &n = b.model;
+  EXPECT_EQ(m.arch, n.arch);
+  EXPECT_EQ(m.vocab_size, n.vocab_size);
+  EXPECT_EQ(m.seq_len, n.seq_len);
+  EXPECT_EQ(m.n_layers, n.n_layers);
+  EXPECT_EQ(m.n_heads, n.n_heads);
+  EXPECT_EQ(m.n_kv_heads, n.n_kv_heads);
+  EXPECT_EQ(m.d_model, n.d_model);
+  EXPECT_EQ(m.d_ff, n.d_ff);
+  EXPECT_EQ(m.tie_embeddings, n.tie_embeddings);
+  EXPECT_EQ(m.norm_eps, n.norm_eps);
+  EXPECT_EQ(m.rope_theta, n.rope_theta);
+  EXPECT_EQ(m.init_std, n.init_std);
+  EXPECT_EQ(m.init_from, n.init_from);
+  EXPECT_EQ(m.padded_vocab, n.padded_vocab);
+  EXPECT_EQ(m.max_seq_len, n.max_seq_len);
+  EXPECT_EQ(m.head_dim, n.head_dim);
+  EXPECT_EQ(a.parallel.dp, b.parallel.dp);
+  EXPECT_EQ(a.parallel.tp, b.parallel.tp);
+  EXPECT_EQ(a.parallel.pp, b.parallel.pp);
+  EXPECT_EQ(a.parallel.zero_stage, b.parallel.zero_stage);
+  EXPECT_EQ(a.parallel.micro_batch_size, b.parallel.micro_batch_size);
+  EXPECT_EQ(a.parallel.pipeline_schedule, b.parallel.pipeline_schedule);
+  EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
+  EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
+  EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_EQ(a.data.val, b.data.val);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.data.seed, b.data.seed);
+  const TrainingConfig &t = a.training, &u = b.training;
+  EXPECT_EQ(t.global_batch_size, u.global_batch_size);
+  EXPECT_EQ(t.max_steps, u.max_steps);
+  EXPECT_EQ(t.lr, u.lr);
+  EXPECT_EQ(t.min_lr, u.min_lr);
+  EXPECT_EQ(t.warmup_steps, u.warmup_steps);
+  EXPECT_EQ(t.lr_schedule, u.lr_schedule);
+  EXPECT_EQ(t.weight_decay, u.weight_decay);
+  EXPECT_EQ(t.beta1, u.beta1);
+  EXPECT_EQ(t.beta2, u.beta2);
+  EXPECT_EQ(t.eps, u.eps);
+  EXPECT_EQ(t.grad_clip, u.grad_clip);
+  EXPECT_EQ(t.seed, u.seed);
+  EXPECT_EQ(t.eval_interval, u.eval_interval);
+  EXPECT_EQ(t.eval_batches, u.eval_batches);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
+  EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
+  EXPECT_EQ(a.checkpoint.async, b.checkpoint.async);
+  EXPECT_EQ(a.logging.metrics, b.logging.metrics);
+  EXPECT_EQ(a.logging.log_interval, b.logging.log_interval);
+}
+
+TEST(Config, DefaultsAreTheStructsAndDerivedSizesAreFilled) {
+  Config parsed = parse_ok(kMinimal);
+  Config expected;
+  expected.data.train = "data/train_*.bin";
+  // Family defaults of a gpt2 with C=128, NH=4, V=256, T=64.
+  expected.model.n_kv_heads = 4;
+  expected.model.d_ff = 512;
+  expected.model.tie_embeddings = 1;
+  expected.model.padded_vocab = 256;
+  expected.model.max_seq_len = 64;
+  expected.model.head_dim = 32;
+  expect_config_eq(parsed, expected);
+  EXPECT_EQ(parsed.grad_accum_steps(), 2);  // 8 / (4 * 1)
+
+  // An empty section is allowed and changes nothing.
+  expect_config_eq(parse_ok(kMinimal + "logging:\n"), expected);
+}
+
+TEST(Config, LlamaFamilyDefaults) {
+  Config c = parse_ok(kMinimal + "model: {arch: llama, vocab_size: 300}\n");
+  EXPECT_EQ(c.model.n_kv_heads, 4);
+  EXPECT_EQ(c.model.d_ff, 384);  // 8*128/3 = 341.3 rounded up to a multiple of 64
+  EXPECT_EQ(c.model.tie_embeddings, 0);
+  EXPECT_EQ(c.model.padded_vocab, 384);
+  TransformerConfig m;
+  m.arch = Arch::kLlama;
+  m.d_model = 4096;
+  m.n_heads = 32;
+  m.finalize();
+  EXPECT_EQ(m.d_ff, 10944);  // 10922.7 -> 171 * 64
+  // finalize keeps a larger padded vocabulary / position table from a checkpoint.
+  TransformerConfig g;
+  g.vocab_size = 50257;
+  g.padded_vocab = 50432;
+  g.max_seq_len = 1024;
+  g.finalize();
+  EXPECT_EQ(g.padded_vocab, 50432);
+  EXPECT_EQ(g.max_seq_len, 1024);
+}
+
+const char* kFull = R"(# every key, none at its default
+model:
+  arch: llama
+  vocab_size: 1000
+  seq_len: 96
+  n_layers: 6
+  n_heads: 8
+  n_kv_heads: 2
+  d_model: 256
+  d_ff: 704
+  tie_embeddings: true
+  norm_eps: 1.0e-6
+  rope_theta: 500000
+  init_std: 0.01
+  init_from: "weights/gpt2 #1: 'x'.bin"
+parallel:
+  dp: 2
+  tp: 2
+  pp: 3
+  zero_stage: 2
+  micro_batch_size: 3
+  pipeline_schedule: gpipe
+  stage_layers: [1, 2, 3]
+  bucket_mb: 50
+data:
+  train: "a/train_*.bin"
+  val: b/val.bin
+  shuffle: false
+  seed: 18446744073709551615
+training:
+  global_batch_size: 24
+  max_steps: 7
+  lr: 2.5e-4
+  min_lr: 1e-5
+  warmup_steps: 3
+  lr_schedule: linear
+  weight_decay: 0.05
+  beta1: 0.8
+  beta2: 0.99
+  eps: 1e-7
+  grad_clip: 0
+  seed: 7
+  eval_interval: 5
+  eval_batches: 2
+checkpoint:
+  dir: /tmp/ck
+  interval: 4
+  keep_last: 1
+  async: false
+logging:
+  metrics: ""
+  log_interval: 3
+)";
+
+TEST(Config, EveryKeyParsesAndRoundTrips) {
+  Config c = parse_ok(kFull);
+  EXPECT_EQ(c.model.arch, Arch::kLlama);
+  EXPECT_EQ(c.model.padded_vocab, 1024);
+  EXPECT_EQ(c.model.head_dim, 32);
+  EXPECT_EQ(c.model.norm_eps, 1.0e-6f);
+  EXPECT_EQ(c.model.init_from, "weights/gpt2 #1: 'x'.bin");
+  EXPECT_EQ(c.parallel.pipeline_schedule, PipelineSchedule::kGpipe);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(c.data.seed, 18446744073709551615ull);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.training.lr, 2.5e-4f);
+  EXPECT_EQ(c.training.lr_schedule, LrSchedule::kLinear);
+  EXPECT_EQ(c.training.grad_clip, 0.0f);
+  EXPECT_EQ(c.logging.metrics, "");
+  EXPECT_EQ(c.grad_accum_steps(), 4);  // 24 / (3 * 2)
+
+  const std::string yaml = config_to_yaml(c);
+  Config back = parse_ok(yaml);
+  expect_config_eq(back, c);
+  EXPECT_EQ(config_to_yaml(back), yaml);
+}
+
+TEST(Config, RoundTripKeepsFloatsAndOddStringsExactly) {
+  Config c = parse_ok(kMinimal);
+  c.training.lr = 0.1f;
+  c.training.min_lr = 1.17549435e-38f;  // smallest normal float
+  c.training.eps = 3.0e-8f;
+  c.model.init_std = 0.0123456789f;
+  c.data.train = "tab\there \"q\" back\\slash: # x";
+  c.data.val = "null";  // a string that YAML would read as null unless quoted
+  c.checkpoint.dir = "true";
+  Config back = parse_ok(config_to_yaml(c));
+  expect_config_eq(back, c);
+}
+
+TEST(Config, RoundTripOfRandomFloatsIsBitExact) {
+  // Floats of every magnitude (positive finite bit patterns) survive the YAML text.
+  Config c = parse_ok(kMinimal);
+  uint32_t state = 12345;
+  for (int i = 0; i < 2000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    uint32_t bits = state & 0x7fffffffu;
+    if ((bits >> 23) == 0xff) bits &= 0x7f7fffffu;  // no inf / nan
+    float v;
+    std::memcpy(&v, &bits, sizeof(v));
+    c.training.weight_decay = v;
+    Result<Config> back = parse_config(config_to_yaml(c), {});
+    ASSERT_TRUE(back.is_ok()) << back.status().message();
+    ASSERT_EQ(back->training.weight_decay, v) << config_to_yaml(c);
+  }
+}
+
+TEST(Config, UnknownKeyNamesTheKeyAndTheAllowedOnes) {
+  expect_error(kMinimal + "training:\n  lrr: 1\n",
+               {}, {"cfg.yaml:4: ", "unknown key training.lrr", "allowed keys", "lr_schedule"});
+  expect_error(kMinimal + "parallel: {dp: 1, sp: 2}\n", {}, {"parallel.sp"});
+}
+
+TEST(Config, UnknownSection) {
+  expect_error(kMinimal + "optimizer:\n  lr: 1\n", {},
+               {"cfg.yaml:3: ", "unknown section 'optimizer'", "model, parallel, data"});
+  expect_error("- 1\n- 2\n", {}, {"expected a mapping of sections"});
+  expect_error(kMinimal + "model: 3\n", {}, {"model: expected a mapping of keys, got '3'"});
+}
+
+TEST(Config, DuplicateKeysAreErrors) {
+  expect_error(kMinimal + "training:\n  lr: 1\n  lr: 2\n", {}, {"duplicate key training.lr"});
+}
+
+TEST(Config, WrongTypesNameKeyExpectedAndFound) {
+  struct Case {
+    std::string yaml;
+    std::string key;
+    std::string expected;
+    std::string found;
+  };
+  const std::vector<Case> cases = {
+      {"training: {lr: abc}", "training.lr", "expected a number", "'abc'"},
+      {"training: {max_steps: 1.5}", "training.max_steps", "expected an integer", "'1.5'"},
+      {"training: {max_steps: \"10\"}", "training.max_steps", "expected an integer",
+       "the string '10'"},
+      {"training: {max_steps: }", "training.max_steps", "expected an integer", "null"},
+      {"training: {max_steps: 99999999999}", "training.max_steps",
+       "expected an integer that fits in 32 bits", "'99999999999'"},
+      {"training: {lr: .nan}", "training.lr", "expected a number", "'.nan'"},
+      {"training: {lr: inf}", "training.lr", "expected a finite number", "'inf'"},
+      {"data: {train: x, shuffle: 1}", "data.shuffle", "expected a boolean", "'1'"},
+      {"data: {train: x, shuffle: yes}", "data.shuffle", "expected a boolean", "'yes'"},
+      {"data: {train: [a, b]}", "data.train", "expected a string", "a list"},
+      {"data: {train: x, seed: -1}", "data.seed", "expected a non-negative integer", "'-1'"},
+      {"model: {d_model: {a: 1}}", "model.d_model", "expected an integer", "a mapping"},
+      {"model: {tie_embeddings: 2}", "model.tie_embeddings", "expected true, false or auto", "'2'"},
+      {"parallel: {stage_layers: 4}", "parallel.stage_layers", "expected a list of integers", "'4'"},
+      {"parallel: {stage_layers: [2, x]}", "parallel.stage_layers[1]", "expected an integer",
+       "'x'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    const bool has_data = c.yaml.find("data:") != std::string::npos;  // no duplicate section
+    expect_error((has_data ? "" : kMinimal) + c.yaml + "\n", {}, {c.key + ": " + c.expected, c.found});
+  }
+}
+
+TEST(Config, BadEnumsListTheAllowedValues) {
+  expect_error(kMinimal + "model: {arch: gpt3}\n", {},
+               {"model.arch: expected one of gpt2, llama; got 'gpt3'"});
+  expect_error(kMinimal + "parallel: {pipeline_schedule: zb}\n", {},
+               {"parallel.pipeline_schedule", "gpipe, 1f1b", "'zb'"});
+  expect_error(kMinimal + "training: {lr_schedule: step}\n", {},
+               {"training.lr_schedule", "constant, cosine, linear", "'step'"});
+}
+
+TEST(Config, YamlSyntaxErrorNamesTheFileAndLine) {
+  expect_error(kMinimal + "training: {lr: [1\n", {}, {"cfg.yaml:", "YAML syntax error"});
+}
+
+TEST(Config, ModelShapeErrorsNameTheKeys) {
+  expect_error(kMinimal + "model: {n_heads: 5}\n", {},
+               {"cfg.yaml: model.n_heads: 5 does not divide model.d_model=128"});
+  expect_error(kMinimal + "model: {arch: llama, n_kv_heads: 3}\n", {},
+               {"model.n_kv_heads: 3 does not divide model.n_heads=4"});
+  expect_error(kMinimal + "model: {n_kv_heads: 2}\n", {}, {"model.n_kv_heads", "gpt2"});
+  expect_error(kMinimal + "model: {arch: llama, d_model: 12, n_heads: 4}\n", {},
+               {"model.n_heads", "even head_dim"});
+  expect_error(kMinimal + "model: {vocab_size: 1}\n", {}, {"model.vocab_size: must be >= 2"});
+  expect_error(kMinimal + "model: {n_layers: 0}\n", {}, {"model.n_layers: must be >= 1"});
+  expect_error(kMinimal + "model: {d_ff: -4}\n", {}, {"model.d_ff"});
+  expect_error(kMinimal + "model: {norm_eps: 0}\n", {}, {"model.norm_eps: must be > 0"});
+  expect_error(kMinimal + "model: {init_std: -1}\n", {}, {"model.init_std"});
+  expect_error(kMinimal + "model: {rope_theta: 0}\n", {}, {"model.rope_theta"});
+}
+
+TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
+  expect_error(kMinimal + "training: {global_batch_size: 10}\n", {},
+               {"training.global_batch_size: 10", "parallel.micro_batch_size * parallel.dp",
+                "4 * 1 = 4"});
+  expect_error(kMinimal + "parallel: {dp: 3, micro_batch_size: 2}\ntraining: {global_batch_size: 8}\n",
+               {}, {"training.global_batch_size: 8", "2 * 3 = 6"});
+  expect_error(kMinimal + "parallel: {tp: 3}\n", {},
+               {"parallel.tp: 3 does not divide model.n_heads=4"});
+  expect_error(kMinimal + "model: {arch: llama, n_kv_heads: 2}\nparallel: {tp: 4}\n", {},
+               {"parallel.tp: 4 does not divide model.n_kv_heads=2"});
+  expect_error(kMinimal + "model: {d_ff: 130}\nparallel: {tp: 4}\n", {},
+               {"parallel.tp: 4 does not divide model.d_ff=130"});
+  expect_error(kMinimal + "parallel: {pp: 5}\n", {},
+               {"parallel.pp: 5", "model.n_layers=4", "more stages than layers"});
+  expect_error(kMinimal + "parallel: {pp: 2, stage_layers: [2, 3]}\n", {},
+               {"parallel.stage_layers: sums to 5 but model.n_layers=4"});
+  expect_error(kMinimal + "parallel: {pp: 2, stage_layers: [4]}\n", {},
+               {"parallel.stage_layers: has 1 entries but parallel.pp=2"});
+  expect_error(kMinimal + "parallel: {pp: 2, stage_layers: [4, 0]}\n", {},
+               {"parallel.stage_layers[1]: must be >= 1"});
+  expect_error(kMinimal + "parallel: {zero_stage: 4}\n", {}, {"parallel.zero_stage"});
+  expect_error(kMinimal + "parallel: {dp: 0}\n", {}, {"parallel.dp: must be >= 1"});
+  expect_error(kMinimal + "parallel: {micro_batch_size: 0}\n", {}, {"parallel.micro_batch_size"});
+  // Accepted layouts.
+  parse_ok(kMinimal + "parallel: {pp: 2, stage_layers: [1, 3], tp: 4, dp: 2, micro_batch_size: 1}\n");
+  parse_ok(kMinimal + "model: {arch: llama, n_kv_heads: 2}\nparallel: {tp: 2}\n");
+}
+
+TEST(Config, TrainingAndOtherSectionErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"training: {max_steps: 0}", "training.max_steps"},
+      {"training: {lr: 0}", "training.lr: must be > 0"},
+      {"training: {lr: 1e-3, min_lr: 2e-3}", "training.min_lr"},
+      {"training: {min_lr: -1e-5}", "training.min_lr"},
+      {"training: {warmup_steps: -1}", "training.warmup_steps"},
+      {"training: {beta1: 1.0}", "training.beta1: must be in [0, 1)"},
+      {"training: {beta2: -0.1}", "training.beta2"},
+      {"training: {eps: 0}", "training.eps"},
+      {"training: {weight_decay: -0.1}", "training.weight_decay"},
+      {"training: {grad_clip: -1}", "training.grad_clip"},
+      {"training: {eval_interval: -1}", "training.eval_interval"},
+      {"training: {eval_interval: 5, eval_batches: 0}\ndata: {train: x, val: y}",
+       "training.eval_batches"},
+      {"checkpoint: {interval: -1}", "checkpoint.interval"},
+      {"checkpoint: {keep_last: 0}", "checkpoint.keep_last"},
+      {"checkpoint: {dir: \"\"}", "checkpoint.dir"},
+      {"logging: {log_interval: 0}", "logging.log_interval"},
+      {"parallel: {bucket_mb: 0}", "parallel.bucket_mb"},
+  };
+  for (const auto& [yaml, needle] : cases) {
+    SCOPED_TRACE(yaml);
+    // The later `data:` in one case would be a duplicate section after kMinimal.
+    const bool has_data = yaml.find("data:") != std::string::npos;
+    expect_error((has_data ? "" : kMinimal) + yaml + "\n", {}, {needle});
+  }
+  expect_error("training: {lr: 1e-3}\n", {}, {"data.train: required"});
+  // eval_batches only matters when evaluation is on and there is a val set.
+  parse_ok(kMinimal + "training: {eval_interval: 5, eval_batches: 0}\n");
+}
+
+TEST(Config, SetOverridesApplyInOrderAfterTheFile) {
+  Config c = parse_ok(kMinimal + "training: {lr: 1e-2, max_steps: 3}\n",
+                      {"training.lr=0.001", "training.max_steps=5", "training.max_steps=7",
+                       "model.arch=llama", "parallel.pp=2", "parallel.stage_layers=[1, 3]",
+                       "data.val=", "data.train=runs/x/train_*.bin", "data.shuffle=false",
+                       "model.tie_embeddings=true"});
+  EXPECT_EQ(c.training.lr, 0.001f);
+  EXPECT_EQ(c.training.max_steps, 7);
+  EXPECT_EQ(c.model.arch, Arch::kLlama);
+  EXPECT_EQ(c.model.d_ff, 384);  // llama default after the override
+  EXPECT_EQ(c.model.tie_embeddings, 1);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 3}));
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_EQ(c.data.train, "runs/x/train_*.bin");
+  EXPECT_FALSE(c.data.shuffle);
+}
+
+TEST(Config, SetOverridesAreJustAsStrict) {
+  expect_error(kMinimal, {"training.lrr=1"},
+               {"--set training.lrr=1: unknown key training.lrr", "allowed keys"});
+  expect_error(kMinimal, {"optim.lr=1"}, {"--set optim.lr=1: unknown section 'optim'"});
+  expect_error(kMinimal, {"training.lr"}, {"--set training.lr: no equals sign"});
+  expect_error(kMinimal, {"lr=1"}, {"--set lr=1", "section.key"});
+  expect_error(kMinimal, {"training.max_steps=abc"},
+               {"--set training.max_steps=abc: training.max_steps: expected an integer, got 'abc'"});
+  expect_error(kMinimal, {"parallel.stage_layers=[1,"}, {"--set parallel.stage_layers=[1,",
+                                                          "cannot parse"});
+  expect_error(kMinimal, {"model.arch=bert"}, {"model.arch: expected one of gpt2, llama"});
+  // Validation runs after the overrides.
+  expect_error(kMinimal, {"model.n_heads=5"}, {"model.n_heads: 5 does not divide"});
+}
+
+TEST(Config, LoadConfigFromFile) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "trident_config_test.yaml").string();
+  {
+    std::ofstream out(path);
+    out << kMinimal << "training:\n  lr: fast\n";
+  }
+  Result<Config> r = load_config(path, {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_EQ(r.status().message().rfind(path + ":4: training.lr: expected a number", 0), 0u)
+      << r.status().message();
+  {
+    std::ofstream out(path);
+    out << kMinimal;
+  }
+  r = load_config(path, {"training.max_steps=9"});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->training.max_steps, 9);
+  std::remove(path.c_str());
+
+  r = load_config("/nonexistent/trident.yaml", {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(r.status().message().find("/nonexistent/trident.yaml"), std::string::npos);
+}
+
+// GPT-2 124M as in llm.c: V=50257 padded to 50304, maxT=1024, L=12, NH=12, C=768.
+TransformerConfig gpt2_124m() {
+  TransformerConfig m;
+  m.vocab_size = 50257;
+  m.seq_len = 1024;
+  m.n_layers = 12;
+  m.n_heads = 12;
+  m.d_model = 768;
+  m.finalize();
+  return m;
+}
+
+int64_t numel(std::initializer_list<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+TEST(ModelConfig, Gpt2NumParametersMatchTheTensorTable) {
+  const TransformerConfig m = gpt2_124m();
+  ASSERT_EQ(m.padded_vocab, 50304);
+  // The tensors of model/transformer.h, one by one.
+  const int64_t Vp = 50304, T = 1024, C = 768, F = 4 * 768, L = 12;
+  int64_t sum = numel({Vp, C}) + numel({T, C});  // wte (tied head), wpe
+  for (int l = 0; l < L; ++l) {
+    sum += numel({C}) + numel({C});          // ln1 weight, bias
+    sum += 3 * (numel({C, C}) + numel({C}));  // q, k, v weight + bias (NH*HD = NKV*HD = C)
+    sum += numel({C, C}) + numel({C});        // o
+    sum += numel({C}) + numel({C});          // ln2
+    sum += numel({F, C}) + numel({F});        // mlp.fc
+    sum += numel({C, F}) + numel({C});        // mlp.proj
+  }
+  sum += numel({C}) + numel({C});  // lnf
+  EXPECT_EQ(sum, 124475904);       // llm.c's count with the padded vocabulary
+  EXPECT_EQ(m.num_parameters(), sum);
+
+  // Untying adds exactly one (Vp, C) head.
+  TransformerConfig untied = m;
+  untied.tie_embeddings = 0;
+  EXPECT_EQ(untied.num_parameters(), sum + Vp * C);
+}
+
+TEST(ModelConfig, LlamaNumParametersMatchPublishedCounts) {
+  // Llama 3 8B: 8,030,261,248 parameters (untied, GQA 32/8, F=14336, V=128256).
+  TransformerConfig m;
+  m.arch = Arch::kLlama;
+  m.vocab_size = 128256;
+  m.seq_len = 8192;
+  m.n_layers = 32;
+  m.n_heads = 32;
+  m.n_kv_heads = 8;
+  m.d_model = 4096;
+  m.d_ff = 14336;
+  m.finalize();
+  EXPECT_EQ(m.padded_vocab, 128256);
+  EXPECT_EQ(m.num_parameters(), 8030261248);
+  // Llama 3.2 1B: 1,235,814,400 (tied, 16 layers, C=2048, GQA 32/8, F=8192).
+  TransformerConfig s = m;
+  s.n_layers = 16;
+  s.d_model = 2048;
+  s.d_ff = 8192;
+  s.tie_embeddings = 1;
+  s.finalize();
+  EXPECT_EQ(s.num_parameters(), 1235814400);
+}
+
+TEST(ModelConfig, FlopsPerTokenIs6NPlusAttention) {
+  const TransformerConfig m = gpt2_124m();
+  // N excludes the (1024, 768) position table.
+  const double n = 124475904.0 - 1024.0 * 768.0;
+  EXPECT_DOUBLE_EQ(m.flops_per_token(), 6.0 * n + 12.0 * 12 * 768 * 1024);
+  EXPECT_DOUBLE_EQ(m.flops_per_token(), 855383040.0);
+
+  TransformerConfig l;  // llama has no position table: N is all parameters
+  l.arch = Arch::kLlama;
+  l.finalize();
+  EXPECT_DOUBLE_EQ(l.flops_per_token(),
+                   6.0 * static_cast<double>(l.num_parameters()) + 12.0 * 4 * 128 * 64);
+}
+
+TEST(Configs, EveryExampleConfigParses) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(TRIDENT_SOURCE_DIR) / "configs";
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    Result<Config> r = load_config(entry.path().string(), {});
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    ++count;
+  }
+  EXPECT_GE(count, 7);
+}
+
+TEST(Configs, ExampleConfigsHaveTheDocumentedModels) {
+  const std::string dir = std::string(TRIDENT_SOURCE_DIR) + "/configs/";
+  Result<Config> tiny = load_config(dir + "tiny.yaml", {});
+  ASSERT_TRUE(tiny.is_ok()) << tiny.status().message();
+  EXPECT_EQ(tiny->model.vocab_size, 256);
+  EXPECT_EQ(tiny->model.seq_len, 128);
+  EXPECT_EQ(tiny->grad_accum_steps(), 2);
+  EXPECT_EQ(tiny->data.train, "runs/demo/data/train_*.bin");
+  EXPECT_EQ(tiny->training.lr_schedule, LrSchedule::kCosine);
+
+  Result<Config> g = load_config(dir + "gpt2-124m.yaml", {});
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  EXPECT_EQ(g->model.num_parameters(), 124475904);
+
+  Result<Config> l = load_config(dir + "llama-8b.yaml", {});
+  ASSERT_TRUE(l.is_ok()) << l.status().message();
+  EXPECT_EQ(l->model.num_parameters(), 8030261248);
+  EXPECT_EQ(l->parallel.tp, 8);
+}
+
+}  // namespace
+}  // namespace trident

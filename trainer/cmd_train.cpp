@@ -1,0 +1,83 @@
+// `trident train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]`
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "trainer/commands.h"
+#include "trainer/config.h"
+#include "trainer/trainer.h"
+
+namespace trident {
+
+namespace {
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string resume = "auto";
+};
+
+Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {
+  TrainArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> Result<std::string> {
+      if (i + 1 >= args.size()) return Status::invalid_config(std::string(flag) + " needs a value");
+      return args[++i];
+    };
+    if (a == "--config") {
+      TRIDENT_ASSIGN_OR_RETURN(out.config_path, value("--config"));
+    } else if (a == "--set") {
+      TRIDENT_ASSIGN_OR_RETURN(std::string kv, value("--set"));
+      out.overrides.push_back(kv);
+    } else if (a == "--resume") {
+      TRIDENT_ASSIGN_OR_RETURN(out.resume, value("--resume"));
+    } else {
+      return Status::invalid_config("train: unknown argument '" + a +
+                                    "' (allowed: --config FILE, --set section.key=value, "
+                                    "--resume auto|none|DIR)");
+    }
+  }
+  if (out.config_path.empty()) return Status::invalid_config("train: --config FILE is required");
+  return out;
+}
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  return status.exit_code();
+}
+
+}  // namespace
+
+int cmd_train(const std::vector<std::string>& args) {
+  log::init(/*rank=*/0, /*world_size=*/1);
+  auto parsed = parse_train_args(args);
+  if (!parsed.is_ok()) return fail(parsed.status());
+  const TrainArgs& ta = parsed.value();
+
+  auto config = load_config(ta.config_path, ta.overrides);
+  if (!config.is_ok()) return fail(config.status());
+  const auto& par = config->parallel;
+  const int layout = par.dp * par.tp * par.pp;
+  if (layout != 1) {
+    return fail(Status::invalid_config(
+        "parallel: dp*tp*pp = " + std::to_string(layout) + " but the world size is 1 " +
+        "(this build trains in a single process; set parallel.dp, parallel.tp and "
+        "parallel.pp to 1)"));
+  }
+  if (ta.resume != "auto" && ta.resume != "none") {
+    return fail(Status::invalid_config("--resume " + ta.resume +
+                                       ": loading a checkpoint directory is not supported yet "
+                                       "(use auto or none)"));
+  }
+  // Checkpoints are not written yet, so `auto` finds none and starts fresh.
+
+  auto trainer = Trainer::create(std::move(config).value());
+  if (!trainer.is_ok()) return fail(trainer.status());
+  Status st = trainer.value()->run();
+  if (!st.is_ok()) return fail(st);
+  return 0;
+}
+
+}  // namespace trident

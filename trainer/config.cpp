@@ -1,0 +1,581 @@
+// Strict YAML config parsing. One table (kSections) lists every key with its kind and
+// where it lives in Config; parsing, `--set` overrides and config_to_yaml all walk the
+// same table, so a key cannot be parseable but missing from the printed config.
+#include "trainer/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace trident {
+namespace {
+
+enum class Kind { kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kTie };
+
+struct Field {
+  const char* name;
+  Kind kind;
+  void* (*ref)(Config&);  // where the value lives
+};
+
+struct Section {
+  const char* name;
+  std::vector<Field> fields;
+};
+
+#define TRIDENT_FIELD(section, key, kind) \
+  Field { #key, Kind::kind, [](Config& c) -> void* { return &c.section.key; } }
+
+const std::vector<Section>& sections() {
+  static const std::vector<Section> kSections = {
+      {"model",
+       {TRIDENT_FIELD(model, arch, kArch), TRIDENT_FIELD(model, vocab_size, kInt),
+        TRIDENT_FIELD(model, seq_len, kInt), TRIDENT_FIELD(model, n_layers, kInt),
+        TRIDENT_FIELD(model, n_heads, kInt), TRIDENT_FIELD(model, n_kv_heads, kInt),
+        TRIDENT_FIELD(model, d_model, kInt), TRIDENT_FIELD(model, d_ff, kInt),
+        TRIDENT_FIELD(model, tie_embeddings, kTie), TRIDENT_FIELD(model, norm_eps, kFloat),
+        TRIDENT_FIELD(model, rope_theta, kFloat), TRIDENT_FIELD(model, init_std, kFloat),
+        TRIDENT_FIELD(model, init_from, kString)}},
+      {"parallel",
+       {TRIDENT_FIELD(parallel, dp, kInt), TRIDENT_FIELD(parallel, tp, kInt),
+        TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
+        TRIDENT_FIELD(parallel, micro_batch_size, kInt),
+        TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
+        TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt)}},
+      {"data",
+       {TRIDENT_FIELD(data, train, kString), TRIDENT_FIELD(data, val, kString),
+        TRIDENT_FIELD(data, shuffle, kBool), TRIDENT_FIELD(data, seed, kUint64)}},
+      {"training",
+       {TRIDENT_FIELD(training, global_batch_size, kInt), TRIDENT_FIELD(training, max_steps, kInt),
+        TRIDENT_FIELD(training, lr, kFloat), TRIDENT_FIELD(training, min_lr, kFloat),
+        TRIDENT_FIELD(training, warmup_steps, kInt),
+        TRIDENT_FIELD(training, lr_schedule, kLrSchedule),
+        TRIDENT_FIELD(training, weight_decay, kFloat), TRIDENT_FIELD(training, beta1, kFloat),
+        TRIDENT_FIELD(training, beta2, kFloat), TRIDENT_FIELD(training, eps, kFloat),
+        TRIDENT_FIELD(training, grad_clip, kFloat), TRIDENT_FIELD(training, seed, kUint64),
+        TRIDENT_FIELD(training, eval_interval, kInt), TRIDENT_FIELD(training, eval_batches, kInt)}},
+      {"checkpoint",
+       {TRIDENT_FIELD(checkpoint, dir, kString), TRIDENT_FIELD(checkpoint, interval, kInt),
+        TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool)}},
+      {"logging",
+       {TRIDENT_FIELD(logging, metrics, kString), TRIDENT_FIELD(logging, log_interval, kInt)}},
+  };
+  return kSections;
+}
+
+#undef TRIDENT_FIELD
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string allowed_sections() {
+  std::vector<std::string> names;
+  for (const auto& s : sections()) names.push_back(s.name);
+  return join_names(names);
+}
+
+std::string allowed_keys(const Section& section) {
+  std::vector<std::string> names;
+  for (const auto& f : section.fields) names.push_back(f.name);
+  return join_names(names);
+}
+
+const Section* find_section(const std::string& name) {
+  for (const auto& s : sections()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+const Field* find_field(const Section& section, const std::string& name) {
+  for (const auto& f : section.fields) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+// What the user wrote, for "expected X, got Y" messages.
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "nothing (null)";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Scalar:
+      return (node.Tag() == "!" ? "the string '" : "'") + node.Scalar() + "'";
+    default:
+      return "an undefined value";
+  }
+}
+
+// A plain (unquoted) scalar: quoted "4" is a string, not a number or a bool.
+bool is_plain_scalar(const YAML::Node& node) {
+  return node.IsScalar() && node.Tag() != "!";
+}
+
+Status type_error(const std::string& key, const char* expected, const YAML::Node& node) {
+  return Status::invalid_config(key + ": expected " + expected + ", got " + describe(node));
+}
+
+template <typename T>
+bool parse_number(std::string text, T* out) {
+  if (!text.empty() && text[0] == '+') {
+    text.erase(0, 1);
+    if (!text.empty() && (text[0] == '+' || text[0] == '-')) return false;
+  }
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end;
+}
+
+Status parse_int(const std::string& key, const YAML::Node& node, int* out) {
+  int64_t v = 0;
+  if (!is_plain_scalar(node) || !parse_number(node.Scalar(), &v)) {
+    return type_error(key, "an integer", node);
+  }
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+    return type_error(key, "an integer that fits in 32 bits", node);
+  }
+  *out = static_cast<int>(v);
+  return Status::ok();
+}
+
+Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, void* dst) {
+  switch (kind) {
+    case Kind::kInt:
+      return parse_int(key, node, static_cast<int*>(dst));
+    case Kind::kUint64: {
+      uint64_t v = 0;
+      if (!is_plain_scalar(node) || !parse_number(node.Scalar(), &v)) {
+        return type_error(key, "a non-negative integer", node);
+      }
+      *static_cast<uint64_t*>(dst) = v;
+      return Status::ok();
+    }
+    case Kind::kFloat: {
+      float v = 0;
+      if (!is_plain_scalar(node) || !parse_number(node.Scalar(), &v)) {
+        return type_error(key, "a number", node);
+      }
+      if (!std::isfinite(v)) return type_error(key, "a finite number", node);
+      *static_cast<float*>(dst) = v;
+      return Status::ok();
+    }
+    case Kind::kBool: {
+      // YAML 1.2 core schema only: yes/no/on/off/1/0 are too easy to get wrong.
+      static const std::set<std::string> kTrue = {"true", "True", "TRUE"};
+      static const std::set<std::string> kFalse = {"false", "False", "FALSE"};
+      if (is_plain_scalar(node) && kTrue.count(node.Scalar())) {
+        *static_cast<bool*>(dst) = true;
+      } else if (is_plain_scalar(node) && kFalse.count(node.Scalar())) {
+        *static_cast<bool*>(dst) = false;
+      } else {
+        return type_error(key, "a boolean (true or false)", node);
+      }
+      return Status::ok();
+    }
+    case Kind::kString:
+      if (node.IsNull()) {
+        static_cast<std::string*>(dst)->clear();
+      } else if (node.IsScalar()) {
+        *static_cast<std::string*>(dst) = node.Scalar();
+      } else {
+        return type_error(key, "a string", node);
+      }
+      return Status::ok();
+    case Kind::kIntList: {
+      auto* list = static_cast<std::vector<int>*>(dst);
+      if (node.IsNull()) {
+        list->clear();
+        return Status::ok();
+      }
+      if (!node.IsSequence()) return type_error(key, "a list of integers, e.g. [2, 2]", node);
+      std::vector<int> values(node.size());
+      for (size_t i = 0; i < node.size(); ++i) {
+        TRIDENT_RETURN_IF_ERROR(
+            parse_int(key + "[" + std::to_string(i) + "]", node[i], &values[i]));
+      }
+      *list = std::move(values);
+      return Status::ok();
+    }
+    case Kind::kTie: {
+      bool b = false;
+      if (is_plain_scalar(node) && node.Scalar() == "auto") {
+        *static_cast<int*>(dst) = -1;
+      } else if (parse_value(key, Kind::kBool, node, &b).is_ok()) {
+        *static_cast<int*>(dst) = b ? 1 : 0;
+      } else {
+        int v = 0;
+        if (!parse_int(key, node, &v).is_ok() || v < -1 || v > 1) {
+          return type_error(key, "true, false or auto (the family default)", node);
+        }
+        *static_cast<int*>(dst) = v;
+      }
+      return Status::ok();
+    }
+    case Kind::kArch:
+    case Kind::kPipeline:
+    case Kind::kLrSchedule: {
+      struct Choice {
+        const char* name;
+        int value;
+      };
+      std::vector<Choice> choices;
+      if (kind == Kind::kArch) {
+        choices = {{"gpt2", int(Arch::kGpt2)}, {"llama", int(Arch::kLlama)}};
+      } else if (kind == Kind::kPipeline) {
+        choices = {{"gpipe", int(PipelineSchedule::kGpipe)}, {"1f1b", int(PipelineSchedule::k1F1B)}};
+      } else {
+        choices = {{"constant", int(LrSchedule::kConstant)},
+                   {"cosine", int(LrSchedule::kCosine)},
+                   {"linear", int(LrSchedule::kLinear)}};
+      }
+      std::vector<std::string> names;
+      for (const auto& c : choices) {
+        names.push_back(c.name);
+        if (node.IsScalar() && node.Scalar() == c.name) {
+          // All three enums are int-sized scoped enums.
+          static_assert(sizeof(Arch) == sizeof(int) && sizeof(LrSchedule) == sizeof(int) &&
+                        sizeof(PipelineSchedule) == sizeof(int));
+          std::memcpy(dst, &c.value, sizeof(int));
+          return Status::ok();
+        }
+      }
+      return Status::invalid_config(key + ": expected one of " + join_names(names) + "; got " +
+                                    describe(node));
+    }
+  }
+  return Status::internal(key + ": unhandled kind");
+}
+
+Status unknown_key(const std::string& section, const std::string& key) {
+  const Section* s = find_section(section);
+  if (s == nullptr) {
+    return Status::invalid_config("unknown section '" + section +
+                                  "'; allowed sections: " + allowed_sections());
+  }
+  return Status::invalid_config("unknown key " + section + "." + key + "; allowed keys in " +
+                                section + ": " + allowed_keys(*s));
+}
+
+// "path:LINE: message", the line of `node` (1-based).
+Status at(const std::string& source, const YAML::Node& node, const Status& status) {
+  return status.with_context(source + ":" + std::to_string(node.Mark().line + 1));
+}
+
+Status apply_document(const YAML::Node& root, const std::string& source, Config* config) {
+  if (root.IsNull()) return Status::ok();
+  if (!root.IsMap()) {
+    return at(source, root, Status::invalid_config("expected a mapping of sections (" +
+                                                   allowed_sections() + "), got " + describe(root)));
+  }
+  std::set<std::string> seen_sections;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string section_name = it->first.Scalar();
+    const Section* section = find_section(section_name);
+    if (section == nullptr) return at(source, it->first, unknown_key(section_name, ""));
+    if (!seen_sections.insert(section_name).second) {
+      return at(source, it->first, Status::invalid_config("duplicate section '" + section_name + "'"));
+    }
+    const YAML::Node& body = it->second;
+    if (body.IsNull()) continue;
+    if (!body.IsMap()) {
+      return at(source, it->first,
+                type_error(section_name, "a mapping of keys", body));
+    }
+    std::set<std::string> seen_keys;
+    for (auto kv = body.begin(); kv != body.end(); ++kv) {
+      const std::string key = kv->first.Scalar();
+      const std::string full = section_name + "." + key;
+      const Field* field = find_field(*section, key);
+      if (field == nullptr) return at(source, kv->first, unknown_key(section_name, key));
+      if (!seen_keys.insert(key).second) {
+        return at(source, kv->first, Status::invalid_config("duplicate key " + full));
+      }
+      Status st = parse_value(full, field->kind, kv->second, field->ref(*config));
+      if (!st.is_ok()) return at(source, kv->first, st);
+    }
+  }
+  return Status::ok();
+}
+
+// "section.key=value" with value in YAML syntax (a scalar or a flow list).
+Status apply_override(const std::string& text, Config* config) {
+  const std::string context = "--set " + text;
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos) {
+    return Status::invalid_config(context + ": no equals sign; expected section.key=value");
+  }
+  const std::string path = text.substr(0, eq);
+  const size_t dot = path.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == path.size() ||
+      path.find('.', dot + 1) != std::string::npos) {
+    return Status::invalid_config(context + ": '" + path + "' is not of the form section.key");
+  }
+  const std::string section_name = path.substr(0, dot);
+  const std::string key = path.substr(dot + 1);
+  const Section* section = find_section(section_name);
+  const Field* field = section ? find_field(*section, key) : nullptr;
+  if (field == nullptr) return unknown_key(section_name, key).with_context(context);
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_config(context + ": cannot parse the value as YAML: " + e.msg);
+  }
+  return parse_value(path, field->kind, value, field->ref(*config)).with_context(context);
+}
+
+// Shortest text that parses back to the same float: plain decimals in the usual range
+// (500000, 0.0003), else scientific with a dot in the mantissa ("1.0e-08") so that YAML
+// 1.1 readers such as PyYAML also see a number.
+std::string float_text(float v) {
+  char buf[96];
+  const float a = std::fabs(v);
+  const bool fixed = a == 0.0f || (a >= 1e-6f && a < 1e9f);
+  auto [ptr, ec] = fixed ? std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed)
+                         : std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  std::string text(buf, ec == std::errc() ? ptr : buf);
+  const size_t e = text.find('e');
+  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+  return text;
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+std::string value_text(Kind kind, void* p) {
+  switch (kind) {
+    case Kind::kInt:
+      return std::to_string(*static_cast<int*>(p));
+    case Kind::kUint64:
+      return std::to_string(*static_cast<uint64_t*>(p));
+    case Kind::kFloat:
+      return float_text(*static_cast<float*>(p));
+    case Kind::kBool:
+      return *static_cast<bool*>(p) ? "true" : "false";
+    case Kind::kString:
+      return quoted(*static_cast<std::string*>(p));
+    case Kind::kIntList: {
+      std::string out = "[";
+      for (int v : *static_cast<std::vector<int>*>(p)) {
+        out += (out.size() > 1 ? ", " : "") + std::to_string(v);
+      }
+      return out + "]";
+    }
+    case Kind::kTie: {
+      const int v = *static_cast<int*>(p);
+      return v < 0 ? "auto" : (v ? "true" : "false");
+    }
+    case Kind::kArch:
+      return arch_name(*static_cast<Arch*>(p));
+    case Kind::kPipeline:
+      return pipeline_schedule_name(*static_cast<PipelineSchedule*>(p));
+    case Kind::kLrSchedule:
+      return lr_schedule_name(*static_cast<LrSchedule*>(p));
+  }
+  return "";
+}
+
+Status at_least(const std::string& key, int64_t value, int64_t min) {
+  if (value >= min) return Status::ok();
+  return Status::invalid_config(key + ": must be >= " + std::to_string(min) + ", got " +
+                                std::to_string(value));
+}
+
+Status float_check(const std::string& key, float value, bool ok, const std::string& rule) {
+  if (ok && std::isfinite(value)) return Status::ok();
+  return Status::invalid_config(key + ": must be " + rule + ", got " + float_text(value));
+}
+
+Status tp_divides(int tp, const std::string& what, int value) {
+  if (value % tp == 0) return Status::ok();
+  return Status::invalid_config("parallel.tp: " + std::to_string(tp) + " does not divide " + what +
+                                "=" + std::to_string(value));
+}
+
+Status validate_parallel(const Config& config, const TransformerConfig& m) {
+  const ParallelConfig& p = config.parallel;
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.dp", p.dp, 1));
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.tp", p.tp, 1));
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.pp", p.pp, 1));
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    return Status::invalid_config("parallel.zero_stage: must be 0, 1, 2 or 3, got " +
+                                  std::to_string(p.zero_stage));
+  }
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.micro_batch_size", p.micro_batch_size, 1));
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.bucket_mb", p.bucket_mb, 1));
+  // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
+  TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
+  TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));
+  TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.d_ff", m.d_ff));
+  TRIDENT_RETURN_IF_ERROR(tp_divides(
+      p.tp, "the padded vocabulary (model.vocab_size=" + std::to_string(m.vocab_size) + " padded)",
+      m.padded_vocab));
+  if (p.pp > m.n_layers) {
+    return Status::invalid_config("parallel.pp: " + std::to_string(p.pp) +
+                                  " pipeline stages but model.n_layers=" +
+                                  std::to_string(m.n_layers) + ": more stages than layers");
+  }
+  if (!p.stage_layers.empty()) {
+    if (static_cast<int>(p.stage_layers.size()) != p.pp) {
+      return Status::invalid_config("parallel.stage_layers: has " +
+                                    std::to_string(p.stage_layers.size()) +
+                                    " entries but parallel.pp=" + std::to_string(p.pp));
+    }
+    int64_t sum = 0;
+    for (size_t i = 0; i < p.stage_layers.size(); ++i) {
+      TRIDENT_RETURN_IF_ERROR(at_least("parallel.stage_layers[" + std::to_string(i) + "]",
+                                       p.stage_layers[i], 1));
+      sum += p.stage_layers[i];
+    }
+    if (sum != m.n_layers) {
+      return Status::invalid_config("parallel.stage_layers: sums to " + std::to_string(sum) +
+                                    " but model.n_layers=" + std::to_string(m.n_layers));
+    }
+  }
+  return Status::ok();
+}
+
+Status validate_training(const Config& config) {
+  const TrainingConfig& t = config.training;
+  const ParallelConfig& p = config.parallel;
+  TRIDENT_RETURN_IF_ERROR(at_least("training.global_batch_size", t.global_batch_size, 1));
+  const int64_t per_step = int64_t{p.micro_batch_size} * p.dp;
+  if (t.global_batch_size % per_step != 0) {
+    return Status::invalid_config(
+        "training.global_batch_size: " + std::to_string(t.global_batch_size) +
+        " is not divisible by parallel.micro_batch_size * parallel.dp = " +
+        std::to_string(p.micro_batch_size) + " * " + std::to_string(p.dp) + " = " +
+        std::to_string(per_step));
+  }
+  TRIDENT_RETURN_IF_ERROR(at_least("training.max_steps", t.max_steps, 1));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.lr", t.lr, t.lr > 0, "> 0"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.min_lr", t.min_lr, t.min_lr >= 0 && t.min_lr <= t.lr,
+                                      "in [0, training.lr=" + float_text(t.lr) + "]"));
+  TRIDENT_RETURN_IF_ERROR(at_least("training.warmup_steps", t.warmup_steps, 0));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.weight_decay", t.weight_decay, t.weight_decay >= 0, ">= 0"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.beta1", t.beta1, t.beta1 >= 0 && t.beta1 < 1, "in [0, 1)"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.beta2", t.beta2, t.beta2 >= 0 && t.beta2 < 1, "in [0, 1)"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.eps", t.eps, t.eps > 0, "> 0"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.grad_clip", t.grad_clip, t.grad_clip >= 0, ">= 0 (0 = off)"));
+  TRIDENT_RETURN_IF_ERROR(at_least("training.eval_interval", t.eval_interval, 0));
+  if (t.eval_interval > 0 && !config.data.val.empty()) {
+    TRIDENT_RETURN_IF_ERROR(at_least("training.eval_batches", t.eval_batches, 1));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* lr_schedule_name(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::kConstant:
+      return "constant";
+    case LrSchedule::kCosine:
+      return "cosine";
+    case LrSchedule::kLinear:
+      return "linear";
+  }
+  return "?";
+}
+
+const char* pipeline_schedule_name(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::kGpipe:
+      return "gpipe";
+    case PipelineSchedule::k1F1B:
+      return "1f1b";
+  }
+  return "?";
+}
+
+Status validate_config(const Config& config) {
+  TRIDENT_RETURN_IF_ERROR(config.model.validate());
+  TransformerConfig model = config.model;  // effective sizes, whether finalized or not
+  model.finalize();
+  TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
+  TRIDENT_RETURN_IF_ERROR(validate_training(config));
+  if (config.data.train.empty()) {
+    return Status::invalid_config("data.train: required: a token file, glob or directory");
+  }
+  const CheckpointConfig& ck = config.checkpoint;
+  TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.interval", ck.interval, 0));
+  TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.keep_last", ck.keep_last, 1));
+  if (ck.dir.empty()) {
+    // Also needed with interval 0: a SIGTERM/SIGUSR1 stop saves a checkpoint.
+    return Status::invalid_config("checkpoint.dir: must not be empty");
+  }
+  TRIDENT_RETURN_IF_ERROR(at_least("logging.log_interval", config.logging.log_interval, 1));
+  return Status::ok();
+}
+
+Result<Config> parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                            const std::string& source_name) {
+  Config config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_config(source_name + ":" + std::to_string(e.mark.line + 1) +
+                                  ": YAML syntax error: " + e.msg);
+  }
+  TRIDENT_RETURN_IF_ERROR(apply_document(root, source_name, &config));
+  for (const auto& o : overrides) TRIDENT_RETURN_IF_ERROR(apply_override(o, &config));
+  config.model.finalize();
+  TRIDENT_RETURN_IF_ERROR(validate_config(config).with_context(source_name));
+  return config;
+}
+
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status::invalid_input(path + ": cannot open config file: " + std::strerror(errno));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::invalid_input(path + ": cannot read config file");
+  return parse_config(text.str(), overrides, path);
+}
+
+std::string config_to_yaml(const Config& config) {
+  Config copy = config;  // the field table hands out mutable pointers
+  std::string out;
+  for (const auto& section : sections()) {
+    out += std::string(section.name) + ":\n";
+    for (const auto& field : section.fields) {
+      out += std::string("  ") + field.name + ": " + value_text(field.kind, field.ref(copy)) + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace trident

@@ -1,0 +1,55 @@
+#include "trainer/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace trident {
+
+std::string format_progress_line(const StepMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "step %d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%%",
+                m.step, m.max_steps, m.loss, m.grad_norm, m.lr, m.step_ms, m.tokens_per_s,
+                100.0 * m.mfu);
+  return buf;
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+Status MetricsWriter::open(const std::string& path) {
+  if (path.empty()) return Status::ok();
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) {
+    return Status::io_error("logging.metrics: cannot open " + path + ": " + std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+void MetricsWriter::write_line(const std::string& line) {
+  if (!file_) return;
+  std::fputs(line.c_str(), file_);
+  std::fputc('\n', file_);
+  std::fflush(file_);
+}
+
+void MetricsWriter::write_step(const StepMetrics& m) {
+  nlohmann::ordered_json j = {{"step", m.step},          {"loss", m.loss},
+                      {"lr", m.lr},              {"grad_norm", m.grad_norm},
+                      {"step_ms", m.step_ms},    {"tokens_per_s", m.tokens_per_s},
+                      {"mfu", m.mfu}};
+  write_line(j.dump());
+}
+
+void MetricsWriter::write_eval(int step, double val_loss) {
+  nlohmann::ordered_json j = {{"step", step}, {"val_loss", val_loss}};
+  write_line(j.dump());
+}
+
+}  // namespace trident

@@ -1,0 +1,45 @@
+// Progress output: rank 0's one line per step and the JSONL metrics file with exactly
+// the fields of DESIGN.md: {"step","loss","lr","grad_norm","step_ms","tokens_per_s","mfu"}
+// per training step and {"step","val_loss"} per evaluation. Each record is flushed as it
+// is written, so a killed run keeps every line it printed.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "core/status.h"
+
+namespace trident {
+
+struct StepMetrics {
+  int step = 0;  // 1-based: the number of optimizer steps done
+  int max_steps = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;  // fraction of peak, 0..1
+};
+
+// "step 12/300 | loss 2.4817 | norm 0.8123 | lr 1.00e-03 | 153.2 ms | 13371 tok/s | MFU 41.2%"
+std::string format_progress_line(const StepMetrics& m);
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Opens `path` for appending (creating parent directories); empty path = disabled.
+  Status open(const std::string& path);
+  void write_step(const StepMetrics& m);
+  void write_eval(int step, double val_loss);
+
+ private:
+  void write_line(const std::string& line);
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace trident
