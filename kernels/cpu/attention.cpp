@@ -36,26 +36,29 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const int ldq = NH * HD, ldkv = NKV * HD;
   const int pairs = B * NH;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < pairs; ++bh) {
+#pragma omp parallel
+  {
     omp_set_num_threads(1);  // sgemms below stay on this thread (see matmul.cpp)
-    const int b = bh / NH, h = bh % NH, kvh = h / group;
-    const float* qh = q + static_cast<long>(b) * T * ldq + h * HD;
-    const float* kh = k + static_cast<long>(b) * T * ldkv + kvh * HD;
-    const float* vh = v + static_cast<long>(b) * T * ldkv + kvh * HD;
-    float* oh = out + static_cast<long>(b) * T * ldq + h * HD;
-    float* p = att + static_cast<long>(bh) * T * T;
-    for (int i0 = 0; i0 < T; i0 += kRowBlock) {
-      const int i1 = std::min(T, i0 + kRowBlock), rows = i1 - i0;
-      // S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, HD, scale,
-                  qh + static_cast<long>(i0) * ldq, ldq, kh, ldkv, 0.0f,
-                  p + static_cast<long>(i0) * T, T);
-      for (int i = i0; i < i1; ++i) causal_softmax_row(p + static_cast<long>(i) * T, i, T);
-      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, i1, 1.0f,
-                  p + static_cast<long>(i0) * T, T, vh, ldkv, 0.0f,
-                  oh + static_cast<long>(i0) * ldq, ldq);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < pairs; ++bh) {
+      const int b = bh / NH, h = bh % NH, kvh = h / group;
+      const float* qh = q + static_cast<long>(b) * T * ldq + h * HD;
+      const float* kh = k + static_cast<long>(b) * T * ldkv + kvh * HD;
+      const float* vh = v + static_cast<long>(b) * T * ldkv + kvh * HD;
+      float* oh = out + static_cast<long>(b) * T * ldq + h * HD;
+      float* p = att + static_cast<long>(bh) * T * T;
+      for (int i0 = 0; i0 < T; i0 += kRowBlock) {
+        const int i1 = std::min(T, i0 + kRowBlock), rows = i1 - i0;
+        // S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, HD, scale,
+                    qh + static_cast<long>(i0) * ldq, ldq, kh, ldkv, 0.0f,
+                    p + static_cast<long>(i0) * T, T);
+        for (int i = i0; i < i1; ++i) causal_softmax_row(p + static_cast<long>(i) * T, i, T);
+        // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, i1, 1.0f,
+                    p + static_cast<long>(i0) * T, T, vh, ldkv, 0.0f,
+                    oh + static_cast<long>(i0) * ldq, ldq);
+      }
     }
   }
 }

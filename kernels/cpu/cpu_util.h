@@ -81,9 +81,16 @@ inline float exp_fast(float x) {
   return std::bit_cast<float>(std::bit_cast<int32_t>(y * scale) & keep);
 }
 
+// Max of x[0..n), n >= 1 (8 lanes, like sum_f; max is exact so order does not matter).
 inline float max_f(const float* x, int n) {
+  float acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = x[0];
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = acc[j] > x[i + j] ? acc[j] : x[i + j];
   float m = x[0];
-  for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (int j = 0; j < 8; ++j) m = std::max(m, acc[j]);
   return m;
 }
 

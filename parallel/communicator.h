@@ -1,0 +1,235 @@
+// Communicator: the only way model, parallel and trainer code talks to other ranks.
+// One Communicator per process group ("world", "dp", "tp", "pp", "embedding"), in the
+// style of PyTorch c10d. Backends: SelfCommunicator (one process, no launcher; this file)
+// and the MPI one (parallel/mpi/). No MPI or NCCL header is visible through this file.
+//
+// Contract (every backend, every group):
+// - Ordering. Every rank of a group calls the same collectives, in the same order, with
+//   the same sizes, the same reduce op and the same root. Point-to-point send/recv pairs
+//   must match (peer, tag, size). split() is a collective of the parent group. A rank
+//   that breaks this hangs or corrupts the group; nothing can detect it cheaply, which is
+//   why every call carries CollectiveOptions (timeout + label) for the watchdog to come.
+// - Threads. A process calls into its communicators from one thread at a time (MPI runs
+//   at MPI_THREAD_SERIALIZED); in practice the training thread. The traffic counters are
+//   plain integers owned by that thread.
+// - Buffers. Collectives are in place or write to caller-owned spans; chunked collectives
+//   (reduce_scatter, all_gather) take equal chunks: input/output size = size() * chunk.
+//   Ranks are group ranks (0..size()-1), not world ranks.
+// - Errors. Misuse (wrong buffer sizes, a bad root or peer, send to self) and transport
+//   errors are programming or system errors, not expected failures: they abort through
+//   check_failed (core/check.h) with a message naming rank, group, collective and label,
+//   e.g. "[rank 3 on host] CHECK failed: MPI_Allreduce ... group 'tp' (rank 1/2)
+//   all_reduce 'layer 4 attn out': MPI_ERR_TRUNCATE". Under mpirun/srun an aborting rank
+//   takes the job down. Expected failures (a layout that does not fit the world) are
+//   Status values returned by parallel/topology.h.
+// - Determinism. For a fixed group size and fixed buffer sizes, results are bitwise
+//   identical run to run and on every rank of the group (MPI picks its algorithm from
+//   size and count only; tests/mpi checks both). Float sums across different group
+//   sizes differ in rounding, as everywhere.
+//
+// Traffic counters (bytes, per kind, since reset_traffic()): the algorithm-independent
+// payload of nccl-tests' "size" column, so tests can compare with analytic volumes:
+//   all_reduce      n bytes of the buffer
+//   reduce_scatter  size() * chunk bytes (the input)
+//   all_gather      size() * chunk bytes (the output)
+//   broadcast       n bytes, counted on every rank, root included
+//   send            n bytes sent;  recv: n bytes received (counted apart, under kRecv)
+// Counted even when size() == 1. Bytes on the wire for a ring algorithm are payload *
+// bus_factor(kind, size()): 2(p-1)/p for all_reduce, (p-1)/p for reduce_scatter and
+// all_gather, 1 for broadcast and send (nccl-tests' busbw convention).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace trident {
+
+enum class ReduceOp { kSum, kMax };
+
+// What a call is, for counters and messages. kCount is the number of kinds.
+enum class CollectiveKind {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kSend,
+  kRecv,
+  kBarrier,
+  kSplit,
+  kCount
+};
+const char* collective_name(CollectiveKind kind);  // "all_reduce", "send", ...
+
+// Element types that cross the wire, for the backends.
+enum class CommDtype { kF32, kF64, kI64, kByte };
+std::size_t comm_dtype_size(CommDtype dtype);
+
+// Per-call options. A default-constructed value means "communicator defaults".
+struct CollectiveOptions {
+  // How long this call may block before the watchdog (not yet built) declares it hung;
+  // 0 = the communicator's default_timeout().
+  std::chrono::milliseconds timeout{0};
+  // Names the call in error and watchdog messages, e.g. "grad bucket 3".
+  std::string label;
+};
+
+// Bytes and calls per kind since the last reset (see the payload convention above).
+struct TrafficCounters {
+  std::array<std::int64_t, static_cast<int>(CollectiveKind::kCount)> bytes{};
+  std::array<std::int64_t, static_cast<int>(CollectiveKind::kCount)> calls{};
+  std::int64_t bytes_of(CollectiveKind k) const { return bytes[static_cast<int>(k)]; }
+  std::int64_t calls_of(CollectiveKind k) const { return calls[static_cast<int>(k)]; }
+};
+
+// Ring-algorithm wire bytes per payload byte for a group of group_size ranks.
+double bus_factor(CollectiveKind kind, int group_size);
+
+// Passed as split()'s color by ranks that join no group; they get nullptr back.
+inline constexpr int kNoGroup = -1;
+
+// The public calls check arguments and count traffic, then call the backend's do_*
+// (non-virtual interface: counting and checking are the same for every backend).
+class Communicator {
+ public:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{10 * 60 * 1000};
+
+  explicit Communicator(std::string name) : name_(std::move(name)) {}
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name for messages: "world", "dp", "tp", "pp", "embedding".
+  const std::string& name() const { return name_; }
+  // "mpi" or "self".
+  virtual const char* backend() const = 0;
+
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+  void set_default_timeout(std::chrono::milliseconds t) { default_timeout_ = t; }
+  // opts.timeout, or the default when it is 0.
+  std::chrono::milliseconds effective_timeout(const CollectiveOptions& opts) const;
+
+  // In place; every rank ends with the element-wise reduction over the group.
+  void all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts = {});
+  void all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts = {});
+  void all_reduce(std::span<std::int64_t> data, ReduceOp op, const CollectiveOptions& opts = {});
+
+  // Sum. input: (size() * chunk), output: (chunk) = this rank's chunk of the sum.
+  void reduce_scatter(std::span<const float> input, std::span<float> output,
+                      const CollectiveOptions& opts = {});
+
+  // input: (chunk), output: (size() * chunk), rank r's input lands at [r*chunk, (r+1)*chunk).
+  void all_gather(std::span<const float> input, std::span<float> output,
+                  const CollectiveOptions& opts = {});
+  void all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
+                        const CollectiveOptions& opts = {});
+
+  // In place: every rank ends with root's bytes.
+  void broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts = {});
+
+  // Blocking point-to-point; peer != rank(). A recv must match a send's (peer, tag, size).
+  // A large send may wait until its recv is posted: order pairs so no cycle of ranks all
+  // send first (e.g. even stages send first, odd stages receive first).
+  void send(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
+  void recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts = {});
+
+  void barrier(const CollectiveOptions& opts = {});
+
+  // Collective over this group. Ranks with the same color form a new group named
+  // `name`, ordered by (key, parent rank). color == kNoGroup: this rank joins none and
+  // gets nullptr. The child inherits the default timeout.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name,
+                                      const CollectiveOptions& opts = {});
+
+  const TrafficCounters& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = {}; }
+
+  // Aborts with a message naming rank, group, collective and label; for backends.
+  [[noreturn]] void fail(const char* statement, CollectiveKind kind, const CollectiveOptions& opts,
+                         const std::string& detail, const char* file, int line) const;
+
+ protected:
+  // Backend hooks. Arguments are already checked; count is in elements of dtype.
+  virtual void do_all_reduce(void* data, std::size_t count, CommDtype dtype, ReduceOp op,
+                             const CollectiveOptions& opts) = 0;
+  virtual void do_reduce_scatter(const float* input, float* output, std::size_t chunk,
+                                 const CollectiveOptions& opts) = 0;
+  virtual void do_all_gather(const void* input, void* output, std::size_t chunk_bytes,
+                             CommDtype dtype, const CollectiveOptions& opts) = 0;
+  virtual void do_broadcast(void* data, std::size_t bytes, int root,
+                            const CollectiveOptions& opts) = 0;
+  virtual void do_send(const float* data, std::size_t count, int dst, int tag,
+                       const CollectiveOptions& opts) = 0;
+  virtual void do_recv(float* data, std::size_t count, int src, int tag,
+                       const CollectiveOptions& opts) = 0;
+  virtual void do_barrier(const CollectiveOptions& opts) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
+                                                 const CollectiveOptions& opts) = 0;
+
+ private:
+  void count(CollectiveKind kind, std::size_t bytes);
+  void all_reduce_any(void* data, std::size_t count, CommDtype dtype, ReduceOp op,
+                      const CollectiveOptions& opts);
+
+  std::string name_;
+  std::chrono::milliseconds default_timeout_ = kDefaultTimeout;
+  TrafficCounters traffic_;
+};
+
+// Aborts through Communicator::fail when cond is false.
+#define TRIDENT_COMM_CHECK(comm, cond, kind, opts, detail)                         \
+  do {                                                                             \
+    if (!(cond)) (comm).fail(#cond, (kind), (opts), (detail), __FILE__, __LINE__); \
+  } while (0)
+
+// One process, no launcher: size 1, collectives are copies or no-ops, send/recv abort
+// (there is no peer).
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(std::string name = "world") : Communicator(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "self"; }
+
+ protected:
+  void do_all_reduce(void*, std::size_t, CommDtype, ReduceOp, const CollectiveOptions&) override {}
+  void do_reduce_scatter(const float* input, float* output, std::size_t chunk,
+                         const CollectiveOptions& opts) override;
+  void do_all_gather(const void* input, void* output, std::size_t chunk_bytes, CommDtype dtype,
+                     const CollectiveOptions& opts) override;
+  void do_broadcast(void*, std::size_t, int, const CollectiveOptions&) override {}
+  void do_send(const float* data, std::size_t count, int dst, int tag,
+               const CollectiveOptions& opts) override;
+  void do_recv(float* data, std::size_t count, int src, int tag,
+               const CollectiveOptions& opts) override;
+  void do_barrier(const CollectiveOptions&) override {}
+  std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
+                                         const CollectiveOptions& opts) override;
+};
+
+// Which launcher started this process, from its environment: the name of the first
+// variable found among OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), PMIX_RANK (srun
+// --mpi=pmix, prterun), PMI_RANK (MPICH's hydra, srun --mpi=pmi2), and SLURM_STEP_ID
+// together with SLURM_STEP_NUM_TASKS > 1 (a multi-task srun step; an sbatch script's
+// own environment has no step id); "" when none. env defaults to std::getenv (tests
+// pass a fake).
+using EnvLookup = const char* (*)(const char*);
+std::string detect_launcher(EnvLookup env = nullptr);
+
+// The world communicator: MPI when detect_launcher() finds a launcher, else a
+// SelfCommunicator. Collective over all processes of the launch. Initializes MPI if
+// nobody has; MPI_Finalize then runs when the last
+// MPI communicator of this process (world or split child, in any order) is destroyed, so
+// destroy them all before exit (one leaked communicator means no MPI_Finalize, and
+// mpirun reports the rank as failed). When the caller initialized MPI itself, finalizing
+// stays the caller's job. Also records rank and size for CHECK messages (core/check.h).
+// argc/argv may be null.
+std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv);
+
+}  // namespace trident

@@ -1,0 +1,29 @@
+// The MPI backend of Communicator (Open MPI 4.1 on CPU; also the bootstrap transport for
+// NCCL later). This header deliberately does not include <mpi.h>: the rest of the tree
+// reaches MPI only through parallel/communicator.h and this factory.
+//
+// Contract (beyond parallel/communicator.h):
+// - MPI is initialized with MPI_THREAD_SERIALIZED if nobody has initialized it; a process
+//   that initialized MPI itself (tests/mpi/main.cpp) keeps that duty and its finalize.
+// - Every communicator (world and split children) shares one runtime handle; the last
+//   one destroyed calls MPI_Finalize when this file did the MPI_Init. Children free their
+//   MPI_Comm on destruction.
+// - Communicators use MPI_ERRORS_RETURN, and every MPI call goes through TRIDENT_MPI_CHECK
+//   (mpi_check.h), which aborts naming rank, group, collective, label and MPI's error
+//   string, instead of MPI's default handler, which names none of them.
+// - Determinism: MPI_Allreduce / MPI_Reduce_scatter_block pick their algorithm from
+//   (group size, count), so a fixed layout reduces in a fixed order: bitwise identical
+//   run to run and across the group (tests/mpi/collectives_test.cpp checks both).
+#pragma once
+
+#include <memory>
+
+#include "parallel/communicator.h"
+
+namespace trident {
+
+// The "world" group over a private duplicate of MPI_COMM_WORLD; initializes MPI if
+// needed (see above). Collective: every process of the launch calls it once at start-up.
+std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** argv);
+
+}  // namespace trident

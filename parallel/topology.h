@@ -1,0 +1,89 @@
+// Topology: where a world rank sits in the dp x tp x pp grid, and the process groups
+// made from it (DESIGN.md "Ranks and groups").
+//
+// Rank order puts tp innermost (a TP group sits inside one machine), then dp, then pp:
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+// Groups (each ordered by its own coordinate, so group rank == that coordinate):
+//   tp         same (pp_rank, dp_rank), ordered by tp_rank   (size tp)
+//   dp         same (pp_rank, tp_rank), ordered by dp_rank   (size dp)
+//   pp         same (dp_rank, tp_rank), ordered by pp_rank   (size pp)
+//   embedding  first and last stage with the same (dp_rank, tp_rank): group rank 0 is
+//              stage 0, rank 1 is stage pp-1. Only when pp > 1 and embeddings are tied
+//              (the two stages all-reduce the tied weight's gradient); middle stages and
+//              untied or pp == 1 layouts have none.
+// Topology is a pure function of the layout (no communication, cheap to copy).
+// make_process_groups is a collective over `world` (four splits, in a fixed order).
+// A layout that does not match the world is an expected failure: Status, exit 2.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "parallel/communicator.h"
+
+namespace trident {
+
+struct Layout {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int world_size() const { return dp * tp * pp; }
+};
+
+struct RankCoords {
+  int pp_rank = 0;
+  int dp_rank = 0;
+  int tp_rank = 0;
+  bool operator==(const RankCoords&) const = default;
+};
+
+// Ok when every degree is >= 1 and dp*tp*pp == world_size; else invalid_config naming
+// the parallel.* keys.
+Status validate_layout(const Layout& layout, int world_size);
+
+class Topology {
+ public:
+  // Degrees must be >= 1 (CHECK; validate_layout first for user input).
+  explicit Topology(Layout layout);
+
+  const Layout& layout() const { return layout_; }
+  int world_size() const { return layout_.world_size(); }
+
+  int rank_of(const RankCoords& coords) const;
+  RankCoords coords_of(int rank) const;
+
+  bool is_first_stage(int rank) const { return coords_of(rank).pp_rank == 0; }
+  bool is_last_stage(int rank) const { return coords_of(rank).pp_rank == layout_.pp - 1; }
+
+  // World ranks of the group holding `rank`, in group-rank order.
+  std::vector<int> tp_group(int rank) const;
+  std::vector<int> dp_group(int rank) const;
+  std::vector<int> pp_group(int rank) const;
+  // Empty when `rank` is in no embedding group (see the header comment).
+  std::vector<int> embedding_group(int rank, bool tied_embeddings) const;
+
+ private:
+  Layout layout_;
+};
+
+// This rank's communicators. world is borrowed (it must outlive the groups); the others
+// are owned. embedding is null where this rank is in no embedding group.
+struct ProcessGroups {
+  Topology topology{Layout{}};
+  RankCoords coords;
+  Communicator* world = nullptr;
+  std::unique_ptr<Communicator> dp;
+  std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> pp;
+  std::unique_ptr<Communicator> embedding;
+};
+
+// Splits world into the dp, tp, pp and embedding groups of `layout`. Collective over
+// world. Fails with invalid_config ("parallel: dp*tp*pp = X but the world size is Y")
+// before any communication when the layout does not fit, so every rank fails alike.
+Result<ProcessGroups> make_process_groups(Communicator& world, const Layout& layout,
+                                          bool tied_embeddings);
+
+}  // namespace trident

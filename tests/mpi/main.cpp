@@ -1,0 +1,113 @@
+// main() of mpi_tests, run under mpirun (CMakeLists.txt registers -np 1, 2, 4, 8).
+// - Initializes MPI itself (so make_world_communicator must cope with an initialized
+//   MPI and leave finalizing to us), then makes the world communicator.
+// - Rank 0 prints gtest's usual output; other ranks print only their failures, tagged
+//   "[rank N]", so a failure on any rank is visible once.
+// - The exit code is agreed over all ranks (max), so any rank's failed assertion makes
+//   every rank, hence mpirun, hence ctest, fail.
+// - Two extra modes for the CTest checks of the failure paths themselves:
+//   --abort_demo=self_send: the last rank sends to itself (an argument CHECK);
+//   --abort_demo=truncate: rank 0 sends 8 floats, the last rank receives 4 (an MPI error,
+//   MPI_ERR_TRUNCATE, that must reach TRIDENT_MPI_CHECK rather than MPI's own handler).
+//   Either way the message must name rank, group and collective (PASS_REGULAR_EXPRESSION).
+#include <gtest/gtest.h>
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mpi_test_util.h"
+
+namespace trident::test {
+
+namespace {
+Communicator* g_world = nullptr;  // set once in main before any test runs
+
+// Prints only failed assertions, with the rank, for ranks other than 0.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.summary());
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Failed()) {
+      std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
+    }
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
+
+Communicator& world() { return *g_world; }
+
+}  // namespace trident::test
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string abort_demo;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--abort_demo=", 13) == 0) abort_demo = argv[i] + 13;
+  }
+
+  int rc = 0;
+  {
+    std::unique_ptr<trident::Communicator> world = trident::make_world_communicator(&argc, &argv);
+    trident::test::g_world = world.get();
+    const int rank = world->rank();
+
+    if (!abort_demo.empty()) {
+      std::vector<float> data(8, 1.0f);
+      const int last = world->size() - 1;
+      if (abort_demo == "self_send" && rank == last) {
+        world->send(data, rank, 7, {.label = "abort demo"});  // aborts: no send to self
+      } else if (abort_demo == "truncate") {
+        if (rank == 0) world->send(data, last, 7, {.label = "abort demo"});
+        if (rank == last) world->recv(std::span(data).first(4), 0, 7, {.label = "abort demo"});
+      }
+      world->barrier();  // the others wait here until mpirun takes the job down
+      std::fprintf(stderr, "abort demo: the job should not get here\n");
+      return 0;  // rc 0 on purpose: the CTest check looks for the CHECK message
+    }
+
+    if (rank != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+      listeners.Append(new trident::test::RankFailurePrinter(rank));
+    }
+    rc = RUN_ALL_TESTS();
+
+    // Agree on the outcome: every rank exits non-zero if any rank failed.
+    int any_failed = rc != 0 ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    std::vector<int> failed_by_rank(world->size(), 0);
+    const int mine = rc != 0 ? 1 : 0;
+    MPI_Gather(&mine, 1, MPI_INT, failed_by_rank.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (rank == 0 && any_failed) {
+      std::string ranks;
+      for (int r = 0; r < world->size(); ++r)
+        if (failed_by_rank[r]) ranks.append(" ").append(std::to_string(r));
+      std::fprintf(stderr, "mpi_tests: failures on rank(s)%s of %d\n", ranks.c_str(),
+                   world->size());
+    }
+    rc = any_failed ? 1 : 0;
+    trident::test::g_world = nullptr;
+  }  // the world communicator is freed before MPI_Finalize
+  MPI_Finalize();
+  return rc;
+}
