@@ -53,6 +53,10 @@ class GPT2(torch.nn.Module):
         self.lnf = torch.nn.LayerNorm(c)
         t = p["seq_len"]
         self.register_buffer("mask", torch.tril(torch.ones(t, t)))
+        # GPT-2 initialisation, as Trident's: N(0, 0.02) matrices and embeddings.
+        for name, w in self.named_parameters():
+            if w.dim() == 2:
+                torch.nn.init.normal_(w, std=0.02)
 
     def forward(self, idx, targets):
         t = idx.shape[1]

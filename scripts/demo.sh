@@ -4,7 +4,7 @@
 # Extra arguments go to `trident train` (e.g. --set training.max_steps=50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh trident
 
 RUN_DIR=runs/demo
 mkdir -p "$RUN_DIR"

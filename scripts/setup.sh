@@ -19,6 +19,7 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}"
 fi
 
+# Arguments: --no-build, or the build targets to make (default: all).
 if [[ "${1:-}" == "--no-build" ]]; then exit 0; fi
 
 BUILD_DIR=${TRIDENT_BUILD_DIR:-build}
@@ -26,4 +27,8 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DTRIDENT_CUDA="${TRIDENT_CUDA:-AUTO}"
 fi
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+if (($#)); then
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target "$@"
+else
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+fi
