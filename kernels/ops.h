@@ -6,8 +6,9 @@
 // - fp32, row-major, contiguous; N = B*T rows of a [B, T, C] activation.
 // - Linear weights are (out, in): out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias[OC].
 // - Backward functions ACCUMULATE (+=) into every gradient they produce, inputs and
-//   parameters alike; a null gradient pointer means "not needed". The one exception is
-//   cross_entropy_backward, which overwrites (so dlogits may alias logits).
+//   parameters alike; a null gradient pointer means "not needed". The exceptions are
+//   cross_entropy_backward and xent_local_backward, which overwrite (so dlogits may
+//   alias logits).
 // - Functions are synchronous with respect to later calls on the same Ops object.
 // - Thread safety: one Ops object per thread of control (it owns scratch memory).
 #pragma once
@@ -117,6 +118,31 @@ class Ops {
   // columns. OVERWRITES dlogits, which may alias logits.
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                       float dloss, int N, int V, int Vp) = 0;
+
+  // Vocab-parallel cross-entropy (tensor parallelism), in three local steps around two
+  // all-reduces, so the full logits are never gathered. logits[N, Vp_local] hold the
+  // global columns [vocab_begin, vocab_begin + Vp_local); only global columns < V are
+  // real (a rank may hold no real column at all). targets[N] are global ids in [0, V).
+  // The model computes loss[n] = log(sum_exp[n]) + row_max[n] - target_logit[n] from the
+  // reduced values. With one rank (vocab_begin 0, Vp_local = Vp) the results equal
+  // cross_entropy_forward / _backward.
+  //
+  // row_max[N] = max over this rank's real columns; -FLT_MAX for a rank without any.
+  // Then: all-reduce max.
+  virtual void xent_local_max(float* row_max, const float* logits, int N, int Vp_local,
+                              int vocab_begin, int V) = 0;
+  // With the global row_max[N]: sum_exp[N] = sum over local real columns of
+  // exp(logits - row_max); target_logit[N] = logits[n, targets[n] - vocab_begin] when the
+  // target is in this rank's range, else 0. Both overwritten. Then: all-reduce sum of both.
+  virtual void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
+                               const float* row_max, const int32_t* targets, int N,
+                               int Vp_local, int vocab_begin, int V) = 0;
+  // dlogits[N, Vp_local] = dloss * (exp(logits - row_max) / sum_exp - [column == target])
+  // for local real columns, 0 for padded ones; row_max and sum_exp are the global values.
+  // OVERWRITES dlogits, which may alias logits.
+  virtual void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
+                                   const float* sum_exp, const int32_t* targets, float dloss,
+                                   int N, int Vp_local, int vocab_begin, int V) = 0;
 
   // ---- optimizer ----------------------------------------------------------------
   // AdamW on n elements: m, v updated in place; param -= lr * (mhat / (sqrt(vhat) + eps)

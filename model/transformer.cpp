@@ -6,237 +6,397 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "parallel/communicator.h"
 
 namespace trident {
 
 namespace {
+
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
-}  // namespace
 
-// Pointers to one layer's tensors inside a parameter-shaped buffer (parameters or
-// gradients). Absent tensors (gpt2-only biases in llama, ...) are null.
-struct Transformer::LayerParams {
-  float* ln1_w;  // (C)
-  float* ln1_b;  // (C)
-  float* q_w;    // (NH*HD, C)
-  float* q_b;    // (NH*HD)
-  float* k_w;    // (NKV*HD, C)
-  float* k_b;    // (NKV*HD)
-  float* v_w;    // (NKV*HD, C)
-  float* v_b;    // (NKV*HD)
-  float* o_w;    // (C, NH*HD)
-  float* o_b;    // (C)
-  float* ln2_w;  // (C)
-  float* ln2_b;  // (C)
-  float* fc_w;   // (F, C)  gpt2 mlp.fc / llama mlp.gate
-  float* fc_b;   // (F)
-  float* up_w;   // (F, C)  llama mlp.up
-  float* proj_w; // (C, F)  gpt2 mlp.proj / llama mlp.down
-  float* proj_b; // (C)
+// The 17 per-layer tensors, in LayerParams order; gpt2 / llama name where they differ.
+struct LayerTensor {
+  const char* gpt2;
+  const char* llama;
 };
-
-// One layer's saved activations, for a micro-batch of B*T = N rows.
-struct Transformer::LayerActs {
-  float* ln1;       // (N, C)
-  float* ln1_mean;  // (N)
-  float* ln1_rstd;  // (N)
-  float* q;         // (N, NH*HD)  after RoPE (llama)
-  float* k;         // (N, NKV*HD) after RoPE (llama)
-  float* v;         // (N, NKV*HD)
-  float* att;       // (B, NH, T, T) softmax probabilities
-  float* atty;      // (N, NH*HD)
-  float* res2;      // (N, C)  residual stream after attention
-  float* ln2;       // (N, C)
-  float* ln2_mean;  // (N)
-  float* ln2_rstd;  // (N)
-  float* h1;        // (N, F)  gpt2 fc output / llama gate output
-  float* h2;        // (N, F)  llama up output
-  float* h_act;     // (N, F)  gelu(h1) / silu(h1) * h2
+constexpr LayerTensor kLayerTensors[] = {
+    {"ln1.weight", "ln1.weight"}, {"ln1.bias", nullptr},
+    {"attn.q.weight", "attn.q.weight"}, {"attn.q.bias", nullptr},
+    {"attn.k.weight", "attn.k.weight"}, {"attn.k.bias", nullptr},
+    {"attn.v.weight", "attn.v.weight"}, {"attn.v.bias", nullptr},
+    {"attn.o.weight", "attn.o.weight"}, {"attn.o.bias", nullptr},
+    {"ln2.weight", "ln2.weight"}, {"ln2.bias", nullptr},
+    {"mlp.fc.weight", "mlp.gate.weight"}, {"mlp.fc.bias", nullptr},
+    {nullptr, "mlp.up.weight"},
+    {"mlp.proj.weight", "mlp.down.weight"}, {"mlp.proj.bias", nullptr},
 };
+constexpr int kNumLayerTensors = 17;
 
-// Indices into act_offsets_: per layer kLayerSlots slots, then the globals.
-namespace {
-enum LayerSlot {
+// Per-slot activation buffers: the globals, then x_0..x_nl, then kLayerActs per layer.
+enum SlotBuffer {
+  kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses, kXentMax, kXentSums,
+  kSlotGlobals
+};
+enum LayerAct {
   kLn1, kLn1Mean, kLn1Rstd, kQ, kK, kV, kAtt, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd, kH1, kH2,
-  kHAct, kLayerSlots
+  kHAct, kLayerActs
 };
-enum GlobalSlot {
-  kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses,
-  // backward scratch, shared by all layers
-  kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGlobalSlots
-};
+// Backward scratch shared by all slots.
+enum Scratch { kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kScratchCount };
+
 }  // namespace
 
-Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size)
-    : config_(config), ops_(ops), micro_batch_size_(micro_batch_size) {
-  TRIDENT_CHECK_MSG(config_.head_dim > 0 && config_.padded_vocab >= config_.vocab_size,
-                    "TransformerConfig must be finalize()d");
-  TRIDENT_CHECK(micro_batch_size_ > 0);
-  build_param_table();
-  param_buffer_ = DeviceBuffer(ops_, num_param_floats_ * sizeof(float));
-  grad_buffer_ = DeviceBuffer(ops_, num_param_floats_ * sizeof(float));
-  plan_activations();
-  activations_ = DeviceBuffer(ops_, act_arena_.total_bytes());
-  act_arena_.bind(activations_.get());
+std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers) {
+  if (!stage_layers.empty()) return stage_layers;
+  std::vector<int> counts(static_cast<size_t>(pp), n_layers / pp);
+  for (int s = 0; s < n_layers % pp; ++s) counts[static_cast<size_t>(s)]++;
+  return counts;
 }
 
-void Transformer::build_param_table() {
-  const auto& c = config_;
+// ---- parameter layout ------------------------------------------------------------------
+
+ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPartition& part) {
+  TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
+  const int L = c.n_layers, tp = part.tp_size, r = part.tp_rank;
+  const int layer_end = part.layer_end < 0 ? L : part.layer_end;
   const int64_t C = c.d_model, F = c.d_ff, HD = c.head_dim;
   const int64_t q_dim = c.n_heads * HD, kv_dim = c.n_kv_heads * HD;
   const bool gpt2 = c.is_gpt2();
-  auto add = [&](std::string name, Shape shape) {
+  ParamLayout layout;
+  layout.groups.resize(static_cast<size_t>(L + 2));
+  for (int g = 0; g < L + 2; ++g) layout.groups[static_cast<size_t>(g)].id = g;
+  size_t cursor = 0;
+  int current_group = -1;
+  auto add = [&](int group, std::string name, Shape shape, int split_dim) {
+    if (group != current_group) {  // groups are added in id order
+      cursor = (cursor + 15) / 16 * 16;
+      layout.groups[static_cast<size_t>(group)].offset = cursor;
+      current_group = group;
+    }
     ParamInfo p;
     p.decay = shape.rank() == 2;
     p.name = std::move(name);
-    p.shape = std::move(shape);
-    // Keep every tensor 16-float aligned so vector loads never straddle tensors.
-    p.offset = (num_param_floats_ + 15) / 16 * 16;
-    num_param_floats_ = p.offset + static_cast<size_t>(p.shape.numel());
-    params_.push_back(std::move(p));
+    p.shape = shape;
+    p.local_shape = shape;
+    p.split_dim = split_dim;
+    if (split_dim >= 0) {
+      TRIDENT_CHECK_MSG(shape[split_dim] % tp == 0, p.name + " does not split over tp");
+      p.local_shape[split_dim] = shape[split_dim] / tp;
+      p.split_offset = p.local_shape[split_dim] * r;
+    }
+    p.group = group;
+    p.offset = (cursor + 15) / 16 * 16;
+    cursor = p.offset + static_cast<size_t>(p.local_shape.numel());
+    auto& grp = layout.groups[static_cast<size_t>(group)];
+    grp.params.push_back(static_cast<int>(layout.params.size()));
+    grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
+    layout.params.push_back(std::move(p));
   };
-  add("wte", {c.padded_vocab, C});
-  if (gpt2) add("wpe", {c.max_seq_len, C});
-  for (int l = 0; l < c.n_layers; ++l) {
+  if (part.first_stage()) {
+    add(0, "wte", {c.padded_vocab, C}, 0);
+    if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
+  }
+  for (int l = part.layer_begin; l < layer_end; ++l) {
+    const int g = 1 + l;
     const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "ln1.weight", {C});
-    if (gpt2) add(p + "ln1.bias", {C});
-    add(p + "attn.q.weight", {q_dim, C});
-    if (gpt2) add(p + "attn.q.bias", {q_dim});
-    add(p + "attn.k.weight", {kv_dim, C});
-    if (gpt2) add(p + "attn.k.bias", {kv_dim});
-    add(p + "attn.v.weight", {kv_dim, C});
-    if (gpt2) add(p + "attn.v.bias", {kv_dim});
-    add(p + "attn.o.weight", {C, q_dim});
-    if (gpt2) add(p + "attn.o.bias", {C});
-    add(p + "ln2.weight", {C});
-    if (gpt2) add(p + "ln2.bias", {C});
+    add(g, p + "ln1.weight", {C}, -1);
+    if (gpt2) add(g, p + "ln1.bias", {C}, -1);
+    add(g, p + "attn.q.weight", {q_dim, C}, 0);
+    if (gpt2) add(g, p + "attn.q.bias", {q_dim}, 0);
+    add(g, p + "attn.k.weight", {kv_dim, C}, 0);
+    if (gpt2) add(g, p + "attn.k.bias", {kv_dim}, 0);
+    add(g, p + "attn.v.weight", {kv_dim, C}, 0);
+    if (gpt2) add(g, p + "attn.v.bias", {kv_dim}, 0);
+    add(g, p + "attn.o.weight", {C, q_dim}, 1);
+    if (gpt2) add(g, p + "attn.o.bias", {C}, -1);
+    add(g, p + "ln2.weight", {C}, -1);
+    if (gpt2) add(g, p + "ln2.bias", {C}, -1);
     if (gpt2) {
-      add(p + "mlp.fc.weight", {F, C});
-      add(p + "mlp.fc.bias", {F});
-      add(p + "mlp.proj.weight", {C, F});
-      add(p + "mlp.proj.bias", {C});
+      add(g, p + "mlp.fc.weight", {F, C}, 0);
+      add(g, p + "mlp.fc.bias", {F}, 0);
+      add(g, p + "mlp.proj.weight", {C, F}, 1);
+      add(g, p + "mlp.proj.bias", {C}, -1);
     } else {
-      add(p + "mlp.gate.weight", {F, C});
-      add(p + "mlp.up.weight", {F, C});
-      add(p + "mlp.down.weight", {C, F});
+      add(g, p + "mlp.gate.weight", {F, C}, 0);
+      add(g, p + "mlp.up.weight", {F, C}, 0);
+      add(g, p + "mlp.down.weight", {C, F}, 1);
     }
   }
-  add("lnf.weight", {C});
-  if (gpt2) add("lnf.bias", {C});
-  if (!c.tied()) add("lm_head.weight", {c.padded_vocab, C});
-  num_param_floats_ = (num_param_floats_ + 15) / 16 * 16;
+  if (part.last_stage()) {
+    const int g = L + 1;
+    add(g, "lnf.weight", {C}, -1);
+    if (gpt2) add(g, "lnf.bias", {C}, -1);
+    if (!c.tied()) {
+      add(g, "lm_head.weight", {c.padded_vocab, C}, 0);
+    } else if (!part.first_stage()) {
+      add(g, "wte", {c.padded_vocab, C}, 0);
+      layout.params.back().tied_copy = true;
+    }
+  }
+  return layout;
+}
+
+std::vector<float> Transformer::initial_value(const TransformerConfig& c, const ParamInfo& p,
+                                              uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(p.numel()), 0.0f);
+  const std::string_view name = p.name;
+  if (ends_with(name, ".bias")) return host;
+  if (name == "lnf.weight" || ends_with(name, "ln1.weight") || ends_with(name, "ln2.weight")) {
+    std::fill(host.begin(), host.end(), 1.0f);
+    return host;
+  }
+  const bool residual = ends_with(name, "attn.o.weight") || ends_with(name, "mlp.proj.weight") ||
+                        ends_with(name, "mlp.down.weight");
+  const float std = residual ? c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers))
+                             : c.init_std;
+  const uint64_t key = rng_key(seed, hash_name(p.name));
+  // Padded vocabulary rows stay zero: they never receive a gradient either.
+  const bool vocab_rows = name == "wte" || name == "lm_head.weight";
+  const int64_t rows = p.local_shape[0];
+  const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
+  const int64_t global_cols = p.shape.rank() == 2 ? p.shape[1] : 1;
+  const int64_t row0 = p.split_dim == 0 ? p.split_offset : 0;
+  const int64_t col0 = p.split_dim == 1 ? p.split_offset : 0;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t global_row = row0 + i;
+    if (vocab_rows && global_row >= c.vocab_size) continue;
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint64_t index = static_cast<uint64_t>(global_row * global_cols + col0 + j);
+      host[static_cast<size_t>(i * cols + j)] = std * normal_at(key, index);
+    }
+  }
+  return host;
 }
 
 const ParamInfo* Transformer::find_param(std::string_view name) const {
-  for (const auto& p : params_) {
+  for (const auto& p : layout_.params) {
     if (p.name == name) return &p;
   }
   return nullptr;
 }
 
-Transformer::LayerParams Transformer::layer_params(int layer, float* base) const {
-  const std::string p = "layers." + std::to_string(layer) + ".";
-  auto at = [&](const char* suffix) -> float* {
-    const ParamInfo* info = find_param(p + suffix);
-    return info ? base + info->offset : nullptr;
-  };
-  const bool gpt2 = config_.is_gpt2();
-  LayerParams lp{};
-  lp.ln1_w = at("ln1.weight");
-  lp.ln1_b = at("ln1.bias");
-  lp.q_w = at("attn.q.weight");
-  lp.q_b = at("attn.q.bias");
-  lp.k_w = at("attn.k.weight");
-  lp.k_b = at("attn.k.bias");
-  lp.v_w = at("attn.v.weight");
-  lp.v_b = at("attn.v.bias");
-  lp.o_w = at("attn.o.weight");
-  lp.o_b = at("attn.o.bias");
-  lp.ln2_w = at("ln2.weight");
-  lp.ln2_b = at("ln2.bias");
-  lp.fc_w = at(gpt2 ? "mlp.fc.weight" : "mlp.gate.weight");
-  lp.fc_b = at("mlp.fc.bias");
-  lp.up_w = at("mlp.up.weight");
-  lp.proj_w = at(gpt2 ? "mlp.proj.weight" : "mlp.down.weight");
-  lp.proj_b = at("mlp.proj.bias");
-  return lp;
+// ---- construction ----------------------------------------------------------------------
+
+Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size)
+    : config_(config), ops_(ops) {
+  init_partition(nullptr, nullptr, micro_batch_size, 1);
+}
+
+Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
+                         Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots)
+    : config_(config), ops_(ops), part_(part) {
+  init_partition(tp, store, micro_batch_size, num_slots);
+}
+
+Transformer::~Transformer() = default;
+
+void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_batch_size,
+                                 int num_slots) {
+  const auto& c = config_;
+  TRIDENT_CHECK_MSG(c.head_dim > 0 && c.padded_vocab >= c.vocab_size,
+                    "TransformerConfig must be finalize()d");
+  TRIDENT_CHECK(micro_batch_size > 0 && num_slots > 0);
+  if (part_.layer_end < 0) part_.layer_end = c.n_layers;
+  TRIDENT_CHECK(tp == nullptr || tp->size() == part_.tp_size);
+  tp_ = part_.tp_size > 1 ? tp : nullptr;
+  micro_batch_size_ = micro_batch_size;
+  num_slots_ = num_slots;
+  n_local_layers_ = part_.layer_end - part_.layer_begin;
+  heads_ = c.n_heads / part_.tp_size;
+  kv_heads_ = c.n_kv_heads / part_.tp_size;
+  ff_ = c.d_ff / part_.tp_size;
+  vocab_local_ = c.padded_vocab / part_.tp_size;
+  vocab_begin_ = vocab_local_ * part_.tp_rank;
+
+  layout_ = plan_params(c, part_);
+  if (store == nullptr) {
+    own_store_ = std::make_unique<ResidentParamStore>(layout_, ops_);
+    store_ = own_store_.get();
+  } else {
+    store_ = store;
+  }
+  layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kNumLayerTensors, -1));
+  for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    for (int t = 0; t < kNumLayerTensors; ++t) {
+      const char* suffix = c.is_gpt2() ? kLayerTensors[t].gpt2 : kLayerTensors[t].llama;
+      if (!suffix) continue;
+      const ParamInfo* p = find_param(prefix + suffix);
+      TRIDENT_CHECK_MSG(p != nullptr, prefix + suffix);
+      layer_param_index_[static_cast<size_t>(l)][static_cast<size_t>(t)] =
+          static_cast<int>(p - layout_.params.data());
+    }
+  }
+  plan_activations();
+  slot_info_.assign(static_cast<size_t>(num_slots_), SlotInfo{});
 }
 
 void Transformer::plan_activations() {
   const auto& c = config_;
   const size_t N = static_cast<size_t>(micro_batch_size_) * c.seq_len;
-  const size_t C = c.d_model, F = c.d_ff, q_dim = c.n_heads * c.head_dim,
-               kv_dim = c.n_kv_heads * c.head_dim;
-  const size_t att = static_cast<size_t>(micro_batch_size_) * c.n_heads * c.seq_len * c.seq_len;
+  const size_t C = c.d_model, F = ff_, q_dim = static_cast<size_t>(heads_) * c.head_dim,
+               kv_dim = static_cast<size_t>(kv_heads_) * c.head_dim;
+  const size_t att = static_cast<size_t>(micro_batch_size_) * heads_ * c.seq_len * c.seq_len;
   const bool llama = !c.is_gpt2();
-  // Residual stream x_0..x_L first, then each layer's slots, then the globals.
-  act_offsets_.clear();
+  const bool last = part_.last_stage();
+  Arena slot_arena;
+  slot_offsets_.clear();
   auto reserve = [&](size_t floats) {
-    act_offsets_.push_back(floats ? act_arena_.reserve(floats * sizeof(float)) : kAbsent);
+    slot_offsets_.push_back(floats ? slot_arena.reserve(floats * sizeof(float)) : kAbsent);
   };
-  for (int l = 0; l <= c.n_layers; ++l) reserve(N * C);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const size_t sizes[kLayerSlots] = {N * C, N, N, N * q_dim, N * kv_dim, N * kv_dim, att,
-                                       N * q_dim, N * C, N * C, N, N, N * F,
-                                       llama ? N * F : 0, N * F};
+  const size_t globals[kSlotGlobals] = {N,
+                                        last ? N : 0,
+                                        last ? N * C : 0,
+                                        last ? N : 0,
+                                        last ? N : 0,
+                                        last ? N * static_cast<size_t>(vocab_local_) : 0,
+                                        last ? N : 0,
+                                        last ? N : 0,
+                                        last ? 2 * N : 0};
+  for (size_t s : globals) reserve(s);
+  for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C);
+  for (int l = 0; l < n_local_layers_; ++l) {
+    const size_t sizes[kLayerActs] = {N * C, N, N, N * q_dim, N * kv_dim, N * kv_dim, att,
+                                      N * q_dim, N * C, N * C, N, N, N * F,
+                                      llama ? N * F : 0, N * F};
     for (size_t s : sizes) reserve(s);
   }
-  const size_t gsizes[kGlobalSlots] = {N, N, N * C, N, N, N * c.padded_vocab, N,
-                                       N * C, N * C, N * q_dim, N * kv_dim, N * kv_dim,
-                                       N * q_dim, N * F, llama ? N * F : 0, N * F};
-  for (size_t s : gsizes) reserve(s);
+  act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
+                        Arena::kAlignment;
+  activations_ = DeviceBuffer(ops_, act_bytes_per_slot_ * static_cast<size_t>(num_slots_));
+
+  Arena scratch_arena;
+  scratch_offsets_.clear();
+  const size_t scratch_sizes[kScratchCount] = {N * C, N * C, N * q_dim, N * kv_dim, N * kv_dim,
+                                               N * q_dim, N * F, llama ? N * F : 0, N * F};
+  for (size_t s : scratch_sizes) {
+    scratch_offsets_.push_back(s ? scratch_arena.reserve(s * sizeof(float)) : kAbsent);
+  }
+  scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
+}
+
+float* Transformer::act(int slot, int index) const {
+  const size_t off = slot_offsets_[static_cast<size_t>(index)];
+  if (off == kAbsent) return nullptr;
+  return reinterpret_cast<float*>(activations_.as<char>() +
+                                  act_bytes_per_slot_ * static_cast<size_t>(slot) + off);
+}
+
+float* Transformer::scratch(int index) const {
+  const size_t off = scratch_offsets_[static_cast<size_t>(index)];
+  return off == kAbsent ? nullptr : reinterpret_cast<float*>(scratch_.as<char>() + off);
 }
 
 namespace {
-inline size_t global_slot_index(int n_layers, int slot) {
-  return static_cast<size_t>(n_layers + 1) + static_cast<size_t>(n_layers) * kLayerSlots + slot;
-}
+inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 }  // namespace
 
-#define TRIDENT_ACT(index, type) \
-  (act_offsets_[index] == kAbsent ? nullptr : act_arena_.at<type>(act_offsets_[index]))
+struct Transformer::LayerParams {
+  float* ln1_w;   // (C)
+  float* ln1_b;   // (C)
+  float* q_w;     // (NH_local*HD, C)
+  float* q_b;     // (NH_local*HD)
+  float* k_w;     // (NKV_local*HD, C)
+  float* k_b;     // (NKV_local*HD)
+  float* v_w;     // (NKV_local*HD, C)
+  float* v_b;     // (NKV_local*HD)
+  float* o_w;     // (C, NH_local*HD)
+  float* o_b;     // (C)
+  float* ln2_w;   // (C)
+  float* ln2_b;   // (C)
+  float* fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
+  float* fc_b;    // (F_local)
+  float* up_w;    // (F_local, C)  llama mlp.up
+  float* proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
+  float* proj_b;  // (C)
+};
 
-Transformer::LayerActs Transformer::layer_acts(int layer) const {
-  const size_t base = static_cast<size_t>(config_.n_layers + 1) +
-                      static_cast<size_t>(layer) * kLayerSlots;
-  auto slot = [&](int s) { return TRIDENT_ACT(base + s, float); };
-  return LayerActs{slot(kLn1),  slot(kLn1Mean), slot(kLn1Rstd), slot(kQ),       slot(kK),
-                   slot(kV),    slot(kAtt),     slot(kAtty),    slot(kRes2),    slot(kLn2),
-                   slot(kLn2Mean), slot(kLn2Rstd), slot(kH1),   slot(kH2),      slot(kHAct)};
+struct Transformer::LayerActs {
+  float* ln1;       // (N, C)
+  float* ln1_mean;  // (N)
+  float* ln1_rstd;  // (N)
+  float* q;         // (N, NH_local*HD)  after RoPE (llama)
+  float* k;         // (N, NKV_local*HD) after RoPE (llama)
+  float* v;         // (N, NKV_local*HD)
+  float* att;       // (B, NH_local, T, T) softmax probabilities
+  float* atty;      // (N, NH_local*HD)
+  float* res2;      // (N, C)  residual stream after attention
+  float* ln2;       // (N, C)
+  float* ln2_mean;  // (N)
+  float* ln2_rstd;  // (N)
+  float* h1;        // (N, F_local)  gpt2 fc output / llama gate output
+  float* h2;        // (N, F_local)  llama up output
+  float* h_act;     // (N, F_local)  gelu(h1) / silu(h1) * h2
+};
+
+Transformer::LayerParams Transformer::layer_params(int layer, float* base,
+                                                   int /*group_offset*/) const {
+  const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
+  const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
+  float* ptrs[kNumLayerTensors];
+  for (int t = 0; t < kNumLayerTensors; ++t) {
+    const int i = idx[static_cast<size_t>(t)];
+    ptrs[t] = i < 0 ? nullptr
+                    : base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
+  }
+  return LayerParams{ptrs[0], ptrs[1], ptrs[2],  ptrs[3],  ptrs[4],  ptrs[5],
+                     ptrs[6], ptrs[7], ptrs[8],  ptrs[9],  ptrs[10], ptrs[11],
+                     ptrs[12], ptrs[13], ptrs[14], ptrs[15], ptrs[16]};
+}
+
+Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const {
+  const int base = kSlotGlobals + n_local_layers_ + 1 + local_layer * kLayerActs;
+  auto a = [&](int i) { return act(slot, base + i); };
+  return LayerActs{a(kLn1), a(kLn1Mean), a(kLn1Rstd), a(kQ),       a(kK),
+                   a(kV),   a(kAtt),     a(kAtty),    a(kRes2),    a(kLn2),
+                   a(kLn2Mean), a(kLn2Rstd), a(kH1),  a(kH2),      a(kHAct)};
+}
+
+float* Transformer::group_param(int group, const char* name) {
+  const ParamInfo* p = find_param(name);
+  TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
+  return store_->params(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
+}
+
+float* Transformer::group_grad(int group, const char* name) {
+  const ParamInfo* p = find_param(name);
+  TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
+  return store_->grads(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
+}
+
+void Transformer::all_reduce_tp(float* data, size_t n, const char* label) {
+  if (tp_ == nullptr) return;
+  CollectiveOptions opts;
+  opts.label = label;
+  tp_->all_reduce(std::span<float>(data, n), ReduceOp::kSum, opts);
+}
+
+size_t Transformer::boundary_floats() const {
+  return static_cast<size_t>(micro_batch_size_) * config_.seq_len * config_.d_model;
+}
+
+// ---- resident-store conveniences ---------------------------------------------------------
+
+float* Transformer::param_data() {
+  auto* resident = dynamic_cast<ResidentParamStore*>(store_);
+  TRIDENT_CHECK_MSG(resident != nullptr, "param_data() needs a resident parameter store");
+  return resident->param_data();
+}
+
+float* Transformer::grad_data() {
+  auto* resident = dynamic_cast<ResidentParamStore*>(store_);
+  TRIDENT_CHECK_MSG(resident != nullptr, "grad_data() needs a resident parameter store");
+  return resident->grad_data();
 }
 
 void Transformer::init_weights(uint64_t seed) {
-  const auto& c = config_;
-  std::vector<float> host;
-  const float residual_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers));
-  for (const auto& p : params_) {
-    host.assign(static_cast<size_t>(p.numel()), 0.0f);
-    const std::string_view name = p.name;
-    if (ends_with(name, ".bias")) {
-      // zeros
-    } else if (name == "lnf.weight" || ends_with(name, "ln1.weight") ||
-               ends_with(name, "ln2.weight")) {
-      std::fill(host.begin(), host.end(), 1.0f);
-    } else {
-      const bool residual = ends_with(name, "attn.o.weight") ||
-                            ends_with(name, "mlp.proj.weight") ||
-                            ends_with(name, "mlp.down.weight");
-      const float std = residual ? residual_std : c.init_std;
-      const uint64_t key = rng_key(seed, hash_name(p.name));
-      // Padded vocabulary rows stay zero: they never receive a gradient either.
-      const bool vocab_rows = name == "wte" || name == "lm_head.weight";
-      const int64_t live = vocab_rows ? static_cast<int64_t>(c.vocab_size) * p.shape[1]
-                                      : p.numel();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < live; ++i) {
-        host[static_cast<size_t>(i)] = std * normal_at(key, static_cast<uint64_t>(i));
-      }
-    }
+  for (const auto& p : layout_.params) {
+    std::vector<float> host = initial_value(config_, p, seed);
     set_param(p, host.data());
   }
   zero_grads();
@@ -247,44 +407,109 @@ void Transformer::set_param(const ParamInfo& param, const float* host) {
 }
 
 void Transformer::get_param(const ParamInfo& param, float* host) const {
-  ops_.download(host, param_buffer_.as<float>() + param.offset,
+  auto* self = const_cast<Transformer*>(this);
+  ops_.download(host, self->param_data() + param.offset,
                 static_cast<size_t>(param.numel()) * sizeof(float));
 }
 
 std::vector<float> Transformer::params_to_host() const {
-  std::vector<float> host(num_param_floats_);
-  ops_.download(host.data(), param_buffer_.get(), num_param_floats_ * sizeof(float));
+  std::vector<float> host(num_param_floats());
+  ops_.download(host.data(), const_cast<Transformer*>(this)->param_data(),
+                host.size() * sizeof(float));
   return host;
 }
 
 std::vector<float> Transformer::grads_to_host() const {
-  std::vector<float> host(num_param_floats_);
-  ops_.download(host.data(), grad_buffer_.get(), num_param_floats_ * sizeof(float));
+  std::vector<float> host(num_param_floats());
+  ops_.download(host.data(), const_cast<Transformer*>(this)->grad_data(),
+                host.size() * sizeof(float));
   return host;
 }
 
 void Transformer::params_from_host(const std::vector<float>& host) {
-  TRIDENT_CHECK(host.size() == num_param_floats_);
-  ops_.upload(param_buffer_.get(), host.data(), num_param_floats_ * sizeof(float));
+  TRIDENT_CHECK(host.size() == num_param_floats());
+  ops_.upload(param_data(), host.data(), host.size() * sizeof(float));
 }
 
-void Transformer::zero_grads() { ops_.zero(grad_buffer_.get(), num_param_floats_ * sizeof(float)); }
+void Transformer::zero_grads() { ops_.zero(grad_data(), num_param_floats() * sizeof(float)); }
 
 std::vector<float> Transformer::logits_to_host() const {
-  const size_t n = static_cast<size_t>(last_B_) * last_T_ * config_.padded_vocab;
+  const SlotInfo& s = slot_info_[0];
+  const size_t n = static_cast<size_t>(s.B) * s.T * static_cast<size_t>(vocab_local_);
   std::vector<float> host(n);
-  const float* logits = TRIDENT_ACT(global_slot_index(config_.n_layers, kLogits), float);
-  ops_.download(host.data(), logits, n * sizeof(float));
+  ops_.download(host.data(), act(0, kLogits), n * sizeof(float));
   return host;
 }
 
-void Transformer::layer_forward(int layer, const float* x_in, float* x_out, int B, int T) {
+// ---- forward -----------------------------------------------------------------------------
+
+float Transformer::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  TRIDENT_CHECK_MSG(part_.first_stage() && part_.last_stage(),
+                    "forward() runs a whole model; pipeline stages use forward_stage()");
+  return forward_stage(0, tokens, targets, B, T);
+}
+
+void Transformer::backward(float loss_scale) { backward_stage(0, loss_scale); }
+
+float* Transformer::input_activation(int slot) { return act(slot, x_index(0)); }
+const float* Transformer::output_activation(int slot) {
+  return act(slot, x_index(n_local_layers_));
+}
+float* Transformer::output_grad() { return scratch(kDx); }
+const float* Transformer::input_grad() { return scratch(kDx); }
+
+float Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B,
+                                 int T) {
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, param_data());
-  const LayerActs a = layer_acts(layer);
-  const int N = B * T, C = c.d_model, F = c.d_ff, HD = c.head_dim;
-  const int q_dim = c.n_heads * HD, kv_dim = c.n_kv_heads * HD;
+  TRIDENT_CHECK_MSG(slot >= 0 && slot < num_slots_ && B >= 1 && B <= micro_batch_size_ &&
+                        T >= 1 && T <= c.seq_len,
+                    "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
+                        " T=" + std::to_string(T));
+  const int N = B * T, C = c.d_model;
+  SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
+  info = SlotInfo{B, T, false};
+  float* x0 = act(slot, x_index(0));
+  if (part_.first_stage()) {
+    int32_t* d_tokens = reinterpret_cast<int32_t*>(act(slot, kTokens));
+    ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
+    store_->acquire(0, Phase::kForward);
+    const float* wte = group_param(0, "wte");
+    // Positions are added once, on tp rank 0, before the vocab-parallel sum.
+    const float* wpe =
+        c.is_gpt2() && part_.tp_rank == 0 ? group_param(0, "wpe") : nullptr;
+    ops_.embedding_forward(x0, d_tokens, wte, wpe, B, T, C, vocab_begin_, vocab_local_);
+    store_->release(0, Phase::kForward);
+    all_reduce_tp(x0, static_cast<size_t>(N) * C, "embedding");
+  }
+  for (int l = 0; l < n_local_layers_; ++l) {
+    const int layer = part_.layer_begin + l;
+    store_->acquire(1 + layer, Phase::kForward);
+    layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T);
+    store_->release(1 + layer, Phase::kForward);
+  }
+  if (!part_.last_stage()) return 0.0f;
+  if (targets) {
+    ops_.upload(act(slot, kTargets), targets, static_cast<size_t>(N) * sizeof(int32_t));
+  }
+  info.has_targets = targets != nullptr;
+  head_forward(slot, B, T, targets != nullptr);
+  if (!targets) return 0.0f;
+  std::vector<float> losses(static_cast<size_t>(N));
+  ops_.download(losses.data(), act(slot, kLosses), losses.size() * sizeof(float));
+  double sum = 0.0;
+  for (float v : losses) sum += v;
+  return static_cast<float>(sum / N);
+}
+
+void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x_out, int B,
+                                int T) {
+  const auto& c = config_;
+  const LayerParams p = layer_params(layer, store_->params(1 + layer), 0);
+  const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
+  const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
+  const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const bool gpt2 = c.is_gpt2();
+  const bool bias_here = part_.tp_rank == 0;  // row-parallel biases are added once
 
   if (gpt2) {
     ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, N, C, c.norm_eps);
@@ -295,12 +520,13 @@ void Transformer::layer_forward(int layer, const float* x_in, float* x_out, int 
   ops_.matmul_forward(a.k, a.ln1, p.k_w, p.k_b, N, C, kv_dim);
   ops_.matmul_forward(a.v, a.ln1, p.v_w, p.v_b, N, C, kv_dim);
   if (!gpt2) {
-    ops_.rope_forward(a.q, B, T, c.n_heads, HD, c.rope_theta, 0);
-    ops_.rope_forward(a.k, B, T, c.n_kv_heads, HD, c.rope_theta, 0);
+    ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
+    ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
-  ops_.attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, c.n_heads, c.n_kv_heads, HD);
-  // res2 = x_in + attn.o(atty)
-  ops_.matmul_forward(a.res2, a.atty, p.o_w, p.o_b, N, q_dim, C);
+  ops_.attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
+  ops_.matmul_forward(a.res2, a.atty, p.o_w, bias_here ? p.o_b : nullptr, N, q_dim, C);
+  all_reduce_tp(a.res2, static_cast<size_t>(N) * C, "attn.o");
   ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
 
   if (gpt2) {
@@ -314,69 +540,144 @@ void Transformer::layer_forward(int layer, const float* x_in, float* x_out, int 
     ops_.matmul_forward(a.h2, a.ln2, p.up_w, nullptr, N, C, F);
     ops_.swiglu_forward(a.h_act, a.h1, a.h2, static_cast<size_t>(N) * F);
   }
-  ops_.matmul_forward(x_out, a.h_act, p.proj_w, p.proj_b, N, F, C);
+  ops_.matmul_forward(x_out, a.h_act, p.proj_w, bias_here ? p.proj_b : nullptr, N, F, C);
+  all_reduce_tp(x_out, static_cast<size_t>(N) * C, "mlp.out");
   ops_.add(x_out, x_out, a.res2, static_cast<size_t>(N) * C);
 }
 
-float Transformer::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   const auto& c = config_;
-  TRIDENT_CHECK_MSG(B >= 1 && B <= micro_batch_size_ && T >= 1 && T <= c.seq_len,
-                    "B=" + std::to_string(B) + " T=" + std::to_string(T));
-  const int L = c.n_layers, N = B * T, C = c.d_model, Vp = c.padded_vocab;
-  auto global = [&](int slot) { return global_slot_index(L, slot); };
-  int32_t* d_tokens = TRIDENT_ACT(global(kTokens), int32_t);
-  int32_t* d_targets = TRIDENT_ACT(global(kTargets), int32_t);
-  ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
-  if (targets) ops_.upload(d_targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
-
-  const float* wte = param_data() + find_param("wte")->offset;
-  const ParamInfo* wpe = find_param("wpe");
-  float* x0 = TRIDENT_ACT(0, float);
-  ops_.embedding_forward(x0, d_tokens, wte, wpe ? param_data() + wpe->offset : nullptr, B, T, C,
-                         0, Vp);
-  for (int l = 0; l < L; ++l) {
-    layer_forward(l, TRIDENT_ACT(l, float), TRIDENT_ACT(l + 1, float), B, T);
-  }
-  float* lnf = TRIDENT_ACT(global(kLnf), float);
-  float* lnf_mean = TRIDENT_ACT(global(kLnfMean), float);
-  float* lnf_rstd = TRIDENT_ACT(global(kLnfRstd), float);
-  const float* lnf_w = param_data() + find_param("lnf.weight")->offset;
-  const float* xL = TRIDENT_ACT(L, float);
+  const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
+  // A tied head in a one-stage model reads wte from the embedding group.
+  const bool head_in_embeddings = c.tied() && part_.first_stage();
+  store_->acquire(head_group, Phase::kForward);
+  if (head_in_embeddings) store_->acquire(0, Phase::kForward);
+  float* lnf = act(slot, kLnf);
+  const float* xL = act(slot, x_index(n_local_layers_));
+  const float* lnf_w = group_param(head_group, "lnf.weight");
   if (c.is_gpt2()) {
-    const float* lnf_b = param_data() + find_param("lnf.bias")->offset;
-    ops_.layernorm_forward(lnf, lnf_mean, lnf_rstd, xL, lnf_w, lnf_b, N, C, c.norm_eps);
+    ops_.layernorm_forward(lnf, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
+                           group_param(head_group, "lnf.bias"), N, C, c.norm_eps);
   } else {
-    ops_.rmsnorm_forward(lnf, lnf_rstd, xL, lnf_w, N, C, c.norm_eps);
+    ops_.rmsnorm_forward(lnf, act(slot, kLnfRstd), xL, lnf_w, N, C, c.norm_eps);
   }
-  const float* head = param_data() + find_param(c.tied() ? "wte" : "lm_head.weight")->offset;
-  float* logits = TRIDENT_ACT(global(kLogits), float);
-  ops_.matmul_forward(logits, lnf, head, nullptr, N, C, Vp);
+  const float* head = head_in_embeddings ? group_param(0, "wte")
+                      : c.tied()         ? group_param(head_group, "wte")
+                                         : group_param(head_group, "lm_head.weight");
+  float* logits = act(slot, kLogits);
+  ops_.matmul_forward(logits, lnf, head, nullptr, N, C, vocab_local_);
+  if (head_in_embeddings) store_->release(0, Phase::kForward);
+  store_->release(head_group, Phase::kForward);
+  if (!with_loss) return;
 
-  last_B_ = B;
-  last_T_ = T;
-  last_had_targets_ = targets != nullptr;
-  if (!targets) return 0.0f;
-  float* losses = TRIDENT_ACT(global(kLosses), float);
-  ops_.cross_entropy_forward(losses, logits, d_targets, N, c.vocab_size, Vp);
-  std::vector<float> host(static_cast<size_t>(N));
-  ops_.download(host.data(), losses, host.size() * sizeof(float));
-  double sum = 0.0;
-  for (float v : host) sum += v;
-  return static_cast<float>(sum / N);
+  const int32_t* targets = reinterpret_cast<const int32_t*>(act(slot, kTargets));
+  float* losses = act(slot, kLosses);
+  if (tp_ == nullptr) {
+    ops_.cross_entropy_forward(losses, logits, targets, N, c.vocab_size, c.padded_vocab);
+    return;
+  }
+  // Vocab-parallel: global max, then global sum of exponentials and the target logit.
+  float* row_max = act(slot, kXentMax);
+  float* sums = act(slot, kXentSums);  // [sum_exp (N), target_logit (N)]
+  ops_.xent_local_max(row_max, logits, N, vocab_local_, vocab_begin_, c.vocab_size);
+  CollectiveOptions opts;
+  opts.label = "xent max";
+  tp_->all_reduce(std::span<float>(row_max, static_cast<size_t>(N)), ReduceOp::kMax, opts);
+  ops_.xent_local_sums(sums, sums + N, logits, row_max, targets, N, vocab_local_, vocab_begin_,
+                       c.vocab_size);
+  all_reduce_tp(sums, 2 * static_cast<size_t>(N), "xent sums");
+  std::vector<float> host(3 * static_cast<size_t>(N));
+  ops_.download(host.data(), row_max, static_cast<size_t>(N) * sizeof(float));
+  ops_.download(host.data() + N, sums, 2 * static_cast<size_t>(N) * sizeof(float));
+  for (int n = 0; n < N; ++n) {
+    host[static_cast<size_t>(n)] = std::log(host[static_cast<size_t>(N + n)]) +
+                                   host[static_cast<size_t>(n)] -
+                                   host[static_cast<size_t>(2 * N + n)];
+  }
+  ops_.upload(losses, host.data(), static_cast<size_t>(N) * sizeof(float));
 }
 
-void Transformer::layer_backward(int layer, const float* x_in, float* dx, int B, int T) {
+// ---- backward ----------------------------------------------------------------------------
+
+void Transformer::backward_stage(int slot, float loss_scale) {
+  const auto& c = config_;
+  SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
+  const int B = info.B, T = info.T, N = B * T, C = c.d_model;
+  TRIDENT_CHECK_MSG(B > 0, "backward_stage() needs a forward_stage() in slot " + std::to_string(slot));
+  float* dx = scratch(kDx);
+  if (part_.last_stage()) {
+    TRIDENT_CHECK_MSG(info.has_targets, "backward needs a forward with targets");
+    head_backward(slot, loss_scale, B, T);  // leaves dLoss/dx_L in dx
+    info.has_targets = false;                // the logits now hold gradients
+  }
+  for (int l = n_local_layers_ - 1; l >= 0; --l) {
+    const int layer = part_.layer_begin + l;
+    store_->acquire(1 + layer, Phase::kBackward);
+    layer_backward(slot, layer, act(slot, x_index(l)), dx, B, T);
+    store_->release(1 + layer, Phase::kBackward);
+  }
+  if (part_.first_stage()) {
+    store_->acquire(0, Phase::kBackward);
+    const int32_t* d_tokens = reinterpret_cast<const int32_t*>(act(slot, kTokens));
+    float* dwpe = c.is_gpt2() ? group_grad(0, "wpe") : nullptr;
+    ops_.embedding_backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, C, vocab_begin_,
+                            vocab_local_);
+    store_->release(0, Phase::kBackward);
+  }
+  (void)N;
+}
+
+void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
+  const auto& c = config_;
+  const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
+  const size_t nC = static_cast<size_t>(N) * C;
+  const bool head_in_embeddings = c.tied() && part_.first_stage();
+  store_->acquire(head_group, Phase::kBackward);
+  if (head_in_embeddings) store_->acquire(0, Phase::kBackward);
+  float* logits = act(slot, kLogits);
+  const int32_t* targets = reinterpret_cast<const int32_t*>(act(slot, kTargets));
+  const float dloss = loss_scale / static_cast<float>(N);
+  if (tp_ == nullptr) {
+    ops_.cross_entropy_backward(logits, logits, targets, dloss, N, c.vocab_size, c.padded_vocab);
+  } else {
+    float* sums = act(slot, kXentSums);
+    ops_.xent_local_backward(logits, logits, act(slot, kXentMax), sums, targets, dloss, N,
+                             vocab_local_, vocab_begin_, c.vocab_size);
+  }
+  const char* head_name = c.tied() ? "wte" : "lm_head.weight";
+  const int group = head_in_embeddings ? 0 : head_group;
+  float* dln = scratch(kDln);
+  ops_.zero(dln, nC * sizeof(float));
+  ops_.matmul_backward(dln, group_grad(group, head_name), nullptr, logits, act(slot, kLnf),
+                       group_param(group, head_name), N, C, vocab_local_);
+  all_reduce_tp(dln, nC, "head dinput");
+  float* dx = scratch(kDx);
+  ops_.zero(dx, nC * sizeof(float));
+  const float* xL = act(slot, x_index(n_local_layers_));
+  if (c.is_gpt2()) {
+    ops_.layernorm_backward(dx, group_grad(head_group, "lnf.weight"),
+                            group_grad(head_group, "lnf.bias"), dln, xL,
+                            group_param(head_group, "lnf.weight"), act(slot, kLnfMean),
+                            act(slot, kLnfRstd), N, C);
+  } else {
+    ops_.rmsnorm_backward(dx, group_grad(head_group, "lnf.weight"), dln, xL,
+                          group_param(head_group, "lnf.weight"), act(slot, kLnfRstd), N, C);
+  }
+  if (head_in_embeddings) store_->release(0, Phase::kBackward);
+  store_->release(head_group, Phase::kBackward);
+}
+
+void Transformer::layer_backward(int slot, int layer, const float* x_in, float* dx, int B, int T) {
   // On entry dx = dLoss/dx_out; on exit dx = dLoss/dx_in. Residual branches accumulate
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, param_data());
-  const LayerParams g = layer_params(layer, grad_data());
-  const LayerActs a = layer_acts(layer);
-  const int L = c.n_layers, N = B * T, C = c.d_model, F = c.d_ff, HD = c.head_dim;
-  const int q_dim = c.n_heads * HD, kv_dim = c.n_kv_heads * HD;
+  const LayerParams p = layer_params(layer, store_->params(1 + layer), 0);
+  const LayerParams g = layer_params(layer, store_->grads(1 + layer), 0);
+  const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
+  const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
+  const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const size_t nF = static_cast<size_t>(N) * F, nC = static_cast<size_t>(N) * C;
   const bool gpt2 = c.is_gpt2();
-  auto scratch = [&](int slot) { return TRIDENT_ACT(global_slot_index(L, slot), float); };
   float* dln = scratch(kDln);
   float* dq = scratch(kDq);
   float* dk = scratch(kDk);
@@ -386,7 +687,8 @@ void Transformer::layer_backward(int layer, const float* x_in, float* dx, int B,
   float* dh2 = scratch(kDh2);
   float* dh_act = scratch(kDhAct);
 
-  // MLP: x_out = res2 + proj(act(ln2(res2)))
+  // MLP: x_out = res2 + proj(act(ln2(res2))). Row-parallel bias gradients come from the
+  // full (replicated) dx on every tp rank.
   ops_.zero(dh_act, nF * sizeof(float));
   ops_.matmul_backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, F, C);
   ops_.zero(dh1, nF * sizeof(float));
@@ -394,13 +696,17 @@ void Transformer::layer_backward(int layer, const float* x_in, float* dx, int B,
   if (gpt2) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
     ops_.matmul_backward(dln, g.fc_w, g.fc_b, dh1, a.ln2, p.fc_w, N, C, F);
-    ops_.layernorm_backward(dx, g.ln2_w, g.ln2_b, dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
-                            N, C);
   } else {
     ops_.zero(dh2, nF * sizeof(float));
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
     ops_.matmul_backward(dln, g.fc_w, nullptr, dh1, a.ln2, p.fc_w, N, C, F);
     ops_.matmul_backward(dln, g.up_w, nullptr, dh2, a.ln2, p.up_w, N, C, F);
+  }
+  all_reduce_tp(dln, nC, "mlp dinput");
+  if (gpt2) {
+    ops_.layernorm_backward(dx, g.ln2_w, g.ln2_b, dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
+                            N, C);
+  } else {
     ops_.rmsnorm_backward(dx, g.ln2_w, dln, a.res2, p.ln2_w, a.ln2_rstd, N, C);
   }
 
@@ -411,16 +717,16 @@ void Transformer::layer_backward(int layer, const float* x_in, float* dx, int B,
   ops_.zero(dq, nq * sizeof(float));
   ops_.zero(dk, nkv * sizeof(float));
   ops_.zero(dv, nkv * sizeof(float));
-  ops_.attention_backward(dq, dk, dv, datty, a.q, a.k, a.v, a.att, B, T, c.n_heads, c.n_kv_heads,
-                          HD);
+  ops_.attention_backward(dq, dk, dv, datty, a.q, a.k, a.v, a.att, B, T, heads_, kv_heads_, HD);
   if (!gpt2) {
-    ops_.rope_backward(dq, B, T, c.n_heads, HD, c.rope_theta, 0);
-    ops_.rope_backward(dk, B, T, c.n_kv_heads, HD, c.rope_theta, 0);
+    ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
+    ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
   ops_.zero(dln, nC * sizeof(float));
   ops_.matmul_backward(dln, g.q_w, g.q_b, dq, a.ln1, p.q_w, N, C, q_dim);
   ops_.matmul_backward(dln, g.k_w, g.k_b, dk, a.ln1, p.k_w, N, C, kv_dim);
   ops_.matmul_backward(dln, g.v_w, g.v_b, dv, a.ln1, p.v_w, N, C, kv_dim);
+  all_reduce_tp(dln, nC, "attn dinput");
   if (gpt2) {
     ops_.layernorm_backward(dx, g.ln1_w, g.ln1_b, dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N,
                             C);
@@ -428,49 +734,5 @@ void Transformer::layer_backward(int layer, const float* x_in, float* dx, int B,
     ops_.rmsnorm_backward(dx, g.ln1_w, dln, x_in, p.ln1_w, a.ln1_rstd, N, C);
   }
 }
-
-void Transformer::backward(float loss_scale) {
-  TRIDENT_CHECK_MSG(last_had_targets_, "backward() needs a forward() with targets");
-  const auto& c = config_;
-  const int L = c.n_layers, B = last_B_, T = last_T_, N = B * T, C = c.d_model,
-            Vp = c.padded_vocab;
-  auto global = [&](int slot) { return global_slot_index(L, slot); };
-  float* logits = TRIDENT_ACT(global(kLogits), float);
-  const int32_t* d_targets = TRIDENT_ACT(global(kTargets), int32_t);
-  const int32_t* d_tokens = TRIDENT_ACT(global(kTokens), int32_t);
-  float* dx = TRIDENT_ACT(global(kDx), float);
-  float* dln = TRIDENT_ACT(global(kDln), float);
-  const size_t nC = static_cast<size_t>(N) * C;
-
-  // Head: logits = lnf @ head^T; dlogits overwrite the logits in place.
-  ops_.cross_entropy_backward(logits, logits, d_targets, loss_scale / static_cast<float>(N), N,
-                              c.vocab_size, Vp);
-  const char* head_name = c.tied() ? "wte" : "lm_head.weight";
-  const size_t head_offset = find_param(head_name)->offset;
-  ops_.zero(dln, nC * sizeof(float));
-  ops_.matmul_backward(dln, grad_data() + head_offset, nullptr, logits,
-                       TRIDENT_ACT(global(kLnf), float), param_data() + head_offset, N, C, Vp);
-  ops_.zero(dx, nC * sizeof(float));
-  const size_t lnf_w = find_param("lnf.weight")->offset;
-  const float* xL = TRIDENT_ACT(L, float);
-  if (c.is_gpt2()) {
-    const size_t lnf_b = find_param("lnf.bias")->offset;
-    ops_.layernorm_backward(dx, grad_data() + lnf_w, grad_data() + lnf_b, dln, xL,
-                            param_data() + lnf_w, TRIDENT_ACT(global(kLnfMean), float),
-                            TRIDENT_ACT(global(kLnfRstd), float), N, C);
-  } else {
-    ops_.rmsnorm_backward(dx, grad_data() + lnf_w, dln, xL, param_data() + lnf_w,
-                          TRIDENT_ACT(global(kLnfRstd), float), N, C);
-  }
-  for (int l = L - 1; l >= 0; --l) layer_backward(l, TRIDENT_ACT(l, float), dx, B, T);
-
-  const ParamInfo* wpe = find_param("wpe");
-  ops_.embedding_backward(grad_data() + find_param("wte")->offset,
-                          wpe ? grad_data() + wpe->offset : nullptr, dx, d_tokens, B, T, C, 0,
-                          Vp);
-  last_had_targets_ = false;  // the logits now hold gradients
-}
-
-#undef TRIDENT_ACT
 
 }  // namespace trident

@@ -1,10 +1,9 @@
 // Transformer: a decoder-only language model with explicit forward and backward,
-// for the gpt2 and llama families of model/config.h.
+// for the gpt2 and llama families of model/config.h, on one rank's part of the model
+// (a pipeline stage's layers, a tensor-parallel slice of each layer).
 //
-// Parameters live in ONE contiguous buffer (and gradients in a second one of the
-// same layout) described by a table of (name, global shape, offset). The names are
-// the contract with checkpoints, the llm.c loader and the PyTorch reference
-// (tests/reference/make_fixtures.py):
+// Parameter names and global shapes are the contract with checkpoints, the llm.c
+// loader and the PyTorch reference (tests/reference/make_fixtures.py):
 //
 //   wte                     (Vp, C)      token embedding; also the LM head when tied
 //   wpe                     (maxT, C)    gpt2 only: learned positions
@@ -21,16 +20,29 @@
 //   lnf.weight (C), lnf.bias (C, gpt2 only)   final norm
 //   lm_head.weight          (Vp, C)      untied models only
 //
-// Initialisation (init_weights): every matrix and embedding ~ N(0, init_std), the
-// residual output projections (attn.o, mlp.proj, mlp.down) ~ N(0, init_std/sqrt(2L)),
-// biases 0, norm weights 1, padded vocabulary rows 0. Element i of parameter P is drawn
-// from Philox keyed by (seed, hash(P)) at counter i: the same global weights for every
-// layout. Weight decay applies to 2-D parameters only (param_decays()).
+// Tensor parallelism (Megatron): q/k/v, fc/gate/up and the vocabulary rows of wte and
+// lm_head are split along dim 0 over tp; attn.o, mlp.proj and mlp.down along dim 1;
+// everything else is replicated. Forward all-reduces after attn.o and the MLP output
+// (and the vocab-parallel embedding); backward all-reduces the input gradients of the
+// column-parallel layers. The cross-entropy is vocab-parallel: logits are never gathered.
 //
-// Threading: one Transformer per thread of control; all compute goes through the Ops.
+// Pipeline parallelism: a rank holds layers [layer_begin, layer_end); the first stage
+// also the embeddings, the last the final norm and head (and, when tied and pp > 1, a
+// copy of wte). Activations of up to `num_slots` micro-batches are kept at once.
+//
+// Initialisation (initial_value): every matrix and embedding ~ N(0, init_std), the
+// residual output projections (attn.o, mlp.proj, mlp.down) ~ N(0, init_std/sqrt(2L)),
+// biases 0, norm weights 1, padded vocabulary rows 0. Element i of the GLOBAL tensor P
+// is drawn from Philox keyed by (seed, hash(P)) at counter i: the same global weights
+// for every layout. Weight decay applies to 2-D parameters only.
+//
+// Threading: one Transformer per thread of control; all compute goes through the Ops,
+// all communication through the tp Communicator (collectives in the same order on
+// every tp rank, as parallel/communicator.h requires).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,78 +50,127 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/param_store.h"
 
 namespace trident {
 
-struct ParamInfo {
-  std::string name;
-  Shape shape;        // global shape
-  size_t offset = 0;  // in floats, into the parameter (and gradient) buffer
-  bool decay = false; // AdamW weight decay applies (2-D tensors)
-  int64_t numel() const { return shape.numel(); }
+class Communicator;
+
+struct ModelPartition {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int pp_rank = 0;
+  int pp_size = 1;
+  int layer_begin = 0;
+  int layer_end = -1;  // -1 = n_layers
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
 };
+
+// Layers per stage: `stage_layers` if given, else contiguous and balanced (earlier
+// stages take the remainder).
+std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers);
 
 class Transformer {
  public:
-  // Allocates parameters, gradients and activations for micro-batches of up to
-  // `micro_batch_size` sequences of config.seq_len tokens. config must be finalized.
+  // The parameter table and groups of one rank's part (model/param_store.h).
+  static ParamLayout plan_params(const TransformerConfig& config, const ModelPartition& part);
+  // The initial value of one parameter's local part (host, local_shape, row-major).
+  static std::vector<float> initial_value(const TransformerConfig& config, const ParamInfo& param,
+                                          uint64_t seed);
+
+  // The whole model in one process with its own resident parameter store.
   Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size);
+  // One rank's part. `tp` null means no tensor parallelism; `store` null means an own
+  // resident store (else it must outlive the model and follow plan_params(config, part)).
+  Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
+              Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
+  ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
   const TransformerConfig& config() const { return config_; }
-  const std::vector<ParamInfo>& params() const { return params_; }
+  const ModelPartition& partition() const { return part_; }
+  const ParamLayout& layout() const { return layout_; }
+  const std::vector<ParamInfo>& params() const { return layout_.params; }
   const ParamInfo* find_param(std::string_view name) const;
-  size_t num_param_floats() const { return num_param_floats_; }
-  size_t activation_bytes() const { return activations_.bytes(); }
+  size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
+  size_t boundary_floats() const;  // one micro-batch's activation between stages
+  ParamStore& store() { return *store_; }
 
-  float* param_data() { return param_buffer_.as<float>(); }  // device memory
-  float* grad_data() { return grad_buffer_.as<float>(); }    // device memory
-
+  // ---- the resident store only (single process, ZeRO 0-2) ----------------------------
+  size_t num_param_floats() const { return layout_.total_floats(); }
+  float* param_data();  // device memory, flat layout
+  float* grad_data();
   void init_weights(uint64_t seed);
-  // Copies one parameter from / to host memory (numel floats, row-major global shape).
   void set_param(const ParamInfo& param, const float* host);
   void get_param(const ParamInfo& param, float* host) const;
-  // Whole buffers to and from the host, in params() layout.
   std::vector<float> params_to_host() const;
   std::vector<float> grads_to_host() const;
   void params_from_host(const std::vector<float>& host);
-
-  // Forward of B sequences of T tokens (host arrays of B*T token ids; B <= the
-  // micro-batch size, T <= seq_len). With targets, computes per-token losses and
-  // returns their mean; without (nullptr), only the logits and returns 0.
-  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
-  // Backward of the last forward (which must have had targets): accumulates into the
-  // gradient buffer the gradient of loss_scale * mean(token losses).
-  void backward(float loss_scale);
   void zero_grads();
 
-  // Logits of the last forward, [B, T, Vp] on the host (padded columns included).
+  // ---- whole-model convenience (one stage, slot 0) ------------------------------------
+  // Forward of B sequences of T tokens (host arrays of B*T ids; B <= micro-batch size,
+  // T <= seq_len). With targets returns the mean token loss; without, 0 (logits only).
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+  // Accumulates the gradient of loss_scale * mean(token losses) of the last forward.
+  void backward(float loss_scale);
+  // Logits of the last forward, [B, T, Vp_local] on the host.
   std::vector<float> logits_to_host() const;
+
+  // ---- one pipeline stage --------------------------------------------------------------
+  // Forward of a micro-batch kept in activation slot `slot`. The first stage embeds
+  // `tokens`; other stages read input_activation(slot). The last stage computes the loss
+  // if `targets` is given and returns the mean token loss (else returns 0).
+  float forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B, int T);
+  // Backward of the micro-batch in `slot`: the last stage starts from its loss, scaled
+  // by loss_scale; other stages from output_grad(). Afterwards input_grad() holds the
+  // gradient of the stage's input (stages > 0).
+  void backward_stage(int slot, float loss_scale);
+  float* input_activation(int slot);         // [B*T, C], stage > 0
+  const float* output_activation(int slot);  // [B*T, C], stage < last
+  float* output_grad();                      // [B*T, C], shared by all slots
+  const float* input_grad();                 // [B*T, C], shared by all slots
 
  private:
   struct LayerParams;
   struct LayerActs;
-  void build_param_table();
+  struct SlotState;
+  void init_partition(Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
   void plan_activations();
-  LayerParams layer_params(int layer, float* base) const;
-  LayerActs layer_acts(int layer) const;
-  void layer_forward(int layer, const float* x_in, float* x_out, int B, int T);
-  void layer_backward(int layer, const float* x_in, float* dx, int B, int T);
+  LayerParams layer_params(int layer, float* base, int group_offset) const;
+  LayerActs layer_acts(int slot, int local_layer) const;
+  float* act(int slot, int index) const;
+  float* scratch(int index) const;
+  void all_reduce_tp(float* data, size_t n, const char* label);
+  void layer_forward(int slot, int layer, const float* x_in, float* x_out, int B, int T);
+  void layer_backward(int slot, int layer, const float* x_in, float* dx, int B, int T);
+  void head_forward(int slot, int B, int T, bool with_loss);
+  void head_backward(int slot, float loss_scale, int B, int T);
+  float* group_param(int group, const char* name);
+  float* group_grad(int group, const char* name);
 
   TransformerConfig config_;
   Ops& ops_;
-  int micro_batch_size_;
-  std::vector<ParamInfo> params_;
-  size_t num_param_floats_ = 0;
-  DeviceBuffer param_buffer_;
-  DeviceBuffer grad_buffer_;
-  DeviceBuffer activations_;
-  Arena act_arena_;
-  std::vector<size_t> act_offsets_;  // see plan_activations()
-  int last_B_ = 0;
-  int last_T_ = 0;
-  bool last_had_targets_ = false;
+  ModelPartition part_;
+  Communicator* tp_ = nullptr;
+  ParamLayout layout_;
+  std::unique_ptr<ResidentParamStore> own_store_;
+  ParamStore* store_ = nullptr;
+  int micro_batch_size_ = 0;
+  int num_slots_ = 1;
+  int n_local_layers_ = 0;
+  // Local (tensor-parallel) sizes.
+  int heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab_local_ = 0, vocab_begin_ = 0;
+  std::vector<std::vector<int>> layer_param_index_;  // per global layer: 17 slots, -1 absent
+  size_t act_bytes_per_slot_ = 0;
+  std::vector<size_t> slot_offsets_;     // per activation index, within one slot
+  std::vector<size_t> scratch_offsets_;  // per scratch index
+  DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
+  DeviceBuffer scratch_;
+  struct SlotInfo { int B = 0, T = 0; bool has_targets = false; };
+  std::vector<SlotInfo> slot_info_;
 };
 
 }  // namespace trident

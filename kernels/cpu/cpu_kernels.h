@@ -71,6 +71,16 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
                            int V, int Vp);
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             float dloss, int N, int V, int Vp);
+// Vocab-parallel steps (see kernels/ops.h): logits[N, Vp_local] hold global columns
+// [vocab_begin, vocab_begin + Vp_local), real while < V.
+void xent_local_max(float* row_max, const float* logits, int N, int Vp_local, int vocab_begin,
+                    int V);
+void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
+                     const float* row_max, const int32_t* targets, int N, int Vp_local,
+                     int vocab_begin, int V);
+void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
+                         const float* sum_exp, const int32_t* targets, float dloss, int N,
+                         int Vp_local, int vocab_begin, int V);
 
 // adamw.cpp
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,

@@ -148,6 +148,25 @@ class CpuOps final : public Ops {
     bind();
     cpu::cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
   }
+  void xent_local_max(float* row_max, const float* logits, int N, int Vp_local, int vocab_begin,
+                      int V) override {
+    bind();
+    cpu::xent_local_max(row_max, logits, N, Vp_local, vocab_begin, V);
+  }
+  void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
+                       const float* row_max, const int32_t* targets, int N, int Vp_local,
+                       int vocab_begin, int V) override {
+    bind();
+    cpu::xent_local_sums(sum_exp, target_logit, logits, row_max, targets, N, Vp_local,
+                         vocab_begin, V);
+  }
+  void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
+                           const float* sum_exp, const int32_t* targets, float dloss, int N,
+                           int Vp_local, int vocab_begin, int V) override {
+    bind();
+    cpu::xent_local_backward(dlogits, logits, row_max, sum_exp, targets, dloss, N, Vp_local,
+                             vocab_begin, V);
+  }
 
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
                     const AdamWParams& p) override {
