@@ -16,7 +16,8 @@
 #include "core/timer.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/transformer.h"
-#include "trainer/optimizer.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
 
 namespace trident {
 namespace {
@@ -58,10 +59,18 @@ int run(int argc, char** argv) {
     c.n_heads = p.n_heads;
     c.d_model = p.d_model;
     c.finalize();
-    Transformer model(c, *ops, p.micro_batch);
-    model.init_weights(1);
-    TrainingConfig tc;
-    AdamW opt(model, *ops, tc);
+    // The training step of `trident train` in one process: ZeRO stage 0 over a
+    // single-rank data-parallel group (no communication).
+    SelfCommunicator self;
+    const ModelPartition whole;
+    const ParamLayout layout = Transformer::plan_params(c, whole);
+    AdamWConfig adamw;
+    adamw.weight_decay = 0.1f;
+    DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw);
+    Transformer model(c, *ops, whole, nullptr, &dp.store(), p.micro_batch, 1);
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+      dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
+    }
     const int N = p.micro_batch * p.seq_len;
     std::vector<int32_t> tokens(N), targets(N);
     const uint64_t key = rng_key(7, 7);
@@ -70,11 +79,13 @@ int run(int argc, char** argv) {
       targets[i] = static_cast<int32_t>(uniform_int_at(key, i + N, p.vocab));
     }
     auto step = [&]() {
-      model.zero_grads();
+      dp.zero_grad();
       float loss = model.forward(tokens.data(), targets.data(), p.micro_batch, p.seq_len);
       model.backward(1.0f);
-      opt.clip(opt.grad_norm());
-      opt.step(1e-4f);
+      dp.reduce_gradients();
+      const double norm = std::sqrt(dp.owned_grad_square_sum(true));
+      if (norm > 1.0) dp.scale_gradients(static_cast<float>(1.0 / norm));
+      dp.step(1e-4f);
       return loss;
     };
     const float loss0 = step();  // warm-up, and the correctness check

@@ -174,6 +174,19 @@ void Communicator::recv(std::span<float> data, int src, int tag, const Collectiv
   do_recv(data.data(), data.size(), src, tag, opts);
 }
 
+void Communicator::isend(std::span<const float> data, int dst, int tag,
+                         const CollectiveOptions& opts) {
+  TRIDENT_COMM_CHECK(
+      *this, dst >= 0 && dst < size() && dst != rank(), CollectiveKind::kSend, opts,
+      "destination " + rank_range(dst, size()) + " from rank " + std::to_string(rank()));
+  TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kSend, opts,
+                     "tag " + std::to_string(tag) + " outside [0, 32767]");
+  count(CollectiveKind::kSend, data.size_bytes());
+  do_isend(data.data(), data.size(), dst, tag, opts);
+}
+
+void Communicator::wait_sends(const CollectiveOptions& opts) { do_wait_sends(opts); }
+
 void Communicator::barrier(const CollectiveOptions& opts) {
   count(CollectiveKind::kBarrier, 0);
   do_barrier(opts);

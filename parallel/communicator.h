@@ -139,6 +139,20 @@ class Communicator {
   void send(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
   void recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts = {});
 
+  // Non-blocking send with copy semantics: data is copied into a buffer the communicator
+  // owns and the call returns at once, so the caller may reuse data immediately and a
+  // send never waits for its recv (pipeline stages send with this and block only in
+  // recv). Same checks and pairing rules as send; counted under kSend like send. Sends
+  // to one peer with one tag arrive in call order (MPI's non-overtaking rule). The send
+  // completes, and its buffer is freed, in wait_sends() or when the communicator is
+  // destroyed (which blocks until the peers have received; so post every matching recv).
+  // Backends without a non-blocking path fall back to the blocking send.
+  void isend(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
+  // Blocks until every isend of this communicator has completed.
+  void wait_sends(const CollectiveOptions& opts = {});
+  // isends not yet known to be complete (completed ones are reaped on the next isend).
+  virtual std::size_t pending_sends() const { return 0; }
+
   void barrier(const CollectiveOptions& opts = {});
 
   // Collective over this group. Ranks with the same color form a new group named
@@ -168,6 +182,12 @@ class Communicator {
                        const CollectiveOptions& opts) = 0;
   virtual void do_recv(float* data, std::size_t count, int src, int tag,
                        const CollectiveOptions& opts) = 0;
+  // Must copy data before returning. Default: the blocking do_send.
+  virtual void do_isend(const float* data, std::size_t count, int dst, int tag,
+                        const CollectiveOptions& opts) {
+    do_send(data, count, dst, tag, opts);
+  }
+  virtual void do_wait_sends(const CollectiveOptions& opts) {}
   virtual void do_barrier(const CollectiveOptions& opts) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
                                                  const CollectiveOptions& opts) = 0;

@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/log.h"
+#include "parallel/communicator.h"
 #include "trainer/commands.h"
 #include "trainer/config.h"
 #include "trainer/trainer.h"
@@ -44,28 +46,25 @@ Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {
 }
 
 int fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  // Every rank fails alike on bad config; only rank 0 says so, unless the error is its own.
+  if (process_identity().rank == 0 || status.code() != StatusCode::kInvalidConfig) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  }
   return status.exit_code();
 }
 
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& args) {
-  log::init(/*rank=*/0, /*world_size=*/1);
+  // One process per device: under mpirun or srun the world spans every rank.
+  std::unique_ptr<Communicator> world = make_world_communicator(nullptr, nullptr);
+  log::init(world->rank(), world->size());
   auto parsed = parse_train_args(args);
   if (!parsed.is_ok()) return fail(parsed.status());
   const TrainArgs& ta = parsed.value();
 
   auto config = load_config(ta.config_path, ta.overrides);
   if (!config.is_ok()) return fail(config.status());
-  const auto& par = config->parallel;
-  const int layout = par.dp * par.tp * par.pp;
-  if (layout != 1) {
-    return fail(Status::invalid_config(
-        "parallel: dp*tp*pp = " + std::to_string(layout) + " but the world size is 1 " +
-        "(this build trains in a single process; set parallel.dp, parallel.tp and "
-        "parallel.pp to 1)"));
-  }
   if (ta.resume != "auto" && ta.resume != "none") {
     return fail(Status::invalid_config("--resume " + ta.resume +
                                        ": loading a checkpoint directory is not supported yet "
@@ -73,7 +72,9 @@ int cmd_train(const std::vector<std::string>& args) {
   }
   // Checkpoints are not written yet, so `auto` finds none and starts fresh.
 
-  auto trainer = Trainer::create(std::move(config).value());
+  TrainerOptions options;
+  options.world = world.get();
+  auto trainer = Trainer::create(std::move(config).value(), options);
   if (!trainer.is_ok()) return fail(trainer.status());
   Status st = trainer.value()->run();
   if (!st.is_ok()) return fail(st);

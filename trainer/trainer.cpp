@@ -1,17 +1,122 @@
 #include "trainer/trainer.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <thread>
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/sampler.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/llmc_checkpoint.h"
 #include "trainer/lr_schedule.h"
 
 namespace trident {
 
+namespace {
+
+PipeSchedule to_pipe_schedule(PipelineSchedule s) {
+  return s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
+}
+
+// This rank's part of a global tensor (row-major `global`), per ParamInfo's box.
+std::vector<float> local_part(const ParamInfo& p, const float* global) {
+  std::vector<float> out(static_cast<size_t>(p.numel()));
+  const int64_t rows = p.local_shape[0];
+  const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
+  const int64_t gcols = p.shape.rank() == 2 ? p.shape[1] : 1;
+  const int64_t r0 = p.split_dim == 0 ? p.split_offset : 0;
+  const int64_t c0 = p.split_dim == 1 ? p.split_offset : 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(out.data() + i * cols, global + (r0 + i) * gcols + c0,
+                static_cast<size_t>(cols) * sizeof(float));
+  }
+  return out;
+}
+
+// The inverse: writes a local part into its box of the global tensor.
+void place_local_part(const ParamInfo& p, const float* local, float* global) {
+  const int64_t rows = p.local_shape[0];
+  const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
+  const int64_t gcols = p.shape.rank() == 2 ? p.shape[1] : 1;
+  const int64_t r0 = p.split_dim == 0 ? p.split_offset : 0;
+  const int64_t c0 = p.split_dim == 1 ? p.split_offset : 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(global + (r0 + i) * gcols + c0, local + i * cols,
+                static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
+ModelPartition partition_for(const Config& config, const RankCoords& coords) {
+  const auto& par = config.parallel;
+  ModelPartition part;
+  part.tp_rank = coords.tp_rank;
+  part.tp_size = par.tp;
+  part.pp_rank = coords.pp_rank;
+  part.pp_size = par.pp;
+  const std::vector<int> counts =
+      stage_layer_counts(config.model.n_layers, par.pp, par.stage_layers);
+  part.layer_begin = 0;
+  for (int s = 0; s < coords.pp_rank; ++s) part.layer_begin += counts[static_cast<size_t>(s)];
+  part.layer_end = part.layer_begin + counts[static_cast<size_t>(coords.pp_rank)];
+  return part;
+}
+
+}  // namespace
+
+// Adapts the model's stage interface to the pipeline executor, loading each
+// micro-batch's tokens (first stage) and targets (last stage) from the data.
+class Trainer::StageRunner : public PipelineStageModel {
+ public:
+  explicit StageRunner(Trainer& t) : t_(t) {}
+  size_t boundary_floats() const override { return t_.model_->boundary_floats(); }
+  float* input_activation(int slot) override { return t_.model_->input_activation(slot); }
+  const float* output_activation(int slot) override { return t_.model_->output_activation(slot); }
+  float* output_grad(int) override { return t_.model_->output_grad(); }
+  const float* input_grad(int) override { return t_.model_->input_grad(); }
+
+  void forward(int micro, int slot) override {
+    const auto& c = t_.config_;
+    const int mb = c.parallel.micro_batch_size, T = c.model.seq_len;
+    const bool first = t_.part_.first_stage(), last = t_.part_.last_stage();
+    if (first || last) {
+      const CounterRange range =
+          micro_batch_range(static_cast<uint64_t>(t_.step_), c.training.global_batch_size,
+                            c.parallel.dp, t_.groups_.coords.dp_rank, mb, micro);
+      Status st = t_.train_data_->load(range.first, mb, T, t_.inputs_.data(), t_.targets_.data());
+      if (!st.is_ok()) {
+        // Keep the collective pattern intact (other ranks are waiting on this one); the
+        // step reports the error on every rank afterwards.
+        if (status_.is_ok()) status_ = st;
+        std::fill(t_.inputs_.begin(), t_.inputs_.end(), 0);
+        std::fill(t_.targets_.begin(), t_.targets_.end(), 0);
+      }
+    }
+    const float loss = t_.model_->forward_stage(slot, first ? t_.inputs_.data() : nullptr,
+                                                last ? t_.targets_.data() : nullptr, mb, T);
+    loss_sum_ += loss;
+  }
+
+  void backward(int, int slot) override {
+    t_.model_->backward_stage(slot, 1.0f / static_cast<float>(t_.config_.grad_accum_steps()));
+  }
+
+  double loss_sum() const { return loss_sum_; }
+  const Status& status() const { return status_; }
+
+ private:
+  Trainer& t_;
+  double loss_sum_ = 0;
+  Status status_;
+};
+
 Trainer::Trainer(Config config, TrainerOptions options)
     : config_(std::move(config)), options_(options) {}
+
+Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(Config config, TrainerOptions options) {
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(config), options));
@@ -20,6 +125,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(Config config, TrainerOptions o
 }
 
 Status Trainer::init() {
+  if (options_.world) {
+    world_ = options_.world;
+  } else {
+    own_world_ = std::make_unique<SelfCommunicator>();
+    world_ = own_world_.get();
+  }
   std::optional<LlmcCheckpoint> init_ckpt;
   if (!config_.model.init_from.empty()) {
     TRIDENT_ASSIGN_OR_RETURN(init_ckpt, read_llmc_checkpoint(config_.model.init_from));
@@ -28,45 +139,79 @@ Status Trainer::init() {
     TRIDENT_RETURN_IF_ERROR(validate_config(config_));
   }
   const auto& mc = config_.model;
-  const int mb = config_.parallel.micro_batch_size;
+  const auto& par = config_.parallel;
+  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*world_, Layout{par.dp, par.tp, par.pp},
+                                                        mc.tied()));
+  part_ = partition_for(config_, groups_.coords);
 
-  TRIDENT_ASSIGN_OR_RETURN(
-      DataLoader train,
-      DataLoader::open(config_.data.train, mc.vocab_size, config_.data.seed,
-                       config_.data.shuffle));
+  TRIDENT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(config_.data.train, mc.vocab_size,
+                                                              config_.data.seed,
+                                                              config_.data.shuffle));
   TRIDENT_ASSIGN_OR_RETURN(num_train_samples_, train.num_samples(mc.seq_len));
   train_data_.emplace(std::move(train));
   if (!config_.data.val.empty()) {
-    TRIDENT_ASSIGN_OR_RETURN(
-        DataLoader val, DataLoader::open(config_.data.val, mc.vocab_size, config_.data.seed,
-                                         /*shuffle=*/false));
+    TRIDENT_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(config_.data.val, mc.vocab_size,
+                                                              config_.data.seed, false));
     TRIDENT_RETURN_IF_ERROR(val.num_samples(mc.seq_len).status());
     val_data_.emplace(std::move(val));
   }
 
-  ops_ = make_cpu_ops();
-  model_ = std::make_unique<Transformer>(mc, *ops_, mb);
+  // CPU ranks share the machine's cores.
+  int threads = options_.threads;
+  if (threads <= 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / world_->size());
+  }
+  ops_ = make_cpu_ops(threads);
+  layout_ = Transformer::plan_params(mc, part_);
+  AdamWConfig adamw;
+  adamw.beta1 = config_.training.beta1;
+  adamw.beta2 = config_.training.beta2;
+  adamw.eps = config_.training.eps;
+  adamw.weight_decay = config_.training.weight_decay;
+  dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
+                                       static_cast<size_t>(par.bucket_mb) << 20, adamw);
+  const int accum = config_.grad_accum_steps();
+  const PipeSchedule schedule = to_pipe_schedule(par.pipeline_schedule);
+  const int slots = PipelineExecutor::required_slots(schedule, par.pp, part_.pp_rank, accum);
+  model_ = std::make_unique<Transformer>(mc, *ops_, part_, groups_.tp.get(), &dp_->store(),
+                                         par.micro_batch_size, slots);
+  executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots);
+
   if (init_ckpt) {
-    for (const auto& [name, values] : init_ckpt->tensors) {
-      const ParamInfo* p = model_->find_param(name);
-      if (!p || static_cast<size_t>(p->numel()) != values.size()) {
-        return Status::invalid_input(config_.model.init_from + ": tensor " + name +
+    for (size_t i = 0; i < layout_.params.size(); ++i) {
+      const ParamInfo& p = layout_.params[i];
+      const std::vector<float>* values = init_ckpt->find(p.name);
+      if (!values || static_cast<int64_t>(values->size()) != p.shape.numel()) {
+        return Status::invalid_input(config_.model.init_from + ": tensor " + p.name +
                                      " does not fit the model");
       }
-      model_->set_param(*p, values.data());
+      const std::vector<float> local = local_part(p, values->data());
+      dp_->load_param(static_cast<int>(i), local);
     }
-    model_->zero_grads();
   } else {
-    model_->init_weights(config_.training.seed);
+    for (size_t i = 0; i < layout_.params.size(); ++i) {
+      const std::vector<float> local =
+          Transformer::initial_value(mc, layout_.params[i], config_.training.seed);
+      dp_->load_param(static_cast<int>(i), local);
+    }
   }
-  optimizer_ = std::make_unique<AdamW>(*model_, *ops_, config_.training);
-  TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
-  inputs_.resize(static_cast<size_t>(mb) * mc.seq_len);
+  dp_->zero_grad();
+  if (world_->rank() == 0) TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
+  inputs_.resize(static_cast<size_t>(par.micro_batch_size) * mc.seq_len);
   targets_.resize(inputs_.size());
 
-  peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops : measure_sgemm_peak_gflops() * 1e9;
-  if (!options_.quiet) print_banner();
+  double peak = options_.peak_flops;
+  if (peak <= 0) peak = world_->rank() == 0 ? measure_sgemm_peak_gflops() * 1e9 : 0.0;
+  peak_flops_ = options_.peak_flops > 0 ? peak : all_reduce_scalar(peak);
+  if (!options_.quiet && world_->rank() == 0) print_banner();
   return Status::ok();
+}
+
+double Trainer::all_reduce_scalar(double local) {
+  double v = local;
+  world_->all_reduce(std::span<double>(&v, 1), ReduceOp::kSum);
+  return v;
 }
 
 void Trainer::print_banner() const {
@@ -75,12 +220,18 @@ void Trainer::print_banner() const {
   log::info("trident: {} model, {} layers, {} heads ({} kv), d_model {}, d_ff {}, vocab {} (padded {}), seq_len {}",
             arch_name(m.arch), m.n_layers, m.n_heads, m.n_kv_heads, m.d_model, m.d_ff,
             m.vocab_size, m.padded_vocab, m.seq_len);
-  log::info("parameters: {} ({:.2f} M); {:.3g} FLOP/token; activations {:.1f} MiB per micro-batch",
-            m.num_parameters(), m.num_parameters() / 1e6, m.flops_per_token(),
-            model_->activation_bytes() / 1048576.0);
-  log::info("layout: dp={} tp={} pp={} zero_stage={} | micro_batch {} x {} accumulation steps = global batch {} sequences ({} tokens)",
-            c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero_stage,
-            c.parallel.micro_batch_size, c.grad_accum_steps(), c.training.global_batch_size,
+  log::info("parameters: {} ({:.2f} M); {:.3g} FLOP/token", m.num_parameters(),
+            m.num_parameters() / 1e6, m.flops_per_token());
+  std::string stages;
+  for (int n : stage_layer_counts(m.n_layers, c.parallel.pp, c.parallel.stage_layers)) {
+    stages += (stages.empty() ? "" : ",") + std::to_string(n);
+  }
+  log::info("layout: world {} = dp {} x tp {} x pp {} | zero_stage {} | pipeline {} (layers per stage {})",
+            world_->size(), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero_stage,
+            pipeline_schedule_name(c.parallel.pipeline_schedule), stages);
+  log::info("batch: micro_batch {} x {} micro-batches x dp {} = global batch {} sequences ({} tokens)",
+            c.parallel.micro_batch_size, c.grad_accum_steps(), c.parallel.dp,
+            c.training.global_batch_size,
             static_cast<long long>(c.training.global_batch_size) * m.seq_len);
   log::info("optimizer: AdamW lr {:.2e} -> {:.2e} ({}, warmup {}), wd {}, betas ({}, {}), clip {}",
             c.training.lr, c.training.min_lr, lr_schedule_name(c.training.lr_schedule),
@@ -88,46 +239,94 @@ void Trainer::print_banner() const {
             c.training.grad_clip);
   log::info("data: train {} ({} samples{}), val {}", c.data.train, num_train_samples_,
             c.data.shuffle ? ", shuffled" : "", c.data.val.empty() ? "none" : c.data.val);
-  log::info("device: {} backend; MFU against a peak of {:.1f} GFLOP/s (measured sgemm)",
-            ops_->name(), peak_flops_ / 1e9);
+  log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank (measured sgemm)",
+            ops_->name(), world_->size(), peak_flops_ / 1e9);
+}
+
+void Trainer::reset_traffic() {
+  for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
+                          groups_.embedding.get(), world_}) {
+    if (c) c->reset_traffic();
+  }
+}
+
+void Trainer::collect_traffic() {
+  stats_.bytes_all_reduce = stats_.bytes_reduce_scatter = stats_.bytes_all_gather = 0;
+  stats_.bytes_p2p = 0;
+  // The world carries only scalars (loss, norm, flags); the groups carry the model's traffic.
+  for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
+                          groups_.embedding.get()}) {
+    if (!c) continue;
+    const TrafficCounters& t = c->traffic();
+    stats_.bytes_all_reduce += static_cast<double>(t.bytes_of(CollectiveKind::kAllReduce));
+    stats_.bytes_reduce_scatter += static_cast<double>(t.bytes_of(CollectiveKind::kReduceScatter));
+    stats_.bytes_all_gather += static_cast<double>(t.bytes_of(CollectiveKind::kAllGather));
+    stats_.bytes_p2p += static_cast<double>(t.bytes_of(CollectiveKind::kSend));
+  }
+  const DataParallel::Memory mem = dp_->memory();
+  stats_.param_bytes = static_cast<double>(mem.params);
+  stats_.grad_bytes = static_cast<double>(mem.grads);
+  stats_.optimizer_bytes = static_cast<double>(mem.optimizer);
+  stats_.activation_bytes = static_cast<double>(model_->activation_bytes());
 }
 
 Result<StepMetrics> Trainer::train_step() {
-  const auto& mc = config_.model;
-  const int mb = config_.parallel.micro_batch_size;
-  const int accum = config_.grad_accum_steps();
-  const int T = mc.seq_len;
+  const auto& c = config_;
+  const int T = c.model.seq_len;
+  const int accum = c.grad_accum_steps();
   Timer timer;
-  model_->zero_grads();
-  double loss_sum = 0.0;
-  for (int micro = 0; micro < accum; ++micro) {
-    TRIDENT_RETURN_IF_ERROR(
-        train_data_->load(consumed_samples_, mb, T, inputs_.data(), targets_.data()));
-    consumed_samples_ += static_cast<uint64_t>(mb);
-    loss_sum += model_->forward(inputs_.data(), targets_.data(), mb, T);
-    model_->backward(1.0f / static_cast<float>(accum));
+  reset_traffic();
+  dp_->zero_grad();
+  StageRunner runner(*this);
+  const PipelineExecutor::Stats pipe = executor_->run(runner);
+
+  // A data error on any rank stops every rank with the same step.
+  const double failed = all_reduce_scalar(runner.status().is_ok() ? 0.0 : 1.0);
+  if (failed > 0) {
+    if (!runner.status().is_ok()) return runner.status();
+    return Status::invalid_input("another rank failed to load step " + std::to_string(step_ + 1) +
+                                 "'s data (see its message)");
   }
-  const double loss = loss_sum / accum;
+  dp_->reduce_gradients();
+  if (groups_.embedding) {
+    // The tied embedding lives on the first and the last stage: sum the two gradients.
+    const ParamInfo* wte = layout_.find("wte");
+    std::span<float> g = dp_->reduced_grad(static_cast<int>(wte - layout_.params.data()));
+    CollectiveOptions opts;
+    opts.label = "tied wte grad";
+    groups_.embedding->all_reduce(g, ReduceOp::kSum, opts);
+  }
+  const double norm =
+      std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0)));
+  if (c.training.grad_clip > 0 && norm > c.training.grad_clip) {
+    dp_->scale_gradients(static_cast<float>(c.training.grad_clip / norm));
+  }
+  const float lr = learning_rate_at(c.training, step_);
+  dp_->step(lr);
+  const bool reports_loss = part_.last_stage() && groups_.coords.tp_rank == 0;
+  const double loss =
+      all_reduce_scalar(reports_loss ? runner.loss_sum() / accum / c.parallel.dp : 0.0);
   if (!std::isfinite(loss)) {
     return Status::internal("loss is " + std::to_string(loss) + " at step " +
                             std::to_string(step_ + 1) + "; stopping (try a lower training.lr)");
   }
-  const double norm = optimizer_->grad_norm();
-  optimizer_->clip(norm);
-  const float lr = learning_rate_at(config_.training, step_);
-  optimizer_->step(lr);
   ++step_;
+  consumed_samples_ += static_cast<uint64_t>(c.training.global_batch_size);
+  collect_traffic();
+  stats_.pipeline_idle_ms = pipe.idle_seconds * 1e3;
+  stats_.pipeline_total_ms = pipe.total_seconds * 1e3;
+  stats_.peak_live_micro_batches = pipe.peak_live_slots;
 
   StepMetrics m;
   m.step = step_;
-  m.max_steps = config_.training.max_steps;
+  m.max_steps = c.training.max_steps;
   m.loss = loss;
   m.grad_norm = norm;
   m.lr = lr;
   m.step_ms = timer.elapsed_ms();
-  const double tokens = static_cast<double>(config_.training.global_batch_size) * T;
+  const double tokens = static_cast<double>(c.training.global_batch_size) * T;
   m.tokens_per_s = tokens / (m.step_ms / 1000.0);
-  m.mfu = mc.flops_per_token() * m.tokens_per_s / peak_flops_;
+  m.mfu = c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size());
   losses_.push_back(loss);
   return m;
 }
@@ -136,39 +335,127 @@ Result<double> Trainer::evaluate() {
   if (!val_data_) return Status::invalid_config("data.val: no validation data configured");
   const int mb = config_.parallel.micro_batch_size;
   const int T = config_.model.seq_len;
+  const bool first = part_.first_stage(), last = part_.last_stage();
+  Communicator& pp = *groups_.pp;
+  const size_t n = model_->boundary_floats();
   double sum = 0.0;
+  Status status;
   for (int b = 0; b < config_.training.eval_batches; ++b) {
-    TRIDENT_RETURN_IF_ERROR(val_data_->load_sequential(static_cast<uint64_t>(b) * mb, mb, T, inputs_.data(),
-                                            targets_.data()));
-    sum += model_->forward(inputs_.data(), targets_.data(), mb, T);
+    if (first || last) {
+      Status st = val_data_->load_sequential(static_cast<uint64_t>(b) * mb, mb, T, inputs_.data(),
+                                             targets_.data());
+      if (!st.is_ok() && status.is_ok()) status = st;
+    }
+    // Forward only, stage after stage: receive, compute, pass on.
+    if (!first) pp.recv(std::span<float>(model_->input_activation(0), n), pp.rank() - 1, b);
+    sum += model_->forward_stage(0, first ? inputs_.data() : nullptr,
+                                 last ? targets_.data() : nullptr, mb, T);
+    if (!last) pp.send(std::span<const float>(model_->output_activation(0), n), pp.rank() + 1, b);
   }
-  return sum / config_.training.eval_batches;
+  if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0) > 0) {
+    if (!status.is_ok()) return status;
+    return Status::invalid_input("another rank failed to load validation data");
+  }
+  // Every dp rank evaluates the same batches; one rank reports.
+  const bool reports = last && groups_.coords.tp_rank == 0 && groups_.coords.dp_rank == 0;
+  return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0);
+}
+
+std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
+  // Every rank first gathers its own (tensor-parallel local) values over dp; then the
+  // dp-rank-0 replica of every (pp, tp) part sends them to world rank 0, which knows
+  // every part's layout from plan_params and assembles the global tensors.
+  std::vector<float> mine;
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    std::vector<float> v = dp_->gather_param(static_cast<int>(i));
+    if (!layout_.params[i].tied_copy) mine.insert(mine.end(), v.begin(), v.end());
+  }
+  std::map<std::string, std::vector<float>> out;
+  const Topology& topo = groups_.topology;
+  if (world_->rank() != 0) {
+    if (groups_.coords.dp_rank == 0) world_->send(std::span<const float>(mine), 0, 7001);
+    return out;
+  }
+  for (int r = 0; r < world_->size(); ++r) {
+    const RankCoords rc = topo.coords_of(r);
+    if (rc.dp_rank != 0) continue;
+    const ParamLayout layout = Transformer::plan_params(config_.model, partition_for(config_, rc));
+    std::vector<float> blob;
+    if (r == 0) {
+      blob = mine;
+    } else {
+      size_t total = 0;
+      for (const ParamInfo& p : layout.params) {
+        if (!p.tied_copy) total += static_cast<size_t>(p.numel());
+      }
+      blob.resize(total);
+      world_->recv(std::span<float>(blob), r, 7001);
+    }
+    size_t cursor = 0;
+    for (const ParamInfo& p : layout.params) {
+      if (p.tied_copy) continue;
+      auto& global = out[p.name];
+      if (global.empty()) global.assign(static_cast<size_t>(p.shape.numel()), 0.0f);
+      place_local_part(p, blob.data() + cursor, global.data());
+      cursor += static_cast<size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
+void Trainer::print_summary() {
+  // Every rank's instrumentation, gathered to all (small), printed by rank 0.
+  const int n = world_->size();
+  std::vector<std::byte> all(sizeof(RankStats) * static_cast<size_t>(n));
+  world_->all_gather_bytes(std::as_bytes(std::span<const RankStats>(&stats_, 1)), all);
+  if (world_->rank() != 0) return;
+  const auto* s = reinterpret_cast<const RankStats*>(all.data());
+  log::info("per-rank summary (last step; MiB; traffic = payload bytes sent per step):");
+  log::info("{:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9} {:>9}", "rank",
+            "pp/dp/tp", "params", "grads", "optim", "activ", "all_reduce", "red_scatter",
+            "all_gather", "p2p", "pp idle");
+  for (int r = 0; r < n; ++r) {
+    const RankCoords rc = groups_.topology.coords_of(r);
+    const RankStats& x = s[r];
+    const double mib = 1.0 / 1048576.0;
+    const double idle = x.pipeline_total_ms > 0 ? 100.0 * x.pipeline_idle_ms / x.pipeline_total_ms : 0;
+    log::info("{:>5} {:>10} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>9.3f} {:>8.1f}%",
+              r, std::to_string(rc.pp_rank) + "/" + std::to_string(rc.dp_rank) + "/" +
+                     std::to_string(rc.tp_rank),
+              x.param_bytes * mib, x.grad_bytes * mib, x.optimizer_bytes * mib,
+              x.activation_bytes * mib, x.bytes_all_reduce * mib, x.bytes_reduce_scatter * mib,
+              x.bytes_all_gather * mib, x.bytes_p2p * mib, idle);
+  }
 }
 
 Status Trainer::run() {
   const auto& t = config_.training;
   Timer total;
   const int first_step = step_;
+  const bool rank0 = world_->rank() == 0;
   while (step_ < t.max_steps) {
     TRIDENT_ASSIGN_OR_RETURN(StepMetrics m, train_step());
-    metrics_.write_step(m);
+    if (rank0) metrics_.write_step(m);
     const bool last = step_ == t.max_steps;
     if (!options_.quiet && (step_ % config_.logging.log_interval == 0 || step_ == 1 || last)) {
       log::info("{}", format_progress_line(m));
     }
     if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       TRIDENT_ASSIGN_OR_RETURN(double val_loss, evaluate());
-      metrics_.write_eval(step_, val_loss);
+      if (rank0) metrics_.write_eval(step_, val_loss);
       if (!options_.quiet) log::info("step {}/{} | val_loss {:.4f}", step_, t.max_steps, val_loss);
     }
   }
-  if (!options_.quiet && step_ > first_step) {
-    const double secs = total.elapsed_ms() / 1000.0;
-    const double tokens = static_cast<double>(step_ - first_step) * t.global_batch_size *
-                          config_.model.seq_len;
-    log::info("done: {} steps in {:.1f} s ({:.0f} tok/s); final loss {:.4f}", step_ - first_step,
-              secs, tokens / secs, losses_.empty() ? 0.0 : losses_.back());
-    if (!config_.logging.metrics.empty()) log::info("metrics: {}", config_.logging.metrics);
+  if (step_ > first_step) {
+    if (!options_.quiet && world_->size() > 1) print_summary();
+    if (!options_.quiet) {
+      const double secs = total.elapsed_ms() / 1000.0;
+      const double tokens = static_cast<double>(step_ - first_step) * t.global_batch_size *
+                            config_.model.seq_len;
+      log::info("done: {} steps in {:.1f} s ({:.0f} tok/s); final loss {:.4f}",
+                step_ - first_step, secs, tokens / secs, losses_.empty() ? 0.0 : losses_.back());
+      if (!config_.logging.metrics.empty()) log::info("metrics: {}", config_.logging.metrics);
+    }
   }
   return Status::ok();
 }

@@ -1,11 +1,18 @@
-// The training loop of one process: model, optimizer, data, schedule, evaluation and
-// metrics. One optimizer step = grad_accum_steps() micro-batches of micro_batch_size
-// sequences each; the loss reported is the mean over all of them.
+// The training loop of one rank: its part of the model (pipeline stage, tensor-parallel
+// slice), the data-parallel / ZeRO engine, the pipeline schedule, the data, the LR
+// schedule, evaluation, metrics and instrumentation.
 //
-// Determinism: on CPU the same config gives bitwise identical losses run to run
-// (counter-based init, layout-independent data order, thread-count-independent ops).
+// One optimizer step = grad_accum_steps() micro-batches per data-parallel rank, run
+// through the pipeline schedule; the loss reported is the mean over every micro-batch
+// of every dp rank. Every rank of the world calls run()/train_step()/evaluate() in
+// step (they are collective over the world communicator).
+//
+// Determinism: initial weights and the data order do not depend on the layout, so every
+// dp x tp x pp layout follows the single-process trajectory within fp32 rounding; on
+// CPU the same layout run twice is bitwise identical.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,52 +22,84 @@
 #include "data/loader.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/metrics.h"
-#include "trainer/optimizer.h"
 
 namespace trident {
 
 struct TrainerOptions {
-  double peak_flops = 0;   // device peak FLOP/s for MFU; 0 = measure (CPU: sgemm rate)
-  bool quiet = false;      // no progress lines (benchmarks, tests)
+  Communicator* world = nullptr;  // null: a single process (own SelfCommunicator)
+  double peak_flops = 0;          // per device, for MFU; 0 = measure (CPU: sgemm rate)
+  bool quiet = false;             // no progress lines (benchmarks, tests)
+  int threads = 0;                // CPU threads per rank; 0 = all cores / ranks per node
+};
+
+// Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").
+struct RankStats {
+  double bytes_all_reduce = 0, bytes_reduce_scatter = 0, bytes_all_gather = 0, bytes_p2p = 0;
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  double pipeline_idle_ms = 0, pipeline_total_ms = 0;
+  int peak_live_micro_batches = 0;
 };
 
 class Trainer {
  public:
-  // Loads init_from (if any), builds the model and opens the data. Errors name the
-  // config key or file. `config.model` must be finalized and validated.
   static Result<std::unique_ptr<Trainer>> create(Config config, TrainerOptions options = {});
+  ~Trainer();
 
   // Runs the remaining steps up to training.max_steps.
   Status run();
-  // One optimizer step; returns its metrics. Used by run() and the benchmarks.
+  // One optimizer step; returns its metrics (loss and norm are global).
   Result<StepMetrics> train_step();
   // Mean loss over training.eval_batches micro-batches of the validation data.
   Result<double> evaluate();
+  // Every global parameter, assembled on world rank 0 (empty map on other ranks).
+  // Collective over the world.
+  std::map<std::string, std::vector<float>> gather_parameters();
 
   const Config& config() const { return config_; }
-  Transformer& model() { return *model_; }
   int step() const { return step_; }
   uint64_t consumed_samples() const { return consumed_samples_; }
   const std::vector<double>& losses() const { return losses_; }
+  // This rank's instrumentation for the last step (traffic) and now (memory).
+  const RankStats& last_step_stats() const { return stats_; }
+  const RankCoords& coords() const { return groups_.coords; }
+  Transformer& model() { return *model_; }
+  DataParallel& data_parallel() { return *dp_; }
 
  private:
+  class StageRunner;
   Trainer(Config config, TrainerOptions options);
   Status init();
+  Status load_initial_weights();
   void print_banner() const;
+  void print_summary();
+  double all_reduce_scalar(double local);
+  void reset_traffic();
+  void collect_traffic();
 
   Config config_;
   TrainerOptions options_;
+  std::unique_ptr<Communicator> own_world_;
+  Communicator* world_ = nullptr;
+  ProcessGroups groups_;
+  ModelPartition part_;
+  ParamLayout layout_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Transformer> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<PipelineExecutor> executor_;
   std::optional<DataLoader> train_data_;
   std::optional<DataLoader> val_data_;
   MetricsWriter metrics_;
   std::vector<int32_t> inputs_;   // [micro_batch_size * seq_len]
   std::vector<int32_t> targets_;  // [micro_batch_size * seq_len]
-  std::vector<double> losses_;    // per step, for tests
+  std::vector<double> losses_;
+  RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;
   uint64_t num_train_samples_ = 0;

@@ -3,6 +3,7 @@
 #include <climits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/mpi/mpi_check.h"
@@ -90,7 +91,11 @@ class MpiCommunicator final : public Communicator {
     TRIDENT_MPI_CHECK(*this, MPI_Comm_rank(comm_, &rank_), CollectiveKind::kSplit, opts);
     TRIDENT_MPI_CHECK(*this, MPI_Comm_size(comm_, &size_), CollectiveKind::kSplit, opts);
   }
-  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
+  ~MpiCommunicator() override {
+    // An isend's buffer must outlive its request, and MPI_Comm_free does not cancel it.
+    if (!pending_.empty()) do_wait_sends({.label = "pending isends at destruction"});
+    MPI_Comm_free(&comm_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -148,6 +153,32 @@ class MpiCommunicator final : public Communicator {
                            std::to_string(src) + ", expected " + std::to_string(n));
   }
 
+  void do_isend(const float* data, std::size_t count, int dst, int tag,
+                const CollectiveOptions& opts) override {
+    const int n = to_int(count, CollectiveKind::kSend, opts);
+    reap_completed_sends(opts);
+    // The vector's heap block stays put when pending_ grows, so MPI may keep pointing at it.
+    PendingSend& pending = pending_.emplace_back();
+    pending.payload.assign(data, data + count);
+    TRIDENT_MPI_CHECK(*this,
+                      MPI_Isend(pending.payload.data(), n, MPI_FLOAT, dst, tag, comm_,
+                                &pending.request),
+                      CollectiveKind::kSend, opts);
+  }
+
+  void do_wait_sends(const CollectiveOptions& opts) override {
+    std::vector<MPI_Request> requests;
+    requests.reserve(pending_.size());
+    for (const PendingSend& p : pending_) requests.push_back(p.request);
+    TRIDENT_MPI_CHECK(*this,
+                      MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                                  MPI_STATUSES_IGNORE),
+                      CollectiveKind::kSend, opts);
+    pending_.clear();
+  }
+
+  std::size_t pending_sends() const override { return pending_.size(); }
+
   void do_barrier(const CollectiveOptions& opts) override {
     TRIDENT_MPI_CHECK(*this, MPI_Barrier(comm_), CollectiveKind::kBarrier, opts);
   }
@@ -169,10 +200,31 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(count);
   }
 
+  // Frees the buffers of completed isends, so a long pipeline does not hold them all.
+  void reap_completed_sends(const CollectiveOptions& opts) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      int done = 0;
+      TRIDENT_MPI_CHECK(*this, MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE),
+                        CollectiveKind::kSend, opts);
+      if (!done) {
+        if (kept != i) pending_[kept] = std::move(pending_[i]);
+        ++kept;
+      }
+    }
+    pending_.resize(kept);
+  }
+
+  struct PendingSend {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<float> payload;  // (count) the copy MPI sends from
+  };
+
   std::shared_ptr<MpiRuntime> runtime_;  // first member: outlives comm_'s MPI_Comm_free
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<PendingSend> pending_;  // isends in flight, in call order
 };
 
 }  // namespace

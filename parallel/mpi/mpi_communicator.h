@@ -8,6 +8,9 @@
 // - Every communicator (world and split children) shares one runtime handle; the last
 //   one destroyed calls MPI_Finalize when this file did the MPI_Init. Children free their
 //   MPI_Comm on destruction.
+// - isend is MPI_Isend from a private copy of the payload; finished requests are reaped
+//   (MPI_Test) on each isend, the rest complete in wait_sends (MPI_Waitall) or, at the
+//   latest, in the destructor before MPI_Comm_free.
 // - Communicators use MPI_ERRORS_RETURN, and every MPI call goes through TRIDENT_MPI_CHECK
 //   (mpi_check.h), which aborts naming rank, group, collective, label and MPI's error
 //   string, instead of MPI's default handler, which names none of them.

@@ -1,0 +1,255 @@
+#include "parallel/data_parallel.h"
+
+#include <string>
+
+#include "core/check.h"
+
+namespace trident {
+
+namespace {
+constexpr size_t kF = sizeof(float);
+}  // namespace
+
+DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
+                           size_t bucket_bytes, const AdamWConfig& adamw)
+    : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw) {
+  TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
+                    "zero_stage must be 0..3, got " + std::to_string(zero_stage));
+  TRIDENT_CHECK(bucket_bytes > 0);
+  if (stage_ == 3) {
+    sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp);
+    plan_ = sharded_->plan();
+  } else {
+    resident_ = std::make_unique<ResidentParamStore>(layout, ops);
+    const size_t bucket_floats = std::max<size_t>(1, bucket_bytes / kF);
+    plan_ = ShardPlan(layout, dp.size(), std::vector<size_t>(layout.groups.size(), 0),
+                      bucket_floats);
+    // bucket_range() relies on the buckets following each other in the flat buffer.
+    size_t end = 0;
+    for (const ShardChunk& c : plan_.chunks()) {
+      TRIDENT_CHECK_MSG(c.tensors.front().full_offset >= end,
+                        "parameter groups overlap or are out of id order in the flat layout");
+      const TensorShard& last = c.tensors.back();
+      end = last.full_offset + static_cast<size_t>(last.split.rows * last.split.row_elems);
+    }
+    TRIDENT_CHECK(end <= layout.total_floats());
+  }
+  const size_t moment_floats = stage_ == 0 ? layout.total_floats() : plan_.shard_floats();
+  exp_avg_ = DeviceBuffer(ops, moment_floats * kF);
+  exp_avg_sq_ = DeviceBuffer(ops, moment_floats * kF);
+  if (stage_ == 2) grad_shard_ = DeviceBuffer(ops, plan_.shard_floats() * kF);
+  if (stage_ == 1 || stage_ == 2) {
+    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * kF);
+    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * kF);
+  }
+}
+
+DataParallel::~DataParallel() = default;
+
+ParamStore& DataParallel::store() {
+  if (sharded_) return *sharded_;
+  return *resident_;
+}
+
+std::pair<size_t, size_t> DataParallel::bucket_range(size_t b) const {
+  const std::vector<ShardChunk>& chunks = plan_.chunks();
+  auto end_of = [&](size_t i) {
+    const TensorShard& last = chunks[i].tensors.back();
+    return last.full_offset + static_cast<size_t>(last.split.rows * last.split.row_elems);
+  };
+  const size_t begin = b == 0 ? 0 : end_of(b - 1);
+  const size_t end = b + 1 == chunks.size() ? layout_.total_floats() : end_of(b);
+  return {begin, end};
+}
+
+void DataParallel::zero_grad() {
+  if (resident_) ops_.zero(resident_->grad_data(), resident_->num_floats() * kF);
+  if (stage_ == 2) ops_.zero(grad_shard_.get(), grad_shard_.bytes());
+  if (sharded_) ops_.zero(sharded_->grad_shard(), plan_.shard_floats() * kF);
+}
+
+void DataParallel::reduce_gradients() {
+  const int dp = dp_.size();
+  const float inv_dp = 1.0f / static_cast<float>(dp);
+  if (stage_ == 0 || stage_ == 1) {
+    float* grads = resident_->grad_data();
+    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
+      const auto [begin, end] = bucket_range(b);
+      dp_.all_reduce(std::span<float>(grads + begin, end - begin), ReduceOp::kSum,
+                     {.label = "grad bucket " + std::to_string(b)});
+    }
+    if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
+  } else if (stage_ == 2) {
+    float* shard = grad_shard_.as<float>();
+    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
+      const ShardChunk& chunk = plan_.chunks()[b];
+      pack_chunk(ops_, chunk, dp, resident_->grad_data(), pack_.as<float>());
+      dp_.reduce_scatter({pack_.as<float>(), dp * chunk.chunk_floats},
+                         {shard + chunk.shard_offset, chunk.chunk_floats},
+                         {.label = "grad bucket " + std::to_string(b)});
+    }
+    if (dp > 1) ops_.scale(shard, inv_dp, plan_.shard_floats());
+  }
+  // Stage 3: every group was reduced on release(kBackward).
+}
+
+double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
+  if (stage_ == 0 && dp_.rank() != 0) return 0.0;
+  const int rank = dp_.rank();
+  const float* shard = stage_ == 2 ? grad_shard_.as<float>()
+                       : stage_ == 3 ? sharded_->grad_shard()
+                                     : nullptr;
+  double sum = 0.0;
+  for (const ShardChunk& chunk : plan_.chunks()) {
+    for (const TensorShard& t : chunk.tensors) {
+      const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
+      if (info.tied_copy || (info.tp_replicated() && !count_tp_replicated)) continue;
+      if (stage_ == 0) {
+        sum += ops_.sum_squares(resident_->grad_data() + t.full_offset,
+                                static_cast<size_t>(info.numel()));
+      } else if (stage_ == 1) {
+        sum += ops_.sum_squares(resident_->grad_data() + t.full_offset + t.split.begin_float(rank),
+                                t.split.owned_floats(rank));
+      } else {
+        sum += ops_.sum_squares(shard + t.shard_offset, t.split.owned_floats(rank));
+      }
+    }
+  }
+  return sum;
+}
+
+void DataParallel::scale_gradients(float s) {
+  if (stage_ == 0 || stage_ == 1) {
+    ops_.scale(resident_->grad_data(), s, resident_->num_floats());
+  } else if (stage_ == 2) {
+    ops_.scale(grad_shard_.as<float>(), s, plan_.shard_floats());
+  } else {
+    ops_.scale(sharded_->grad_shard(), s, plan_.shard_floats());
+  }
+}
+
+void DataParallel::step(float lr) {
+  ++step_;
+  AdamWParams p;
+  p.lr = lr;
+  p.beta1 = adamw_.beta1;
+  p.beta2 = adamw_.beta2;
+  p.eps = adamw_.eps;
+  p.step = step_;
+  const int rank = dp_.rank();
+  float* m = exp_avg_.as<float>();
+  float* v = exp_avg_sq_.as<float>();
+  for (const ShardChunk& chunk : plan_.chunks()) {
+    for (const TensorShard& t : chunk.tensors) {
+      const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
+      p.weight_decay = info.decay ? adamw_.weight_decay : 0.0f;
+      if (stage_ == 0) {
+        const size_t off = t.full_offset;
+        ops_.adamw_update(resident_->param_data() + off, resident_->grad_data() + off, m + off,
+                          v + off, static_cast<size_t>(info.numel()), p);
+        continue;
+      }
+      const size_t n = t.split.owned_floats(rank);
+      if (n == 0) continue;
+      const size_t so = t.shard_offset;
+      if (stage_ == 3) {
+        ops_.adamw_update(sharded_->param_shard() + so, sharded_->grad_shard() + so, m + so,
+                          v + so, n, p);
+        continue;
+      }
+      const size_t off = t.full_offset + t.split.begin_float(rank);
+      const float* grad =
+          stage_ == 1 ? resident_->grad_data() + off : grad_shard_.as<float>() + so;
+      ops_.adamw_update(resident_->param_data() + off, grad, m + so, v + so, n, p);
+    }
+  }
+  if (stage_ == 1 || stage_ == 2) all_gather_params();
+}
+
+void DataParallel::all_gather_params() {
+  const int dp = dp_.size();
+  const int rank = dp_.rank();
+  float* params = resident_->param_data();
+  for (size_t b = 0; b < plan_.chunks().size(); ++b) {
+    const ShardChunk& chunk = plan_.chunks()[b];
+    pack_own(ops_, chunk, rank, params, segment_.as<float>());
+    dp_.all_gather({segment_.as<float>(), chunk.chunk_floats},
+                   {pack_.as<float>(), dp * chunk.chunk_floats},
+                   {.label = "param bucket " + std::to_string(b)});
+    unpack_chunk(ops_, chunk, dp, pack_.as<float>(), params);
+  }
+}
+
+std::vector<float> DataParallel::gather_param(int param) {
+  if (sharded_) return sharded_->gather_param(param);
+  const ParamInfo& info = layout_.params.at(static_cast<size_t>(param));
+  std::vector<float> out(static_cast<size_t>(info.numel()));
+  ops_.download(out.data(), resident_->param_data() + info.offset, out.size() * kF);
+  return out;
+}
+
+void DataParallel::load_param(int param, std::span<const float> host_full) {
+  const ParamInfo& info = layout_.params.at(static_cast<size_t>(param));
+  TRIDENT_CHECK_MSG(host_full.size() == static_cast<size_t>(info.numel()),
+                    "load_param " + info.name + ": " + std::to_string(host_full.size()) +
+                        " floats for " + info.local_shape.str());
+  if (sharded_) {
+    sharded_->load_param(param, host_full.data());
+  } else {
+    ops_.upload(resident_->param_data() + info.offset, host_full.data(), host_full.size() * kF);
+  }
+}
+
+RowSplit DataParallel::shard_rows(int param) const { return plan_.tensor(param).split; }
+
+std::span<float> DataParallel::reduced_grad(int param) {
+  const TensorShard& t = plan_.tensor(param);
+  const int rank = dp_.rank();
+  if (stage_ <= 1) {
+    return {resident_->grad_data() + t.full_offset,
+            static_cast<size_t>(t.split.rows * t.split.row_elems)};
+  }
+  float* shard = stage_ == 2 ? grad_shard_.as<float>() : sharded_->grad_shard();
+  return {shard + t.shard_offset, t.split.owned_floats(rank)};
+}
+
+DataParallel::OwnedState DataParallel::owned_state(int param) {
+  const TensorShard& t = plan_.tensor(param);
+  const int rank = dp_.rank();
+  OwnedState s;
+  float* m = exp_avg_.as<float>();
+  float* v = exp_avg_sq_.as<float>();
+  if (stage_ == 0) {
+    s.row_end = t.split.rows;
+    s.floats = static_cast<size_t>(t.split.rows * t.split.row_elems);
+    s.param = resident_->param_data() + t.full_offset;
+    s.exp_avg = m + t.full_offset;
+    s.exp_avg_sq = v + t.full_offset;
+    return s;
+  }
+  s.row_begin = t.split.row_begin(rank);
+  s.row_end = t.split.row_end(rank);
+  s.floats = t.split.owned_floats(rank);
+  s.param = stage_ == 3 ? sharded_->param_shard() + t.shard_offset
+                        : resident_->param_data() + t.full_offset + t.split.begin_float(rank);
+  s.exp_avg = m + t.shard_offset;
+  s.exp_avg_sq = v + t.shard_offset;
+  return s;
+}
+
+DataParallel::Memory DataParallel::memory() const {
+  Memory mem;
+  const size_t shard = plan_.shard_floats() * kF;
+  mem.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
+  mem.comm_scratch = pack_.bytes() + segment_.bytes();
+  if (sharded_) {
+    mem.params = shard + sharded_->held_param_bytes();
+    mem.grads = shard + sharded_->held_grad_bytes();
+  } else {
+    mem.params = resident_->num_floats() * kF;
+    mem.grads = resident_->num_floats() * kF + grad_shard_.bytes();
+  }
+  return mem;
+}
+
+}  // namespace trident

@@ -1,0 +1,141 @@
+// Data parallelism with ZeRO stages 0-3 over one dp communicator: where parameters,
+// gradients and AdamW moments live, how gradients are reduced, and the optimizer step.
+//
+// Sharding is per tensor along dim 0 (parallel/sharded_param_store.h): dp rank r owns
+// rows [r * ceil(R/dp), ...) of every (TP-local) tensor. The loss is the mean over dp
+// ranks, so gradients are summed over dp and scaled by 1/dp.
+//   stage 0: resident params and grads; all-reduce grads; full AdamW state everywhere.
+//   stage 1: as 0, but AdamW moments only for the owned rows; each rank updates its rows
+//            and the parameters are then all-gathered.
+//   stage 2: as 1, but grads are reduce-scattered into a gradient shard buffer (the full
+//            gradient buffer is still what backward accumulates into).
+//   stage 3: FSDP: params and grads only as shards (ShardedParamStore); gradients are
+//            reduced per group on release(kBackward), so reduce_gradients does nothing.
+// Stages 0-2 reduce in buckets of about bucket_bytes of full gradients (one collective
+// per bucket; a bucket never spans groups). For stages 0-1 the buckets partition the
+// whole flat gradient buffer, alignment gaps (zero) included, so a step all-reduces
+// exactly layout.total_floats() floats; stage 2 reduce-scatters and stage 1-2
+// all-gather dp * (sum of padded shards) floats per step.
+//
+// A step, on every dp rank in the same order (every call below that communicates is a
+// collective of the dp group):
+//   zero_grad(); for each micro-batch: model forward/backward through store();
+//   reduce_gradients(); norm = all_reduce(owned_grad_square_sum(...)) over dp (and tp,
+//   pp as the caller needs); scale_gradients(clip); step(lr).
+// Not thread-safe. The layout, ops and communicator must outlive this object.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/param_store.h"
+#include "parallel/communicator.h"
+#include "parallel/sharded_param_store.h"
+
+namespace trident {
+
+// AdamW hyper-parameters other than the learning rate (the trainer converts
+// TrainingConfig; parallel does not depend on trainer).
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // applied to parameters with ParamInfo::decay
+};
+
+class DataParallel {
+ public:
+  // zero_stage in 0..3 (CHECK); bucket_bytes > 0.
+  DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
+               size_t bucket_bytes, const AdamWConfig& adamw);
+  ~DataParallel();
+
+  // What the model reads parameters and accumulates gradients through: a
+  // ResidentParamStore (stages 0-2) or the ShardedParamStore (stage 3).
+  ParamStore& store();
+  int zero_stage() const { return stage_; }
+  Communicator& dp() const { return dp_; }
+
+  // Zeroes the gradients of the coming step (full buffer and/or shard).
+  void zero_grad();
+  // After all micro-batches: sum over dp, scale by 1/dp. No-op for stage 3.
+  void reduce_gradients();
+  // Sum of squares of the reduced gradient elements this rank is responsible for, so
+  // that the sum over dp ranks counts every element once: stage 0 all of them on dp
+  // rank 0 (0 elsewhere), stages 1-3 the owned rows. Skips tied_copy parameters, and
+  // tp-replicated ones unless count_tp_replicated (pass tp_rank == 0). Local.
+  double owned_grad_square_sum(bool count_tp_replicated) const;
+  // Multiplies the reduced gradients by s (gradient clipping). Local.
+  void scale_gradients(float s);
+  // AdamW (decay per ParamInfo::decay) on the elements this rank updates, then for
+  // stages 1-2 the all-gather of the parameters. Advances steps_taken().
+  void step(float lr);
+  int steps_taken() const { return step_; }
+  void set_steps_taken(int steps) { step_ = steps; }  // resume
+
+  // The full (TP-local) value of parameter `param` (index into layout.params) on the
+  // host. Stage 3: a collective over dp (all ranks call it for the same param).
+  std::vector<float> gather_param(int param);
+  // Sets parameter `param` from its full (TP-local) host value (numel floats); every dp
+  // rank passes the same values. Local.
+  void load_param(int param, std::span<const float> host_full);
+  // The dim-0 split of parameter `param` over this dp group.
+  RowSplit shard_rows(int param) const;
+
+  // The reduced gradient of parameter `param` that this rank holds after
+  // reduce_gradients() (device memory): the whole tensor for stages 0-1, the owned rows
+  // for stages 2-3. For the tied-embedding sum over the embedding group: both ends have
+  // the same local shape and dp size, hence the same span sizes.
+  std::span<float> reduced_grad(int param);
+  // The rows [row_begin, row_end) of `param` whose optimizer state this rank keeps, as
+  // device pointers to `floats` contiguous values each (parameter, first and second
+  // moment): all rows for stage 0 (every rank holds everything), the owned shard for
+  // stages 1-3. For checkpoints: stage 0 state is replicated, so one dp rank suffices.
+  struct OwnedState {
+    int64_t row_begin = 0, row_end = 0;
+    size_t floats = 0;
+    float* param = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+  };
+  OwnedState owned_state(int param);
+
+  // Bytes held for parameters (stage 3: shards + gathered groups held now), gradients
+  // (stage 2: full buffer + shard; stage 3: shard + gathered now), AdamW moments, and
+  // the persistent pack buffers of the bucketed collectives (stages 1-2).
+  struct Memory {
+    size_t params = 0, grads = 0, optimizer = 0, comm_scratch = 0;
+  };
+  Memory memory() const;
+  // Number of reduction buckets (stages 0-2; stage 3: non-empty groups), for tests/logs.
+  size_t num_buckets() const { return plan_.chunks().size(); }
+  // The stage-3 store, or null.
+  ShardedParamStore* sharded() { return sharded_.get(); }
+
+ private:
+  // [begin, end) of the flat gradient buffer that bucket b all-reduces (stages 0-1).
+  std::pair<size_t, size_t> bucket_range(size_t b) const;
+  void all_gather_params();  // stages 1-2
+
+  const ParamLayout& layout_;
+  Ops& ops_;
+  Communicator& dp_;
+  int stage_;
+  AdamWConfig adamw_;
+  int step_ = 0;
+  // Stages 0-2: flat-layout buffers and buckets; stage 3: the store's per-group plan.
+  std::unique_ptr<ResidentParamStore> resident_;
+  std::unique_ptr<ShardedParamStore> sharded_;
+  ShardPlan plan_;
+  DeviceBuffer grad_shard_;  // stage 2: plan_.shard_floats()
+  DeviceBuffer exp_avg_;     // stage 0: total_floats (flat layout); else shard_floats
+  DeviceBuffer exp_avg_sq_;
+  DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()
+  DeviceBuffer segment_;     // stages 1-2: plan_.max_chunk_floats()
+};
+
+}  // namespace trident

@@ -1,0 +1,171 @@
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+#include <string>
+
+#include "core/check.h"
+
+namespace trident {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Communicator tags stop at 32767 (MPI's guaranteed minimum); order, not the tag, keeps
+// messages of one direction apart (see the header).
+int tag_of(int micro) { return micro % 32768; }
+
+std::vector<PipeAction> one_f_one_b(int pp, int stage, int m) {
+  const int warmup = std::min(pp - stage - 1, m);
+  const int steady = m - warmup;
+  std::vector<PipeAction> s;
+  s.reserve(2 * static_cast<std::size_t>(m));
+  for (int i = 0; i < warmup; ++i) s.push_back({PipeAction::kForward, i});
+  for (int i = 0; i < steady; ++i) {
+    s.push_back({PipeAction::kForward, warmup + i});
+    s.push_back({PipeAction::kBackward, i});
+  }
+  for (int i = steady; i < m; ++i) s.push_back({PipeAction::kBackward, i});
+  return s;
+}
+
+}  // namespace
+
+const char* pipe_schedule_name(PipeSchedule kind) {
+  return kind == PipeSchedule::kGPipe ? "gpipe" : "1f1b";
+}
+
+Result<PipeSchedule> parse_pipe_schedule(std::string_view name) {
+  if (name == "gpipe") return PipeSchedule::kGPipe;
+  if (name == "1f1b") return PipeSchedule::kOneFOneB;
+  return Status::invalid_config("parallel.pipeline_schedule: '" + std::string(name) +
+                                "' is not a schedule; allowed: gpipe, 1f1b");
+}
+
+std::vector<PipeAction> make_schedule(PipeSchedule kind, int pp, int stage, int num_micro) {
+  TRIDENT_CHECK_MSG(pp >= 1 && stage >= 0 && stage < pp && num_micro >= 1,
+                    "make_schedule: pp=" + std::to_string(pp) + " stage=" + std::to_string(stage) +
+                        " num_micro=" + std::to_string(num_micro));
+  if (kind == PipeSchedule::kOneFOneB || pp == 1) return one_f_one_b(pp, stage, num_micro);
+  std::vector<PipeAction> s;
+  s.reserve(2 * static_cast<std::size_t>(num_micro));
+  for (int i = 0; i < num_micro; ++i) s.push_back({PipeAction::kForward, i});
+  for (int i = 0; i < num_micro; ++i) s.push_back({PipeAction::kBackward, i});
+  return s;
+}
+
+std::string schedule_to_string(const std::vector<PipeAction>& schedule) {
+  std::string out;
+  for (const PipeAction& a : schedule) {
+    if (!out.empty()) out += ' ';
+    out += a.kind == PipeAction::kForward ? 'F' : 'B';
+    out += std::to_string(a.micro);
+  }
+  return out;
+}
+
+double pipeline_bubble_fraction(int pp, int num_micro) {
+  return static_cast<double>(pp - 1) / static_cast<double>(num_micro + pp - 1);
+}
+
+int PipelineExecutor::required_slots(PipeSchedule kind, int pp, int stage, int num_micro) {
+  int live = 0;
+  int peak = 0;
+  for (const PipeAction& a : make_schedule(kind, pp, stage, num_micro)) {
+    live += a.kind == PipeAction::kForward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+PipelineExecutor::PipelineExecutor(Communicator& pp_group, PipeSchedule kind, int num_micro,
+                                   int num_slots)
+    : pp_group_(pp_group),
+      kind_(kind),
+      num_micro_(num_micro),
+      num_slots_(num_slots),
+      stage_(pp_group.rank()),
+      num_stages_(pp_group.size()),
+      schedule_(make_schedule(kind, num_stages_, stage_, num_micro)) {
+  const int needed = required_slots(kind, num_stages_, stage_, num_micro);
+  TRIDENT_CHECK_MSG(num_slots >= needed,
+                    std::string("pipeline ") + pipe_schedule_name(kind) + " stage " +
+                        std::to_string(stage_) + "/" + std::to_string(num_stages_) + " with " +
+                        std::to_string(num_micro) + " micro-batches needs " +
+                        std::to_string(needed) + " activation slots, the model has " +
+                        std::to_string(num_slots));
+}
+
+PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
+  const Clock::time_point start = Clock::now();
+  Stats stats;
+  const bool first = stage_ == 0;
+  const bool last = stage_ == num_stages_ - 1;
+  const std::size_t n = model.boundary_floats();
+  const auto bytes = static_cast<std::int64_t>(n * sizeof(float));
+
+  std::vector<int> slot_of(num_micro_, -1);
+  std::vector<bool> slot_busy(num_slots_, false);
+  int live = 0;
+
+  auto label = [&](const char* what, int micro) {
+    return CollectiveOptions{.label = std::string("pipeline ") + what + " micro " +
+                                      std::to_string(micro) + " stage " + std::to_string(stage_)};
+  };
+  auto timed_recv = [&](float* dst, int peer, int micro, const char* what) {
+    TRIDENT_CHECK_MSG(dst != nullptr, std::string("pipeline: null ") + what + " buffer");
+    const Clock::time_point t = Clock::now();
+    pp_group_.recv(std::span<float>(dst, n), peer, tag_of(micro), label(what, micro));
+    stats.idle_seconds += seconds_since(t);
+    stats.recvs += 1;
+    stats.bytes_received += bytes;
+  };
+  auto send = [&](const float* src, int peer, int micro, const char* what) {
+    TRIDENT_CHECK_MSG(src != nullptr, std::string("pipeline: null ") + what + " buffer");
+    pp_group_.isend(std::span<const float>(src, n), peer, tag_of(micro), label(what, micro));
+    stats.sends += 1;
+    stats.bytes_sent += bytes;
+  };
+
+  for (const PipeAction& a : schedule_) {
+    if (a.kind == PipeAction::kForward) {
+      const auto free_slot = std::find(slot_busy.begin(), slot_busy.end(), false);
+      TRIDENT_CHECK(free_slot != slot_busy.end());  // required_slots was checked
+      const int slot = static_cast<int>(free_slot - slot_busy.begin());
+      *free_slot = true;
+      slot_of[a.micro] = slot;
+      stats.peak_live_slots = std::max(stats.peak_live_slots, ++live);
+
+      if (!first) timed_recv(model.input_activation(slot), stage_ - 1, a.micro, "activation");
+      const Clock::time_point t = Clock::now();
+      model.forward(a.micro, slot);
+      stats.compute_seconds += seconds_since(t);
+      if (!last) send(model.output_activation(slot), stage_ + 1, a.micro, "activation");
+    } else {
+      const int slot = slot_of[a.micro];
+      TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i)
+      if (!last) timed_recv(model.output_grad(slot), stage_ + 1, a.micro, "gradient");
+      const Clock::time_point t = Clock::now();
+      model.backward(a.micro, slot);
+      stats.compute_seconds += seconds_since(t);
+      if (!first) send(model.input_grad(slot), stage_ - 1, a.micro, "gradient");
+      slot_busy[slot] = false;
+      slot_of[a.micro] = -1;
+      --live;
+    }
+  }
+
+  const Clock::time_point t = Clock::now();
+  pp_group_.wait_sends({.label = "pipeline end of step, stage " + std::to_string(stage_)});
+  stats.send_wait_seconds = seconds_since(t);
+  stats.total_seconds = seconds_since(start);
+  return stats;
+}
+
+}  // namespace trident

@@ -1,0 +1,232 @@
+#include "parallel/sharded_param_store.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace trident {
+
+RowSplit row_split(const Shape& local_shape, int dp) {
+  TRIDENT_CHECK(dp >= 1);
+  RowSplit s;
+  if (local_shape.rank() == 0) {
+    s.rows = 1;
+    s.row_elems = 1;
+  } else {
+    s.rows = local_shape[0];
+    s.row_elems = 1;
+    for (int d = 1; d < local_shape.rank(); ++d) s.row_elems *= local_shape[d];
+  }
+  s.rows_per_rank = (s.rows + dp - 1) / dp;
+  return s;
+}
+
+size_t ShardChunk::full_floats() const {
+  size_t n = 0;
+  for (const TensorShard& t : tensors) n += static_cast<size_t>(t.split.rows * t.split.row_elems);
+  return n;
+}
+
+ShardPlan::ShardPlan(const ParamLayout& layout, int dp, const std::vector<size_t>& full_base,
+                     size_t max_chunk_floats)
+    : dp_(dp) {
+  TRIDENT_CHECK(full_base.size() == layout.groups.size());
+  where_.assign(layout.params.size(), {-1, -1});
+  group_chunks_.resize(layout.groups.size());
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    std::vector<int> order = layout.groups[g].params;
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return layout.params[static_cast<size_t>(a)].offset <
+             layout.params[static_cast<size_t>(b)].offset;
+    });
+    ShardChunk chunk;
+    size_t chunk_full = 0;
+    auto close = [&] {
+      if (chunk.tensors.empty()) return;
+      chunk.group = static_cast<int>(g);
+      chunk.shard_offset = shard_floats_;
+      for (TensorShard& t : chunk.tensors) t.shard_offset += shard_floats_;
+      shard_floats_ += chunk.chunk_floats;
+      max_chunk_ = std::max(max_chunk_, chunk.chunk_floats);
+      const int c = static_cast<int>(chunks_.size());
+      for (size_t i = 0; i < chunk.tensors.size(); ++i)
+        where_[static_cast<size_t>(chunk.tensors[i].param)] = {c, static_cast<int>(i)};
+      group_chunks_[g].push_back(c);
+      chunks_.push_back(std::move(chunk));
+      chunk = ShardChunk{};
+      chunk_full = 0;
+    };
+    for (int p : order) {
+      const ParamInfo& info = layout.params[static_cast<size_t>(p)];
+      TRIDENT_CHECK_MSG(info.group == static_cast<int>(g),
+                        "parameter " + info.name + " listed in group " + std::to_string(g));
+      TRIDENT_CHECK(info.offset >= full_base[g]);
+      const size_t n = static_cast<size_t>(info.numel());
+      if (!chunk.tensors.empty() && chunk_full + n > max_chunk_floats) close();
+      TensorShard t;
+      t.param = p;
+      t.split = row_split(info.local_shape, dp);
+      t.full_offset = info.offset - full_base[g];
+      t.shard_offset = chunk.chunk_floats;  // within the chunk until close()
+      chunk.chunk_floats += t.split.padded_floats();
+      chunk_full += n;
+      chunk.tensors.push_back(t);
+    }
+    close();
+  }
+}
+
+const TensorShard& ShardPlan::tensor(int param) const {
+  TRIDENT_CHECK_MSG(param >= 0 && static_cast<size_t>(param) < where_.size() &&
+                        where_[static_cast<size_t>(param)].first >= 0,
+                    "no shard for parameter " + std::to_string(param));
+  const auto [c, i] = where_[static_cast<size_t>(param)];
+  return chunks_[static_cast<size_t>(c)].tensors[static_cast<size_t>(i)];
+}
+
+const std::vector<int>& ShardPlan::group_chunks(int group) const {
+  TRIDENT_CHECK(group >= 0 && static_cast<size_t>(group) < group_chunks_.size());
+  return group_chunks_[static_cast<size_t>(group)];
+}
+
+void pack_own(Ops& ops, const ShardChunk& chunk, int rank, const float* full, float* segment) {
+  for (const TensorShard& t : chunk.tensors) {
+    float* dst = segment + (t.shard_offset - chunk.shard_offset);
+    const size_t n = t.split.owned_floats(rank);
+    ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * sizeof(float));
+    ops.zero(dst + n, (t.split.padded_floats() - n) * sizeof(float));
+  }
+}
+
+void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* full, float* packed) {
+  for (int r = 0; r < dp; ++r) pack_own(ops, chunk, r, full, packed + r * chunk.chunk_floats);
+}
+
+void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed, float* full) {
+  for (int r = 0; r < dp; ++r) {
+    const float* segment = packed + r * chunk.chunk_floats;
+    for (const TensorShard& t : chunk.tensors) {
+      ops.copy(full + t.full_offset + t.split.begin_float(r),
+               segment + (t.shard_offset - chunk.shard_offset),
+               t.split.owned_floats(r) * sizeof(float));
+    }
+  }
+}
+
+namespace {
+std::vector<size_t> group_offsets(const ParamLayout& layout) {
+  std::vector<size_t> base;
+  for (const ParamGroup& g : layout.groups) base.push_back(g.offset);
+  return base;
+}
+}  // namespace
+
+ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp)
+    : layout_(layout),
+      ops_(ops),
+      dp_(dp),
+      // One chunk per group: a group moves in one collective.
+      plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
+      param_shard_(ops, plan_.shard_floats() * sizeof(float)),
+      grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
+      gathered_(layout.groups.size()) {}
+
+void ShardedParamStore::note_held() { peak_ = std::max(peak_, held_params_ + held_grads_); }
+
+void ShardedParamStore::acquire(int group, Phase phase) {
+  const std::vector<int>& chunks = plan_.group_chunks(group);
+  if (chunks.empty()) return;
+  Gathered& g = gathered_[static_cast<size_t>(group)];
+  const size_t bytes = layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
+  const int dp = dp_.size();
+  if (g.refs++ == 0) {
+    g.params = DeviceBuffer(ops_, bytes);
+    held_params_ += bytes;
+    note_held();
+    for (int c : chunks) {
+      const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
+      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
+      dp_.all_gather({param_shard() + chunk.shard_offset, chunk.chunk_floats},
+                     {packed.as<float>(), dp * chunk.chunk_floats},
+                     {.label = "zero3 gather group " + std::to_string(group)});
+      unpack_chunk(ops_, chunk, dp, packed.as<float>(), g.params.as<float>());
+    }
+  }
+  if (phase == Phase::kBackward) {
+    TRIDENT_CHECK_MSG(g.grads.get() == nullptr,
+                      "group " + std::to_string(group) + " acquired twice for backward");
+    g.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
+    held_grads_ += bytes;
+    note_held();
+  }
+}
+
+void ShardedParamStore::release(int group, Phase phase) {
+  const std::vector<int>& chunks = plan_.group_chunks(group);
+  if (chunks.empty()) return;
+  Gathered& g = gathered_[static_cast<size_t>(group)];
+  TRIDENT_CHECK_MSG(g.refs > 0, "group " + std::to_string(group) + " released, not acquired");
+  const int dp = dp_.size();
+  if (phase == Phase::kBackward) {
+    TRIDENT_CHECK_MSG(g.grads.get() != nullptr,
+                      "group " + std::to_string(group) + " released for backward, not acquired");
+    for (int c : chunks) {
+      const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
+      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
+      DeviceBuffer mine(ops_, chunk.chunk_floats * sizeof(float));
+      pack_chunk(ops_, chunk, dp, g.grads.as<float>(), packed.as<float>());
+      dp_.reduce_scatter({packed.as<float>(), dp * chunk.chunk_floats},
+                         {mine.as<float>(), chunk.chunk_floats},
+                         {.label = "zero3 reduce group " + std::to_string(group)});
+      // Mean over dp ranks, then accumulate over micro-batches.
+      if (dp > 1) ops_.scale(mine.as<float>(), 1.0f / static_cast<float>(dp), chunk.chunk_floats);
+      ops_.accumulate(grad_shard() + chunk.shard_offset, mine.as<float>(), chunk.chunk_floats);
+    }
+    held_grads_ -= g.grads.bytes();
+    g.grads.reset();
+  }
+  if (--g.refs == 0) {
+    held_params_ -= g.params.bytes();
+    g.params.reset();
+  }
+}
+
+float* ShardedParamStore::params(int group) {
+  Gathered& g = gathered_[static_cast<size_t>(group)];
+  TRIDENT_CHECK_MSG(g.refs > 0 || plan_.group_chunks(group).empty(),
+                    "params of group " + std::to_string(group) + " read while not acquired");
+  return g.params.as<float>();
+}
+
+float* ShardedParamStore::grads(int group) {
+  Gathered& g = gathered_[static_cast<size_t>(group)];
+  TRIDENT_CHECK_MSG(g.grads.get() != nullptr || plan_.group_chunks(group).empty(),
+                    "grads of group " + std::to_string(group) + " used outside backward");
+  return g.grads.as<float>();
+}
+
+void ShardedParamStore::load_param(int param, const float* host_full) {
+  const TensorShard& t = plan_.tensor(param);
+  const int rank = dp_.rank();
+  ops_.upload(param_shard() + t.shard_offset, host_full + t.split.begin_float(rank),
+              t.split.owned_floats(rank) * sizeof(float));
+}
+
+std::vector<float> ShardedParamStore::gather_param(int param) {
+  const TensorShard& t = plan_.tensor(param);
+  const size_t padded = t.split.padded_floats();
+  const size_t numel = static_cast<size_t>(t.split.rows * t.split.row_elems);
+  std::vector<float> out(numel);
+  if (padded == 0) return out;
+  const int dp = dp_.size();
+  DeviceBuffer gathered(ops_, dp * padded * sizeof(float));
+  dp_.all_gather({param_shard() + t.shard_offset, padded}, {gathered.as<float>(), dp * padded},
+                 {.label = "gather " + layout_.params[static_cast<size_t>(param)].name});
+  // Rank r's rows start at row r * rows_per_rank, so the padded segments laid end to end
+  // are the tensor followed by padding.
+  ops_.download(out.data(), gathered.as<float>(), numel * sizeof(float));
+  return out;
+}
+
+}  // namespace trident

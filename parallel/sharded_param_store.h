@@ -1,0 +1,158 @@
+// Dim-0 sharding of parameters over the data-parallel group (ZeRO / FSDP2 style), and
+// the ZeRO-3 parameter store built on it.
+//
+// Geometry. A tensor with local (tensor-parallel) shape (R, ...) is split by rows: with
+// rows_per_rank = ceil(R / dp), dp rank r owns rows [r * rows_per_rank,
+// min(R, (r + 1) * rows_per_rank)), possibly none. A 1-D tensor's rows are its
+// elements; a 0-D tensor is one row. Every shard is therefore a rectangular box of the
+// global tensor (checkpoints stay reshardable) and a contiguous range of the tensor.
+//
+// Packing. Several tensors move in one collective as a chunk (a gradient bucket, or a
+// whole group for ZeRO-3). A chunk's per-rank segment holds, for each of its tensors in
+// order, that rank's rows padded to rows_per_rank rows, so every segment has the same
+// size (chunk_floats) and one reduce_scatter / all_gather over a [dp, chunk_floats]
+// buffer moves the whole chunk. The flat "shard buffer" of a rank is its segments of
+// every chunk, concatenated in chunk order: TensorShard::shard_offset is where a
+// tensor's (padded) shard starts in it. Padding rows are always zero there.
+//
+// ShardedParamStore (ZeRO-3): parameters and gradients live only as shards.
+// acquire(g, phase) all-gathers group g into a full group buffer (allocated then, and
+// kept while any acquire of g is outstanding); acquire(g, kBackward) also allocates a
+// zeroed full gradient buffer. release(g, kBackward) reduce-scatters that buffer, scales
+// by 1/dp (the loss is the mean over dp ranks) and ADDS the result to the persistent
+// gradient shard (accumulation over micro-batches), then frees it. Collectives: one
+// all_gather per acquire that finds g not gathered, one reduce_scatter per
+// release(kBackward), all on the dp communicator, so every dp rank must acquire and
+// release the same groups in the same order. Groups without parameters (other pipeline
+// stages) are no-ops. Not thread-safe; the training thread only. The layout, ops and
+// communicator must outlive the store.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/param_store.h"
+#include "parallel/communicator.h"
+
+namespace trident {
+
+// How one tensor is split by rows over `dp` ranks.
+struct RowSplit {
+  int64_t rows = 0;           // R: local_shape[0] (numel for 1-D, 1 for 0-D)
+  int64_t row_elems = 0;      // floats per row
+  int64_t rows_per_rank = 0;  // ceil(R / dp)
+  int64_t row_begin(int rank) const { return std::min(rows, rank * rows_per_rank); }
+  int64_t row_end(int rank) const { return std::min(rows, (rank + 1) * rows_per_rank); }
+  size_t owned_floats(int rank) const {
+    return static_cast<size_t>((row_end(rank) - row_begin(rank)) * row_elems);
+  }
+  size_t begin_float(int rank) const { return static_cast<size_t>(row_begin(rank) * row_elems); }
+  size_t padded_floats() const { return static_cast<size_t>(rows_per_rank * row_elems); }
+};
+RowSplit row_split(const Shape& local_shape, int dp);
+
+struct TensorShard {
+  int param = 0;            // index into ParamLayout::params
+  RowSplit split;
+  size_t full_offset = 0;   // tensor start in the full buffer the plan was made for
+  size_t shard_offset = 0;  // padded shard start in the rank's shard buffer
+};
+
+// Tensors moved by one collective; never spans two groups.
+struct ShardChunk {
+  int group = 0;
+  std::vector<TensorShard> tensors;  // ascending full_offset
+  size_t chunk_floats = 0;           // one rank's segment (sum of padded shards)
+  size_t shard_offset = 0;           // segment start in the shard buffer
+  size_t full_floats() const;        // sum of the tensors' numel
+};
+
+// Chunks of a layout for a dp group of `dp` ranks. A tensor's full_offset is
+// ParamInfo::offset - full_base[group] (full_base = 0 for the flat layout, the group
+// offsets for per-group buffers). Groups in id order, tensors by offset; a new chunk
+// starts at each group and when adding a tensor would take the chunk's full size past
+// max_chunk_floats (a chunk holds at least one tensor).
+class ShardPlan {
+ public:
+  ShardPlan() = default;
+  ShardPlan(const ParamLayout& layout, int dp, const std::vector<size_t>& full_base,
+            size_t max_chunk_floats);
+  const std::vector<ShardChunk>& chunks() const { return chunks_; }
+  size_t shard_floats() const { return shard_floats_; }  // one rank's shard buffer
+  size_t max_chunk_floats() const { return max_chunk_; }  // largest chunk_floats
+  int dp() const { return dp_; }
+  // The tensor of parameter `param`; CHECK-fails when the layout has none.
+  const TensorShard& tensor(int param) const;
+  // Chunk indices of group g (empty when the group has no tensors).
+  const std::vector<int>& group_chunks(int group) const;
+
+ private:
+  int dp_ = 1;
+  std::vector<ShardChunk> chunks_;
+  size_t shard_floats_ = 0;
+  size_t max_chunk_ = 0;
+  std::vector<std::pair<int, int>> where_;     // param -> (chunk, index), (-1, -1) if none
+  std::vector<std::vector<int>> group_chunks_;  // group -> chunk indices
+};
+
+// Copies every rank's rows of the chunk's tensors from full[...] into
+// packed[dp * chunk_floats] (rank r's segment at r * chunk_floats); padding zeroed.
+void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* full, float* packed);
+// The inverse: writes every rank's rows from packed back into full.
+void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed, float* full);
+// Copies this rank's rows into segment[chunk_floats]; padding zeroed.
+void pack_own(Ops& ops, const ShardChunk& chunk, int rank, const float* full, float* segment);
+
+class ShardedParamStore : public ParamStore {
+ public:
+  // Shards start zero; fill them with load_param or through param_shard().
+  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  ~ShardedParamStore() override = default;
+
+  void acquire(int group, Phase phase) override;
+  void release(int group, Phase phase) override;
+  float* params(int group) override;  // CHECK: acquired
+  float* grads(int group) override;   // CHECK: acquired for kBackward
+
+  // This rank's shard buffers (plan().shard_floats() floats each).
+  float* param_shard() { return param_shard_.as<float>(); }
+  float* grad_shard() { return grad_shard_.as<float>(); }
+  const ShardPlan& plan() const { return plan_; }
+  // Writes this rank's rows of parameter `param` from the full (TP-local) host values.
+  void load_param(int param, const float* host_full);
+  // Collective over dp: the full (TP-local) value of parameter `param`, on the host.
+  std::vector<float> gather_param(int param);
+
+  // Bytes of gathered group buffers (parameters + gradients) held now, and the most held
+  // at once since construction / reset_peak(). The transient pack buffer of a collective
+  // (dp * chunk_floats floats) is not counted.
+  size_t held_param_bytes() const { return held_params_; }
+  size_t held_grad_bytes() const { return held_grads_; }
+  size_t peak_held_bytes() const { return peak_; }
+  void reset_peak() { peak_ = held_params_ + held_grads_; }
+
+ private:
+  struct Gathered {
+    int refs = 0;  // outstanding acquires
+    DeviceBuffer params;
+    DeviceBuffer grads;  // only between acquire(kBackward) and release(kBackward)
+  };
+  void note_held();
+
+  const ParamLayout& layout_;
+  Ops& ops_;
+  Communicator& dp_;
+  ShardPlan plan_;
+  DeviceBuffer param_shard_;
+  DeviceBuffer grad_shard_;
+  std::vector<Gathered> gathered_;  // by group
+  size_t held_params_ = 0;
+  size_t held_grads_ = 0;
+  size_t peak_ = 0;
+};
+
+}  // namespace trident
