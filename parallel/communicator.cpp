@@ -1,5 +1,6 @@
 #include "parallel/communicator.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -18,7 +19,35 @@ std::string rank_range(int value, int size) {
   return std::to_string(value) + " (group size " + std::to_string(size) + ")";
 }
 
+// Process-wide by nature: it watches every communicator of the process. Acquire/release
+// so an observer's construction is visible to the calls that load it.
+std::atomic<CallObserver*> g_call_observer{nullptr};
+
+// Tells the observer (if any) that a blocking backend call starts; its destructor, that
+// the call has returned. Declared right before the do_* call.
+class WatchedCall {
+ public:
+  WatchedCall(const Communicator& comm, const char* call, int peer, const CollectiveOptions& opts)
+      : observer_(g_call_observer.load(std::memory_order_acquire)) {
+    if (observer_ != nullptr) token_ = observer_->call_started(comm, call, peer, opts);
+  }
+  ~WatchedCall() {
+    if (observer_ != nullptr) observer_->call_ended(token_);
+  }
+  WatchedCall(const WatchedCall&) = delete;
+  WatchedCall& operator=(const WatchedCall&) = delete;
+
+ private:
+  CallObserver* observer_;
+  std::uint64_t token_ = 0;
+};
+
 }  // namespace
+
+void set_call_observer(CallObserver* observer) {
+  g_call_observer.store(observer, std::memory_order_release);
+}
+CallObserver* call_observer() { return g_call_observer.load(std::memory_order_acquire); }
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
@@ -99,6 +128,7 @@ void Communicator::all_reduce_any(void* data, std::size_t count_elems, CommDtype
                                   const CollectiveOptions& opts) {
   count(CollectiveKind::kAllReduce, count_elems * comm_dtype_size(dtype));
   if (count_elems == 0) return;  // every rank has the same size, so every rank skips
+  WatchedCall watched(*this, "all_reduce", -1, opts);
   do_all_reduce(data, count_elems, dtype, op, opts);
 }
 
@@ -121,6 +151,7 @@ void Communicator::reduce_scatter(std::span<const float> input, std::span<float>
                          std::to_string(output.size()) + "; need input = size * output");
   count(CollectiveKind::kReduceScatter, input.size_bytes());
   if (output.empty()) return;
+  WatchedCall watched(*this, "reduce_scatter", -1, opts);
   do_reduce_scatter(input.data(), output.data(), output.size(), opts);
 }
 
@@ -132,6 +163,7 @@ void Communicator::all_gather(std::span<const float> input, std::span<float> out
                          std::to_string(output.size()) + "; need output = size * input");
   count(CollectiveKind::kAllGather, output.size_bytes());
   if (input.empty()) return;
+  WatchedCall watched(*this, "all_gather", -1, opts);
   do_all_gather(input.data(), output.data(), input.size_bytes(), CommDtype::kF32, opts);
 }
 
@@ -143,6 +175,7 @@ void Communicator::all_gather_bytes(std::span<const std::byte> input, std::span<
                          std::to_string(output.size()) + "; need output = size * input");
   count(CollectiveKind::kAllGather, output.size_bytes());
   if (input.empty()) return;
+  WatchedCall watched(*this, "all_gather", -1, opts);
   do_all_gather(input.data(), output.data(), input.size(), CommDtype::kByte, opts);
 }
 
@@ -151,6 +184,7 @@ void Communicator::broadcast(std::span<std::byte> data, int root, const Collecti
                      "root " + rank_range(root, size()));
   count(CollectiveKind::kBroadcast, data.size());
   if (data.empty()) return;
+  WatchedCall watched(*this, "broadcast", -1, opts);
   do_broadcast(data.data(), data.size(), root, opts);
 }
 
@@ -162,6 +196,7 @@ void Communicator::send(std::span<const float> data, int dst, int tag,
   TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kSend, opts,
                      "tag " + std::to_string(tag) + " outside [0, 32767]");
   count(CollectiveKind::kSend, data.size_bytes());
+  WatchedCall watched(*this, "send", dst, opts);
   do_send(data.data(), data.size(), dst, tag, opts);
 }
 
@@ -171,6 +206,7 @@ void Communicator::recv(std::span<float> data, int src, int tag, const Collectiv
   TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kRecv, opts,
                      "tag " + std::to_string(tag) + " outside [0, 32767]");
   count(CollectiveKind::kRecv, data.size_bytes());
+  WatchedCall watched(*this, "recv", src, opts);
   do_recv(data.data(), data.size(), src, tag, opts);
 }
 
@@ -182,13 +218,18 @@ void Communicator::isend(std::span<const float> data, int dst, int tag,
   TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kSend, opts,
                      "tag " + std::to_string(tag) + " outside [0, 32767]");
   count(CollectiveKind::kSend, data.size_bytes());
+  WatchedCall watched(*this, "isend", dst, opts);  // blocking where a backend falls back
   do_isend(data.data(), data.size(), dst, tag, opts);
 }
 
-void Communicator::wait_sends(const CollectiveOptions& opts) { do_wait_sends(opts); }
+void Communicator::wait_sends(const CollectiveOptions& opts) {
+  WatchedCall watched(*this, "wait_sends", -1, opts);
+  do_wait_sends(opts);
+}
 
 void Communicator::barrier(const CollectiveOptions& opts) {
   count(CollectiveKind::kBarrier, 0);
+  WatchedCall watched(*this, "barrier", -1, opts);
   do_barrier(opts);
 }
 
@@ -197,7 +238,11 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   TRIDENT_COMM_CHECK(*this, color >= 0 || color == kNoGroup, CollectiveKind::kSplit, opts,
                      "color " + std::to_string(color) + " (use kNoGroup to join no group)");
   count(CollectiveKind::kSplit, 0);
-  auto child = do_split(color, key, std::move(name), opts);
+  std::unique_ptr<Communicator> child;
+  {
+    WatchedCall watched(*this, "split", -1, opts);
+    child = do_split(color, key, std::move(name), opts);
+  }
   if (child) child->set_default_timeout(default_timeout_);
   return child;
 }

@@ -8,7 +8,9 @@
 //   the same sizes, the same reduce op and the same root. Point-to-point send/recv pairs
 //   must match (peer, tag, size). split() is a collective of the parent group. A rank
 //   that breaks this hangs or corrupts the group; nothing can detect it cheaply, which is
-//   why every call carries CollectiveOptions (timeout + label) for the watchdog to come.
+//   why every call carries CollectiveOptions (timeout + label): the hang watchdog
+//   (parallel/watchdog.h), when one is running, ends a rank blocked in a call past its
+//   timeout and names the call.
 // - Threads. A process calls into its communicators from one thread at a time (MPI runs
 //   at MPI_THREAD_SERIALIZED); in practice the training thread. The traffic counters are
 //   plain integers owned by that thread.
@@ -71,8 +73,8 @@ std::size_t comm_dtype_size(CommDtype dtype);
 
 // Per-call options. A default-constructed value means "communicator defaults".
 struct CollectiveOptions {
-  // How long this call may block before the watchdog (not yet built) declares it hung;
-  // 0 = the communicator's default_timeout().
+  // How long this call may block before the hang watchdog (parallel/watchdog.h), if one
+  // is running, declares it hung; 0 = the communicator's default_timeout().
   std::chrono::milliseconds timeout{0};
   // Names the call in error and watchdog messages, e.g. "grad bucket 3".
   std::string label;
@@ -92,6 +94,29 @@ double bus_factor(CollectiveKind kind, int group_size);
 // Passed as split()'s color by ranks that join no group; they get nullptr back.
 inline constexpr int kNoGroup = -1;
 
+class Communicator;
+
+// Sees every blocking call of every communicator of the process, for the hang watchdog
+// (parallel/watchdog.h), which implements it; this layer does not depend on it. The
+// public calls report the backend hook's extent: call_started right before do_*,
+// call_ended right after (argument checks and counting are outside). Calls may come
+// from any thread that uses a communicator; the observer synchronizes itself.
+class CallObserver {
+ public:
+  virtual ~CallObserver() = default;
+  // call: collective_name(kind), or "wait_sends". peer: the group rank at the other end
+  // of a send/isend/recv, else -1. Returns a token handed back to call_ended.
+  virtual std::uint64_t call_started(const Communicator& comm, const char* call, int peer,
+                                     const CollectiveOptions& opts) = 0;
+  virtual void call_ended(std::uint64_t token) = 0;
+};
+
+// The process's observer; nullptr (the default) = none, and then a call costs one atomic
+// load more. Replace it only while no communicator call is in flight (the observer seen
+// on a call's entry is the one told of its end).
+void set_call_observer(CallObserver* observer);
+CallObserver* call_observer();
+
 // The public calls check arguments and count traffic, then call the backend's do_*
 // (non-virtual interface: counting and checking are the same for every backend).
 class Communicator {
@@ -110,6 +135,8 @@ class Communicator {
   // "mpi" or "self".
   virtual const char* backend() const = 0;
 
+  // The watchdog timeout of calls whose opts.timeout is 0. split() children copy it, so
+  // set it on the world before splitting (the trainer sets it from the config).
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
   void set_default_timeout(std::chrono::milliseconds t) { default_timeout_ = t; }
   // opts.timeout, or the default when it is 0.

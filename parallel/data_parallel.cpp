@@ -20,7 +20,13 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
     sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp);
     plan_ = sharded_->plan();
   } else {
-    resident_ = std::make_unique<ResidentParamStore>(layout, ops);
+    // Stage 2 must not allocate a full gradient buffer: its store holds gradients only as
+    // a shard plus the groups in backward.
+    if (stage_ == 2) {
+      zero2_ = std::make_unique<GradShardedParamStore>(layout, ops, dp);
+    } else {
+      resident_ = std::make_unique<ResidentParamStore>(layout, ops);
+    }
     const size_t bucket_floats = std::max<size_t>(1, bucket_bytes / kF);
     plan_ = ShardPlan(layout, dp.size(), std::vector<size_t>(layout.groups.size(), 0),
                       bucket_floats);
@@ -33,11 +39,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
       end = last.full_offset + static_cast<size_t>(last.split.rows * last.split.row_elems);
     }
     TRIDENT_CHECK(end <= layout.total_floats());
+    // The store's per-group chunks and these buckets address one shard layout.
+    if (zero2_) TRIDENT_CHECK(zero2_->plan().shard_floats() == plan_.shard_floats());
   }
   const size_t moment_floats = stage_ == 0 ? layout.total_floats() : plan_.shard_floats();
   exp_avg_ = DeviceBuffer(ops, moment_floats * kF);
   exp_avg_sq_ = DeviceBuffer(ops, moment_floats * kF);
-  if (stage_ == 2) grad_shard_ = DeviceBuffer(ops, plan_.shard_floats() * kF);
   if (stage_ == 1 || stage_ == 2) {
     pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * kF);
     segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * kF);
@@ -48,7 +55,18 @@ DataParallel::~DataParallel() = default;
 
 ParamStore& DataParallel::store() {
   if (sharded_) return *sharded_;
+  if (zero2_) return *zero2_;
   return *resident_;
+}
+
+float* DataParallel::param_data() const {
+  TRIDENT_CHECK(stage_ <= 2);
+  return resident_ ? resident_->param_data() : zero2_->param_data();
+}
+
+float* DataParallel::grad_shard() const {
+  TRIDENT_CHECK(stage_ >= 2);
+  return zero2_ ? zero2_->grad_shard() : sharded_->grad_shard();
 }
 
 std::pair<size_t, size_t> DataParallel::bucket_range(size_t b) const {
@@ -64,8 +82,7 @@ std::pair<size_t, size_t> DataParallel::bucket_range(size_t b) const {
 
 void DataParallel::zero_grad() {
   if (resident_) ops_.zero(resident_->grad_data(), resident_->num_floats() * kF);
-  if (stage_ == 2) ops_.zero(grad_shard_.get(), grad_shard_.bytes());
-  if (sharded_) ops_.zero(sharded_->grad_shard(), plan_.shard_floats() * kF);
+  if (stage_ >= 2) ops_.zero(grad_shard(), plan_.shard_floats() * kF);
 }
 
 void DataParallel::reduce_gradients() {
@@ -79,26 +96,14 @@ void DataParallel::reduce_gradients() {
                      {.label = "grad bucket " + std::to_string(b)});
     }
     if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
-  } else if (stage_ == 2) {
-    float* shard = grad_shard_.as<float>();
-    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
-      const ShardChunk& chunk = plan_.chunks()[b];
-      pack_chunk(ops_, chunk, dp, resident_->grad_data(), pack_.as<float>());
-      dp_.reduce_scatter({pack_.as<float>(), dp * chunk.chunk_floats},
-                         {shard + chunk.shard_offset, chunk.chunk_floats},
-                         {.label = "grad bucket " + std::to_string(b)});
-    }
-    if (dp > 1) ops_.scale(shard, inv_dp, plan_.shard_floats());
   }
-  // Stage 3: every group was reduced on release(kBackward).
+  // Stages 2-3: every group was reduced on release(kBackward).
 }
 
 double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const int rank = dp_.rank();
-  const float* shard = stage_ == 2 ? grad_shard_.as<float>()
-                       : stage_ == 3 ? sharded_->grad_shard()
-                                     : nullptr;
+  const float* shard = stage_ >= 2 ? grad_shard() : nullptr;
   double sum = 0.0;
   for (const ShardChunk& chunk : plan_.chunks()) {
     for (const TensorShard& t : chunk.tensors) {
@@ -121,10 +126,8 @@ double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
 void DataParallel::scale_gradients(float s) {
   if (stage_ == 0 || stage_ == 1) {
     ops_.scale(resident_->grad_data(), s, resident_->num_floats());
-  } else if (stage_ == 2) {
-    ops_.scale(grad_shard_.as<float>(), s, plan_.shard_floats());
   } else {
-    ops_.scale(sharded_->grad_shard(), s, plan_.shard_floats());
+    ops_.scale(grad_shard(), s, plan_.shard_floats());
   }
 }
 
@@ -158,9 +161,8 @@ void DataParallel::step(float lr) {
         continue;
       }
       const size_t off = t.full_offset + t.split.begin_float(rank);
-      const float* grad =
-          stage_ == 1 ? resident_->grad_data() + off : grad_shard_.as<float>() + so;
-      ops_.adamw_update(resident_->param_data() + off, grad, m + so, v + so, n, p);
+      const float* grad = stage_ == 1 ? resident_->grad_data() + off : grad_shard() + so;
+      ops_.adamw_update(param_data() + off, grad, m + so, v + so, n, p);
     }
   }
   if (stage_ == 1 || stage_ == 2) all_gather_params();
@@ -169,7 +171,7 @@ void DataParallel::step(float lr) {
 void DataParallel::all_gather_params() {
   const int dp = dp_.size();
   const int rank = dp_.rank();
-  float* params = resident_->param_data();
+  float* params = param_data();
   for (size_t b = 0; b < plan_.chunks().size(); ++b) {
     const ShardChunk& chunk = plan_.chunks()[b];
     pack_own(ops_, chunk, rank, params, segment_.as<float>());
@@ -184,7 +186,7 @@ std::vector<float> DataParallel::gather_param(int param) {
   if (sharded_) return sharded_->gather_param(param);
   const ParamInfo& info = layout_.params.at(static_cast<size_t>(param));
   std::vector<float> out(static_cast<size_t>(info.numel()));
-  ops_.download(out.data(), resident_->param_data() + info.offset, out.size() * kF);
+  ops_.download(out.data(), param_data() + info.offset, out.size() * kF);
   return out;
 }
 
@@ -196,7 +198,7 @@ void DataParallel::load_param(int param, std::span<const float> host_full) {
   if (sharded_) {
     sharded_->load_param(param, host_full.data());
   } else {
-    ops_.upload(resident_->param_data() + info.offset, host_full.data(), host_full.size() * kF);
+    ops_.upload(param_data() + info.offset, host_full.data(), host_full.size() * kF);
   }
 }
 
@@ -209,8 +211,7 @@ std::span<float> DataParallel::reduced_grad(int param) {
     return {resident_->grad_data() + t.full_offset,
             static_cast<size_t>(t.split.rows * t.split.row_elems)};
   }
-  float* shard = stage_ == 2 ? grad_shard_.as<float>() : sharded_->grad_shard();
-  return {shard + t.shard_offset, t.split.owned_floats(rank)};
+  return {grad_shard() + t.shard_offset, t.split.owned_floats(rank)};
 }
 
 DataParallel::OwnedState DataParallel::owned_state(int param) {
@@ -231,7 +232,7 @@ DataParallel::OwnedState DataParallel::owned_state(int param) {
   s.row_end = t.split.row_end(rank);
   s.floats = t.split.owned_floats(rank);
   s.param = stage_ == 3 ? sharded_->param_shard() + t.shard_offset
-                        : resident_->param_data() + t.full_offset + t.split.begin_float(rank);
+                        : param_data() + t.full_offset + t.split.begin_float(rank);
   s.exp_avg = m + t.shard_offset;
   s.exp_avg_sq = v + t.shard_offset;
   return s;
@@ -245,11 +246,23 @@ DataParallel::Memory DataParallel::memory() const {
   if (sharded_) {
     mem.params = shard + sharded_->held_param_bytes();
     mem.grads = shard + sharded_->held_grad_bytes();
+    mem.params_peak = shard + sharded_->peak_held_param_bytes();
+    mem.grads_peak = shard + sharded_->peak_held_grad_bytes();
+    return mem;
+  }
+  mem.params = mem.params_peak = layout_.total_floats() * kF;
+  if (zero2_) {
+    mem.grads = shard + zero2_->held_grad_bytes();
+    mem.grads_peak = shard + zero2_->peak_held_grad_bytes();
   } else {
-    mem.params = resident_->num_floats() * kF;
-    mem.grads = resident_->num_floats() * kF + grad_shard_.bytes();
+    mem.grads = mem.grads_peak = resident_->num_floats() * kF;
   }
   return mem;
+}
+
+void DataParallel::reset_memory_peak() {
+  if (sharded_) sharded_->reset_peak();
+  if (zero2_) zero2_->reset_peak();
 }
 
 }  // namespace trident

@@ -7,15 +7,20 @@
 //   stage 0: resident params and grads; all-reduce grads; full AdamW state everywhere.
 //   stage 1: as 0, but AdamW moments only for the owned rows; each rank updates its rows
 //            and the parameters are then all-gathered.
-//   stage 2: as 1, but grads are reduce-scattered into a gradient shard buffer (the full
-//            gradient buffer is still what backward accumulates into).
+//   stage 2: as 1, but gradients live only as a shard (GradShardedParamStore):
+//            backward accumulates into one group's full gradient buffer at a time, which
+//            is reduce-scattered into the shard on release(kBackward) and freed, so
+//            gradient memory is the shard plus the group(s) in flight, and
+//            reduce_gradients does nothing. Parameters stay resident and replicated.
 //   stage 3: FSDP: params and grads only as shards (ShardedParamStore); gradients are
 //            reduced per group on release(kBackward), so reduce_gradients does nothing.
-// Stages 0-2 reduce in buckets of about bucket_bytes of full gradients (one collective
-// per bucket; a bucket never spans groups). For stages 0-1 the buckets partition the
-// whole flat gradient buffer, alignment gaps (zero) included, so a step all-reduces
-// exactly layout.total_floats() floats; stage 2 reduce-scatters and stage 1-2
-// all-gather dp * (sum of padded shards) floats per step.
+// Stages 0-1 all-reduce in buckets of about bucket_bytes of full gradients (one
+// collective per bucket; a bucket never spans groups). The buckets partition the whole
+// flat gradient buffer, alignment gaps (zero) included, so a step all-reduces exactly
+// layout.total_floats() floats. Stages 1-2 all-gather the parameters in the same
+// buckets after the update: dp * (sum of padded shards) floats per step. Stages 2-3
+// reduce-scatter dp * (padded shards of the group) floats per group per backward
+// acquire/release pair: dp * (sum of padded shards) per micro-batch.
 //
 // A step, on every dp rank in the same order (every call below that communicates is a
 // collective of the dp group):
@@ -55,14 +60,16 @@ class DataParallel {
   ~DataParallel();
 
   // What the model reads parameters and accumulates gradients through: a
-  // ResidentParamStore (stages 0-2) or the ShardedParamStore (stage 3).
+  // ResidentParamStore (stages 0-1), the GradShardedParamStore (stage 2) or the
+  // ShardedParamStore (stage 3).
   ParamStore& store();
   int zero_stage() const { return stage_; }
   Communicator& dp() const { return dp_; }
 
   // Zeroes the gradients of the coming step (full buffer and/or shard).
   void zero_grad();
-  // After all micro-batches: sum over dp, scale by 1/dp. No-op for stage 3.
+  // After all micro-batches: sum over dp, scale by 1/dp. No-op for stages 2-3 (the
+  // store reduced every group during backward).
   void reduce_gradients();
   // Sum of squares of the reduced gradient elements this rank is responsible for, so
   // that the sum over dp ranks counts every element once: stage 0 all of them on dp
@@ -104,22 +111,33 @@ class DataParallel {
   };
   OwnedState owned_state(int param);
 
-  // Bytes held for parameters (stage 3: shards + gathered groups held now), gradients
-  // (stage 2: full buffer + shard; stage 3: shard + gathered now), AdamW moments, and
-  // the persistent pack buffers of the bucketed collectives (stages 1-2).
+  // Bytes held now for parameters (stages 0-2: the full buffer; stage 3: shard +
+  // gathered groups), gradients (stages 0-1: the full buffer; stages 2-3: shard + the
+  // full group buffers held now), AdamW moments, and the persistent pack buffers of the
+  // bucketed collectives (stages 1-2). The *_peak figures are the most params / grads
+  // held at once since construction or reset_memory_peak() (equal to the current ones
+  // for what does not change during a step). Transient collective buffers are not
+  // counted.
   struct Memory {
     size_t params = 0, grads = 0, optimizer = 0, comm_scratch = 0;
+    size_t params_peak = 0, grads_peak = 0;
   };
   Memory memory() const;
-  // Number of reduction buckets (stages 0-2; stage 3: non-empty groups), for tests/logs.
+  void reset_memory_peak();
+  // Number of buckets (stages 0-1: gradient all-reduces; stages 1-2: parameter
+  // all-gathers; stage 3: non-empty groups), for tests/logs.
   size_t num_buckets() const { return plan_.chunks().size(); }
   // The stage-3 store, or null.
   ShardedParamStore* sharded() { return sharded_.get(); }
+  // The stage-2 store, or null.
+  GradShardedParamStore* grad_sharded() { return zero2_.get(); }
 
  private:
   // [begin, end) of the flat gradient buffer that bucket b all-reduces (stages 0-1).
   std::pair<size_t, size_t> bucket_range(size_t b) const;
   void all_gather_params();  // stages 1-2
+  float* param_data() const;  // stages 0-2: the resident flat parameter buffer
+  float* grad_shard() const;  // stages 2-3: this rank's gradient shard
 
   const ParamLayout& layout_;
   Ops& ops_;
@@ -127,11 +145,12 @@ class DataParallel {
   int stage_;
   AdamWConfig adamw_;
   int step_ = 0;
-  // Stages 0-2: flat-layout buffers and buckets; stage 3: the store's per-group plan.
+  // Stages 0-2: flat-layout buckets; stage 3: the store's per-group plan. Exactly one
+  // store: resident_ (stages 0-1), zero2_ (stage 2) or sharded_ (stage 3).
   std::unique_ptr<ResidentParamStore> resident_;
+  std::unique_ptr<GradShardedParamStore> zero2_;
   std::unique_ptr<ShardedParamStore> sharded_;
   ShardPlan plan_;
-  DeviceBuffer grad_shard_;  // stage 2: plan_.shard_floats()
   DeviceBuffer exp_avg_;     // stage 0: total_floats (flat layout); else shard_floats
   DeviceBuffer exp_avg_sq_;
   DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()

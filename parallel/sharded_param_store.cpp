@@ -114,6 +114,19 @@ void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed
   }
 }
 
+void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, const float* full,
+                        float* shard, const std::string& label) {
+  const int n = dp.size();
+  DeviceBuffer packed(ops, n * chunk.chunk_floats * sizeof(float));
+  DeviceBuffer mine(ops, chunk.chunk_floats * sizeof(float));
+  pack_chunk(ops, chunk, n, full, packed.as<float>());
+  dp.reduce_scatter({packed.as<float>(), n * chunk.chunk_floats},
+                    {mine.as<float>(), chunk.chunk_floats}, {.label = label});
+  // Mean over dp ranks, then accumulate over micro-batches.
+  if (n > 1) ops.scale(mine.as<float>(), 1.0f / static_cast<float>(n), chunk.chunk_floats);
+  ops.accumulate(shard + chunk.shard_offset, mine.as<float>(), chunk.chunk_floats);
+}
+
 namespace {
 std::vector<size_t> group_offsets(const ParamLayout& layout) {
   std::vector<size_t> base;
@@ -132,7 +145,11 @@ ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Commun
       grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
       gathered_(layout.groups.size()) {}
 
-void ShardedParamStore::note_held() { peak_ = std::max(peak_, held_params_ + held_grads_); }
+void ShardedParamStore::note_held() {
+  peak_ = std::max(peak_, held_params_ + held_grads_);
+  peak_params_ = std::max(peak_params_, held_params_);
+  peak_grads_ = std::max(peak_grads_, held_grads_);
+}
 
 void ShardedParamStore::acquire(int group, Phase phase) {
   const std::vector<int>& chunks = plan_.group_chunks(group);
@@ -167,21 +184,12 @@ void ShardedParamStore::release(int group, Phase phase) {
   if (chunks.empty()) return;
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0, "group " + std::to_string(group) + " released, not acquired");
-  const int dp = dp_.size();
   if (phase == Phase::kBackward) {
     TRIDENT_CHECK_MSG(g.grads.get() != nullptr,
                       "group " + std::to_string(group) + " released for backward, not acquired");
     for (int c : chunks) {
-      const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
-      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
-      DeviceBuffer mine(ops_, chunk.chunk_floats * sizeof(float));
-      pack_chunk(ops_, chunk, dp, g.grads.as<float>(), packed.as<float>());
-      dp_.reduce_scatter({packed.as<float>(), dp * chunk.chunk_floats},
-                         {mine.as<float>(), chunk.chunk_floats},
-                         {.label = "zero3 reduce group " + std::to_string(group)});
-      // Mean over dp ranks, then accumulate over micro-batches.
-      if (dp > 1) ops_.scale(mine.as<float>(), 1.0f / static_cast<float>(dp), chunk.chunk_floats);
-      ops_.accumulate(grad_shard() + chunk.shard_offset, mine.as<float>(), chunk.chunk_floats);
+      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads.as<float>(),
+                         grad_shard(), "zero3 reduce group " + std::to_string(group));
     }
     held_grads_ -= g.grads.bytes();
     g.grads.reset();
@@ -227,6 +235,53 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
   // are the tensor followed by padding.
   ops_.download(out.data(), gathered.as<float>(), numel * sizeof(float));
   return out;
+}
+
+// ---- ZeRO-2 ------------------------------------------------------------------------------
+
+GradShardedParamStore::GradShardedParamStore(const ParamLayout& layout, Ops& ops,
+                                             Communicator& dp)
+    : layout_(layout),
+      ops_(ops),
+      dp_(dp),
+      total_(layout.total_floats()),
+      // One chunk per group: a group's gradients move in one collective. The shard
+      // buffer's layout does not depend on the chunking (padded shards in group, offset
+      // order), so it matches any bucketed plan of the same layout and dp.
+      plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
+      params_(ops, total_ * sizeof(float)),
+      grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
+      held_(layout.groups.size()) {}
+
+void GradShardedParamStore::acquire(int group, Phase phase) {
+  if (phase != Phase::kBackward || plan_.group_chunks(group).empty()) return;
+  Held& h = held_[static_cast<size_t>(group)];
+  if (h.refs++ > 0) return;  // nested: accumulate into the buffer already held
+  const size_t bytes = layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
+  h.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
+  held_grads_ += bytes;
+  peak_grads_ = std::max(peak_grads_, held_grads_);
+}
+
+void GradShardedParamStore::release(int group, Phase phase) {
+  if (phase != Phase::kBackward || plan_.group_chunks(group).empty()) return;
+  Held& h = held_[static_cast<size_t>(group)];
+  TRIDENT_CHECK_MSG(h.refs > 0,
+                    "group " + std::to_string(group) + " released for backward, not acquired");
+  if (--h.refs > 0) return;
+  for (int c : plan_.group_chunks(group)) {
+    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads.as<float>(),
+                       grad_shard(), "zero2 reduce group " + std::to_string(group));
+  }
+  held_grads_ -= h.grads.bytes();
+  h.grads.reset();
+}
+
+float* GradShardedParamStore::grads(int group) {
+  const Held& h = held_[static_cast<size_t>(group)];
+  TRIDENT_CHECK_MSG(h.refs > 0 || plan_.group_chunks(group).empty(),
+                    "grads of group " + std::to_string(group) + " used outside backward");
+  return h.grads.as<float>();
 }
 
 }  // namespace trident

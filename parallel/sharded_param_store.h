@@ -1,5 +1,5 @@
 // Dim-0 sharding of parameters over the data-parallel group (ZeRO / FSDP2 style), and
-// the ZeRO-3 parameter store built on it.
+// the ZeRO-2 and ZeRO-3 parameter stores built on it.
 //
 // Geometry. A tensor with local (tensor-parallel) shape (R, ...) is split by rows: with
 // rows_per_rank = ceil(R / dp), dp rank r owns rows [r * rows_per_rank,
@@ -26,11 +26,25 @@
 // release the same groups in the same order. Groups without parameters (other pipeline
 // stages) are no-ops. Not thread-safe; the training thread only. The layout, ops and
 // communicator must outlive the store.
+//
+// GradShardedParamStore (ZeRO-2): parameters resident and replicated over dp in one
+// flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
+// nothing), gradients only as a persistent shard plus, during backward, one full
+// gradient buffer per group held. acquire(g, kBackward) allocates group g's zeroed full
+// gradient buffer; the matching release reduce-scatters it into the shard exactly as
+// ZeRO-3 does (sum, 1/dp, added), then frees it. A backward acquire of a group whose
+// backward buffer is already held shares that buffer (the last release reduces it); a
+// later acquire after the release gets a fresh buffer, reduced separately, which is
+// correct because accumulation is additive. So gradient memory is the shard plus the
+// groups held at once (one, or two while the tied head also writes group 0's wte)
+// instead of the whole model. Collectives: one reduce_scatter on the dp communicator
+// per outermost release(kBackward) of a non-empty group; same ordering rule as ZeRO-3.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -106,6 +120,12 @@ void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* full, fl
 void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed, float* full);
 // Copies this rank's rows into segment[chunk_floats]; padding zeroed.
 void pack_own(Ops& ops, const ShardChunk& chunk, int rank, const float* full, float* segment);
+// Collective over dp: reduce-scatters the chunk's full gradients (full[...], as for
+// pack_chunk) over the dp ranks, scales the sum by 1/dp (the loss is the mean over dp)
+// and ADDS this rank's segment to shard[chunk.shard_offset ...]. Uses a transient pack
+// buffer of (dp + 1) * chunk_floats floats.
+void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, const float* full,
+                        float* shard, const std::string& label);
 
 class ShardedParamStore : public ParamStore {
  public:
@@ -133,7 +153,14 @@ class ShardedParamStore : public ParamStore {
   size_t held_param_bytes() const { return held_params_; }
   size_t held_grad_bytes() const { return held_grads_; }
   size_t peak_held_bytes() const { return peak_; }
-  void reset_peak() { peak_ = held_params_ + held_grads_; }
+  // The most of each kind held at once (not necessarily at the same time).
+  size_t peak_held_param_bytes() const { return peak_params_; }
+  size_t peak_held_grad_bytes() const { return peak_grads_; }
+  void reset_peak() {
+    peak_ = held_params_ + held_grads_;
+    peak_params_ = held_params_;
+    peak_grads_ = held_grads_;
+  }
 
  private:
   struct Gathered {
@@ -153,6 +180,50 @@ class ShardedParamStore : public ParamStore {
   size_t held_params_ = 0;
   size_t held_grads_ = 0;
   size_t peak_ = 0;
+  size_t peak_params_ = 0;
+  size_t peak_grads_ = 0;
+};
+
+class GradShardedParamStore : public ParamStore {
+ public:
+  // Parameters and the gradient shard start zero; fill parameters through param_data().
+  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  ~GradShardedParamStore() override = default;
+
+  void acquire(int group, Phase phase) override;
+  void release(int group, Phase phase) override;
+  float* params(int group) override { return params_.as<float>() + layout_.groups[group].offset; }
+  float* grads(int group) override;  // CHECK: acquired for kBackward (non-empty group)
+
+  // The resident flat parameter buffer (layout.total_floats() floats).
+  float* param_data() { return params_.as<float>(); }
+  size_t num_floats() const { return total_; }
+  // This rank's gradient shard (plan().shard_floats() floats); one chunk per group.
+  float* grad_shard() { return grad_shard_.as<float>(); }
+  const ShardPlan& plan() const { return plan_; }
+
+  // Bytes of full group gradient buffers held now, and the most held at once since
+  // construction / reset_peak(). Transient pack buffers are not counted.
+  size_t held_grad_bytes() const { return held_grads_; }
+  size_t peak_held_grad_bytes() const { return peak_grads_; }
+  void reset_peak() { peak_grads_ = held_grads_; }
+
+ private:
+  struct Held {
+    int refs = 0;  // outstanding backward acquires
+    DeviceBuffer grads;
+  };
+
+  const ParamLayout& layout_;
+  Ops& ops_;
+  Communicator& dp_;
+  size_t total_ = 0;
+  ShardPlan plan_;
+  DeviceBuffer params_;
+  DeviceBuffer grad_shard_;
+  std::vector<Held> held_;  // by group
+  size_t held_grads_ = 0;
+  size_t peak_grads_ = 0;
 };
 
 }  // namespace trident

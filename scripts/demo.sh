@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, builds, prepares a real English corpus with the
-# byte tokenizer, and trains configs/tiny.yaml on this machine's CPU cores.
+# byte tokenizer, and trains configs/tiny.yaml on 8 CPU ranks with 3D parallelism:
+# data parallel 2 x tensor parallel 2 x pipeline parallel 2, ZeRO stage 3 (FSDP).
 # Extra arguments go to `trident train` (e.g. --set training.max_steps=50).
+# TRIDENT_DEMO_RANKS=1 trains the same model in one process instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh trident
@@ -15,7 +17,18 @@ if [[ ! -f "$RUN_DIR/data/train_000000.bin" ]]; then
     | tee "$RUN_DIR/prepare.log"
 fi
 rm -f "$RUN_DIR/metrics.jsonl"
-build/trident train --config configs/tiny.yaml "$@"
+ranks=${TRIDENT_DEMO_RANKS:-8}
+if [[ $ranks == 1 ]]; then
+  build/trident train --config configs/tiny.yaml "$@"
+else
+  # 8 ranks share the machine's cores: --oversubscribe, and one OpenMP thread each.
+  root_flag=()
+  if [[ $(id -u) -eq 0 ]]; then root_flag=(--allow-run-as-root); fi
+  mpirun "${root_flag[@]}" --oversubscribe --mca btl self,vader -np 8 \
+    build/trident train --config configs/tiny.yaml \
+    --set parallel.dp=2 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=3 \
+    --set parallel.micro_batch_size=2 "$@"
+fi
 
 entropy=$(grep -o 'unigram entropy: [0-9.]*' "$RUN_DIR/prepare.log" | awk '{print $3}' || true)
 val=$(grep -o '"val_loss":[0-9.]*' "$RUN_DIR/metrics.jsonl" | tail -1 | cut -d: -f2 || true)

@@ -10,7 +10,8 @@ void print_usage() {
   std::fprintf(stderr,
                "usage: trident <command> [options]\n"
                "  train    --config FILE [--set section.key=value ...] [--resume auto|none|DIR]\n"
-               "  prepare  --input FILES... --out DIR --tokenizer byte|gpt2\n");
+               "  prepare  --input FILES... --out DIR --tokenizer byte|gpt2\n"
+               "  ckpt     inspect|verify DIR\n");
 }
 }  // namespace
 
@@ -23,6 +24,7 @@ int run_cli(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "train") return cmd_train(args);
   if (command == "prepare") return cmd_prepare(args);
+  if (command == "ckpt") return cmd_ckpt(args);
   std::fprintf(stderr, "trident: unknown command '%s'\n", command.c_str());
   print_usage();
   return 2;

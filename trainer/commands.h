@@ -12,5 +12,6 @@ int run_cli(int argc, char** argv);
 
 int cmd_train(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
+int cmd_ckpt(const std::vector<std::string>& args);
 
 }  // namespace trident

@@ -1,6 +1,8 @@
 // Progress output: rank 0's one line per step and the JSONL metrics file with exactly
 // the fields of DESIGN.md: {"step","loss","lr","grad_norm","step_ms","tokens_per_s","mfu"}
-// per training step and {"step","val_loss"} per evaluation. Each record is flushed as it
+// per training step, {"step","val_loss"} per evaluation, and at the end of a run one
+// {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
+// idle time. Each record is flushed as it
 // is written, so a killed run keeps every line it printed.
 #pragma once
 
@@ -36,6 +38,8 @@ class MetricsWriter {
   Status open(const std::string& path);
   void write_step(const StepMetrics& m);
   void write_eval(int step, double val_loss);
+  // One JSON object (already serialised), e.g. the end-of-run {"summary": ...} record.
+  void write_summary(const std::string& json) { write_line(json); }
 
  private:
   void write_line(const std::string& line);

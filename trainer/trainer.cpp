@@ -14,6 +14,8 @@
 #include "model/llmc_checkpoint.h"
 #include "trainer/lr_schedule.h"
 
+#include <nlohmann/json.hpp>
+
 namespace trident {
 
 namespace {
@@ -251,18 +253,23 @@ void Trainer::reset_traffic() {
 }
 
 void Trainer::collect_traffic() {
-  stats_.bytes_all_reduce = stats_.bytes_reduce_scatter = stats_.bytes_all_gather = 0;
-  stats_.bytes_p2p = 0;
-  // The world carries only scalars (loss, norm, flags); the groups carry the model's traffic.
-  for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
-                          groups_.embedding.get()}) {
-    if (!c) continue;
+  // The world carries only scalars (loss, norm, flags); the groups carry the model's
+  // traffic. A one-rank group moves nothing between ranks.
+  auto measure = [](const Communicator* c) {
+    GroupTraffic g;
+    if (c == nullptr || c->size() == 1) return g;
     const TrafficCounters& t = c->traffic();
-    stats_.bytes_all_reduce += static_cast<double>(t.bytes_of(CollectiveKind::kAllReduce));
-    stats_.bytes_reduce_scatter += static_cast<double>(t.bytes_of(CollectiveKind::kReduceScatter));
-    stats_.bytes_all_gather += static_cast<double>(t.bytes_of(CollectiveKind::kAllGather));
-    stats_.bytes_p2p += static_cast<double>(t.bytes_of(CollectiveKind::kSend));
-  }
+    g.all_reduce = static_cast<double>(t.bytes_of(CollectiveKind::kAllReduce));
+    g.reduce_scatter = static_cast<double>(t.bytes_of(CollectiveKind::kReduceScatter));
+    g.all_gather = static_cast<double>(t.bytes_of(CollectiveKind::kAllGather));
+    g.send = static_cast<double>(t.bytes_of(CollectiveKind::kSend));
+    return g;
+  };
+  stats_.traffic.tp = measure(groups_.tp.get());
+  stats_.traffic.dp = measure(groups_.dp.get());
+  stats_.traffic.pp = measure(groups_.pp.get());
+  stats_.traffic.embedding = measure(groups_.embedding.get());
+  stats_.analytic = analytic_traffic(config_, part_, layout_);
   const DataParallel::Memory mem = dp_->memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.grad_bytes = static_cast<double>(mem.grads);
@@ -403,6 +410,38 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   return out;
 }
 
+namespace {
+// The end-of-run record of the metrics file: every rank's instrumentation.
+std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  auto traffic = [](const RankTraffic& t) {
+    return nlohmann::ordered_json{{"tp", t.tp.total()},
+                                  {"dp", t.dp.total()},
+                                  {"pp", t.pp.total()},
+                                  {"embedding", t.embedding.total()}};
+  };
+  for (int r = 0; r < n; ++r) {
+    const RankStats& x = stats[r];
+    const RankCoords rc = topo.coords_of(r);
+    ranks.push_back({{"rank", r},
+                     {"pp", rc.pp_rank},
+                     {"dp", rc.dp_rank},
+                     {"tp", rc.tp_rank},
+                     {"param_bytes", x.param_bytes},
+                     {"grad_bytes", x.grad_bytes},
+                     {"optimizer_bytes", x.optimizer_bytes},
+                     {"activation_bytes", x.activation_bytes},
+                     {"bytes_sent_per_step", traffic(x.traffic)},
+                     {"bytes_sent_per_step_analytic", traffic(x.analytic)},
+                     {"pipeline_idle_ms", x.pipeline_idle_ms},
+                     {"pipeline_step_ms", x.pipeline_total_ms},
+                     {"peak_live_micro_batches", x.peak_live_micro_batches}});
+  }
+  nlohmann::ordered_json j = {{"summary", {{"ranks", ranks}}}};
+  return j.dump();
+}
+}  // namespace
+
 void Trainer::print_summary() {
   // Every rank's instrumentation, gathered to all (small), printed by rank 0.
   const int n = world_->size();
@@ -410,21 +449,30 @@ void Trainer::print_summary() {
   world_->all_gather_bytes(std::as_bytes(std::span<const RankStats>(&stats_, 1)), all);
   if (world_->rank() != 0) return;
   const auto* s = reinterpret_cast<const RankStats*>(all.data());
-  log::info("per-rank summary (last step; MiB; traffic = payload bytes sent per step):");
-  log::info("{:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9} {:>9}", "rank",
-            "pp/dp/tp", "params", "grads", "optim", "activ", "all_reduce", "red_scatter",
-            "all_gather", "p2p", "pp idle");
+  metrics_.write_summary(summary_json(s, n, groups_.topology));
+  if (options_.quiet || n == 1) return;
+  log::info("per-rank summary (MiB held; MiB sent in the last step, measured / analytic):");
+  log::info("{:>5} {:>9} {:>7} {:>7} {:>7} {:>7} {:>15} {:>15} {:>15} {:>13} {:>8}", "rank",
+            "pp/dp/tp", "params", "grads", "optim", "activ", "tp", "dp", "pp", "embedding",
+            "pp idle");
+  const double mib = 1.0 / 1048576.0;
+  auto pair = [&](double measured, double analytic) {
+    return fmt::format("{:.3f}/{:.3f}", measured * mib, analytic * mib);
+  };
   for (int r = 0; r < n; ++r) {
     const RankCoords rc = groups_.topology.coords_of(r);
     const RankStats& x = s[r];
-    const double mib = 1.0 / 1048576.0;
-    const double idle = x.pipeline_total_ms > 0 ? 100.0 * x.pipeline_idle_ms / x.pipeline_total_ms : 0;
-    log::info("{:>5} {:>10} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>11.3f} {:>11.3f} {:>11.3f} {:>9.3f} {:>8.1f}%",
-              r, std::to_string(rc.pp_rank) + "/" + std::to_string(rc.dp_rank) + "/" +
-                     std::to_string(rc.tp_rank),
+    const double idle =
+        x.pipeline_total_ms > 0 ? 100.0 * x.pipeline_idle_ms / x.pipeline_total_ms : 0;
+    log::info("{:>5} {:>9} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>15} {:>15} {:>15} {:>13} {:>7.1f}%",
+              r,
+              std::to_string(rc.pp_rank) + "/" + std::to_string(rc.dp_rank) + "/" +
+                  std::to_string(rc.tp_rank),
               x.param_bytes * mib, x.grad_bytes * mib, x.optimizer_bytes * mib,
-              x.activation_bytes * mib, x.bytes_all_reduce * mib, x.bytes_reduce_scatter * mib,
-              x.bytes_all_gather * mib, x.bytes_p2p * mib, idle);
+              x.activation_bytes * mib, pair(x.traffic.tp.total(), x.analytic.tp.total()),
+              pair(x.traffic.dp.total(), x.analytic.dp.total()),
+              pair(x.traffic.pp.total(), x.analytic.pp.total()),
+              pair(x.traffic.embedding.total(), x.analytic.embedding.total()), idle);
   }
 }
 
@@ -447,7 +495,7 @@ Status Trainer::run() {
     }
   }
   if (step_ > first_step) {
-    if (!options_.quiet && world_->size() > 1) print_summary();
+    print_summary();
     if (!options_.quiet) {
       const double secs = total.elapsed_ms() / 1000.0;
       const double tokens = static_cast<double>(step_ - first_step) * t.global_batch_size *

@@ -28,6 +28,7 @@
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/metrics.h"
+#include "trainer/traffic_model.h"
 
 namespace trident {
 
@@ -40,7 +41,8 @@ struct TrainerOptions {
 
 // Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").
 struct RankStats {
-  double bytes_all_reduce = 0, bytes_reduce_scatter = 0, bytes_all_gather = 0, bytes_p2p = 0;
+  RankTraffic traffic;   // measured by the communicators, last step
+  RankTraffic analytic;  // trainer/traffic_model.h for this rank
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   double pipeline_idle_ms = 0, pipeline_total_ms = 0;
   int peak_live_micro_batches = 0;
@@ -68,6 +70,7 @@ class Trainer {
   // This rank's instrumentation for the last step (traffic) and now (memory).
   const RankStats& last_step_stats() const { return stats_; }
   const RankCoords& coords() const { return groups_.coords; }
+  const ModelPartition& partition() const { return part_; }
   Transformer& model() { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
 

@@ -79,9 +79,13 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
     EXPECT_LT(last, 0.6 * first) << "loss did not fall: " << first << " -> " << last;
 
     // The metrics file: exactly the DESIGN.md fields, and evaluations at 15 and 30.
-    int evals = 0;
+    int evals = 0, summaries = 0;
     for (const auto& r : ma) {
-      if (r.contains("val_loss")) {
+      if (r.contains("summary")) {
+        ASSERT_EQ(r["summary"]["ranks"].size(), 1u);
+        EXPECT_GT(r["summary"]["ranks"][0]["param_bytes"].get<double>(), 0);
+        ++summaries;
+      } else if (r.contains("val_loss")) {
         EXPECT_EQ(r.size(), 2u);
         EXPECT_TRUE(r["step"] == 15 || r["step"] == 30) << r.dump();
         EXPECT_LT(r["val_loss"].get<double>(), first);
@@ -94,6 +98,8 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
       }
     }
     EXPECT_EQ(evals, 2);
+    EXPECT_EQ(summaries, 1);
+    EXPECT_TRUE(ma.back().contains("summary"));
   }
 }
 
@@ -167,6 +173,23 @@ TEST_F(TrainCli, BadLlmcCheckpointExits2) {
   r = train(write_config("bad", "gpt2"), "--set model.init_from=" + dir_.file("short.ckpt"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("short.ckpt"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, BadLayoutsExit2NamingTheKey) {
+  // The world (one process here) must equal dp * tp * pp.
+  auto r = train(write_config("bad", "gpt2"), "--set parallel.dp=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("dp*tp*pp = 2 but the world size is 1"), std::string::npos) << r.output;
+  // Heads must split over tp (4 heads, tp 3).
+  r = train(write_config("bad", "gpt2"), "--set parallel.tp=3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.tp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.n_heads"), std::string::npos) << r.output;
+  // No more pipeline stages than layers (2 layers, pp 3).
+  r = train(write_config("bad", "gpt2"), "--set parallel.pp=3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.pp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.n_layers"), std::string::npos) << r.output;
 }
 
 TEST_F(TrainCli, UsageErrorsExit2) {

@@ -4,8 +4,10 @@
 // seeded gradients for two micro-batches; the reference computes, in double, the mean
 // over all ranks and plain AdamW. After each of 3 steps the parameters on every rank
 // must match it, the owned gradient square sums must add up to the full one over dp,
-// memory must follow the per-stage formulas and the dp traffic counters must equal the
-// analytic volumes. The dp group is the world, so this runs at every -np.
+// memory (now and peak, at rest and with a group in backward) must follow the per-stage
+// formulas — stages 2-3 hold gradients as a 1/dp shard plus one group in flight — and
+// the dp traffic counters must equal the analytic volumes. The dp group is the world,
+// so this runs at every -np.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -182,9 +184,12 @@ void run_case(const Case& c) {
 
   // Memory at rest, from the formulas of parallel/data_parallel.h.
   const size_t F = sizeof(float);
+  const bool grads_sharded = c.stage >= 2;
   const DataParallel::Memory mem = ddp.memory();
   EXPECT_EQ(mem.params, (c.stage == 3 ? shard : total) * F);
-  EXPECT_EQ(mem.grads, c.stage == 3 ? shard * F : c.stage == 2 ? (total + shard) * F : total * F);
+  EXPECT_EQ(mem.grads, (grads_sharded ? shard : total) * F);
+  EXPECT_EQ(mem.params_peak, mem.params);
+  EXPECT_EQ(mem.grads_peak, mem.grads);
   EXPECT_EQ(mem.optimizer, 2 * (c.stage == 0 ? total : shard) * F);
 
   ParamStore& store = ddp.store();
@@ -208,8 +213,9 @@ void run_case(const Case& c) {
         }
         store.release(gi, Phase::kForward);
         store.acquire(gi, Phase::kBackward);
-        if (c.stage == 3 && !group.params.empty()) {
-          EXPECT_EQ(ddp.memory().params, (shard + group.num_floats) * F);
+        if (grads_sharded && !group.params.empty()) {
+          // One group's full gradient in flight on top of the shard.
+          EXPECT_EQ(ddp.memory().params, (c.stage == 3 ? shard + group.num_floats : total) * F);
           EXPECT_EQ(ddp.memory().grads, (shard + group.num_floats) * F);
         }
         for (int k : group.params) {
@@ -250,10 +256,14 @@ void run_case(const Case& c) {
         }
         break;
       case 2:
+        // Per micro-batch one reduce-scatter per non-empty group (during backward); per
+        // step one bucketed all-gather of the parameters.
         EXPECT_EQ(ar, 0);
-        EXPECT_EQ(rs, sharded);
+        EXPECT_EQ(rs, kMicroBatches * sharded);
         EXPECT_EQ(ag, sharded);
-        EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), buckets);
+        EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), kMicroBatches * 2);
+        EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), buckets);
+        EXPECT_EQ(ddp.memory().grads, shard * F);  // every group released
         break;
       case 3:
         EXPECT_EQ(ar, 0);
@@ -263,7 +273,17 @@ void run_case(const Case& c) {
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), kMicroBatches * 2);
         EXPECT_EQ(ddp.sharded()->peak_held_bytes(), 2 * max_group * F);
         EXPECT_EQ(ddp.memory().params, shard * F);  // everything released
+        EXPECT_EQ(ddp.memory().params_peak, (shard + max_group) * F);
         break;
+    }
+    if (grads_sharded) {
+      // Gradient memory is divided by dp up to padding (< one row per tensor) and one
+      // group's full gradient in flight.
+      const DataParallel::Memory m = ddp.memory();
+      EXPECT_EQ(m.grads_peak, (shard + max_group) * F);
+      EXPECT_LE(m.grads_peak, (numel / n + row_elems + max_group) * F);
+      ddp.reset_memory_peak();
+      EXPECT_EQ(ddp.memory().grads_peak, shard * F);
     }
 
     // Every element counted once over dp.

@@ -10,6 +10,10 @@
 //   --abort_demo=truncate: rank 0 sends 8 floats, the last rank receives 4 (an MPI error,
 //   MPI_ERR_TRUNCATE, that must reach TRIDENT_MPI_CHECK rather than MPI's own handler).
 //   Either way the message must name rank, group and collective (PASS_REGULAR_EXPRESSION).
+//   --abort_demo=hang: the hang watchdog (parallel/watchdog.h) runs on every rank; the
+//   last rank sleeps outside any collective (a hung peer) while the others enter an
+//   all_reduce with a 2 s timeout at step 17; their watchdogs must end the job, naming
+//   the all_reduce, its group and the step (mpi_watchdog_names_culprit_np2).
 #include <gtest/gtest.h>
 
 #ifndef OMPI_SKIP_MPICXX
@@ -17,14 +21,17 @@
 #endif
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mpi_test_util.h"
+#include "parallel/watchdog.h"
 
 namespace trident::test {
 
@@ -79,6 +86,20 @@ int main(int argc, char** argv) {
       } else if (abort_demo == "truncate") {
         if (rank == 0) world->send(data, last, 7, {.label = "abort demo"});
         if (rank == last) world->recv(std::span(data).first(4), 0, 7, {.label = "abort demo"});
+      } else if (abort_demo == "hang") {
+        trident::Watchdog watchdog({.poll_interval = std::chrono::milliseconds(100), .on_hang = {}});
+        watchdog.set_step(17);
+        // The hung rank: mpirun kills it once a watchdog has ended another rank.
+        if (rank == last) std::this_thread::sleep_for(std::chrono::seconds(60));
+        // For measuring how long after the deadline the job ends (the CTest entry prints
+        // the epoch time at which mpirun returned).
+        const auto epoch = std::chrono::system_clock::now().time_since_epoch();
+        std::fprintf(stderr, "hang demo: rank %d enters the all_reduce at epoch ms %lld\n", rank,
+                     static_cast<long long>(
+                         std::chrono::duration_cast<std::chrono::milliseconds>(epoch).count()));
+        std::fflush(stderr);
+        world->all_reduce(data, trident::ReduceOp::kSum,
+                          {.timeout = std::chrono::milliseconds(2000), .label = "watchdog demo"});
       }
       world->barrier();  // the others wait here until mpirun takes the job down
       std::fprintf(stderr, "abort demo: the job should not get here\n");

@@ -1,4 +1,5 @@
-// Shard geometry, chunk packing and the ZeRO-3 store (parallel/sharded_param_store.h).
+// Shard geometry, chunk packing and the ZeRO-2 and ZeRO-3 stores
+// (parallel/sharded_param_store.h).
 // Geometry and packing are local (checked for several dp sizes in every process); the
 // store runs over the world communicator as its dp group.
 #include <gtest/gtest.h>
@@ -197,6 +198,8 @@ TEST(ShardedStore, AcquireGathersAndReleaseAccumulatesMeanGradients) {
   EXPECT_EQ(traffic.bytes_of(CollectiveKind::kReduceScatter),
             static_cast<int64_t>(2 * n * store.plan().shard_floats() * F));
   EXPECT_EQ(store.peak_held_bytes(), 2 * layout.groups[0].num_floats * F);
+  EXPECT_EQ(store.peak_held_param_bytes(), layout.groups[0].num_floats * F);
+  EXPECT_EQ(store.peak_held_grad_bytes(), layout.groups[0].num_floats * F);
 
   // The gradient shard: owned rows of the mean over ranks of both micro-batches; zero
   // padding.
@@ -226,6 +229,133 @@ TEST(ShardedStore, AcquireGathersAndReleaseAccumulatesMeanGradients) {
     for (size_t i = 0; i < got.size(); ++i) bad += got[i] != value(static_cast<int>(k), i);
     EXPECT_EQ(bad, 0) << "param " << k;
   }
+}
+
+// ZeRO-2: parameters resident (forward acquires move nothing), gradients reduced per
+// backward acquire/release pair into the shard. The access pattern is the tied head of a
+// one-stage model: group 2 (head) and group 0 (wte) in backward together, then group 0
+// again on its own; plus a truly nested acquire of group 0, which shares the buffer.
+TEST(GradShardedStore, ReducesEachBackwardPairIntoTheShard) {
+  Communicator& dp = world();
+  const int n = dp.size(), rank = dp.rank();
+  const ParamLayout layout = store_layout();
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  GradShardedParamStore store(layout, *ops, dp);
+  const size_t F = sizeof(float);
+  const ParamGroup& g0 = layout.groups[0];
+  const ParamGroup& g2 = layout.groups[2];
+  ASSERT_EQ(store.num_floats(), layout.total_floats());
+  auto value = [](int k, size_t i) { return seeded_value(13, k, i); };
+  // Contribution of (micro-batch, rank, parameter, element, pass): pass 1 is group 0's
+  // second backward pair.
+  auto grad = [](int micro, int r, int k, size_t i, int pass) {
+    return seeded_value(40 + 2 * micro + pass, r * 8 + k, i);
+  };
+  for (size_t k = 0; k < layout.params.size(); ++k) {
+    const ParamInfo& info = layout.params[k];
+    std::vector<float> full(static_cast<size_t>(info.numel()));
+    for (size_t i = 0; i < full.size(); ++i) full[i] = value(static_cast<int>(k), i);
+    ops->upload(store.param_data() + info.offset, full.data(), full.size() * F);
+  }
+  // Adds this rank's contributions of `pass` to the group's held gradient buffer.
+  auto add_grads = [&](int g, int micro, int pass) {
+    const ParamGroup& group = layout.groups[static_cast<size_t>(g)];
+    std::vector<float> buf(group.num_floats);
+    ops->download(buf.data(), store.grads(g), buf.size() * F);
+    for (int k : group.params) {
+      const ParamInfo& info = layout.params[static_cast<size_t>(k)];
+      for (size_t i = 0; i < static_cast<size_t>(info.numel()); ++i)
+        buf[info.offset - group.offset + i] += grad(micro, rank, k, i, pass);
+    }
+    ops->upload(store.grads(g), buf.data(), buf.size() * F);
+  };
+  auto all_zero = [&](int g) {
+    std::vector<float> buf(layout.groups[static_cast<size_t>(g)].num_floats, 1.0f);
+    ops->download(buf.data(), store.grads(g), buf.size() * F);
+    return std::all_of(buf.begin(), buf.end(), [](float x) { return x == 0.0f; });
+  };
+  dp.reset_traffic();
+  for (int micro = 0; micro < 2; ++micro) {
+    int wrong = 0;
+    for (int g = 0; g < 3; ++g) {
+      store.acquire(g, Phase::kForward);
+      EXPECT_EQ(store.params(g), store.param_data() + layout.groups[static_cast<size_t>(g)].offset);
+      for (int k : layout.groups[static_cast<size_t>(g)].params) {
+        const ParamInfo& info = layout.params[static_cast<size_t>(k)];
+        std::vector<float> got(static_cast<size_t>(info.numel()));
+        ops->download(got.data(), store.params(g) + (info.offset - layout.groups[g].offset),
+                      got.size() * F);
+        for (size_t i = 0; i < got.size(); ++i) wrong += got[i] != value(k, i);
+      }
+      store.release(g, Phase::kForward);
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(store.held_grad_bytes(), 0u);
+
+    store.acquire(2, Phase::kBackward);
+    store.acquire(0, Phase::kBackward);
+    EXPECT_EQ(store.held_grad_bytes(), (g0.num_floats + g2.num_floats) * F);
+    EXPECT_TRUE(all_zero(0));
+    EXPECT_TRUE(all_zero(2));
+    float* outer = store.grads(0);
+    store.acquire(0, Phase::kBackward);  // nested: the same buffer, nothing new held
+    EXPECT_EQ(store.grads(0), outer);
+    EXPECT_EQ(store.held_grad_bytes(), (g0.num_floats + g2.num_floats) * F);
+    add_grads(0, micro, 0);
+    add_grads(2, micro, 0);
+    const int64_t rs_before = dp.traffic().calls_of(CollectiveKind::kReduceScatter);
+    store.release(0, Phase::kBackward);  // inner: still held, not reduced yet
+    EXPECT_EQ(dp.traffic().calls_of(CollectiveKind::kReduceScatter), rs_before);
+    EXPECT_EQ(store.grads(0), outer);
+    store.release(0, Phase::kBackward);
+    EXPECT_EQ(dp.traffic().calls_of(CollectiveKind::kReduceScatter), rs_before + 1);
+    EXPECT_EQ(store.held_grad_bytes(), g2.num_floats * F);
+    store.release(2, Phase::kBackward);
+    store.acquire(1, Phase::kBackward);  // empty group: nothing held, nothing moved
+    EXPECT_EQ(store.held_grad_bytes(), 0u);
+    store.release(1, Phase::kBackward);
+    // The embedding's own backward: a fresh zeroed buffer, reduced separately.
+    store.acquire(0, Phase::kBackward);
+    EXPECT_TRUE(all_zero(0));
+    add_grads(0, micro, 1);
+    store.release(0, Phase::kBackward);
+    EXPECT_EQ(store.held_grad_bytes(), 0u);
+  }
+  const TrafficCounters traffic = dp.traffic();
+  // Per micro-batch: group 0 reduced twice, group 2 once; parameters never gathered.
+  size_t shard0 = 0;
+  for (int c : store.plan().group_chunks(0)) shard0 += store.plan().chunks()[c].chunk_floats;
+  const size_t shard2 = store.plan().shard_floats() - shard0;
+  EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), 2 * 3);
+  EXPECT_EQ(traffic.bytes_of(CollectiveKind::kReduceScatter),
+            static_cast<int64_t>(2 * n * (2 * shard0 + shard2) * F));
+  EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), 0);
+  EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllReduce), 0);
+  EXPECT_EQ(store.peak_held_grad_bytes(), (g0.num_floats + g2.num_floats) * F);
+  store.reset_peak();
+  EXPECT_EQ(store.peak_held_grad_bytes(), 0u);
+
+  // The shard: owned rows of the mean over ranks of every contribution; zero padding.
+  std::vector<float> shard(store.plan().shard_floats());
+  ops->download(shard.data(), store.grad_shard(), shard.size() * F);
+  int wrong = 0;
+  for (size_t k = 0; k < layout.params.size(); ++k) {
+    const TensorShard& t = store.plan().tensor(static_cast<int>(k));
+    const int passes = layout.params[k].group == 0 ? 2 : 1;
+    for (size_t i = 0; i < t.split.padded_floats(); ++i) {
+      double want = 0.0;
+      if (i < t.split.owned_floats(rank)) {
+        const size_t e = t.split.begin_float(rank) + i;
+        for (int r = 0; r < n; ++r)
+          for (int micro = 0; micro < 2; ++micro)
+            for (int pass = 0; pass < passes; ++pass)
+              want += grad(micro, r, static_cast<int>(k), e, pass);
+        want /= n;
+      }
+      wrong += std::fabs(shard[t.shard_offset + i] - want) > 1e-6 * (1.0 + std::fabs(want));
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 }  // namespace

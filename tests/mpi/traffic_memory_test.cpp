@@ -1,0 +1,135 @@
+// Instrumentation against the formulas: the bytes every rank's communicators count in a
+// training step equal the analytic volumes of trainer/traffic_model.h (TP all-reduces,
+// pipeline activations, data-parallel reductions and ZeRO-3 gathers), and model-state
+// memory per rank follows the ZeRO formulas (stage 1 divides optimizer state by dp,
+// stage 2 also gradients, stage 3 also parameters).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "data/token_file.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "trainer/trainer.h"
+
+namespace trident {
+namespace {
+
+std::string traffic_data_file() {
+  static std::string path;
+  if (path.empty()) {
+    path = "/tmp/trident_traffic_" + std::to_string(getpid()) + ".bin";
+    std::vector<uint32_t> tokens(20000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 5 + i / 7) % 61);
+    EXPECT_TRUE(write_token_file(path, tokens, 1).is_ok());
+  }
+  return path;
+}
+
+// Every tensor's rows divide by dp <= 4 and every tensor is a multiple of 16 floats, so
+// no shard padding or alignment gap enters the volumes (see traffic_model.h).
+std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
+  const std::string yaml =
+      std::string("model: {arch: ") + arch +
+      ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n"
+      "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
+      ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero) +
+      ", micro_batch_size: 1}\n"
+      "data: {train: " + traffic_data_file() + "}\n"
+      "training: {global_batch_size: 8, max_steps: 2}\n"
+      "logging: {metrics: ''}\n";
+  auto config = parse_config(yaml, {});
+  EXPECT_TRUE(config.is_ok()) << config.status().message();
+  TrainerOptions options;
+  options.world = &test::world();
+  options.quiet = true;
+  options.peak_flops = 1e9;
+  options.threads = 1;
+  auto trainer = Trainer::create(config.value(), options);
+  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
+  return trainer.is_ok() ? std::move(trainer).value() : nullptr;
+}
+
+void expect_group(const GroupTraffic& got, const GroupTraffic& want, const char* group) {
+  EXPECT_EQ(got.all_reduce, want.all_reduce) << group << " all_reduce";
+  EXPECT_EQ(got.reduce_scatter, want.reduce_scatter) << group << " reduce_scatter";
+  EXPECT_EQ(got.all_gather, want.all_gather) << group << " all_gather";
+  EXPECT_EQ(got.send, want.send) << group << " send";
+}
+
+std::vector<Layout> layouts_for_world(int n) {
+  if (n == 2) return {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
+  if (n == 4) return {{2, 1, 2}, {1, 2, 2}, {4, 1, 1}};
+  if (n == 8) return {{2, 2, 2}, {1, 2, 4}};
+  return {{1, 1, 1}};
+}
+
+TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
+  for (const Layout& l : layouts_for_world(test::world().size())) {
+    for (int zero = 0; zero <= (l.dp > 1 ? 3 : 0); ++zero) {
+      for (const char* arch : {"gpt2", "llama"}) {
+        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
+                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
+                     std::to_string(zero));
+        auto trainer = make_trainer(l, zero, arch);
+        ASSERT_NE(trainer, nullptr);
+        ASSERT_TRUE(trainer->train_step().is_ok());
+        const RankStats& s = trainer->last_step_stats();
+        expect_group(s.traffic.tp, s.analytic.tp, "tp");
+        expect_group(s.traffic.dp, s.analytic.dp, "dp");
+        expect_group(s.traffic.pp, s.analytic.pp, "pp");
+        expect_group(s.traffic.embedding, s.analytic.embedding, "embedding");
+        // Not vacuous: whatever the layout splits, something was counted.
+        if (l.tp > 1) {
+          EXPECT_GT(s.traffic.tp.all_reduce, 0);
+        }
+        if (l.pp > 1) {
+          EXPECT_GT(s.traffic.pp.send, 0);
+        }
+        if (l.dp > 1) {
+          EXPECT_GT(s.traffic.dp.total(), 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs dp > 1";
+  const Layout l{n, 1, 1};
+  // Stage 0 is the unsharded baseline: P floats of parameters and of gradients, 2P of
+  // AdamW moments.
+  auto base = make_trainer(l, 0, "gpt2");
+  ASSERT_TRUE(base->train_step().is_ok());
+  const double P = base->last_step_stats().param_bytes;
+  EXPECT_EQ(base->last_step_stats().grad_bytes, P);
+  EXPECT_EQ(base->last_step_stats().optimizer_bytes, 2 * P);
+  const double largest_group = [&] {
+    size_t m = 0;
+    for (const auto& g : base->model().layout().groups) m = std::max(m, g.num_floats);
+    return 4.0 * static_cast<double>(m);
+  }();
+  for (int zero = 1; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    auto t = make_trainer(l, zero, "gpt2");
+    ASSERT_TRUE(t->train_step().is_ok());
+    const RankStats& s = t->last_step_stats();
+    EXPECT_EQ(s.optimizer_bytes, 2 * P / n);  // stage >= 1: moments sharded
+    if (zero == 1) {
+      EXPECT_EQ(s.grad_bytes, P);
+      EXPECT_EQ(s.param_bytes, P);
+    }
+    if (zero == 2) {  // gradient shard, plus at most one group's full buffer in flight
+      EXPECT_GE(s.grad_bytes, P / n);
+      EXPECT_LE(s.grad_bytes, P / n + largest_group);
+      EXPECT_EQ(s.param_bytes, P);
+    }
+    if (zero == 3) {  // between steps no group is gathered
+      EXPECT_EQ(s.grad_bytes, P / n);
+      EXPECT_EQ(s.param_bytes, P / n);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trident

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# End-to-end test of scripts/slurm/train.sbatch on a one-node Slurm cluster started inside
+# this machine (scripts/slurm/cluster.sh). Builds nothing; needs root (daemons, apt-get).
+#
+#   tests/slurm/slurm_e2e.sh TRIDENT_BINARY SCRATCH_DIR
+#
+# Scenarios (8 ranks: dp2 x tp2 x pp2, a tiny GPT-2 on byte tokens; OMP_NUM_THREADS=1):
+#   smoke  the job trains to the end: state COMPLETED, exit 0:0, final loss line printed.
+#   kill   one task is SIGKILLed after step KILL_AT; the script re-launches the step inside
+#          the allocation; the retry resumes from a checkpoint (its first step is > 1) and
+#          the last step's loss equals the uninterrupted smoke run's.
+#   usr1   `scancel -s USR1 -b` after step KILL_AT; Trident saves and exits 3; the script
+#          requeues the job (Restarts=1); the rerun resumes and ends with the same loss.
+# kill and usr1 need checkpoints, resume and signal handling in trident; they run only with
+# SLURM_E2E_FULL=1 (otherwise they print SKIP). Prints PASS/FAIL/SKIP per scenario and
+# exits 1 if any scenario failed. The daemons are stopped on exit, whatever happens.
+#
+# Environment: SLURM_E2E_FULL=1 (run kill and usr1), SLURM_E2E_STEPS (default 80),
+#   SLURM_E2E_TIMEOUT (seconds per job, default 300), SLURM_TEST_PORT (see cluster.sh).
+set -uo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 TRIDENT_BINARY SCRATCH_DIR" >&2; exit 2
+fi
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+[[ -x $BIN ]] || { echo "not an executable: $1" >&2; exit 2; }
+mkdir -p "$2"
+SCRATCH=$(cd "$2" && pwd)
+STEPS=${SLURM_E2E_STEPS:-80}
+KILL_AT=$((STEPS / 4))
+TIMEOUT=${SLURM_E2E_TIMEOUT:-300}
+CLUSTER=$SCRATCH/cluster
+T0=$SECONDS
+
+say() { echo "[$(date '+%T')] slurm_e2e: $*"; }
+watchers=()
+cleanup() {
+  local pid
+  for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
+  "$REPO/scripts/slurm/cluster.sh" stop "$CLUSTER" || true
+}
+trap cleanup EXIT
+
+# ---- cluster and data ------------------------------------------------------------------
+eval "$("$REPO/scripts/slurm/cluster.sh" start "$CLUSTER")" || { echo "FAIL: cluster did not start"; exit 1; }
+export SLURM_CONF
+
+rm -rf "$SCRATCH/data" "$SCRATCH/runs"
+mkdir -p "$SCRATCH/data" "$SCRATCH/runs"
+# Any English text will do: the repository's docs, repeated to ~200 KB of byte tokens.
+for _ in $(seq 20); do cat "$REPO/README.md" "$REPO"/docs/*.md; done > "$SCRATCH/data/corpus.txt"
+"$BIN" prepare --input "$SCRATCH/data/corpus.txt" --out "$SCRATCH/data" --tokenizer byte \
+  > "$SCRATCH/data/prepare.log" 2>&1 || { cat "$SCRATCH/data/prepare.log"; echo "FAIL: prepare"; exit 1; }
+
+cat > "$SCRATCH/tiny.yaml" <<EOF
+# Tiny: 8 ranks on 2 cores take ~60 ms a step (with OMPI_MCA_mpi_yield_when_idle=1).
+model: {arch: gpt2, vocab_size: 256, seq_len: 32, n_layers: 2, n_heads: 4, d_model: 32}
+parallel: {dp: 2, tp: 2, pp: 2, micro_batch_size: 2}
+data: {train: $SCRATCH/data/train_*.bin, shuffle: false, seed: 1}
+training: {global_batch_size: 8, max_steps: $STEPS, lr: 3.0e-3, warmup_steps: 4,
+           lr_schedule: cosine, grad_clip: 1.0, eval_interval: 0}
+checkpoint: {interval: 5, keep_last: 2}
+logging: {log_interval: 1}
+EOF
+
+# ---- helpers -----------------------------------------------------------------------------
+# submit NAME: submits train.sbatch from runs/NAME (its checkpoints and log stay there).
+submit() {
+  local dir=$SCRATCH/runs/$1
+  mkdir -p "$dir"
+  (cd "$dir" && TRIDENT_BIN=$BIN TRIDENT_RETRY_DELAY=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 \
+    sbatch --parsable -J "e2e-$1" -N 1 -n 8 --ntasks-per-node=8 --time=30 -o "$dir/job.out" \
+      "$REPO/scripts/slurm/train.sbatch" "$SCRATCH/tiny.yaml" \
+      --set "checkpoint.dir=$dir/ckpt" --set "logging.metrics=$dir/metrics.jsonl")
+}
+
+job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
+
+# wait_job JOBID: waits for a final state; a requeued job is let start after 5 s instead of
+# Slurm's 120 s BeginTime delay. Prints the final state.
+wait_job() {
+  local job=$1 start=$SECONDS state reason pending_since=""
+  while (( SECONDS - start < TIMEOUT )); do
+    state=$(job_field "$job" JobState)
+    case $state in
+      COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)
+        echo "$state"; return ;;
+      PENDING)
+        # Not at once: a rerun started ~1 s after the requeue collided with the old run's
+        # step ("StepId=6.0 aborted before step completely launched") and srun still exited
+        # 0. 3 s after the requeue was enough in trials; the node must be idle too.
+        reason=$(job_field "$job" Reason)
+        if [[ $reason == BeginTime ]]; then
+          [[ -n $pending_since ]] || pending_since=$SECONDS
+          if (( SECONDS - pending_since >= 5 )) && [[ $(sinfo -h -N -o '%t' | head -n1) == idle ]]; then
+            scontrol update JobId="$job" StartTime=now 2>/dev/null
+          fi
+        fi ;;
+    esac
+    sleep 0.5
+  done
+  scancel "$job" 2>/dev/null
+  echo "TIMEOUT_IN_TEST"
+}
+
+# wait_step FILE N: waits until FILE shows training step N (or the timeout).
+wait_step() {
+  local start=$SECONDS
+  until grep -q "step $2/$STEPS | loss" "$1" 2>/dev/null; do
+    (( SECONDS - start < TIMEOUT )) || return 1
+    sleep 0.2
+  done
+}
+
+last_loss() { grep -o "step $STEPS/$STEPS | loss [0-9.na-]*" "$1" | tail -n1 | awk '{print $NF}'; }
+
+# first_step_after FILE PATTERN: the first "step N/" after the last line matching PATTERN.
+first_step_after() {
+  awk -v pat="$2" -v steps="$STEPS" '
+    $0 ~ pat { seen = 1; n = ""; next }
+    seen && n == "" && match($0, "step [0-9]+/" steps " \\| loss") {
+      s = substr($0, RSTART + 5); sub("/.*", "", s); n = s }
+    END { print n }' "$1"
+}
+
+failures=0
+result() {  # result NAME OK|FAIL|SKIP DETAIL
+  case $2 in
+    OK) say "PASS $1 ($3)" ;;
+    SKIP) say "SKIP $1 ($3)" ;;
+    *) say "FAIL $1 ($3)"; failures=$((failures + 1)) ;;
+  esac
+}
+show_log() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1"; echo "----"; }
+
+# ---- a) smoke ----------------------------------------------------------------------------
+t=$SECONDS
+job=$(submit smoke)
+state=$(wait_job "$job")
+out=$SCRATCH/runs/smoke/job.out
+ref_loss=$(last_loss "$out")
+exit_code=$(job_field "$job" ExitCode)
+if [[ $state == COMPLETED && $exit_code == 0:0 && -n $ref_loss ]] &&
+   grep -q "done: .* final loss $ref_loss" "$out" && grep -q "training finished" "$out"; then
+  result smoke OK "job $job COMPLETED in $((SECONDS - t)) s, final loss $ref_loss"
+else
+  show_log "$out"
+  result smoke FAIL "job $job state $state exit $exit_code, final loss '${ref_loss}'"
+fi
+
+# ---- b) kill: a task SIGKILLed mid-run, the step retried inside the allocation ------------
+if [[ ${SLURM_E2E_FULL:-0} != 1 ]]; then
+  result kill SKIP "needs checkpoints + resume; run with SLURM_E2E_FULL=1"
+else
+  t=$SECONDS
+  out=$SCRATCH/runs/kill/job.out
+  job=$(submit kill)
+  (
+    wait_step "$out" "$KILL_AT" || exit 0
+    # A task of step 0 (first attempt), found through Slurm, not by name.
+    pid=$(scontrol listpids "$job.0" 2>/dev/null |
+          awk 'NR > 1 && $4 == 3 && $5 == 3 { print $1; exit }')
+    if [[ -n $pid ]]; then
+      echo "[$(date '+%T')] slurm_e2e: kill -9 task 3 (pid $pid) after step $KILL_AT" >> "$out"
+      kill -9 "$pid"
+    fi
+  ) &
+  watchers+=($!)
+  state=$(wait_job "$job")
+  loss=$(last_loss "$out")
+  resumed=$(first_step_after "$out" "retrying in")
+  if [[ $state == COMPLETED && -n $loss && $loss == "$ref_loss" ]] &&
+     grep -q "kill -9 task 3" "$out" && grep -q "retry 1 of" "$out" &&
+     [[ -n $resumed && $resumed -gt 1 ]]; then
+    result kill OK "job $job COMPLETED in $((SECONDS - t)) s; retry resumed at step $resumed; loss $loss"
+  else
+    show_log "$out"
+    result kill FAIL "job $job state $state; retry's first step '${resumed}'; loss '${loss}' vs '${ref_loss}'"
+  fi
+fi
+
+# ---- c) usr1: save on SIGUSR1, exit 3, requeue, resume ----------------------------------
+if [[ ${SLURM_E2E_FULL:-0} != 1 ]]; then
+  result usr1 SKIP "needs checkpoints + resume + signal handling; run with SLURM_E2E_FULL=1"
+else
+  t=$SECONDS
+  out=$SCRATCH/runs/usr1/job.out
+  job=$(submit usr1)
+  (
+    wait_step "$out" "$KILL_AT" || exit 0
+    echo "[$(date '+%T')] slurm_e2e: scancel -s USR1 -b $job after step $KILL_AT" >> "$out"
+    scancel -s USR1 -b "$job"
+  ) &
+  watchers+=($!)
+  state=$(wait_job "$job")
+  loss=$(last_loss "$out")
+  restarts=$(job_field "$job" Restarts)
+  resumed=$(first_step_after "$out" "restart count 1")
+  if [[ $state == COMPLETED && -n $loss && $loss == "$ref_loss" && $restarts == 1 ]] &&
+     grep -q "step exited with code 3" "$out" && grep -q "requeueing job $job" "$out" &&
+     [[ -n $resumed && $resumed -gt 1 ]]; then
+    result usr1 OK "job $job COMPLETED in $((SECONDS - t)) s after 1 requeue; resumed at step $resumed; loss $loss"
+  else
+    show_log "$out"
+    result usr1 FAIL "job $job state $state, restarts '${restarts}'; rerun's first step '${resumed}'; loss '${loss}' vs '${ref_loss}'"
+  fi
+fi
+
+say "$failures failed; $((SECONDS - T0)) s in all"
+[[ $failures -eq 0 ]]

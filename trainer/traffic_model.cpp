@@ -1,0 +1,64 @@
+#include "trainer/traffic_model.h"
+
+namespace trident {
+
+RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
+                             const ParamLayout& layout) {
+  const auto& par = config.parallel;
+  const double N = static_cast<double>(par.micro_batch_size) * config.model.seq_len;
+  const double C = config.model.d_model;
+  const double micro = config.grad_accum_steps();
+  const double layers = part.layer_end - part.layer_begin;
+  constexpr double kF = 4.0;  // bytes per float
+  RankTraffic t;
+
+  if (par.tp > 1) {
+    double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
+    if (part.first_stage()) per_micro += N * C;
+    if (part.last_stage()) per_micro += 3 * N + N * C;
+    t.tp.all_reduce = per_micro * micro * kF;
+  }
+  if (par.pp > 1) {
+    double per_micro = 0;
+    if (!part.last_stage()) per_micro += N * C;
+    if (!part.first_stage()) per_micro += N * C;
+    t.pp.send = per_micro * micro * kF;
+  }
+
+  const double total = static_cast<double>(layout.total_floats());
+  const double dp = par.dp;
+  // A tied head in a one-stage model uses group 0 (wte) a second time: ZeRO-3 gathers
+  // it again, and ZeRO-2/3 reduce-scatter its gradient once for the head and once for
+  // the embedding.
+  double group0_extra = 0;
+  if (config.model.tied() && part.first_stage() && part.last_stage()) {
+    group0_extra = static_cast<double>(layout.groups[0].num_floats);
+  }
+  switch (par.dp > 1 ? par.zero_stage : -1) {
+    case -1:  // one data-parallel rank: nothing crosses ranks
+      break;
+    case 0:
+      t.dp.all_reduce = total * kF;
+      break;
+    case 1:
+      t.dp.all_reduce = total * kF;
+      t.dp.all_gather = total * kF;
+      break;
+    case 2:
+      t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
+      t.dp.all_gather = total * kF;
+      break;
+    default:
+      t.dp.all_gather = (2 * total + 2 * group0_extra) * micro * kF;
+      t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
+      break;
+  }
+  if (config.model.tied() && par.pp > 1 && (part.first_stage() || part.last_stage())) {
+    const ParamInfo* wte = layout.find("wte");
+    const double floats = static_cast<double>(wte->numel());
+    t.embedding.all_reduce = (par.zero_stage >= 2 ? floats / dp : floats) * kF;
+  }
+  return t;
+}
+
+}  // namespace trident

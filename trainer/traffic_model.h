@@ -1,0 +1,42 @@
+// The analytic communication volume of one training step on one rank, per process
+// group, in the payload convention of parallel/communicator.h (all_reduce: the buffer;
+// reduce_scatter: the input; all_gather: the output; send: the message). Benchmarks
+// print it next to the measured counters, and tests require the two to agree.
+//
+// Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats):
+// - tp (tp > 1): forward 2 all-reduces of N*C per layer, the vocab-parallel embedding
+//   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
+//   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C).
+// - pp: one activation (N*C) sent forward per micro-batch by every stage but the last,
+//   one gradient (N*C) sent back by every stage but the first.
+// - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 also all-gathers the
+//   parameters; ZeRO 2 reduce-scatters each group's gradients after its backward, per
+//   micro-batch, and all-gathers the parameters; ZeRO 3 all-gathers each group before
+//   its forward and again before its backward and reduce-scatters its gradients, per
+//   micro-batch (a tied one-stage head uses group 0 a second time, under ZeRO 2 and 3).
+// - embedding (tied, pp > 1): one all-reduce of this rank's reduced wte gradient.
+// The dp volumes here are exact only when every tensor's rows divide by dp and every
+// tensor is a multiple of 16 floats (no shard padding, no alignment gaps); otherwise
+// the measured volume is larger by the padding.
+#pragma once
+
+#include "model/param_store.h"
+#include "model/transformer.h"
+#include "trainer/config.h"
+
+namespace trident {
+
+struct GroupTraffic {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0, send = 0;  // bytes per step
+  double total() const { return all_reduce + reduce_scatter + all_gather + send; }
+};
+
+struct RankTraffic {
+  GroupTraffic tp, dp, pp, embedding;
+  double total() const { return tp.total() + dp.total() + pp.total() + embedding.total(); }
+};
+
+RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
+                             const ParamLayout& layout);
+
+}  // namespace trident
