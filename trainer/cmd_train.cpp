@@ -1,13 +1,17 @@
 // `trident train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]`
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "parallel/communicator.h"
+#include "parallel/watchdog.h"
 #include "trainer/commands.h"
 #include "trainer/config.h"
+#include "trainer/signals.h"
 #include "trainer/trainer.h"
 
 namespace trident {
@@ -65,20 +69,25 @@ int cmd_train(const std::vector<std::string>& args) {
 
   auto config = load_config(ta.config_path, ta.overrides);
   if (!config.is_ok()) return fail(config.status());
-  if (ta.resume != "auto" && ta.resume != "none") {
-    return fail(Status::invalid_config("--resume " + ta.resume +
-                                       ": loading a checkpoint directory is not supported yet "
-                                       "(use auto or none)"));
-  }
-  // Checkpoints are not written yet, so `auto` finds none and starts fresh.
+  install_stop_signal_handlers();
+  // Child groups copy the default timeout when they are split off the world.
+  world->set_default_timeout(std::chrono::seconds(config->parallel.comm_timeout_s));
+  Watchdog watchdog;
 
   TrainerOptions options;
   options.world = world.get();
+  options.resume = ta.resume;
+  options.watchdog = &watchdog;
+  // Fault injection for the failure tests: TRIDENT_FAULT_HANG=<rank>:<step> makes that
+  // rank stop responding at the start of that step (its peers' watchdogs must end the job).
+  if (const char* hang = std::getenv("TRIDENT_FAULT_HANG")) {
+    std::sscanf(hang, "%d:%d", &options.hang_rank, &options.hang_step);
+  }
   auto trainer = Trainer::create(std::move(config).value(), options);
   if (!trainer.is_ok()) return fail(trainer.status());
   Status st = trainer.value()->run();
   if (!st.is_ok()) return fail(st);
-  return 0;
+  return trainer.value()->stopped_by_signal() ? 3 : 0;
 }
 
 }  // namespace trident

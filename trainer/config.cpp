@@ -49,7 +49,8 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
-        TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt)}},
+        TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt),
+        TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
       {"data",
        {TRIDENT_FIELD(data, train, kString), TRIDENT_FIELD(data, val, kString),
         TRIDENT_FIELD(data, shuffle, kBool), TRIDENT_FIELD(data, seed, kUint64)}},
@@ -433,6 +434,7 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   }
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.micro_batch_size", p.micro_batch_size, 1));
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.bucket_mb", p.bucket_mb, 1));
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.comm_timeout_s", p.comm_timeout_s, 1));
   // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));

@@ -24,6 +24,7 @@ struct ParallelConfig {
   PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
   std::vector<int> stage_layers;     // layers per stage; empty = balanced
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
+  int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };
 
 struct DataConfig {

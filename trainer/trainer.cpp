@@ -7,12 +7,16 @@
 #include <cstring>
 #include <thread>
 
+#include "checkpoint/reader.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/sampler.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/llmc_checkpoint.h"
+#include "parallel/watchdog.h"
+#include "trainer/checkpointing.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/signals.h"
 
 #include <nlohmann/json.hpp>
 
@@ -85,10 +89,14 @@ class Trainer::StageRunner : public PipelineStageModel {
     const int mb = c.parallel.micro_batch_size, T = c.model.seq_len;
     const bool first = t_.part_.first_stage(), last = t_.part_.last_stage();
     if (first || last) {
-      const CounterRange range =
-          micro_batch_range(static_cast<uint64_t>(t_.step_), c.training.global_batch_size,
-                            c.parallel.dp, t_.groups_.coords.dp_rank, mb, micro);
-      Status st = t_.train_data_->load(range.first, mb, T, t_.inputs_.data(), t_.targets_.data());
+      // The global sample order is consumed from consumed_samples_ on (it carries over a
+      // resume even when the global batch size changes); dp rank r takes its slice.
+      const uint64_t per_rank =
+          static_cast<uint64_t>(c.training.global_batch_size) / static_cast<uint64_t>(c.parallel.dp);
+      const uint64_t first = t_.consumed_samples_ +
+                             static_cast<uint64_t>(t_.groups_.coords.dp_rank) * per_rank +
+                             static_cast<uint64_t>(micro) * static_cast<uint64_t>(mb);
+      Status st = t_.train_data_->load(first, mb, T, t_.inputs_.data(), t_.targets_.data());
       if (!st.is_ok()) {
         // Keep the collective pattern intact (other ranks are waiting on this one); the
         // step reports the error on every rank afterwards.
@@ -199,6 +207,12 @@ Status Trainer::init() {
     }
   }
   dp_->zero_grad();
+  CheckpointWriterOptions writer_options;
+  writer_options.dir = config_.checkpoint.dir;
+  writer_options.keep_last = config_.checkpoint.keep_last;
+  writer_options.on_chunk = options_.checkpoint_chunk_hook;
+  writer_ = std::make_unique<CheckpointWriter>(writer_options);
+  TRIDENT_RETURN_IF_ERROR(resume());
   if (world_->rank() == 0) TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
   inputs_.resize(static_cast<size_t>(par.micro_batch_size) * mc.seq_len);
   targets_.resize(inputs_.size());
@@ -275,6 +289,100 @@ void Trainer::collect_traffic() {
   stats_.grad_bytes = static_cast<double>(mem.grads);
   stats_.optimizer_bytes = static_cast<double>(mem.optimizer);
   stats_.activation_bytes = static_cast<double>(model_->activation_bytes());
+}
+
+nlohmann::json Trainer::trainer_state() const {
+  const auto& par = config_.parallel;
+  return nlohmann::json{
+      {"step", step_},
+      {"consumed_samples", consumed_samples_},
+      {"optimizer_steps", dp_->steps_taken()},
+      {"layout", {{"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"zero_stage", par.zero_stage},
+                  {"world_size", world_->size()}}},
+      {"seeds", {{"init", config_.training.seed}, {"data", config_.data.seed}}},
+      {"config", config_to_yaml(config_)}};
+}
+
+namespace {
+// Rank 0's decision, sent to every rank: "" (start fresh), a step directory, or an
+// error ("!<code>:<message>").
+std::string broadcast_string(Communicator& world, std::string text) {
+  std::vector<std::int64_t> size = {world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0};
+  world.all_reduce(std::span<std::int64_t>(size), ReduceOp::kSum);
+  text.resize(static_cast<size_t>(size[0]));
+  world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
+  return text;
+}
+}  // namespace
+
+Status Trainer::resume() {
+  if (options_.resume == "none") return Status::ok();
+  std::string decision;
+  if (world_->rank() == 0) {
+    if (options_.resume == "auto") {
+      std::vector<std::string> skipped;
+      auto found = find_latest_valid(config_.checkpoint.dir, &skipped);
+      for (const std::string& why : skipped) log::warn("skipping checkpoint {}", why);
+      if (found.is_ok()) {
+        decision = found.value();
+      } else if (!list_steps(config_.checkpoint.dir).empty()) {
+        log::warn("no valid checkpoint in {}; starting from scratch", config_.checkpoint.dir);
+      }
+    } else {
+      std::string note;
+      auto dir = resolve_step_dir(options_.resume, &note);
+      if (!note.empty()) log::warn("{}", note);
+      Status st = dir.is_ok() ? verify_checkpoint(dir.value()) : dir.status();
+      decision = st.is_ok() ? dir.value()
+                            : "!" + std::to_string(static_cast<int>(st.code())) + ":" +
+                                  st.with_context("--resume " + options_.resume).message();
+    }
+  }
+  decision = broadcast_string(*world_, decision);
+  if (!decision.empty() && decision[0] == '!') {
+    const size_t colon = decision.find(':');
+    return Status(static_cast<StatusCode>(std::stoi(decision.substr(1, colon - 1))),
+                  decision.substr(colon + 1));
+  }
+  if (decision.empty()) return Status::ok();
+
+  Status st;
+  auto ckpt = open_checkpoint(decision);
+  if (ckpt.is_ok()) {
+    st = load_checkpoint_state(ckpt.value(), layout_, *dp_);
+  } else {
+    st = ckpt.status();
+  }
+  // Every rank must have loaded before anyone trains on.
+  if (all_reduce_scalar(st.is_ok() ? 0.0 : 1.0) > 0) {
+    return st.is_ok() ? Status::corrupt("another rank failed to load " + decision) : st;
+  }
+  const nlohmann::json& state = ckpt.value().trainer_state();
+  step_ = state.at("step").get<int>();
+  consumed_samples_ = state.at("consumed_samples").get<uint64_t>();
+  dp_->set_steps_taken(state.at("optimizer_steps").get<int>());
+  dp_->zero_grad();
+  if (world_->rank() == 0) {
+    const auto& layout = state.at("layout");
+    log::info("resumed from {} (step {}, {} samples consumed; saved by dp={} tp={} pp={} zero_stage={})",
+              decision, step_, consumed_samples_, layout.at("dp").get<int>(),
+              layout.at("tp").get<int>(), layout.at("pp").get<int>(),
+              layout.at("zero_stage").get<int>());
+  }
+  return Status::ok();
+}
+
+Status Trainer::save_checkpoint(bool async) {
+  const std::vector<BoxRef> boxes =
+      checkpoint_boxes(layout_, *dp_, groups_.coords, config_.parallel.zero_stage);
+  Status st = writer_->save(step_, boxes, trainer_state(), *world_, async);
+  if (!st.is_ok()) return st.with_context("checkpoint step " + std::to_string(step_));
+  const SaveStats& stats = writer_->last_stats();
+  if (world_->rank() == 0 && !options_.quiet) {
+    log::info("checkpoint step {}: snapshot {:.1f} ms{}", step_, stats.snapshot_ms,
+              async ? ", writing in the background" : fmt::format(", written and committed in {:.1f} ms", stats.write_ms + stats.commit_ms));
+  }
+  return Status::ok();
 }
 
 Result<StepMetrics> Trainer::train_step() {
@@ -481,7 +589,13 @@ Status Trainer::run() {
   Timer total;
   const int first_step = step_;
   const bool rank0 = world_->rank() == 0;
+  const auto& ck = config_.checkpoint;
   while (step_ < t.max_steps) {
+    if (options_.watchdog) options_.watchdog->set_step(step_ + 1);
+    if (world_->rank() == options_.hang_rank && step_ + 1 == options_.hang_step) {
+      log::warn("fault injection: rank {} hangs at step {}", options_.hang_rank, step_ + 1);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     TRIDENT_ASSIGN_OR_RETURN(StepMetrics m, train_step());
     if (rank0) metrics_.write_step(m);
     const bool last = step_ == t.max_steps;
@@ -493,6 +607,30 @@ Status Trainer::run() {
       if (rank0) metrics_.write_eval(step_, val_loss);
       if (!options_.quiet) log::info("step {}/{} | val_loss {:.4f}", step_, t.max_steps, val_loss);
     }
+    // Step boundary: finish a background save, honour a stop request, save on schedule.
+    if (writer_->in_flight()) {
+      bool committed = false;
+      TRIDENT_RETURN_IF_ERROR(writer_->poll(&committed));
+      if (committed && rank0 && !options_.quiet) {
+        log::info("checkpoint step {} committed (write {:.1f} ms in the background)",
+                  *writer_->last_committed_step(), writer_->last_stats().write_ms);
+      }
+    }
+    if (all_reduce_scalar(stop_requested() ? 1.0 : 0.0) > 0) {
+      TRIDENT_RETURN_IF_ERROR(writer_->wait());
+      if (writer_->last_committed_step() != step_) TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
+      stopped_by_signal_ = true;
+      if (rank0) log::warn("stop requested (SIGTERM/SIGUSR1): saved step {} in {}; exiting with 3", step_, ck.dir);
+      return Status::ok();
+    }
+    if (ck.interval > 0 && step_ % ck.interval == 0 && step_ < t.max_steps) {
+      TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async));
+    }
+  }
+  // The final state is always worth keeping when checkpoints are on.
+  TRIDENT_RETURN_IF_ERROR(writer_->wait());
+  if (ck.interval > 0 && writer_->last_committed_step() != step_ && step_ > first_step) {
+    TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
   }
   if (step_ > first_step) {
     print_summary();

@@ -12,12 +12,14 @@
 // CPU the same layout run twice is bitwise identical.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/writer.h"
 #include "core/status.h"
 #include "data/loader.h"
 #include "kernels/ops.h"
@@ -32,8 +34,15 @@
 
 namespace trident {
 
+class Watchdog;
+
 struct TrainerOptions {
   Communicator* world = nullptr;  // null: a single process (own SelfCommunicator)
+  std::string resume = "auto";    // auto (newest valid checkpoint), none, or a directory
+  Watchdog* watchdog = nullptr;   // told the step, when given
+  int hang_rank = -1, hang_step = -1;  // fault injection (TRIDENT_FAULT_HANG)
+  // Test hook: called by the checkpoint writer after each chunk it writes.
+  std::function<Status(int64_t written, int64_t total)> checkpoint_chunk_hook;
   double peak_flops = 0;          // per device, for MFU; 0 = measure (CPU: sgemm rate)
   bool quiet = false;             // no progress lines (benchmarks, tests)
   int threads = 0;                // CPU threads per rank; 0 = all cores / ranks per node
@@ -59,6 +68,13 @@ class Trainer {
   Result<StepMetrics> train_step();
   // Mean loss over training.eval_batches micro-batches of the validation data.
   Result<double> evaluate();
+  // Saves a checkpoint of the current step (collective). async: snapshot now, write in
+  // the background, commit at a later step boundary (poll/wait).
+  Status save_checkpoint(bool async);
+  // True when run() stopped early on SIGTERM/SIGUSR1 after saving (exit code 3).
+  bool stopped_by_signal() const { return stopped_by_signal_; }
+  // The checkpoint writer (tests: whether a save is in flight, its timings).
+  CheckpointWriter& checkpoint_writer() { return *writer_; }
   // Every global parameter, assembled on world rank 0 (empty map on other ranks).
   // Collective over the world.
   std::map<std::string, std::vector<float>> gather_parameters();
@@ -78,7 +94,8 @@ class Trainer {
   class StageRunner;
   Trainer(Config config, TrainerOptions options);
   Status init();
-  Status load_initial_weights();
+  Status resume();
+  nlohmann::json trainer_state() const;
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local);
@@ -96,6 +113,8 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  bool stopped_by_signal_ = false;
   std::optional<DataLoader> train_data_;
   std::optional<DataLoader> val_data_;
   MetricsWriter metrics_;

@@ -63,6 +63,7 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.pipeline_schedule, b.parallel.pipeline_schedule);
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
   EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
+  EXPECT_EQ(a.parallel.comm_timeout_s, b.parallel.comm_timeout_s);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.val, b.data.val);
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
@@ -154,6 +155,7 @@ parallel:
   pipeline_schedule: gpipe
   stage_layers: [1, 2, 3]
   bucket_mb: 50
+  comm_timeout_s: 45
 data:
   train: "a/train_*.bin"
   val: b/val.bin
@@ -365,6 +367,7 @@ TEST(Config, TrainingAndOtherSectionErrors) {
       {"checkpoint: {dir: \"\"}", "checkpoint.dir"},
       {"logging: {log_interval: 0}", "logging.log_interval"},
       {"parallel: {bucket_mb: 0}", "parallel.bucket_mb"},
+      {"parallel: {comm_timeout_s: 0}", "parallel.comm_timeout_s"},
   };
   for (const auto& [yaml, needle] : cases) {
     SCOPED_TRACE(yaml);

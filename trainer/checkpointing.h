@@ -1,0 +1,30 @@
+// What a rank saves into and loads from a sharded checkpoint (checkpoint/): for every
+// parameter three global tensors, "param/<name>", "adam_m/<name>" and "adam_v/<name>",
+// each saved as the rectangular boxes that ranks own: the tensor-parallel slice of the
+// rank's pipeline stage, cut to the rows its data-parallel rank keeps optimizer state
+// for. Replicated copies are saved once (tp rank 0 for tp-replicated tensors, dp rank 0
+// under ZeRO-0, the first stage for a tied embedding), so the boxes of all ranks cover
+// every tensor exactly once, whatever the layout. Loading reads each rank's own boxes
+// from whatever boxes are on disk, which is what lets any layout resume any other.
+#pragma once
+
+#include <vector>
+
+#include "checkpoint/box.h"
+#include "checkpoint/reader.h"
+#include "model/param_store.h"
+#include "parallel/data_parallel.h"
+#include "parallel/topology.h"
+
+namespace trident {
+
+// The boxes this rank saves; the data pointers stay valid until the next optimizer step.
+std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp,
+                                     const RankCoords& coords, int zero_stage);
+
+// Loads parameters (all of this rank's tensor-parallel part) and AdamW moments (the
+// owned rows) from `checkpoint`. Errors name the tensor (missing, or a global shape that
+// does not match this model).
+Status load_checkpoint_state(Checkpoint& checkpoint, const ParamLayout& layout, DataParallel& dp);
+
+}  // namespace trident
