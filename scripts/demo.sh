@@ -16,7 +16,8 @@ if [[ ! -f "$RUN_DIR/data/train_000000.bin" ]]; then
   build/trident prepare --input "${texts[@]}" --out "$RUN_DIR/data" --tokenizer byte \
     | tee "$RUN_DIR/prepare.log"
 fi
-rm -f "$RUN_DIR/metrics.jsonl"
+# A fresh run each time: old metrics and checkpoints would mix with the new ones.
+rm -rf "$RUN_DIR/metrics.jsonl" "$RUN_DIR/checkpoints"
 ranks=${TRIDENT_DEMO_RANKS:-8}
 if [[ $ranks == 1 ]]; then
   build/trident train --config configs/tiny.yaml "$@"
@@ -34,6 +35,7 @@ entropy=$(grep -o 'unigram entropy: [0-9.]*' "$RUN_DIR/prepare.log" | awk '{prin
 val=$(grep -o '"val_loss":[0-9.]*' "$RUN_DIR/metrics.jsonl" | tail -1 | cut -d: -f2 || true)
 echo
 echo "metrics: $RUN_DIR/metrics.jsonl (one JSON object per step; plot with your tool of choice)"
+echo "checkpoints: $RUN_DIR/checkpoints (build/trident ckpt inspect $RUN_DIR/checkpoints)"
 if [[ -n "$entropy" && -n "$val" ]]; then
   echo "final validation loss ${val} nats/token vs. the corpus's unigram entropy ${entropy} nats/token"
 fi
