@@ -144,4 +144,11 @@ Status make_dirs(const std::string& dir) {
   return Status::ok();
 }
 
+Status remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Status::io_error(path + ": remove: " + ec.message());
+  return Status::ok();
+}
+
 }  // namespace trident

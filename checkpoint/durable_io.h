@@ -31,6 +31,9 @@ Status read_whole_file(const std::string& path, std::string* out);
 // mkdir -p. Existing directories are fine.
 Status make_dirs(const std::string& dir);
 
+// Removes a file or directory tree (missing is fine); errors name the path.
+Status remove_tree(const std::string& path);
+
 // A move-only owner of a POSIX file descriptor.
 class FileHandle {
  public:

@@ -21,13 +21,6 @@ std::optional<int64_t> latest_step(const std::string& root) {
   return parse_step_dir_name(text);
 }
 
-Status remove_tree(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) return Status::io_error(path + ": remove: " + ec.message());
-  return Status::ok();
-}
-
 }  // namespace
 
 Status apply_retention(const std::string& root, int keep_last, std::optional<int64_t> protect_step,

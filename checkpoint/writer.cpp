@@ -20,13 +20,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Status remove_tree(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) return Status::io_error(path + ": remove: " + ec.message());
-  return Status::ok();
-}
-
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(CheckpointWriterOptions options) : options_(std::move(options)) {}

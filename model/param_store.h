@@ -58,6 +58,11 @@ struct ParamLayout {
   const ParamInfo* find(const std::string& name) const;
 };
 
+// This rank's tensor-parallel part of a global tensor (`global`: row-major, p.shape)
+// as a local_shape array; and the inverse, writing a local part into its place.
+std::vector<float> local_part(const ParamInfo& p, const float* global);
+void place_local_part(const ParamInfo& p, const float* local, float* global);
+
 enum class Phase { kForward, kBackward };
 
 class ParamStore {

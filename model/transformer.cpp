@@ -334,8 +334,7 @@ struct Transformer::LayerActs {
   float* h_act;     // (N, F_local)  gelu(h1) / silu(h1) * h2
 };
 
-Transformer::LayerParams Transformer::layer_params(int layer, float* base,
-                                                   int /*group_offset*/) const {
+Transformer::LayerParams Transformer::layer_params(int layer, float* base) const {
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
   const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
   float* ptrs[kNumLayerTensors];
@@ -504,7 +503,7 @@ float Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t*
 void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x_out, int B,
                                 int T) {
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, store_->params(1 + layer), 0);
+  const LayerParams p = layer_params(layer, store_->params(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
@@ -671,8 +670,8 @@ void Transformer::layer_backward(int slot, int layer, const float* x_in, float* 
   // On entry dx = dLoss/dx_out; on exit dx = dLoss/dx_in. Residual branches accumulate
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, store_->params(1 + layer), 0);
-  const LayerParams g = layer_params(layer, store_->grads(1 + layer), 0);
+  const LayerParams p = layer_params(layer, store_->params(1 + layer));
+  const LayerParams g = layer_params(layer, store_->grads(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;

@@ -139,7 +139,7 @@ class Transformer {
   struct SlotState;
   void init_partition(Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
   void plan_activations();
-  LayerParams layer_params(int layer, float* base, int group_offset) const;
+  LayerParams layer_params(int layer, float* base) const;
   LayerActs layer_acts(int slot, int local_layer) const;
   float* act(int slot, int index) const;
   float* scratch(int index) const;

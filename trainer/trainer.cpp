@@ -28,34 +28,6 @@ PipeSchedule to_pipe_schedule(PipelineSchedule s) {
   return s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
 }
 
-// This rank's part of a global tensor (row-major `global`), per ParamInfo's box.
-std::vector<float> local_part(const ParamInfo& p, const float* global) {
-  std::vector<float> out(static_cast<size_t>(p.numel()));
-  const int64_t rows = p.local_shape[0];
-  const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
-  const int64_t gcols = p.shape.rank() == 2 ? p.shape[1] : 1;
-  const int64_t r0 = p.split_dim == 0 ? p.split_offset : 0;
-  const int64_t c0 = p.split_dim == 1 ? p.split_offset : 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    std::memcpy(out.data() + i * cols, global + (r0 + i) * gcols + c0,
-                static_cast<size_t>(cols) * sizeof(float));
-  }
-  return out;
-}
-
-// The inverse: writes a local part into its box of the global tensor.
-void place_local_part(const ParamInfo& p, const float* local, float* global) {
-  const int64_t rows = p.local_shape[0];
-  const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
-  const int64_t gcols = p.shape.rank() == 2 ? p.shape[1] : 1;
-  const int64_t r0 = p.split_dim == 0 ? p.split_offset : 0;
-  const int64_t c0 = p.split_dim == 1 ? p.split_offset : 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    std::memcpy(global + (r0 + i) * gcols + c0, local + i * cols,
-                static_cast<size_t>(cols) * sizeof(float));
-  }
-}
-
 ModelPartition partition_for(const Config& config, const RankCoords& coords) {
   const auto& par = config.parallel;
   ModelPartition part;

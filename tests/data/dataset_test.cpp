@@ -10,27 +10,14 @@
 
 #include "data/token_file.h"
 
+#include "tests/common/scratch_dir.h"
+
 namespace trident {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "trident_dataset_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using TempDir = testing::ScratchDir;
 
 std::vector<uint32_t> iota_tokens(uint32_t first, size_t n) {
   std::vector<uint32_t> v(n);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/token_file.h"
+#include "tests/common/scratch_dir.h"
 
 namespace trident::testing {
 
@@ -34,25 +35,6 @@ inline CommandResult run_command(const std::string& command) {
 
 inline std::string trident_binary() { return std::string(TRIDENT_BINARY_DIR) + "/trident"; }
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "trident_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name)) << text;
-  }
-
- private:
-  std::string path_;
-};
 
 // Byte tokens of repeated English sentences: structured enough that a small model's
 // loss falls quickly, and fixed so runs are comparable.

@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 
-#include "data/token_file.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "trainer/trainer.h"
 
@@ -25,14 +24,7 @@ struct Case {
 };
 
 std::string data_file() {
-  // Every rank writes the same tokens to its own file (no shared-file races).
-  static std::string path;
-  if (path.empty()) {
-    path = "/tmp/trident_equiv_" + std::to_string(getpid()) + ".bin";
-    std::vector<uint32_t> tokens(20000);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 13) % 61);
-    EXPECT_TRUE(write_token_file(path, tokens, 1).is_ok());
-  }
+  static const std::string path = test::write_test_tokens("equiv", 7, 61);
   return path;
 }
 
@@ -85,15 +77,6 @@ const Trajectory& reference(Arch arch) {
   return it->second;
 }
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
 void check_case(Arch arch, const Case& c) {
   Communicator& world = test::world();
   const std::string name = std::string(arch_name(arch)) + " dp" + std::to_string(c.layout.dp) +
@@ -136,7 +119,7 @@ void check_case(Arch arch, const Case& c) {
       }
       continue;
     }
-    EXPECT_LT(rel_diff(it->second, values), 1e-4) << pname;
+    EXPECT_LT(test::rel_diff(it->second, values), 1e-4) << pname;
     for (size_t i = 0; i < values.size(); ++i) {
       num += (double(it->second[i]) - values[i]) * (double(it->second[i]) - values[i]);
       den += double(values[i]) * values[i];

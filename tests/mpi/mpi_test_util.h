@@ -3,8 +3,15 @@
 // the rank grid that the topology code is checked against.
 #pragma once
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "data/token_file.h"
 
 #include "parallel/communicator.h"
 #include "parallel/topology.h"
@@ -24,6 +31,30 @@ inline float seeded_value(std::uint64_t seed, int rank, std::uint64_t index) {
   z ^= z >> 31;
   return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ULL << 24) * 2.0 -
                             1.0);
+}
+
+// ||a - b|| / ||b|| in double.
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Writes 20000 structured tokens ((i * mul + i / 13) % modulus) to a file of this
+// process (every rank writes its own, so there are no shared-file races); returns it.
+inline std::string write_test_tokens(const std::string& tag, uint32_t mul, uint32_t modulus) {
+  const std::string path =
+      "/tmp/trident_" + tag + "_" + std::to_string(getpid()) + ".bin";
+  std::vector<uint32_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<uint32_t>((i * mul + i / 13) % modulus);
+  }
+  (void)write_token_file(path, tokens, 1);
+  return path;
 }
 
 // The grid enumerated in launch order (pp outermost, tp innermost), without the formula.

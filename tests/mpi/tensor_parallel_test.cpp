@@ -26,28 +26,6 @@ TransformerConfig tiny_config(Arch arch, int n_kv_heads) {
   return c;
 }
 
-// The slice of a global tensor (row-major `global`) that `p` holds on this rank.
-std::vector<float> local_slice(const ParamInfo& p, const float* global) {
-  std::vector<float> out(static_cast<size_t>(p.numel()));
-  const int64_t rows = p.local_shape[0], cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
-  const int64_t gcols = p.shape.rank() == 2 ? p.shape[1] : 1;
-  const int64_t r0 = p.split_dim == 0 ? p.split_offset : 0;
-  const int64_t c0 = p.split_dim == 1 ? p.split_offset : 0;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      out[static_cast<size_t>(i * cols + j)] = global[(r0 + i) * gcols + c0 + j];
-  return out;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
 void check_tensor_parallel(const TransformerConfig& c, int tp) {
   Communicator& world = test::world();
   auto groups = make_process_groups(world, Layout{world.size() / tp, tp, 1}, c.tied());
@@ -88,7 +66,7 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   for (const ParamInfo& p : split.params()) {
     const ParamInfo* pw = whole.find_param(p.name);
     ASSERT_NE(pw, nullptr) << p.name;
-    const std::vector<float> v = local_slice(p, globals[static_cast<size_t>(pw - whole.params().data())].data());
+    const std::vector<float> v = local_part(p, globals[static_cast<size_t>(pw - whole.params().data())].data());
     split.set_param(p, v.data());
   }
   split.zero_grads();
@@ -102,14 +80,14 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   for (int n = 0; n < N; ++n)
     for (int v = 0; v < Vl; ++v)
       expected[static_cast<size_t>(n) * Vl + v] = logits_whole[static_cast<size_t>(n) * c.padded_vocab + v0 + v];
-  EXPECT_LT(rel_diff(logits_split, expected), 1e-5);
+  EXPECT_LT(test::rel_diff(logits_split, expected), 1e-5);
 
   split.backward(1.0f);
   const std::vector<float> grads_split = split.grads_to_host();
   for (const ParamInfo& p : split.params()) {
     const ParamInfo* pw = whole.find_param(p.name);
     ASSERT_NE(pw, nullptr) << p.name;
-    const std::vector<float> want = local_slice(p, grads_whole.data() + pw->offset);
+    const std::vector<float> want = local_part(p, grads_whole.data() + pw->offset);
     const std::vector<float> got(grads_split.begin() + static_cast<ptrdiff_t>(p.offset),
                                  grads_split.begin() + static_cast<ptrdiff_t>(p.offset + p.numel()));
     // attn.k.bias has an exactly-zero true gradient (softmax shift invariance): only
@@ -118,7 +96,7 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
       for (float g : got) EXPECT_LT(std::fabs(g), 1e-6f) << p.name;
       continue;
     }
-    EXPECT_LT(rel_diff(got, want), 1e-5) << p.name << " on tp rank " << part.tp_rank;
+    EXPECT_LT(test::rel_diff(got, want), 1e-5) << p.name << " on tp rank " << part.tp_rank;
   }
 }
 

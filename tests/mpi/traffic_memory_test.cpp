@@ -5,9 +5,7 @@
 // stage 2 also gradients, stage 3 also parameters).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
-#include "data/token_file.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "trainer/trainer.h"
 
@@ -15,13 +13,7 @@ namespace trident {
 namespace {
 
 std::string traffic_data_file() {
-  static std::string path;
-  if (path.empty()) {
-    path = "/tmp/trident_traffic_" + std::to_string(getpid()) + ".bin";
-    std::vector<uint32_t> tokens(20000);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 5 + i / 7) % 61);
-    EXPECT_TRUE(write_token_file(path, tokens, 1).is_ok());
-  }
+  static const std::string path = test::write_test_tokens("traffic", 5, 61);
   return path;
 }
 
