@@ -3,8 +3,8 @@
 // layout wrote them), verify integrity, pick the newest valid step, and summarize.
 //
 // Integrity: every box read is checked against its XXH3 checksum on first use (later
-// reads of the same box trust that check). A flipped byte, a truncated file or a
-// mangled header is Status::corrupt naming the file and the tensor, e.g.
+// reads of the same box trust that check). A flipped byte is Status::corrupt naming
+// the file and the tensor; a truncated file or a mangled header names the file, e.g.
 //   "/ckpt/step_20/rank_1.bin: checksum mismatch in tensor 'param/w' box start [2, 0]
 //    extent [2, 4] at offset 96 (manifest 0123..., file 4567...)".
 // A missing manifest is Status::corrupt naming manifest.json ("not committed").

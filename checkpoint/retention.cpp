@@ -23,6 +23,18 @@ std::optional<int64_t> latest_step(const std::string& root) {
 
 }  // namespace
 
+Status remove_crash_leftovers(const std::string& root) {
+  std::error_code ec;
+  std::vector<std::string> doomed;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.ends_with(".tmp") || name.ends_with(".deleting")) doomed.push_back(it->path().string());
+  }
+  for (const std::string& path : doomed) TRIDENT_RETURN_IF_ERROR(remove_tree(path));
+  if (!doomed.empty()) TRIDENT_RETURN_IF_ERROR(fsync_dir(root));
+  return Status::ok();
+}
+
 Status apply_retention(const std::string& root, int keep_last, std::optional<int64_t> protect_step,
                        std::vector<std::string>* deleted) {
   // Leftovers of an interrupted earlier deletion.

@@ -21,6 +21,12 @@
 
 namespace trident {
 
+// Removes what a crash can leave under root: step_<N>.tmp directories of saves that never
+// committed, *.deleting directories of an interrupted retention, and temporary files of
+// an interrupted atomic write (latest.tmp). Call only when no save is in flight (at
+// start-up, before the first save); rank 0 only. A missing root is fine.
+Status remove_crash_leftovers(const std::string& root);
+
 // keep_last <= 0 keeps everything. *deleted (optional) receives the deleted paths.
 Status apply_retention(const std::string& root, int keep_last,
                        std::optional<int64_t> protect_step = std::nullopt,

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "checkpoint/reader.h"
+#include "checkpoint/retention.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/sampler.h"
@@ -191,14 +192,16 @@ Status Trainer::init() {
 
   double peak = options_.peak_flops;
   if (peak <= 0) peak = world_->rank() == 0 ? measure_sgemm_peak_gflops() * 1e9 : 0.0;
-  peak_flops_ = options_.peak_flops > 0 ? peak : all_reduce_scalar(peak);
+  peak_flops_ = options_.peak_flops > 0 ? peak : all_reduce_scalar(peak, "peak flops");
   if (!options_.quiet && world_->rank() == 0) print_banner();
   return Status::ok();
 }
 
-double Trainer::all_reduce_scalar(double local) {
+double Trainer::all_reduce_scalar(double local, const char* label) {
   double v = local;
-  world_->all_reduce(std::span<double>(&v, 1), ReduceOp::kSum);
+  CollectiveOptions opts;
+  opts.label = label;  // names the call if the watchdog ever reports it
+  world_->all_reduce(std::span<double>(&v, 1), ReduceOp::kSum, opts);
   return v;
 }
 
@@ -288,6 +291,12 @@ std::string broadcast_string(Communicator& world, std::string text) {
 }  // namespace
 
 Status Trainer::resume() {
+  if (world_->rank() == 0) {
+    // A crash can leave uncommitted saves and temporary files behind; no save of this
+    // job is in flight yet, so they can go.
+    Status st = remove_crash_leftovers(config_.checkpoint.dir);
+    if (!st.is_ok()) log::warn("checkpoint.dir: {}", st.message());
+  }
   if (options_.resume == "none") return Status::ok();
   std::string decision;
   if (world_->rank() == 0) {
@@ -326,7 +335,7 @@ Status Trainer::resume() {
     st = ckpt.status();
   }
   // Every rank must have loaded before anyone trains on.
-  if (all_reduce_scalar(st.is_ok() ? 0.0 : 1.0) > 0) {
+  if (all_reduce_scalar(st.is_ok() ? 0.0 : 1.0, "checkpoint load status") > 0) {
     return st.is_ok() ? Status::corrupt("another rank failed to load " + decision) : st;
   }
   const nlohmann::json& state = ckpt.value().trainer_state();
@@ -368,7 +377,7 @@ Result<StepMetrics> Trainer::train_step() {
   const PipelineExecutor::Stats pipe = executor_->run(runner);
 
   // A data error on any rank stops every rank with the same step.
-  const double failed = all_reduce_scalar(runner.status().is_ok() ? 0.0 : 1.0);
+  const double failed = all_reduce_scalar(runner.status().is_ok() ? 0.0 : 1.0, "step data status");
   if (failed > 0) {
     if (!runner.status().is_ok()) return runner.status();
     return Status::invalid_input("another rank failed to load step " + std::to_string(step_ + 1) +
@@ -384,7 +393,7 @@ Result<StepMetrics> Trainer::train_step() {
     groups_.embedding->all_reduce(g, ReduceOp::kSum, opts);
   }
   const double norm =
-      std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0)));
+      std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0), "grad norm"));
   if (c.training.grad_clip > 0 && norm > c.training.grad_clip) {
     dp_->scale_gradients(static_cast<float>(c.training.grad_clip / norm));
   }
@@ -392,7 +401,7 @@ Result<StepMetrics> Trainer::train_step() {
   dp_->step(lr);
   const bool reports_loss = part_.last_stage() && groups_.coords.tp_rank == 0;
   const double loss =
-      all_reduce_scalar(reports_loss ? runner.loss_sum() / accum / c.parallel.dp : 0.0);
+      all_reduce_scalar(reports_loss ? runner.loss_sum() / accum / c.parallel.dp : 0.0, "loss");
   if (!std::isfinite(loss)) {
     return Status::internal("loss is " + std::to_string(loss) + " at step " +
                             std::to_string(step_ + 1) + "; stopping (try a lower training.lr)");
@@ -439,13 +448,13 @@ Result<double> Trainer::evaluate() {
                                  last ? targets_.data() : nullptr, mb, T);
     if (!last) pp.send(std::span<const float>(model_->output_activation(0), n), pp.rank() + 1, b);
   }
-  if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0) > 0) {
+  if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0, "eval data status") > 0) {
     if (!status.is_ok()) return status;
     return Status::invalid_input("another rank failed to load validation data");
   }
   // Every dp rank evaluates the same batches; one rank reports.
   const bool reports = last && groups_.coords.tp_rank == 0 && groups_.coords.dp_rank == 0;
-  return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0);
+  return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0, "val loss");
 }
 
 std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
@@ -588,7 +597,7 @@ Status Trainer::run() {
                   *writer_->last_committed_step(), writer_->last_stats().write_ms);
       }
     }
-    if (all_reduce_scalar(stop_requested() ? 1.0 : 0.0) > 0) {
+    if (all_reduce_scalar(stop_requested() ? 1.0 : 0.0, "stop request") > 0) {
       TRIDENT_RETURN_IF_ERROR(writer_->wait());
       if (writer_->last_committed_step() != step_) TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
       stopped_by_signal_ = true;

@@ -98,7 +98,7 @@ class Trainer {
   nlohmann::json trainer_state() const;
   void print_banner() const;
   void print_summary();
-  double all_reduce_scalar(double local);
+  double all_reduce_scalar(double local, const char* label);
   void reset_traffic();
   void collect_traffic();
 

@@ -3,7 +3,9 @@
 // fallback with reasons; retention; and the `trident ckpt inspect|verify` command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/cli.h"
 #include "checkpoint/reader.h"
@@ -221,6 +223,22 @@ TEST(CheckpointRetention, NeverDeletesNewestValidLatestOrTmp) {
   // keep_last <= 0 keeps everything.
   ASSERT_TRUE(apply_retention(dir.path(), 0).is_ok());
   EXPECT_EQ(list_steps(dir.path()).size(), 2u);
+}
+
+TEST(CheckpointRetention, CrashLeftoversAreRemovedCommittedStepsKept) {
+  test::TempDir dir;
+  save_steps(dir.path(), {1, 2});
+  fs::create_directories(dir.path() + "/step_3.tmp");      // a save that never committed
+  fs::create_directories(dir.path() + "/step_1.deleting");  // an interrupted deletion
+  { std::ofstream(dir.path() + "/latest.tmp") << "step_3\n"; }  // a torn pointer update
+  ASSERT_TRUE(remove_crash_leftovers(dir.path()).is_ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_1", "step_2"}));
+  EXPECT_EQ(test::read_text(dir.path() + "/latest"), "step_2\n");
+  EXPECT_TRUE(verify_checkpoint(dir.path() + "/step_2").is_ok());
+  EXPECT_TRUE(remove_crash_leftovers(dir.path() + "/missing").is_ok());
 }
 
 TEST(CheckpointCli, InspectAndVerify) {

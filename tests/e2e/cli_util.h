@@ -2,6 +2,7 @@
 // that captures output and exit code, and a small English token corpus.
 #pragma once
 
+#include <dirent.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -31,6 +32,20 @@ inline CommandResult run_command(const std::string& command) {
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The pids of every live process (numeric entries of /proc).
+inline std::vector<int> live_pids() {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  if (!proc) return pids;
+  while (dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid > 0 && *end == '\0') pids.push_back(static_cast<int>(pid));
+  }
+  closedir(proc);
+  return pids;
 }
 
 inline std::string trident_binary() { return std::string(TRIDENT_BINARY_DIR) + "/trident"; }
