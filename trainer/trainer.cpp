@@ -62,13 +62,13 @@ class Trainer::StageRunner : public PipelineStageModel {
     const int mb = c.parallel.micro_batch_size, T = c.model.seq_len;
     const bool first = t_.part_.first_stage(), last = t_.part_.last_stage();
     if (first || last) {
-      // The global sample order is consumed from consumed_samples_ on (it carries over a
-      // resume even when the global batch size changes); dp rank r takes its slice.
-      const uint64_t per_rank =
-          static_cast<uint64_t>(c.training.global_batch_size) / static_cast<uint64_t>(c.parallel.dp);
-      const uint64_t first = t_.consumed_samples_ +
-                             static_cast<uint64_t>(t_.groups_.coords.dp_rank) * per_rank +
-                             static_cast<uint64_t>(micro) * static_cast<uint64_t>(mb);
+      // The step's global batch starts at consumed_samples_ in the global sample order
+      // (which carries over a resume even when the global batch size changes); within
+      // it, dp rank r takes its slice and splits it into micro-batches (data/sampler.h).
+      const uint64_t first =
+          t_.consumed_samples_ + micro_batch_range(0, c.training.global_batch_size, c.parallel.dp,
+                                                   t_.groups_.coords.dp_rank, mb, micro)
+                                     .first;
       Status st = t_.train_data_->load(first, mb, T, t_.inputs_.data(), t_.targets_.data());
       if (!st.is_ok()) {
         // Keep the collective pattern intact (other ranks are waiting on this one); the
