@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "checkpoint/reader.h"
+#include "checkpoint/train_state.h"
 
 namespace trident {
 
@@ -50,6 +51,13 @@ int run_ckpt_command(const std::vector<std::string>& args, std::string* out, std
     return 0;
   }
   Status st = ckpt->verify_all();
+  if (st.is_ok()) {
+    // The trainer state too: resume rejects a checkpoint whose state is incomplete or
+    // impossible, so verify must not call it intact.
+    st = parse_train_state(ckpt->trainer_state(), ckpt->step(), ckpt->manifest().world_size,
+                           step_dir.value() + "/" + kManifestName)
+             .status();
+  }
   if (!st.is_ok()) {
     *err += "trident ckpt verify: " + st.message() + "\n";
     return 1;

@@ -3,7 +3,8 @@
 // step `latest` names, or the newest step_<N> when `latest` is missing or dangling).
 //
 //   inspect  prints the summary of checkpoint/reader.h (and, for a root, its steps).
-//   verify   checks the manifest, every file's size and header, and every checksum.
+//   verify   checks the manifest, every file's size and header, every checksum, and the
+//            trainer state (checkpoint/train_state.h: fields, types, ranges).
 //
 // Returns the exit code: 0 intact; 1 corrupt or unreadable (the message names the
 // file and tensor); 2 bad usage or DIR is not a checkpoint. Normal output is appended

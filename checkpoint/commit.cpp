@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/durable_io.h"
+#include "checkpoint/lineage.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/writer.h"
 #include "core/log.h"
@@ -38,6 +39,7 @@ Status broadcast_status(Communicator& world, Status st, int64_t step) {
 
 Status CheckpointWriter::commit() {
   if (thread_.joinable()) thread_.join();
+  latest_error_.clear();
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& world = *world_;
   const Status local = !local_status_.is_ok() ? local_status_ : write_status_;
@@ -149,11 +151,30 @@ Status CheckpointWriter::commit_on_root(const std::vector<std::string>& records)
   }
   TRIDENT_RETURN_IF_ERROR(rename_durable(tmp, final_dir));
   fs::remove_all(final_dir + ".deleting", ec);
-  TRIDENT_RETURN_IF_ERROR(write_file_atomic(options_.dir + "/" + kLatestName, name + "\n"));
 
-  // The checkpoint is committed; a failed cleanup is worth a warning, not a failure.
+  // The checkpoint is committed. `latest` lags behind when it cannot be updated (a full
+  // disk); resume still finds this step, which descends from the one `latest` names.
+  auto text_field = [&](const char* key) {
+    auto it = state_.is_object() ? state_.find(key) : state_.end();
+    return it != state_.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  Status latest = write_file_atomic(options_.dir + "/" + kLatestName,
+                                    latest_text(step_, text_field("run_id"),
+                                                text_field("checkpoint_uid")));
+  if (!latest.is_ok()) {
+    latest_error_ = latest.message();
+    log::warn("checkpoint {} committed, but {}/{} could not be updated ({}); --resume auto will "
+              "still find {}", final_dir, options_.dir, kLatestName, latest.message(), name);
+  }
+
+  // A failed cleanup is worth a warning, not a failure.
   std::vector<std::string> deleted;
-  Status kept = apply_retention(options_.dir, options_.keep_last, step_, &deleted);
+  RetentionPolicy policy;
+  policy.keep_last = options_.keep_last;
+  policy.run_id = options_.run_id;
+  policy.protect = options_.protect_steps;
+  policy.protect.insert(step_);
+  Status kept = apply_retention(options_.dir, policy, &deleted);
   if (!kept.is_ok()) log::warn("checkpoint retention: {}", kept.message());
   for (const std::string& d : deleted) log::info("checkpoint retention: deleted {}", d);
   return Status::ok();

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/box.h"
+#include "checkpoint/lineage.h"
 
 namespace trident {
 
@@ -221,14 +222,13 @@ Result<std::string> resolve_step_dir(const std::string& path, std::string* note)
     return path;
   }
   const std::string latest = path + "/" + kLatestName;
-  if (fs::exists(latest, ec)) {
-    std::string text;
-    TRIDENT_RETURN_IF_ERROR(read_whole_file(latest, &text));
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-    if (parse_step_dir_name(text) && fs::is_directory(path + "/" + text, ec)) {
-      return path + "/" + text;
-    }
+  std::string problem;
+  if (auto pointer = read_latest(path, &problem)) {
+    const std::string text = step_dir_name(pointer->step);
+    if (fs::is_directory(path + "/" + text, ec)) return path + "/" + text;
     if (note) *note = latest + " names '" + text + "', which does not exist; ";
+  } else if (!problem.empty() && note) {
+    *note = problem + "; ";
   }
   auto steps = list_steps(path);
   if (steps.empty()) {

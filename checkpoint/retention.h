@@ -1,8 +1,9 @@
-// Retention: keep the newest `keep_last` committed checkpoints under a root, delete
-// older ones. Never deleted: the step `latest` names, the `protect_step` (the one just
-// committed), and — when no protect_step is given — the newest step that passes the
+// Retention: keep the newest `keep_last` committed checkpoints of the run being trained
+// under a root, delete its older ones. Never deleted: checkpoints of other runs (and
+// those whose run cannot be read), the step `latest` names, the protected steps (the one
+// just committed, the one this run resumed from), and the newest step that passes the
 // cheap verification. Directories that are not committed steps (step_<N>.tmp of a save
-// in flight, foreign files) are never touched.
+// in flight, step_<N>.abandoned, foreign files) are never touched.
 //
 // A step is deleted by renaming it to step_<N>.deleting first (one atomic rename), then
 // removing that tree, so a crash mid-delete never leaves a half-deleted step_<N> that
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,13 +23,24 @@
 
 namespace trident {
 
-// Removes what a crash can leave under root: step_<N>.tmp directories of saves that never
-// committed, *.deleting directories of an interrupted retention, and temporary files of
-// an interrupted atomic write (latest.tmp). Call only when no save is in flight (at
-// start-up, before the first save); rank 0 only. A missing root is fine.
-Status remove_crash_leftovers(const std::string& root);
+// Removes what a crash can leave under root, and nothing else: step_<N>.tmp directories
+// of saves that never committed, step_<N>.deleting directories of an interrupted
+// retention, latest.tmp of an interrupted update of `latest`, and .trident-probe-*
+// files of an interrupted start-up check. Anything else — a user's own "notes.tmp" —
+// stays. Call only while holding the root's lock and no save is in flight (at start-up);
+// rank 0 only. A missing root is fine. *removed (optional) receives the removed paths.
+Status remove_crash_leftovers(const std::string& root, std::vector<std::string>* removed = nullptr);
 
-// keep_last <= 0 keeps everything. *deleted (optional) receives the deleted paths.
+struct RetentionPolicy {
+  int keep_last = 0;                  // <= 0 keeps everything
+  std::optional<std::string> run_id;  // delete only this run's checkpoints; nullopt: any
+  std::set<int64_t> protect;          // never deleted
+};
+
+// *deleted (optional) receives the deleted paths.
+Status apply_retention(const std::string& root, const RetentionPolicy& policy,
+                       std::vector<std::string>* deleted = nullptr);
+// Any run's checkpoints; protect_step (optional) is never deleted.
 Status apply_retention(const std::string& root, int keep_last,
                        std::optional<int64_t> protect_step = std::nullopt,
                        std::vector<std::string>* deleted = nullptr);

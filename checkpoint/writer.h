@@ -13,10 +13,15 @@
 //      ranks all_gather a description of their file (ok or the error, boxes, offsets,
 //      checksums); if every rank succeeded, rank 0 checks that the boxes tile every
 //      tensor exactly, writes manifest.json (temp + fsync + rename), renames step_<N>.tmp
-//      to step_<N>, fsyncs <dir>, replaces <dir>/latest atomically, and applies
-//      retention; it then broadcasts the outcome, so every rank returns the same Status.
-//      On any failure nothing is committed, rank 0 removes step_<N>.tmp, and `latest`
-//      still names the previous good checkpoint.
+//      to step_<N>, fsyncs <dir> — from here on the checkpoint is committed —, replaces
+//      <dir>/latest atomically (naming the step, and the run_id and checkpoint_uid of
+//      the trainer state when it has them: checkpoint/lineage.h), and applies retention;
+//      it then broadcasts the outcome, so every rank returns the same Status.
+//      On any failure before the rename nothing is committed, rank 0 removes
+//      step_<N>.tmp, and `latest` still names the previous good checkpoint. A failure to
+//      update `latest` after the rename (a full disk) does not undo the commit: save()
+//      returns ok, last_latest_error() says what failed, and --resume auto still finds
+//      the step (it descends from the one `latest` names).
 //
 // Collectives contract (parallel/communicator.h): all ranks call save(), poll() and
 // wait() at the same points, with the same step and async flag. poll() is a collective
@@ -34,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -51,6 +57,10 @@ namespace trident {
 struct CheckpointWriterOptions {
   std::string dir;            // the checkpoint root; created when missing
   int keep_last = 0;          // retention after each commit; <= 0 keeps everything
+  // Retention deletes only checkpoints of this run (nullopt: of any run) and never the
+  // protected steps (the one the run resumed from); see checkpoint/retention.h.
+  std::optional<std::string> run_id;
+  std::set<int64_t> protect_steps;
   int64_t chunk_bytes = 8 << 20;  // the rank file is written in chunks of this size
   // Test hook, called on the writing thread after each chunk with (bytes written so
   // far, total bytes): a test slows the writer with a sleep here, or fails the write by
@@ -93,6 +103,8 @@ class CheckpointWriter {
   // The step of the newest save this writer committed.
   std::optional<int64_t> last_committed_step() const { return last_committed_; }
   const SaveStats& last_stats() const { return stats_; }
+  // Why the last commit could not update `latest` (empty when it could).
+  const std::string& last_latest_error() const { return latest_error_; }
   const CheckpointWriterOptions& options() const { return options_; }
   void set_keep_last(int keep_last) { options_.keep_last = keep_last; }
 
@@ -114,6 +126,7 @@ class CheckpointWriter {
   bool in_flight_ = false;
   std::optional<int64_t> last_committed_;
   SaveStats stats_;
+  std::string latest_error_;
 
   // The save in flight.
   int64_t step_ = 0;

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,23 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                       {"lr", m.lr},              {"grad_norm", m.grad_norm},
                       {"step_ms", m.step_ms},    {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu}};
+  write_line(j.dump());
+}
+
+void MetricsWriter::write_segment(const std::string& run_id, int start_step,
+                                  const std::string& resumed_from, int world_size) {
+  char when[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  nlohmann::ordered_json seg = {{"run_id", run_id},
+                                {"start_step", start_step},
+                                {"resumed_from", nullptr},
+                                {"time", when},
+                                {"world_size", world_size}};
+  if (!resumed_from.empty()) seg["resumed_from"] = resumed_from;
+  nlohmann::ordered_json j = {{"segment", seg}};
   write_line(j.dump());
 }
 

@@ -2,8 +2,12 @@
 // the fields of DESIGN.md: {"step","loss","lr","grad_norm","step_ms","tokens_per_s","mfu"}
 // per training step, {"step","val_loss"} per evaluation, and at the end of a run one
 // {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
-// idle time. Each record is flushed as it
-// is written, so a killed run keeps every line it printed.
+// idle time. Each launch of `trident train` first writes one segment header,
+// {"segment": {"run_id", "start_step", "resumed_from", "time", "world_size"}}: the file is
+// appended to across resumes, so a step can appear in several segments (the steps after
+// the last checkpoint of a crashed launch are trained again); a plot takes each step's
+// record from the last segment that has it (scripts/plot_metrics.py). Each record is
+// flushed as it is written, so a killed run keeps every line it printed.
 #pragma once
 
 #include <cstdio>
@@ -38,6 +42,10 @@ class MetricsWriter {
   Status open(const std::string& path);
   void write_step(const StepMetrics& m);
   void write_eval(int step, double val_loss);
+  // The segment header of this launch. resumed_from: the checkpoint directory, or empty
+  // for a run started from scratch (written as null).
+  void write_segment(const std::string& run_id, int start_step, const std::string& resumed_from,
+                     int world_size);
   // One JSON object (already serialised), e.g. the end-of-run {"summary": ...} record.
   void write_summary(const std::string& json) { write_line(json); }
 

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
+#include "checkpoint/lineage.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "core/log.h"
@@ -114,6 +116,7 @@ Status Trainer::init() {
     own_world_ = std::make_unique<SelfCommunicator>();
     world_ = own_world_.get();
   }
+  TRIDENT_RETURN_IF_ERROR(claim_checkpoint_dir());
   std::optional<LlmcCheckpoint> init_ckpt;
   if (!config_.model.init_from.empty()) {
     TRIDENT_ASSIGN_OR_RETURN(init_ckpt, read_llmc_checkpoint(config_.model.init_from));
@@ -180,13 +183,24 @@ Status Trainer::init() {
     }
   }
   dp_->zero_grad();
+  TRIDENT_RETURN_IF_ERROR(resume());
   CheckpointWriterOptions writer_options;
   writer_options.dir = config_.checkpoint.dir;
   writer_options.keep_last = config_.checkpoint.keep_last;
   writer_options.on_chunk = options_.checkpoint_chunk_hook;
+  std::error_code ec;
+  // Retention prunes this run's checkpoints only, and keeps the one this launch resumed
+  // from (the way back if the continued run goes wrong).
+  writer_options.run_id = run_id_;
+  if (!resumed_from_.empty() && std::filesystem::equivalent(
+          std::filesystem::path(resumed_from_).parent_path(), config_.checkpoint.dir, ec)) {
+    writer_options.protect_steps.insert(step_);
+  }
   writer_ = std::make_unique<CheckpointWriter>(writer_options);
-  TRIDENT_RETURN_IF_ERROR(resume());
-  if (world_->rank() == 0) TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
+  if (world_->rank() == 0) {
+    TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
+    metrics_.write_segment(run_id_, step_, resumed_from_, world_->size());
+  }
   inputs_.resize(static_cast<size_t>(par.micro_batch_size) * mc.seq_len);
   targets_.resize(inputs_.size());
 
@@ -215,7 +229,8 @@ void Trainer::print_banner() const {
             m.num_parameters() / 1e6, m.flops_per_token());
   std::string stages;
   for (int n : stage_layer_counts(m.n_layers, c.parallel.pp, c.parallel.stage_layers)) {
-    stages += (stages.empty() ? "" : ",") + std::to_string(n);
+    if (!stages.empty()) stages += ',';  // (not "," + ...: GCC 12 warns falsely, -Wrestrict)
+    stages += std::to_string(n);
   }
   log::info("layout: world {} = dp {} x tp {} x pp {} | zero_stage {} | pipeline {} (layers per stage {})",
             world_->size(), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero_stage,
@@ -266,21 +281,28 @@ void Trainer::collect_traffic() {
   stats_.activation_bytes = static_cast<double>(model_->activation_bytes());
 }
 
-nlohmann::json Trainer::trainer_state() const {
+nlohmann::json Trainer::trainer_state() {
   const auto& par = config_.parallel;
-  return nlohmann::json{
-      {"step", step_},
-      {"consumed_samples", consumed_samples_},
-      {"optimizer_steps", dp_->steps_taken()},
-      {"layout", {{"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"zero_stage", par.zero_stage},
-                  {"world_size", world_->size()}}},
-      {"seeds", {{"init", config_.training.seed}, {"data", config_.data.seed}}},
-      {"config", config_to_yaml(config_)}};
+  TrainState state;
+  state.step = step_;
+  state.consumed_samples = consumed_samples_;
+  state.optimizer_steps = dp_->steps_taken();
+  state.layout = {par.dp, par.tp, par.pp, par.zero_stage, world_->size()};
+  state.init_seed = config_.training.seed;
+  state.data_seed = config_.data.seed;
+  state.config_yaml = config_to_yaml(config_);
+  state.run_id = run_id_;
+  state.checkpoint_uid = new_lineage_id();  // rank 0's copy is the one stored
+  state.ancestors = ancestors_;
+  // The next checkpoint descends from this one (whether or not this one commits: an id
+  // that names no checkpoint matches nothing).
+  ancestors_.insert(ancestors_.begin(), state.checkpoint_uid);
+  if (ancestors_.size() > kMaxAncestors) ancestors_.resize(kMaxAncestors);
+  return train_state_to_json(state);
 }
 
 namespace {
-// Rank 0's decision, sent to every rank: "" (start fresh), a step directory, or an
-// error ("!<code>:<message>").
+// Rank 0's text, sent to every rank.
 std::string broadcast_string(Communicator& world, std::string text) {
   std::vector<std::int64_t> size = {world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0};
   world.all_reduce(std::span<std::int64_t>(size), ReduceOp::kSum);
@@ -288,67 +310,125 @@ std::string broadcast_string(Communicator& world, std::string text) {
   world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
   return text;
 }
+
+std::string encode_error(const Status& st) {
+  std::string text(1, '!');  // (not "!" + ...: GCC 12 warns falsely on that, -Wrestrict)
+  text += std::to_string(static_cast<int>(st.code()));
+  text += ':';
+  text += st.message();
+  return text;
+}
 }  // namespace
 
-Status Trainer::resume() {
-  if (world_->rank() == 0) {
-    // A crash can leave uncommitted saves and temporary files behind; no save of this
-    // job is in flight yet, so they can go.
-    Status st = remove_crash_leftovers(config_.checkpoint.dir);
-    if (!st.is_ok()) log::warn("checkpoint.dir: {}", st.message());
-  }
-  if (options_.resume == "none") return Status::ok();
+Result<std::string> Trainer::agree(const std::string& decision) {
+  std::string d = broadcast_string(*world_, decision);
+  if (d.empty() || d[0] != '!') return d;
+  const size_t colon = d.find(':');
+  return Status(static_cast<StatusCode>(std::stoi(d.substr(1, colon - 1))), d.substr(colon + 1));
+}
+
+Status Trainer::claim_checkpoint_dir() {
   std::string decision;
   if (world_->rank() == 0) {
-    if (options_.resume == "auto") {
-      std::vector<std::string> skipped;
-      auto found = find_latest_valid(config_.checkpoint.dir, &skipped);
-      for (const std::string& why : skipped) log::warn("skipping checkpoint {}", why);
-      if (found.is_ok()) {
-        decision = found.value();
-      } else if (!list_steps(config_.checkpoint.dir).empty()) {
-        log::warn("no valid checkpoint in {}; starting from scratch", config_.checkpoint.dir);
-      }
+    // The lock first: only the run holding it may clean up or prune in this directory.
+    auto lock = DirLock::acquire(config_.checkpoint.dir);
+    if (lock.is_ok()) {
+      dir_lock_ = std::move(lock).value();
+      // A crash can leave uncommitted saves and temporary files behind; no save of
+      // this run is in flight yet, and no other run can be writing here.
+      std::vector<std::string> removed;
+      Status st = remove_crash_leftovers(config_.checkpoint.dir, &removed);
+      for (const std::string& r : removed) log::info("checkpoint.dir: removed crash leftover {}", r);
+      if (!st.is_ok()) log::warn("checkpoint.dir: {}", st.message());
     } else {
-      std::string note;
-      auto dir = resolve_step_dir(options_.resume, &note);
-      if (!note.empty()) log::warn("{}", note);
-      Status st = dir.is_ok() ? verify_checkpoint(dir.value()) : dir.status();
-      decision = st.is_ok() ? dir.value()
-                            : "!" + std::to_string(static_cast<int>(st.code())) + ":" +
-                                  st.with_context("--resume " + options_.resume).message();
+      decision = encode_error(lock.status());
     }
   }
-  decision = broadcast_string(*world_, decision);
-  if (!decision.empty() && decision[0] == '!') {
-    const size_t colon = decision.find(':');
-    return Status(static_cast<StatusCode>(std::stoi(decision.substr(1, colon - 1))),
-                  decision.substr(colon + 1));
+  return agree(decision).status();
+}
+
+Status Trainer::resume() {
+  const std::string& root = config_.checkpoint.dir;
+  // Rank 0 decides: "F<run_id>" (start fresh), "R<run_id>\n<step dir>", or an error.
+  std::string decision;
+  if (world_->rank() == 0) {
+    auto decide = [&]() -> Result<std::string> {
+      std::string chosen;
+      if (options_.resume == "none") {
+        TRIDENT_RETURN_IF_ERROR(check_fresh_start(root));
+      } else if (options_.resume == "auto") {
+        TRIDENT_ASSIGN_OR_RETURN(ResumeChoice choice, choose_auto_resume(root));
+        for (const std::string& w : choice.warnings) log::warn("--resume auto: {}", w);
+        chosen = choice.dir;
+      } else {
+        std::string note;
+        auto dir = resolve_step_dir(options_.resume, &note);
+        if (!note.empty()) log::warn("{}", note);
+        if (!dir.is_ok()) return dir.status().with_context("--resume " + options_.resume);
+        Status st = verify_training_checkpoint(dir.value()).status();
+        if (!st.is_ok()) return st.with_context("--resume " + options_.resume);
+        chosen = dir.value();
+      }
+      if (chosen.empty()) return "F" + new_lineage_id();
+      TRIDENT_ASSIGN_OR_RETURN(Checkpoint ckpt, open_checkpoint(chosen));
+      TRIDENT_ASSIGN_OR_RETURN(TrainState state,
+                               parse_train_state(ckpt.trainer_state(), ckpt.step(),
+                                                 ckpt.manifest().world_size, chosen));
+      std::vector<std::string> moved;
+      TRIDENT_RETURN_IF_ERROR(prepare_continuation(root, chosen, state, &moved));
+      for (const std::string& m : moved) {
+        log::warn("set aside {} (newer than the step this run continues from; kept, not "
+                  "deleted: remove it when no longer needed)", m);
+      }
+      // A checkpoint from before runs had an identity starts a lineage of its own.
+      const std::string run = state.run_id.empty() ? new_lineage_id() : state.run_id;
+      return "R" + run + "\n" + chosen;
+    };
+    auto d = decide();
+    decision = d.is_ok() ? d.value() : encode_error(d.status());
   }
-  if (decision.empty()) return Status::ok();
+  TRIDENT_ASSIGN_OR_RETURN(decision, agree(decision));
+  if (decision[0] == 'F') {
+    run_id_ = decision.substr(1);
+    return Status::ok();
+  }
+  const size_t nl = decision.find('\n');
+  run_id_ = decision.substr(1, nl - 1);
+  const std::string chosen = decision.substr(nl + 1);
 
   Status st;
-  auto ckpt = open_checkpoint(decision);
+  auto ckpt = open_checkpoint(chosen);
+  std::optional<TrainState> state;
   if (ckpt.is_ok()) {
-    st = load_checkpoint_state(ckpt.value(), layout_, *dp_);
+    auto parsed = parse_train_state(ckpt->trainer_state(), ckpt->step(),
+                                    ckpt->manifest().world_size, chosen);
+    st = parsed.status();
+    if (st.is_ok()) {
+      state = std::move(parsed).value();
+      st = load_checkpoint_state(ckpt.value(), layout_, *dp_);
+    }
   } else {
     st = ckpt.status();
   }
   // Every rank must have loaded before anyone trains on.
   if (all_reduce_scalar(st.is_ok() ? 0.0 : 1.0, "checkpoint load status") > 0) {
-    return st.is_ok() ? Status::corrupt("another rank failed to load " + decision) : st;
+    return st.is_ok() ? Status::corrupt("another rank failed to load " + chosen) : st;
   }
-  const nlohmann::json& state = ckpt.value().trainer_state();
-  step_ = state.at("step").get<int>();
-  consumed_samples_ = state.at("consumed_samples").get<uint64_t>();
-  dp_->set_steps_taken(state.at("optimizer_steps").get<int>());
+  step_ = static_cast<int>(state->step);
+  consumed_samples_ = state->consumed_samples;
+  dp_->set_steps_taken(static_cast<int>(state->optimizer_steps));
   dp_->zero_grad();
+  resumed_from_ = chosen;
+  if (!state->checkpoint_uid.empty()) {
+    ancestors_ = state->ancestors;
+    ancestors_.insert(ancestors_.begin(), state->checkpoint_uid);
+    if (ancestors_.size() > kMaxAncestors) ancestors_.resize(kMaxAncestors);
+  }
   if (world_->rank() == 0) {
-    const auto& layout = state.at("layout");
-    log::info("resumed from {} (step {}, {} samples consumed; saved by dp={} tp={} pp={} zero_stage={})",
-              decision, step_, consumed_samples_, layout.at("dp").get<int>(),
-              layout.at("tp").get<int>(), layout.at("pp").get<int>(),
-              layout.at("zero_stage").get<int>());
+    const TrainLayout& l = state->layout;
+    log::info("resumed from {} (step {}, {} samples consumed; saved by dp={} tp={} pp={} "
+              "zero_stage={}; run {})",
+              chosen, step_, consumed_samples_, l.dp, l.tp, l.pp, l.zero_stage, run_id_);
   }
   return Status::ok();
 }

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/dir_lock.h"
+#include "checkpoint/train_state.h"
 #include "checkpoint/writer.h"
 #include "core/status.h"
 #include "data/loader.h"
@@ -38,7 +40,9 @@ class Watchdog;
 
 struct TrainerOptions {
   Communicator* world = nullptr;  // null: a single process (own SelfCommunicator)
-  std::string resume = "auto";    // auto (newest valid checkpoint), none, or a directory
+  // auto (continue the run `latest` names), none (a new run; refused when checkpoint.dir
+  // holds checkpoints), or a checkpoint directory (checkpoint/lineage.h has the rules).
+  std::string resume = "auto";
   Watchdog* watchdog = nullptr;   // told the step, when given
   int hang_rank = -1, hang_step = -1;  // fault injection (TRIDENT_FAULT_HANG)
   // Test hook: called by the checkpoint writer after each chunk it writes.
@@ -81,6 +85,8 @@ class Trainer {
 
   const Config& config() const { return config_; }
   int step() const { return step_; }
+  // The run's identity (checkpoint/train_state.h): new for a fresh run, inherited on resume.
+  const std::string& run_id() const { return run_id_; }
   uint64_t consumed_samples() const { return consumed_samples_; }
   const std::vector<double>& losses() const { return losses_; }
   // This rank's instrumentation for the last step (traffic) and now (memory).
@@ -94,8 +100,14 @@ class Trainer {
   class StageRunner;
   Trainer(Config config, TrainerOptions options);
   Status init();
+  // Rank 0 locks checkpoint.dir and removes crash leftovers; every rank gets its status.
+  Status claim_checkpoint_dir();
   Status resume();
-  nlohmann::json trainer_state() const;
+  // Rank 0's decision, sent to every rank: the text, or the error it encodes
+  // ("!<code>:<message>"), so that every rank fails alike.
+  Result<std::string> agree(const std::string& decision);
+  // The state saved with the next checkpoint; a new checkpoint uid each call.
+  nlohmann::json trainer_state();
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local, const char* label);
@@ -114,6 +126,10 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<CheckpointWriter> writer_;
+  DirLock dir_lock_;                    // rank 0: checkpoint.dir is ours while we live
+  std::string run_id_;                  // the run's lineage id
+  std::vector<std::string> ancestors_;  // uids the next checkpoint descends from, newest first
+  std::string resumed_from_;            // the checkpoint this launch continued ("" = fresh)
   bool stopped_by_signal_ = false;
   std::optional<DataLoader> train_data_;
   std::optional<DataLoader> val_data_;

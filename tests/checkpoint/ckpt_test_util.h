@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/box.h"
+#include "checkpoint/train_state.h"
 #include "checkpoint/writer.h"
 #include "parallel/communicator.h"
 
@@ -76,6 +77,21 @@ inline std::vector<BoxRef> refs(const std::vector<OwnedBox>& boxes) {
   std::vector<BoxRef> out;
   for (const OwnedBox& b : boxes) out.push_back({b.tensor, b.shape, b.start, b.extent, b.data.data()});
   return out;
+}
+
+// A valid trainer state for `step`, as the trainer saves it (one rank, run `run_id`).
+inline nlohmann::json train_state(int64_t step, const std::string& run_id = "run0",
+                                  const std::string& uid = "",
+                                  std::vector<std::string> ancestors = {}) {
+  TrainState s;
+  s.step = step;
+  s.consumed_samples = static_cast<uint64_t>(step) * 8;
+  s.optimizer_steps = step;
+  s.config_yaml = "model:\n  arch: gpt2\n";
+  s.run_id = run_id;
+  s.checkpoint_uid = uid.empty() ? run_id + "-" + std::to_string(step) : uid;
+  s.ancestors = std::move(ancestors);
+  return train_state_to_json(s);
 }
 
 // Four different ways to cut the tensors of make_tensors() into boxes.

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "checkpoint/cli.h"
+#include "checkpoint/lineage.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/writer.h"
@@ -28,7 +29,7 @@ void save_steps(const std::string& root, std::initializer_list<int64_t> steps, i
   const auto ts = test::make_tensors();
   const auto boxes = test::split(ts, way);
   for (int64_t step : steps) {
-    Status st = writer.save(step, test::refs(boxes), {{"step", step}}, world, false);
+    Status st = writer.save(step, test::refs(boxes), test::train_state(step), world, false);
     ASSERT_TRUE(st.is_ok()) << st.message();
   }
 }
@@ -179,7 +180,7 @@ TEST(CheckpointIntegrity, LatestPointingToDeletedDir) {
   test::TempDir dir;
   save_steps(dir.path(), {1, 2});
   fs::remove_all(dir.path() + "/step_2");
-  EXPECT_EQ(test::read_text(dir.path() + "/latest"), "step_2\n");
+  EXPECT_EQ(test::read_text(dir.path() + "/latest"), latest_text(2, "run0", "run0-2"));
   std::string note;
   Result<std::string> resolved = resolve_step_dir(dir.path(), &note);
   ASSERT_TRUE(resolved.is_ok());
@@ -200,7 +201,7 @@ TEST(CheckpointRetention, KeepsLastKAfterEachCommit) {
   std::vector<int64_t> left;
   for (const auto& [step, path] : list_steps(dir.path())) left.push_back(step);
   EXPECT_EQ(left, (std::vector<int64_t>{4, 5}));
-  EXPECT_EQ(test::read_text(dir.path() + "/latest"), "step_5\n");
+  EXPECT_EQ(test::read_text(dir.path() + "/latest"), latest_text(5, "run0", "run0-5"));
 }
 
 TEST(CheckpointRetention, NeverDeletesNewestValidLatestOrTmp) {
@@ -236,7 +237,7 @@ TEST(CheckpointRetention, CrashLeftoversAreRemovedCommittedStepsKept) {
   for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_1", "step_2"}));
-  EXPECT_EQ(test::read_text(dir.path() + "/latest"), "step_2\n");
+  EXPECT_EQ(test::read_text(dir.path() + "/latest"), latest_text(2, "run0", "run0-2"));
   EXPECT_TRUE(verify_checkpoint(dir.path() + "/step_2").is_ok());
   EXPECT_TRUE(remove_crash_leftovers(dir.path() + "/missing").is_ok());
 }

@@ -99,9 +99,12 @@ TEST(AsyncCheckpoint, TrainingContinuesWhileTheWriterWritesAndTheSnapshotIsKept)
   const std::string step_dir = dir.file("ckpt/step_3");
   Status st = verify_checkpoint(step_dir);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  EXPECT_EQ(testing::read_text(dir.file("ckpt/latest")), "step_3\n");
   auto ckpt = open_checkpoint(step_dir);
   ASSERT_TRUE(ckpt.is_ok());
+  // `latest` names the step, its run and the checkpoint itself (checkpoint/lineage.h).
+  EXPECT_EQ(testing::read_text(dir.file("ckpt/latest")),
+            "step_3\nrun " + ckpt->trainer_state().at("run_id").get<std::string>() + "\nuid " +
+                ckpt->trainer_state().at("checkpoint_uid").get<std::string>() + "\n");
   EXPECT_EQ(ckpt->trainer_state().at("step").get<int>(), save_step);
 
   // The checkpoint holds the parameters of step 3, bitwise; the live ones have moved on.
