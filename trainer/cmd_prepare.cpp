@@ -14,8 +14,8 @@ namespace trident {
 
 namespace {
 
-void print_prepare_usage() {
-  std::fprintf(stderr,
+void print_prepare_usage(std::FILE* to = stderr) {
+  std::fprintf(to,
                "usage: trident prepare --input FILES... --out DIR --tokenizer byte|gpt2\n"
                "                       [--val-fraction F (default 0.05)]\n"
                "                       [--shard-tokens N (default 100000000)]\n");
@@ -55,7 +55,7 @@ int cmd_prepare(const std::vector<std::string>& args) {
     };
     std::string v;
     if (flag == "--help" || flag == "-h") {
-      print_prepare_usage();
+      print_prepare_usage(stdout);
       return 0;
     } else if (flag == "--input") {
       while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {

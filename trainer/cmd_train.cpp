@@ -1,10 +1,12 @@
 // `trident train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]`
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "checkpoint/dir_check.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "parallel/communicator.h"
@@ -22,7 +24,23 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string resume = "auto";
+  bool help = false;
 };
+
+void print_train_usage(std::FILE* to) {
+  std::fprintf(
+      to,
+      "usage: trident train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]\n"
+      "  --config FILE            the YAML config (docs/CONFIG.md)\n"
+      "  --set section.key=value  overrides one config key; repeatable, applied in order\n"
+      "  --resume auto|none|DIR   auto (default): the newest valid checkpoint under\n"
+      "                           checkpoint.dir; none: start fresh; DIR: that checkpoint\n"
+      "  -h, --help               this text\n"
+      "exit codes: 0 done, 1 failure, 2 bad usage/config/input, 3 stopped by a signal\n"
+      "signals: SIGTERM, SIGINT or SIGUSR1 saves a checkpoint at the next step boundary and\n"
+      "  exits 3; a second one exits at once without saving (128 + signal number); one\n"
+      "  during start-up (before the first step) exits 3 at once, nothing to save\n");
+}
 
 Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {
   TrainArgs out;
@@ -32,7 +50,10 @@ Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) return Status::invalid_config(std::string(flag) + " needs a value");
       return args[++i];
     };
-    if (a == "--config") {
+    if (a == "--help" || a == "-h") {
+      out.help = true;
+      return out;
+    } else if (a == "--config") {
       TRIDENT_ASSIGN_OR_RETURN(out.config_path, value("--config"));
     } else if (a == "--set") {
       TRIDENT_ASSIGN_OR_RETURN(std::string kv, value("--set"));
@@ -42,7 +63,7 @@ Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {
     } else {
       return Status::invalid_config("train: unknown argument '" + a +
                                     "' (allowed: --config FILE, --set section.key=value, "
-                                    "--resume auto|none|DIR)");
+                                    "--resume auto|none|DIR; see trident train --help)");
     }
   }
   if (out.config_path.empty()) return Status::invalid_config("train: --config FILE is required");
@@ -57,21 +78,49 @@ int fail(const Status& status) {
   return status.exit_code();
 }
 
+// Every rank writes its own rank file into checkpoint.dir, so every rank checks it; the
+// ranks agree, so all exit 2 together instead of the others hanging in their first
+// collective. A failing rank prints its own reason; rank 0, when it could write, says
+// that others could not.
+int check_checkpoint_dir(Communicator& world, const std::string& dir) {
+  Status st = check_checkpoint_dir_writable(dir);
+  std::int64_t failed = st.is_ok() ? 0 : 1;
+  world.all_reduce(std::span<std::int64_t>(&failed, 1), ReduceOp::kSum,
+                   {.label = "checkpoint.dir check"});
+  if (failed == 0) return 0;
+  if (!st.is_ok()) {
+    if (world.size() > 1) st = st.with_context("rank " + std::to_string(world.rank()));
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+  } else if (world.rank() == 0) {
+    std::fprintf(stderr, "error: another rank cannot write checkpoint.dir %s (%lld of %d ranks "
+                 "failed; each printed its reason)\n", dir.c_str(),
+                 static_cast<long long>(failed), world.size());
+  }
+  return 2;
+}
+
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& args) {
+  // Start-up mode first: a stop signal while MPI starts, the config or data is read or a
+  // checkpoint loads exits 3 at once; Trainer::run switches to a graceful stop.
+  install_stop_signal_handlers();
+  auto parsed = parse_train_args(args);
+  if (parsed.is_ok() && parsed->help) {
+    print_train_usage(stdout);
+    return 0;
+  }
   // One process per device: under mpirun or srun the world spans every rank.
   std::unique_ptr<Communicator> world = make_world_communicator(nullptr, nullptr);
   log::init(world->rank(), world->size());
-  auto parsed = parse_train_args(args);
   if (!parsed.is_ok()) return fail(parsed.status());
   const TrainArgs& ta = parsed.value();
 
   auto config = load_config(ta.config_path, ta.overrides);
   if (!config.is_ok()) return fail(config.status());
-  install_stop_signal_handlers();
   // Child groups copy the default timeout when they are split off the world.
   world->set_default_timeout(std::chrono::seconds(config->parallel.comm_timeout_s));
+  if (int code = check_checkpoint_dir(*world, config->checkpoint.dir); code != 0) return code;
   Watchdog watchdog;
 
   TrainerOptions options;

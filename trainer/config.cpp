@@ -3,6 +3,7 @@
 // same table, so a key cannot be parseable but missing from the printed config.
 #include "trainer/config.h"
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -558,6 +559,11 @@ Result<Config> parse_config(const std::string& yaml_text, const std::vector<std:
 }
 
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // An ifstream opens a directory and reads it as empty: the defaults would train.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::invalid_input(path + ": is a directory (--config needs a YAML file)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return Status::invalid_input(path + ": cannot open config file: " + std::strerror(errno));

@@ -78,7 +78,8 @@ struct Config {
 };
 
 // Loads `path`, applies `overrides` ("section.key=value", YAML value syntax) in order,
-// finalizes the model config and validates everything. Errors name the file and key.
+// finalizes the model config and validates everything. Errors name the file and key;
+// a missing, unreadable or directory `path` is an invalid_input error (exit 2).
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides);
 // Same, from YAML text (tests).
 Result<Config> parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,

@@ -646,6 +646,7 @@ void Trainer::print_summary() {
 }
 
 Status Trainer::run() {
+  set_stop_mode_graceful();  // from here a first stop signal saves at a step boundary
   const auto& t = config_.training;
   Timer total;
   const int first_step = step_;
@@ -681,7 +682,7 @@ Status Trainer::run() {
       TRIDENT_RETURN_IF_ERROR(writer_->wait());
       if (writer_->last_committed_step() != step_) TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
       stopped_by_signal_ = true;
-      if (rank0) log::warn("stop requested (SIGTERM/SIGUSR1): saved step {} in {}; exiting with 3", step_, ck.dir);
+      if (rank0) log::warn("stop requested (SIGTERM/SIGINT/SIGUSR1): saved step {} in {}; exiting with 3", step_, ck.dir);
       return Status::ok();
     }
     if (ck.interval > 0 && step_ % ck.interval == 0 && step_ < t.max_steps) {

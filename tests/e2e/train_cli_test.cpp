@@ -1,9 +1,13 @@
 // End-to-end: `trident train` on a tiny model — the loss falls, two runs are bitwise
 // identical, the metrics file has the DESIGN.md fields — and bad input exits 2 naming
-// the culprit.
+// the culprit (a directory as --config, an unusable checkpoint.dir found at start-up);
+// every subcommand answers --help on stdout with exit 0.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -203,6 +207,89 @@ TEST_F(TrainCli, UsageErrorsExit2) {
   r = run_command(testing::trident_binary() + " train --config " + dir_.file("missing.yaml"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("missing.yaml"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCli, DirectoryAsConfigExits2) {
+  auto r = run_command(testing::trident_binary() + " train --config " + dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir_.path() + ": is a directory"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "it trained:\n" << r.output;
+}
+
+// stdout only: usage is the answer to --help, not an error.
+testing::CommandResult run_stdout_only(const std::string& args) {
+  return run_command("(" + testing::trident_binary() + " " + args + " 2>/dev/null)");
+}
+
+TEST_F(TrainCli, EveryCommandAnswersHelpOnStdout) {
+  auto top = run_stdout_only("--help");
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  for (const char* command : {"train", "prepare", "ckpt"}) {
+    SCOPED_TRACE(command);
+    EXPECT_NE(top.output.find(std::string("  ") + command + " "), std::string::npos)
+        << "trident --help does not list it:\n" << top.output;
+    for (const char* flag : {"--help", "-h"}) {
+      auto r = run_stdout_only(std::string(command) + " " + flag);
+      EXPECT_EQ(r.exit_code, 0) << flag << "\n" << r.output;
+      EXPECT_EQ(r.output.rfind(std::string("usage: trident ") + command, 0), 0u)
+          << flag << "\n" << r.output;
+    }
+  }
+  // --help wins over everything else on the train command line, even a bad config.
+  auto r = run_stdout_only("train --config " + dir_.file("missing.yaml") + " --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume auto|none|DIR"), std::string::npos) << r.output;
+  // No command at all is still a usage error.
+  EXPECT_EQ(run_command(testing::trident_binary()).exit_code, 2);
+}
+
+TEST_F(TrainCli, UnusableCheckpointDirExits2AtStartUp) {
+  dir_.write("plain", "x");
+  struct Case {
+    std::string dir, message;
+  };
+  std::vector<Case> cases = {
+      {dir_.file("plain"), "checkpoint.dir " + dir_.file("plain") + ": not a directory"},
+      {dir_.file("plain/ckpt"), "checkpoint.dir " + dir_.file("plain/ckpt") + ": cannot create: " +
+                                    dir_.file("plain") + " is not a directory"},
+  };
+  if (::geteuid() != 0) {  // root writes into a mode 0555 directory anyway
+    std::filesystem::create_directory(dir_.file("ro"));
+    std::filesystem::permissions(dir_.file("ro"), std::filesystem::perms::owner_read |
+                                                      std::filesystem::perms::owner_exec);
+    cases.push_back({dir_.file("ro"), "checkpoint.dir " + dir_.file("ro") + ": not writable: "});
+  }
+  // interval 0: before the start-up check this surfaced only at a signal's save.
+  for (const char* interval : {"0", "5"}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.dir + " interval " + interval);
+      auto r = train(write_config("ck", "gpt2"), "--set checkpoint.dir=" + c.dir +
+                                                     " --set checkpoint.interval=" + interval);
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("error: " + c.message), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "it trained:\n" << r.output;
+    }
+  }
+  if (::geteuid() != 0) {
+    std::filesystem::permissions(dir_.file("ro"), std::filesystem::perms::owner_all);
+  }
+}
+
+TEST_F(TrainCli, UnusableCheckpointDirExits2OnEveryRank) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not found";
+  dir_.write("plain", "x");
+  // Every rank checks and the ranks agree: both exit 2 together, each naming its reason.
+  auto r = run_command("mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 " +
+                       testing::trident_binary() + " train --config " +
+                       write_config("ck2", "gpt2") + " --set parallel.dp=2 --set checkpoint.dir=" +
+                       dir_.file("plain"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (int rank : {0, 1}) {
+    EXPECT_NE(r.output.find("error: rank " + std::to_string(rank) + ": checkpoint.dir " +
+                            dir_.file("plain") + ": not a directory"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 }  // namespace
