@@ -132,6 +132,16 @@ Status Trainer::init() {
                                                               config_.data.shuffle));
   TRIDENT_ASSIGN_OR_RETURN(num_train_samples_, train.num_samples(mc.seq_len));
   train_data_.emplace(std::move(train));
+  if (world_->rank() == 0) {
+    // ---- resume compatibility (trainer/resume_compat.h): fingerprint the data ----
+    auto fp = fingerprint_dataset(train_data_->dataset(), config_.data);
+    if (fp.is_ok()) {
+      data_fingerprint_ = std::move(fp).value();
+    } else {
+      log::warn("data.train: cannot fingerprint the training data ({}); checkpoints will not "
+                "record it", fp.status().message());
+    }
+  }
   if (!config_.data.val.empty()) {
     TRIDENT_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(config_.data.val, mc.vocab_size,
                                                               config_.data.seed, false));
@@ -275,7 +285,9 @@ nlohmann::json Trainer::trainer_state() const {
       {"layout", {{"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"zero_stage", par.zero_stage},
                   {"world_size", world_->size()}}},
       {"seeds", {{"init", config_.training.seed}, {"data", config_.data.seed}}},
-      {"config", config_to_yaml(config_)}};
+      {"config", config_to_yaml(config_)},
+      // ---- resume compatibility (trainer/resume_compat.h): rank 0 knows the data ----
+      {"data", data_fingerprint_ ? nlohmann::json(*data_fingerprint_) : nlohmann::json()}};
 }
 
 namespace {
@@ -287,6 +299,26 @@ std::string broadcast_string(Communicator& world, std::string text) {
   text.resize(static_cast<size_t>(size[0]));
   world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
   return text;
+}
+
+// ---- resume compatibility (trainer/resume_compat.h) ----
+// Rank 0 compares the checkpoint's stored config and data fingerprint with this run's,
+// logs the warnings and decides; the decision is broadcast so every rank returns the
+// same Status (invalid_config naming every refused key, exit 2). Collective.
+Status agree_resume_compat(Communicator& world, const Result<Checkpoint>& ckpt,
+                           const std::string& dir, const Config& config,
+                           const std::optional<DataFingerprint>& data) {
+  std::string refusal;
+  if (world.rank() == 0 && ckpt.is_ok()) {  // a failed open is reported by the load
+    const ResumeCompat compat =
+        check_resume_compat(ckpt.value().trainer_state(), config, ckpt.value().step(),
+                            data ? *data : fingerprint_from_config(config.data));
+    for (const std::string& note : compat.notes) log::info("resume: {}", note);
+    for (const std::string& warning : compat.warnings) log::warn("resume: {}", warning);
+    refusal = resume_compat_status(compat, dir).message();
+  }
+  refusal = broadcast_string(world, refusal);
+  return refusal.empty() ? Status::ok() : Status::invalid_config(refusal);
 }
 }  // namespace
 
@@ -329,6 +361,7 @@ Status Trainer::resume() {
 
   Status st;
   auto ckpt = open_checkpoint(decision);
+  TRIDENT_RETURN_IF_ERROR(agree_resume_compat(*world_, ckpt, decision, config_, data_fingerprint_));
   if (ckpt.is_ok()) {
     st = load_checkpoint_state(ckpt.value(), layout_, *dp_);
   } else {
