@@ -586,4 +586,16 @@ std::string config_to_yaml(const Config& config) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> config_values(const Config& config) {
+  Config copy = config;  // the field table hands out mutable pointers
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& section : sections()) {
+    for (const auto& field : section.fields) {
+      out.emplace_back(std::string(section.name) + "." + field.name,
+                       value_text(field.kind, field.ref(copy)));
+    }
+  }
+  return out;
+}
+
 }  // namespace trident

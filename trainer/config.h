@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -89,6 +90,9 @@ Status validate_config(const Config& config);
 // The config as YAML (printed at start-up, stored in checkpoints); parse_config of
 // the result gives back an equal Config.
 std::string config_to_yaml(const Config& config);
+// Every key of the field table as ("section.key", value as config_to_yaml prints it), in
+// table order: compares two configs key by key without listing the keys again.
+std::vector<std::pair<std::string, std::string>> config_values(const Config& config);
 
 const char* lr_schedule_name(LrSchedule s);
 const char* pipeline_schedule_name(PipelineSchedule s);

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
+#include <ctime>
 #include <csignal>
 
 namespace trident {
@@ -12,7 +14,21 @@ namespace {
 // Lock-free atomics: safe to touch from a handler running on any thread.
 std::atomic<int> g_stop{0};
 std::atomic<int> g_graceful{0};
+std::atomic<int64_t> g_first_ns{0};  // CLOCK_MONOTONIC time of the first stop signal
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+// One request often arrives as several signals within milliseconds: Ctrl-C reaches
+// mpirun and every rank of the terminal's process group, and mpirun forwards it again;
+// scancel signals the tasks while train.sbatch forwards SIGUSR1. Signals closer than
+// this to the first are the same request.
+constexpr int64_t kSameRequestNs = 500'000'000;
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // String literals only: a handler may not format or allocate.
 const char* startup_message(int signo) {
@@ -53,8 +69,15 @@ const char* second_signal_message(int signo) {
 
 extern "C" void on_stop_signal(int signo) {
   if (g_graceful.load() == 0) exit_now(startup_message(signo), 3);
-  // exchange: of two signals handled at once on two threads, exactly one is the second.
-  if (g_stop.exchange(1) != 0) exit_now(second_signal_message(signo), 128 + signo);
+  const int64_t now = monotonic_ns();
+  // exchange: of two signals handled at once on two threads, exactly one is the first.
+  if (g_stop.exchange(1) == 0) {
+    g_first_ns.store(now);
+    return;
+  }
+  const int64_t first = g_first_ns.load();
+  if (first != 0 && now - first < kSameRequestNs) return;  // a duplicate of the first
+  exit_now(second_signal_message(signo), 128 + signo);
 }
 
 }  // namespace

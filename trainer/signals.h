@@ -13,7 +13,10 @@
 //   the first stop signal only sets a flag; the loop reads it at the next step boundary,
 //   the ranks agree (any rank's request stops all), save a checkpoint and exit with 3.
 //   A second stop signal while that stop is pending (the step, the evaluation or the
-//   save has not finished) ends the process at once with exit code 128 + signo (143 for
+//   save has not finished), at least 0.5 s after the first — closer ones are copies of
+//   the same request (Ctrl-C reaches mpirun and every rank, and mpirun forwards it; a
+//   plain scancel signals the tasks while train.sbatch forwards SIGUSR1) — ends the
+//   process at once with exit code 128 + signo (143 for
 //   SIGTERM, 130 for SIGINT, 138 for SIGUSR1) and the message
 //     trident: second SIGTERM while a stop was pending: exiting now without saving (the
 //     newest committed checkpoint is unchanged)

@@ -135,6 +135,16 @@ Status Trainer::init() {
                                                               config_.data.shuffle));
   TRIDENT_ASSIGN_OR_RETURN(num_train_samples_, train.num_samples(mc.seq_len));
   train_data_.emplace(std::move(train));
+  if (world_->rank() == 0) {
+    // ---- resume compatibility (trainer/resume_compat.h): fingerprint the data ----
+    auto fp = fingerprint_dataset(train_data_->dataset(), config_.data);
+    if (fp.is_ok()) {
+      data_fingerprint_ = std::move(fp).value();
+    } else {
+      log::warn("data.train: cannot fingerprint the training data ({}); checkpoints will not "
+                "record it", fp.status().message());
+    }
+  }
   if (!config_.data.val.empty()) {
     TRIDENT_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(config_.data.val, mc.vocab_size,
                                                               config_.data.seed, false));
@@ -294,6 +304,9 @@ nlohmann::json Trainer::trainer_state() {
   state.run_id = run_id_;
   state.checkpoint_uid = new_lineage_id();  // rank 0's copy is the one stored
   state.ancestors = ancestors_;
+  // The data fingerprint (trainer/resume_compat.h), compared on resume; rank 0 knows it.
+  state.extra["data"] =
+      data_fingerprint_ ? nlohmann::json(*data_fingerprint_) : nlohmann::json();
   // The next checkpoint descends from this one (whether or not this one commits: an id
   // that names no checkpoint matches nothing).
   ancestors_.insert(ancestors_.begin(), state.checkpoint_uid);
@@ -374,6 +387,14 @@ Status Trainer::resume() {
       TRIDENT_ASSIGN_OR_RETURN(TrainState state,
                                parse_train_state(ckpt.trainer_state(), ckpt.step(),
                                                  ckpt.manifest().world_size, chosen));
+      // The stored config and data against this run's (trainer/resume_compat.h): refuse a
+      // different model before anything in the directory changes; say what else changes.
+      const ResumeCompat compat = check_resume_compat(
+          ckpt.trainer_state(), config_, ckpt.step(),
+          data_fingerprint_ ? *data_fingerprint_ : fingerprint_from_config(config_.data));
+      for (const std::string& note : compat.notes) log::info("resume: {}", note);
+      for (const std::string& warning : compat.warnings) log::warn("resume: {}", warning);
+      TRIDENT_RETURN_IF_ERROR(resume_compat_status(compat, chosen));
       std::vector<std::string> moved;
       TRIDENT_RETURN_IF_ERROR(prepare_continuation(root, chosen, state, &moved));
       for (const std::string& m : moved) {

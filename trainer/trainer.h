@@ -32,6 +32,7 @@
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/metrics.h"
+#include "trainer/resume_compat.h"
 #include "trainer/traffic_model.h"
 
 namespace trident {
@@ -142,6 +143,9 @@ class Trainer {
   uint64_t consumed_samples_ = 0;
   uint64_t num_train_samples_ = 0;
   double peak_flops_ = 0;
+  // The training data's fingerprint (trainer/resume_compat.h), on rank 0 only; stored in
+  // checkpoints as trainer state "data" and compared on resume.
+  std::optional<DataFingerprint> data_fingerprint_;
 };
 
 }  // namespace trident
