@@ -18,7 +18,8 @@ Result<uint64_t> num_samples_for(uint64_t num_tokens, int seq_len, const std::st
   if (n < 1) {
     return Status::invalid_input(what + ": " + std::to_string(num_tokens) +
                                  " tokens hold no sample of seq_len + 1 = " +
-                                 std::to_string(seq_len + 1) + " tokens");
+                                 std::to_string(int64_t{seq_len} + 1) +
+                                 " tokens (model.seq_len=" + std::to_string(seq_len) + ")");
   }
   return n;
 }

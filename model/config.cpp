@@ -2,12 +2,64 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
 
 namespace trident {
 namespace {
 
-int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// In 64 bits: the int values a user may set (up to 2^31 - 1) must not wrap here.
+int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// The default FFN width: gpt2 4C; llama the SwiGLU width that keeps the MLP's parameter
+// count at ~8C^2 (three matrices instead of two), rounded up to a multiple of 64 for the
+// GEMMs. May exceed an int for a huge d_model (validate() reports that).
+int64_t default_d_ff(bool gpt2, int64_t d_model) {
+  return gpt2 ? 4 * d_model : round_up((8 * d_model + 2) / 3, 64);
+}
+
+// a * b and a + b in 64 bits, or nullopt when the result does not fit.
+std::optional<int64_t> mul(std::optional<int64_t> a, std::optional<int64_t> b) {
+  int64_t out = 0;
+  if (!a || !b || __builtin_mul_overflow(*a, *b, &out)) return std::nullopt;
+  return out;
+}
+std::optional<int64_t> add(std::optional<int64_t> a, std::optional<int64_t> b) {
+  int64_t out = 0;
+  if (!a || !b || __builtin_add_overflow(*a, *b, &out)) return std::nullopt;
+  return out;
+}
+
+// Parameters of one layer and of the whole model (exactly the tensors of
+// model/transformer.h's parameter table, the tied head counted once), or nullopt when
+// a count overflows 64 bits. `c` is finalized.
+std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
+  const int64_t C = c.d_model, F = c.d_ff;
+  const int64_t q = int64_t{c.n_heads} * c.head_dim;
+  const int64_t kv = int64_t{c.n_kv_heads} * c.head_dim;
+  const bool gpt2 = c.is_gpt2();
+  std::optional<int64_t> layer = C * (gpt2 ? 2 : 1);                    // ln1 (+ bias)
+  layer = add(layer, add(mul(2 * q, C), mul(2 * kv, C)));              // attn q, k, v, o
+  if (gpt2) layer = add(layer, q + 2 * kv + C);                        // attn biases
+  layer = add(layer, C * (gpt2 ? 2 : 1));                              // ln2 (+ bias)
+  layer = add(layer, gpt2 ? add(mul(2 * F, C), F + C)                  // mlp fc, proj (+ biases)
+                          : mul(mul(3, F), C));                        // mlp gate, up, down
+  return layer;
+}
+
+std::optional<int64_t> model_parameters(const TransformerConfig& c) {
+  const int64_t C = c.d_model, Vp = c.padded_vocab;
+  const bool gpt2 = c.is_gpt2();
+  std::optional<int64_t> total = mul(Vp, C);                           // wte
+  if (gpt2) total = add(total, mul(c.max_seq_len, C));                 // wpe
+  total = add(total, mul(c.n_layers, layer_parameters(c)));
+  total = add(total, C * (gpt2 ? 2 : 1));                              // lnf (+ bias)
+  if (!c.tied()) total = add(total, mul(Vp, C));                       // lm_head
+  return total;
+}
 
 Status positive(const char* key, int value) {
   if (value >= 1) return Status::ok();
@@ -35,15 +87,18 @@ const char* arch_name(Arch arch) {
 
 void TransformerConfig::finalize() {
   if (n_kv_heads == 0) n_kv_heads = n_heads;
-  if (d_ff == 0) {
-    // llama: the SwiGLU width that keeps the MLP's parameter count at ~8C^2 (three
-    // matrices instead of two), rounded up to a multiple of 64 for the GEMMs.
-    d_ff = is_gpt2() ? 4 * d_model : round_up((8 * d_model + 2) / 3, 64);
+  if (d_ff == 0 && d_model >= 1) {
+    // A default too wide for an int stays 0; validate() names model.d_model.
+    const int64_t f = default_d_ff(is_gpt2(), d_model);
+    if (f <= kIntMax) d_ff = static_cast<int>(f);
   }
   if (tie_embeddings == -1) tie_embeddings = is_gpt2() ? 1 : 0;
   // Padding the vocabulary to a multiple of 128 (llm.c) keeps the LM-head GEMM aligned
   // and lets tp up to 128 split it evenly; an llm.c checkpoint may already carry more.
-  if (vocab_size > 0) padded_vocab = std::max(padded_vocab, round_up(vocab_size, 128));
+  // A padded size beyond an int is left out (validate() names model.vocab_size).
+  if (vocab_size > 0 && round_up(vocab_size, 128) <= kIntMax) {
+    padded_vocab = std::max(padded_vocab, static_cast<int>(round_up(vocab_size, 128)));
+  }
   max_seq_len = std::max(max_seq_len, seq_len);
   head_dim = n_heads > 0 ? d_model / n_heads : 0;
 }
@@ -57,11 +112,25 @@ Status TransformerConfig::validate() const {
     return Status::invalid_config("model.vocab_size: must be >= 2, got " +
                                   std::to_string(c.vocab_size));
   }
+  if (round_up(c.vocab_size, 128) > kIntMax && c.padded_vocab < c.vocab_size) {
+    return Status::invalid_config(
+        "model.vocab_size: " + std::to_string(c.vocab_size) + " padded to a multiple of 128 is " +
+        std::to_string(round_up(c.vocab_size, 128)) + ", more than the " +
+        std::to_string(kIntMax) + " rows a tensor dimension allows (at most " +
+        std::to_string(kIntMax / 128 * 128) + ")");
+  }
   TRIDENT_RETURN_IF_ERROR(positive("seq_len", c.seq_len));
   TRIDENT_RETURN_IF_ERROR(positive("n_layers", c.n_layers));
   TRIDENT_RETURN_IF_ERROR(positive("n_heads", c.n_heads));
   TRIDENT_RETURN_IF_ERROR(positive("n_kv_heads", c.n_kv_heads));
   TRIDENT_RETURN_IF_ERROR(positive("d_model", c.d_model));
+  if (d_ff == 0 && c.d_ff == 0) {
+    return Status::invalid_config(
+        "model.d_model: " + std::to_string(c.d_model) + " gives a default model.d_ff (" +
+        (c.is_gpt2() ? "4 * d_model" : "8 * d_model / 3 rounded up to 64") + ") of " +
+        std::to_string(default_d_ff(c.is_gpt2(), c.d_model)) + ", more than " +
+        std::to_string(kIntMax) + "; set model.d_ff or use a smaller model.d_model");
+  }
   TRIDENT_RETURN_IF_ERROR(positive("d_ff", c.d_ff));
   if (c.tie_embeddings < -1 || c.tie_embeddings > 1) {
     return Status::invalid_config("model.tie_embeddings: must be true, false or -1 (family "
@@ -99,30 +168,28 @@ Status TransformerConfig::validate() const {
                                   " exceeds the padded vocabulary " +
                                   std::to_string(c.padded_vocab));
   }
+  // Parameter counts are int64 throughout (num_parameters, the layout tables); a model
+  // whose count wraps would be planned with garbage sizes.
+  if (!layer_parameters(c)) {
+    return Status::invalid_config("model.d_ff: " + std::to_string(c.d_ff) + " with model.d_model=" +
+                                  std::to_string(c.d_model) +
+                                  " makes one layer hold more than 2^63 parameters");
+  }
+  if (!model_parameters(c)) {
+    return Status::invalid_config(
+        "model.n_layers: " + std::to_string(c.n_layers) + " layers of " +
+        std::to_string(*layer_parameters(c)) + " parameters each (model.d_model=" +
+        std::to_string(c.d_model) + ", model.d_ff=" + std::to_string(c.d_ff) +
+        ") overflow a 64-bit parameter count");
+  }
   return Status::ok();
 }
 
 int64_t TransformerConfig::num_parameters() const {
   TransformerConfig c = *this;
   c.finalize();
-  const int64_t C = c.d_model, F = c.d_ff, Vp = c.padded_vocab, L = c.n_layers;
-  const int64_t q = int64_t{c.n_heads} * c.head_dim;
-  const int64_t kv = int64_t{c.n_kv_heads} * c.head_dim;
-  const bool gpt2 = c.is_gpt2();
-  // Exactly the tensors of model/transformer.h's parameter table.
-  int64_t layer = 0;
-  layer += C * (gpt2 ? 2 : 1);                  // ln1 (+ bias)
-  layer += q * C + 2 * kv * C + C * q;          // attn q, k, v, o weights
-  if (gpt2) layer += q + 2 * kv + C;            // attn biases
-  layer += C * (gpt2 ? 2 : 1);                  // ln2 (+ bias)
-  layer += gpt2 ? (F * C + F + C * F + C)       // mlp fc (+ bias), proj (+ bias)
-                : (3 * F * C);                  // mlp gate, up, down
-  int64_t total = Vp * C;                       // wte
-  if (gpt2) total += int64_t{c.max_seq_len} * C;  // wpe
-  total += L * layer;
-  total += C * (gpt2 ? 2 : 1);                  // lnf (+ bias)
-  if (!c.tied()) total += Vp * C;               // lm_head
-  return total;
+  // validate() rejects configs whose count overflows; saturate for the others.
+  return model_parameters(c).value_or(std::numeric_limits<int64_t>::max());
 }
 
 double TransformerConfig::flops_per_token() const {

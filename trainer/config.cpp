@@ -424,6 +424,44 @@ Status tp_divides(int tp, const std::string& what, int value) {
                                 "=" + std::to_string(value));
 }
 
+// World sizes and ranks are ints (MPI's); dp * tp * pp must be one.
+Status validate_layout_sizes(const ParallelConfig& p) {
+  const double world = static_cast<double>(p.dp) * p.tp * p.pp;
+  if (world <= std::numeric_limits<int>::max()) return Status::ok();
+  return Status::invalid_config("parallel: dp * tp * pp = " + std::to_string(p.dp) + " * " +
+                                std::to_string(p.tp) + " * " + std::to_string(p.pp) +
+                                " is more than " +
+                                std::to_string(std::numeric_limits<int>::max()) +
+                                " ranks (parallel.dp=" + std::to_string(p.dp) +
+                                ", parallel.tp=" + std::to_string(p.tp) +
+                                ", parallel.pp=" + std::to_string(p.pp) + ")");
+}
+
+// The model indexes one micro-batch's tokens with an int (N = B * T), and sizes its
+// activations in 64 bits: the attention probabilities (B, NH/tp, T, T) are the biggest.
+// Values past these limits would wrap, not fail, so they are refused here; whether the
+// activations fit in memory is trainer/memory_plan.h's business.
+Status validate_micro_batch_sizes(const ParallelConfig& p, const TransformerConfig& m) {
+  const int64_t tokens = int64_t{p.micro_batch_size} * m.seq_len;
+  if (tokens > std::numeric_limits<int>::max()) {
+    return Status::invalid_config(
+        "parallel.micro_batch_size: " + std::to_string(p.micro_batch_size) +
+        " sequences of model.seq_len=" + std::to_string(m.seq_len) + " tokens are " +
+        std::to_string(tokens) + " tokens per micro-batch; at most " +
+        std::to_string(std::numeric_limits<int>::max()) +
+        " are supported (reduce parallel.micro_batch_size or model.seq_len)");
+  }
+  int64_t att = 0;
+  if (__builtin_mul_overflow(tokens, int64_t{m.n_heads / p.tp} * m.seq_len, &att)) {
+    return Status::invalid_config(
+        "model.seq_len: " + std::to_string(m.seq_len) + " with parallel.micro_batch_size=" +
+        std::to_string(p.micro_batch_size) + " and model.n_heads=" + std::to_string(m.n_heads) +
+        " needs micro_batch_size * n_heads / tp * seq_len^2 attention probabilities per "
+        "layer, more than 2^63");
+  }
+  return Status::ok();
+}
+
 Status validate_parallel(const Config& config, const TransformerConfig& m) {
   const ParallelConfig& p = config.parallel;
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.dp", p.dp, 1));
@@ -436,6 +474,7 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.micro_batch_size", p.micro_batch_size, 1));
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.bucket_mb", p.bucket_mb, 1));
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.comm_timeout_s", p.comm_timeout_s, 1));
+  TRIDENT_RETURN_IF_ERROR(validate_layout_sizes(p));
   // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));
@@ -443,6 +482,7 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   TRIDENT_RETURN_IF_ERROR(tp_divides(
       p.tp, "the padded vocabulary (model.vocab_size=" + std::to_string(m.vocab_size) + " padded)",
       m.padded_vocab));
+  TRIDENT_RETURN_IF_ERROR(validate_micro_batch_sizes(p, m));
   if (p.pp > m.n_layers) {
     return Status::invalid_config("parallel.pp: " + std::to_string(p.pp) +
                                   " pipeline stages but model.n_layers=" +

@@ -19,6 +19,7 @@
 #include "parallel/watchdog.h"
 #include "trainer/checkpointing.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/memory_plan.h"
 #include "trainer/signals.h"
 
 #include <nlohmann/json.hpp>
@@ -129,6 +130,11 @@ Status Trainer::init() {
   TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*world_, Layout{par.dp, par.tp, par.pp},
                                                         mc.tied()));
   part_ = partition_for(config_, groups_.coords);
+  // Before the data is opened or anything big allocated: refuse a run whose ranks would
+  // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
+  // an allocation or be OOM-killed later (trainer/memory_plan.h).
+  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, part_, groups_.coords.dp_rank, *world_,
+                                                options_.quiet));
 
   TRIDENT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(config_.data.train, mc.vocab_size,
                                                               config_.data.seed,

@@ -1,0 +1,353 @@
+// The closed-form memory plan (trainer/memory_plan.h) against the real thing: the
+// parameter tables and shard plans it mirrors, the model's activation arenas, the
+// pipeline's slot count, and the bytes a real single-process Trainer holds for ZeRO
+// stages 0-3; and the fit check with an injected memory limit.
+#include "trainer/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+#include "parallel/communicator.h"
+#include "parallel/pipeline.h"
+#include "parallel/sharded_param_store.h"
+#include "tests/common/scratch_dir.h"
+#include "trainer/trainer.h"
+
+namespace trident {
+namespace {
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+Config make_config(const std::string& arch, int tie, int tp, int pp, int dp, int zero,
+                   int bucket_mb = 25) {
+  Config c;
+  c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
+  // Odd sizes on purpose: rows that do not divide by dp (shard padding) and tensors that
+  // are not multiples of 16 floats (alignment gaps) must be counted like the real tables.
+  c.model.vocab_size = 200;  // padded 256
+  c.model.seq_len = 12;
+  c.model.n_layers = 5;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
+  c.model.d_model = 40;  // head_dim 10 (even, for RoPE)
+  c.model.d_ff = arch == "gpt2" ? 0 : 74;
+  c.model.tie_embeddings = tie;
+  c.model.finalize();
+  c.parallel.tp = tp;
+  c.parallel.pp = pp;
+  c.parallel.dp = dp;
+  c.parallel.zero_stage = zero;
+  c.parallel.micro_batch_size = 3;
+  c.parallel.bucket_mb = bucket_mb;
+  c.training.global_batch_size = 3 * 4 * dp;  // 4 micro-batches
+  c.data.train = "unused";
+  return c;
+}
+
+ModelPartition partition(const Config& c, int tp_rank, int pp_rank) {
+  ModelPartition part;
+  part.tp_rank = tp_rank;
+  part.tp_size = c.parallel.tp;
+  part.pp_rank = pp_rank;
+  part.pp_size = c.parallel.pp;
+  const std::vector<int> counts = stage_layer_counts(c.model.n_layers, c.parallel.pp, {});
+  for (int s = 0; s < pp_rank; ++s) part.layer_begin += counts[static_cast<size_t>(s)];
+  part.layer_end = part.layer_begin + counts[static_cast<size_t>(pp_rank)];
+  return part;
+}
+
+TEST(MemoryPlan, PipelineSlotsEqualTheExecutorsCount) {
+  for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+    const PipeSchedule kind =
+        s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
+    for (int pp = 1; pp <= 5; ++pp) {
+      for (int stage = 0; stage < pp; ++stage) {
+        for (int m = 1; m <= 9; ++m) {
+          EXPECT_EQ(pipeline_slots(s, pp, stage, m),
+                    PipelineExecutor::required_slots(kind, pp, stage, m))
+              << pipeline_schedule_name(s) << " pp " << pp << " stage " << stage << " m " << m;
+        }
+      }
+    }
+  }
+}
+
+// params / grads / optimizer / comm buffers from the real parameter table and shard
+// plans (what DataParallel allocates from), for every rank of many layouts.
+TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
+  int checked = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int tie : {0, 1}) {
+      for (int tp : {1, 2}) {
+        for (int pp : {1, 2, 3}) {
+          for (int dp : {1, 2, 3}) {
+            for (int zero = 0; zero <= 3; ++zero) {
+              // bucket_mb 1 > one layer: 1 bucket per group; the tiny default splits wte.
+              const Config c = make_config(arch, tie, tp, pp, dp, zero, 1);
+              for (int pr = 0; pr < pp; ++pr) {
+                for (int tr = 0; tr < tp; ++tr) {
+                  SCOPED_TRACE(arch + " tie " + std::to_string(tie) + " tp " + std::to_string(tp) +
+                               " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
+                               " zero " + std::to_string(zero) + " stage " + std::to_string(pr));
+                  const ModelPartition part = partition(c, tr, pr);
+                  const ParamLayout layout = Transformer::plan_params(c.model, part);
+                  const double F = sizeof(float);
+                  const double total = static_cast<double>(layout.total_floats()) * F;
+                  const ShardPlan groups(
+                      layout, dp,
+                      [&] {
+                        std::vector<size_t> base;
+                        for (const ParamGroup& g : layout.groups) base.push_back(g.offset);
+                        return base;
+                      }(),
+                      static_cast<size_t>(-1));
+                  const double shard = static_cast<double>(groups.shard_floats()) * F;
+                  double held = 0;
+                  for (const ParamGroup& g : layout.groups)
+                    held = std::max(held, double(g.num_floats));
+                  if (c.model.tied() && pp == 1) {
+                    held = std::max(held, double(layout.groups.front().num_floats +
+                                                 layout.groups.back().num_floats));
+                  }
+                  held *= F;
+                  const RankMemory m = estimate_rank_memory(c, part, 0);
+                  EXPECT_EQ(m.params, zero == 3 ? shard + held : total);
+                  EXPECT_EQ(m.grads, zero >= 2 ? shard + held : total);
+                  EXPECT_EQ(m.optimizer, 2 * (zero == 0 ? total : shard));
+                  if (zero == 1 || zero == 2) {
+                    const ShardPlan buckets(layout, dp,
+                                            std::vector<size_t>(layout.groups.size(), 0),
+                                            (size_t{1} << 20) / sizeof(float));
+                    EXPECT_EQ(m.comm_buffers,
+                              static_cast<double>((dp + 1) * buckets.max_chunk_floats()) * F);
+                  } else {
+                    EXPECT_EQ(m.comm_buffers, 0);
+                  }
+                  EXPECT_GT(m.total, m.params + m.grads + m.optimizer);
+                  ++checked;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 * (1 + 2) * (1 + 2 + 3) * 3 * 4);  // every tp x pp rank
+}
+
+// A bucket smaller than wte splits the embedding group into several chunks.
+TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
+  Config c = make_config("llama", 0, 1, 1, 2, 1);
+  c.parallel.bucket_mb = 1;
+  c.model.vocab_size = 16384;
+  c.model.d_model = 64;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 4;
+  c.model.d_ff = 0;
+  c.model.padded_vocab = 0;
+  c.model.finalize();  // wte 16384 x 64 floats = 4 MiB: 4+ buckets of 1 MiB
+  const ModelPartition part = partition(c, 0, 0);
+  const ParamLayout layout = Transformer::plan_params(c.model, part);
+  const ShardPlan buckets(layout, 2, std::vector<size_t>(layout.groups.size(), 0),
+                          (size_t{1} << 20) / sizeof(float));
+  EXPECT_EQ(estimate_rank_memory(c, part, 0).comm_buffers,
+            static_cast<double>(3 * buckets.max_chunk_floats() * sizeof(float)));
+}
+
+// The model's own activation arenas: Transformer::activation_bytes() for each stage of
+// tp / pp partitions (a null tp communicator is allowed: only the sizes matter here).
+TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
+  auto ops = make_cpu_ops(1);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int tp : {1, 2}) {
+      for (int pp : {1, 2}) {
+        for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+          Config c = make_config(arch, -1, tp, pp, 1, 0);
+          c.model.tie_embeddings = arch == "gpt2" ? 1 : 0;
+          c.parallel.pipeline_schedule = s;
+          for (int pr = 0; pr < pp; ++pr) {
+            SCOPED_TRACE(arch + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
+                         " stage " + std::to_string(pr) + " " + pipeline_schedule_name(s));
+            const ModelPartition part = partition(c, tp - 1, pr);
+            const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
+            Transformer model(c.model, *ops, part, nullptr, nullptr, c.parallel.micro_batch_size,
+                              slots);
+            EXPECT_EQ(estimate_rank_memory(c, part, 0).activations,
+                      static_cast<double>(model.activation_bytes()));
+          }
+        }
+      }
+    }
+  }
+}
+
+class TrainerMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<uint32_t> tokens(8000);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 200);
+    ASSERT_TRUE(write_token_file(dir_.file("train.bin"), tokens, 1).is_ok());
+  }
+  testing::ScratchDir dir_;
+};
+
+// What a real Trainer holds after a step (DataParallel::memory() peaks, the model's
+// activations) equals the estimate exactly, for every ZeRO stage (dp = 1: the stores
+// still gather, hold and reduce-scatter group buffers).
+TEST_F(TrainerMemory, RealAllocationsEqualTheEstimate) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      SCOPED_TRACE(arch + " zero " + std::to_string(zero));
+      Config c = make_config(arch, -1, 1, 1, 1, zero, 1);
+      c.model.tie_embeddings = arch == "gpt2" ? 1 : 0;
+      c.model.finalize();
+      c.data.train = dir_.file("train.bin");
+      c.training.max_steps = 1;
+      c.checkpoint.dir = dir_.file("ckpt");
+      c.logging.metrics = "";
+      ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+      TrainerOptions options;
+      options.quiet = true;
+      options.peak_flops = 1e9;
+      options.threads = 1;
+      options.resume = "none";
+      auto trainer = Trainer::create(c, options);
+      ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
+      ASSERT_TRUE(trainer.value()->train_step().is_ok());
+      const DataParallel::Memory real = trainer.value()->data_parallel().memory();
+      const RankMemory m = estimate_rank_memory(c, trainer.value()->partition(), 0);
+      EXPECT_EQ(m.params, static_cast<double>(real.params_peak));
+      EXPECT_EQ(m.grads, static_cast<double>(real.grads_peak));
+      EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
+      EXPECT_EQ(m.comm_buffers, static_cast<double>(real.comm_scratch));
+      EXPECT_EQ(m.activations, static_cast<double>(trainer.value()->model().activation_bytes()));
+      // Not vacuous: ZeRO-2/3 did gather or hold a group beyond the shard.
+      if (zero >= 2) {
+        EXPECT_GT(real.grads_peak, real.grads);
+      }
+    }
+  }
+}
+
+RankMemoryReport report(uint64_t host, double available, double params) {
+  RankMemoryReport r;
+  r.host = host;
+  r.available = available;
+  r.need.params = r.need.grads = params;
+  r.need.optimizer = 2 * params;
+  r.need.activations = 1 << 20;
+  r.need.total = 4 * params + (1 << 20);
+  return r;
+}
+
+TEST(MemoryCheck, FitsWhenEveryMachineHasRoom) {
+  const Config c = make_config("gpt2", -1, 1, 1, 2, 0);
+  const double gib = 1024.0 * 1024 * 1024;
+  const std::vector<RankMemoryReport> two_hosts = {report(1, 10 * gib, 2 * gib),
+                                                   report(2, 10 * gib, 2 * gib)};
+  EXPECT_TRUE(check_memory_fits(c, two_hosts, "test").is_ok());
+}
+
+TEST(MemoryCheck, NamesTheFiguresAndTheBiggestConsumer) {
+  const Config c = make_config("gpt2", -1, 1, 1, 1, 0);
+  const double gib = 1024.0 * 1024 * 1024;
+  const std::vector<RankMemoryReport> one = {report(1, 8 * gib, 3 * gib)};
+  const Status st = check_memory_fits(c, one, "physical memory");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.exit_code(), 2);
+  EXPECT_NE(st.message().find("model needs 12.0 GiB per rank (parameters 3.0 GiB, gradients "
+                              "3.0 GiB, optimizer 6.0 GiB, activations 1.0 MiB"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("biggest: optimizer state"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("this machine has 8.0 GiB (physical memory) for 1 rank"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("model.n_layers=5"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("parallel.zero_stage (now 0"), std::string::npos) << st.message();
+}
+
+// Ranks on one machine add up; ranks on another machine do not count against it.
+TEST(MemoryCheck, SumsTheRanksOfOneMachine) {
+  const Config c = make_config("gpt2", -1, 1, 1, 4, 0);
+  const double gib = 1024.0 * 1024 * 1024;
+  // 3 GiB per rank: two hosts with two ranks each fit in 7 GiB, one host with four does not.
+  const std::vector<RankMemoryReport> spread = {
+      report(1, 7 * gib, 0.75 * gib), report(1, 7 * gib, 0.75 * gib),
+      report(2, 7 * gib, 0.75 * gib), report(2, 7 * gib, 0.75 * gib)};
+  EXPECT_TRUE(check_memory_fits(c, spread, "test").is_ok());
+  std::vector<RankMemoryReport> packed = spread;
+  for (auto& r : packed) r.host = 1;
+  const Status st = check_memory_fits(c, packed, "cgroup memory limit");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("4 ranks on one machine need 12.0 GiB together"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("7.0 GiB (cgroup memory limit) for 4 ranks"), std::string::npos)
+      << st.message();
+}
+
+TEST(MemoryCheck, TheLimitCanBeInjected) {
+  {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", "123456789");
+    auto host = available_host_memory();
+    ASSERT_TRUE(host.is_ok());
+    EXPECT_EQ(host->bytes, 123456789.0);
+    EXPECT_EQ(host->source, "TRIDENT_MEMORY_LIMIT_BYTES");
+  }
+  for (const char* bad : {"12GB", "-5", "0"}) {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", bad);
+    auto host = available_host_memory();
+    ASSERT_FALSE(host.is_ok()) << bad;
+    EXPECT_EQ(host.status().exit_code(), 2);
+    EXPECT_NE(host.status().message().find(std::string("TRIDENT_MEMORY_LIMIT_BYTES: expected a "
+                                                       "positive number of bytes, got '") +
+                                           bad),
+              std::string::npos);
+  }
+  unsetenv("TRIDENT_MEMORY_LIMIT_BYTES");
+  auto host = available_host_memory();
+  ASSERT_TRUE(host.is_ok());
+  EXPECT_GT(host->bytes, 64.0 * 1024 * 1024);  // some machine memory was found
+}
+
+// The collective entry point on one process decides by the injected limit.
+TEST(MemoryCheck, PlanAndCheckUsesTheLimit) {
+  const Config c = make_config("llama", -1, 1, 1, 1, 0);
+  const ModelPartition part = partition(c, 0, 0);
+  const double need = estimate_rank_memory(c, part, 0).total;
+  SelfCommunicator world;
+  {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(static_cast<long long>(need) + 1));
+    EXPECT_TRUE(plan_and_check_memory(c, part, 0, world, true).is_ok());
+  }
+  {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(static_cast<long long>(need) - 1));
+    const Status st = plan_and_check_memory(c, part, 0, world, true);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.exit_code(), 2);
+    EXPECT_NE(st.message().find("(TRIDENT_MEMORY_LIMIT_BYTES) for 1 rank"), std::string::npos)
+        << st.message();
+  }
+}
+
+}  // namespace
+}  // namespace trident

@@ -1,0 +1,440 @@
+// Closed-form memory plan. Every count is a double: a config that passed validation may
+// still describe petabytes, and the point is to say so rather than wrap. The per-group
+// tensor lists below mirror Transformer::plan_params (same tensors, same order) and
+// the arenas of Transformer::plan_activations; tests/trainer/memory_plan_test.cpp holds
+// them equal to the real tables and allocations for many layouts.
+#include "trainer/memory_plan.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "core/log.h"
+#include "parallel/communicator.h"
+#include "parallel/pipeline.h"
+
+namespace trident {
+namespace {
+
+constexpr double kF = sizeof(float);
+
+double align(double x, double multiple) { return std::ceil(x / multiple) * multiple; }
+
+// A tensor's tensor-parallel local shape as dim-0 rows of row_elems floats each (the
+// geometry of parallel/sharded_param_store.h's RowSplit).
+struct Rows {
+  double rows = 0, row_elems = 1;
+  double numel() const { return rows * row_elems; }
+};
+
+// The tensors of one parameter group of `part`, in plan_params order.
+struct GroupTensors {
+  std::vector<Rows> tensors;
+  // Floats of the group's buffer: every tensor starts 16-float aligned, and the group
+  // size is rounded up to 16 (ParamGroup::num_floats).
+  double floats() const {
+    double n = 0;
+    for (const Rows& t : tensors) n += align(t.numel(), 16);
+    return n;
+  }
+  // One rank's padded shard over dp: ceil(rows / dp) rows of every tensor.
+  double shard_floats(int dp) const {
+    double n = 0;
+    for (const Rows& t : tensors) n += std::ceil(t.rows / dp) * t.row_elems;
+    return n;
+  }
+  // The largest chunk_floats of ShardPlan's bucketing of this group alone (a new chunk
+  // starts when the full floats of the chunk would exceed max_chunk).
+  double max_chunk_floats(int dp, double max_chunk) const {
+    double best = 0, chunk = 0, chunk_full = 0;
+    bool empty = true;
+    for (const Rows& t : tensors) {
+      if (!empty && chunk_full + t.numel() > max_chunk) {
+        best = std::max(best, chunk);
+        chunk = chunk_full = 0;
+      }
+      chunk += std::ceil(t.rows / dp) * t.row_elems;
+      chunk_full += t.numel();
+      empty = false;
+    }
+    return std::max(best, chunk);
+  }
+  double largest_tensor() const {
+    double n = 0;
+    for (const Rows& t : tensors) n = std::max(n, t.numel());
+    return n;
+  }
+};
+
+struct StageGroups {
+  GroupTensors embedding, layer, head;  // groups 0, 1 + i (each local layer alike), L + 1
+  double local_layers = 0;
+  double num_tensors() const {
+    return static_cast<double>(embedding.tensors.size() + head.tensors.size()) +
+           local_layers * static_cast<double>(layer.tensors.size());
+  }
+};
+
+StageGroups stage_groups(const TransformerConfig& c, const ModelPartition& part) {
+  const double tp = part.tp_size;
+  const double C = c.d_model, F = c.d_ff / tp, Vp = c.padded_vocab / tp;
+  const double q = static_cast<double>(c.n_heads) * c.head_dim / tp;
+  const double kv = static_cast<double>(c.n_kv_heads) * c.head_dim / tp;
+  const bool gpt2 = c.is_gpt2();
+  const int layer_end = part.layer_end < 0 ? c.n_layers : part.layer_end;
+  StageGroups s;
+  s.local_layers = layer_end - part.layer_begin;
+  if (part.first_stage()) {
+    s.embedding.tensors.push_back({Vp, C});                               // wte
+    if (gpt2) s.embedding.tensors.push_back({double(c.max_seq_len), C});  // wpe
+  }
+  if (s.local_layers > 0) {
+    auto& t = s.layer.tensors;
+    auto vec = [&](double n) { t.push_back({n, 1}); };
+    vec(C);               // ln1.weight
+    if (gpt2) vec(C);     // ln1.bias
+    t.push_back({q, C});  // attn.q.weight
+    if (gpt2) vec(q);
+    t.push_back({kv, C});  // attn.k.weight
+    if (gpt2) vec(kv);
+    t.push_back({kv, C});  // attn.v.weight
+    if (gpt2) vec(kv);
+    t.push_back({C, q});  // attn.o.weight (split along dim 1)
+    if (gpt2) vec(C);
+    vec(C);  // ln2.weight
+    if (gpt2) vec(C);
+    if (gpt2) {
+      t.push_back({F, C});  // mlp.fc.weight
+      vec(F);               // mlp.fc.bias
+      t.push_back({C, F});  // mlp.proj.weight
+      vec(C);               // mlp.proj.bias
+    } else {
+      t.push_back({F, C});  // mlp.gate.weight
+      t.push_back({F, C});  // mlp.up.weight
+      t.push_back({C, F});  // mlp.down.weight
+    }
+  }
+  if (part.last_stage()) {
+    s.head.tensors.push_back({C, 1});                                         // lnf.weight
+    if (gpt2) s.head.tensors.push_back({C, 1});                               // lnf.bias
+    if (!c.tied() || !part.first_stage()) s.head.tensors.push_back({Vp, C});  // lm_head / wte copy
+  }
+  return s;
+}
+
+// Bytes of an Arena holding these float counts (each slice 64-byte aligned; zero-sized
+// slices are not reserved). `pad_last`: the total is rounded up too (activation slots).
+double arena_bytes(const std::vector<double>& floats, bool pad_last) {
+  double total = 0;
+  for (double f : floats) {
+    if (f <= 0) continue;
+    total = align(total, 64) + f * kF;
+  }
+  return pad_last ? align(total, 64) : total;
+}
+
+// Transformer::plan_activations, for one slot and for the backward scratch.
+void activation_plan(const Config& config, const ModelPartition& part, double local_layers,
+                     double* slot_bytes, double* scratch_bytes) {
+  const TransformerConfig& c = config.model;
+  const double tp = part.tp_size, B = config.parallel.micro_batch_size, T = c.seq_len;
+  const double N = B * T, C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
+  const double heads = c.n_heads / part.tp_size, kv_heads = c.n_kv_heads / part.tp_size;
+  const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
+  const double att = B * heads * T * T;
+  const bool llama = !c.is_gpt2(), last = part.last_stage();
+  // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
+  // the same, so an arena of n layers is n times one layer's aligned slices.
+  const std::vector<double> globals = {N,
+                                       last ? N : 0,
+                                       last ? N * C : 0,
+                                       last ? N : 0,
+                                       last ? N : 0,
+                                       last ? N * Vl : 0,
+                                       last ? N : 0,
+                                       last ? N : 0,
+                                       last ? 2 * N : 0};
+  const std::vector<double> layer = {N * C, N,     N,     N * q, N * kv, N * kv, att,
+                                     N * q, N * C, N * C, N,     N,      N * F,  llama ? N * F : 0,
+                                     N * F};
+  *slot_bytes = arena_bytes(globals, true) + (local_layers + 1) * arena_bytes({N * C}, true) +
+                local_layers * arena_bytes(layer, true);
+  *scratch_bytes = arena_bytes(
+      {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F, llama ? N * F : 0, N * F}, false);
+}
+
+uint64_t host_hash() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "?");
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (const char* p = name; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  return h;
+}
+
+// A memory limit file: a byte count, or "max" / missing / unparsable (no limit).
+double read_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text)) return std::numeric_limits<double>::infinity();
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0')
+    return std::numeric_limits<double>::infinity();
+  return static_cast<double>(v);
+}
+
+// The tightest memory limit of this process's cgroup and its ancestors (v2), or of its
+// v1 memory cgroup; the root files cover containers whose /proc/self/cgroup paths do not
+// resolve inside their own mount.
+double cgroup_limit() {
+  double limit = read_limit("/sys/fs/cgroup/memory.max");
+  limit = std::min(limit, read_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes"));
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    // "hierarchy-id:controllers:path"
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    const bool v2 = controllers.empty();
+    const bool v1 = (',' + controllers + ',').find(",memory,") != std::string::npos;
+    if (!v2 && !v1) continue;
+    while (!path.empty() && path != "/") {
+      limit = std::min(limit,
+                       v2 ? read_limit("/sys/fs/cgroup" + path + "/memory.max")
+                          : read_limit("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes"));
+      path = path.substr(0, path.rfind('/'));
+    }
+  }
+  return limit;
+}
+
+std::string bytes_text(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (u < 6 && bytes >= 1024.0) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : (bytes < 1e6 ? "%.1f %s" : "%.3g %s"), bytes,
+                kUnits[u]);
+  return buf;
+}
+
+const char* biggest_consumer(const RankMemory& m) {
+  const std::pair<double, const char*> kinds[] = {{m.params, "parameters"},
+                                                  {m.grads, "gradients"},
+                                                  {m.optimizer, "optimizer state"},
+                                                  {m.activations, "activations"},
+                                                  {m.checkpoint, "checkpoint snapshot"},
+                                                  {m.other, "other buffers"}};
+  const auto* top =
+      std::max_element(std::begin(kinds), std::end(kinds),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+  return top->second;
+}
+
+// What to change to shrink the biggest consumer, naming the keys and their values.
+std::string shrink_hint(const Config& config, const RankMemory& m) {
+  const auto& c = config.model;
+  const auto& p = config.parallel;
+  const std::string biggest = biggest_consumer(m);
+  if (biggest == "activations") {
+    return "reduce parallel.micro_batch_size=" + std::to_string(p.micro_batch_size) +
+           " or model.seq_len=" + std::to_string(c.seq_len) +
+           ", or split the layers over parallel.pp (now " + std::to_string(p.pp) +
+           ") and the heads over parallel.tp (now " + std::to_string(p.tp) + ")";
+  }
+  if (biggest == "other buffers" &&
+      m.tables >= std::max({m.scratch, m.transient, m.comm_buffers})) {
+    return "the pipeline schedule and parameter tables dominate: reduce "
+           "training.global_batch_size=" +
+           std::to_string(config.training.global_batch_size) + " (" +
+           std::to_string(config.grad_accum_steps()) +
+           " micro-batches per step) or model.n_layers=" + std::to_string(c.n_layers);
+  }
+  return "reduce the model (model.n_layers=" + std::to_string(c.n_layers) +
+         ", model.d_model=" + std::to_string(c.d_model) + ", model.d_ff=" + std::to_string(c.d_ff) +
+         ", model.vocab_size=" + std::to_string(c.vocab_size) +
+         ") or shard it with parallel.zero_stage (now " + std::to_string(p.zero_stage) +
+         "; 1 shards the optimizer state over dp, 2 also the gradients, 3 also the "
+         "parameters), parallel.tp (now " +
+         std::to_string(p.tp) + ") or parallel.pp (now " + std::to_string(p.pp) + ")";
+}
+
+std::string breakdown(const RankMemory& m) {
+  return "parameters " + bytes_text(m.params) + ", gradients " + bytes_text(m.grads) +
+         ", optimizer " + bytes_text(m.optimizer) + ", activations " + bytes_text(m.activations) +
+         ", checkpoint snapshot " + bytes_text(m.checkpoint) + ", other " + bytes_text(m.other);
+}
+
+}  // namespace
+
+int pipeline_slots(PipelineSchedule schedule, int pp, int stage, int num_micro) {
+  // GPipe keeps every micro-batch of the step; 1F1B (and any schedule on one stage)
+  // at most pp - stage: the warm-up forwards plus the one in flight.
+  if (schedule == PipelineSchedule::kGpipe && pp > 1) return num_micro;
+  return std::min(pp - stage, num_micro);
+}
+
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank) {
+  const TransformerConfig& c = config.model;
+  const ParallelConfig& par = config.parallel;
+  const int dp = par.dp, stage = par.zero_stage;
+  const StageGroups g = stage_groups(c, part);
+  const double total_floats =
+      g.embedding.floats() + g.local_layers * g.layer.floats() + g.head.floats();
+  const double shard_floats = g.embedding.shard_floats(dp) +
+                              g.local_layers * g.layer.shard_floats(dp) + g.head.shard_floats(dp);
+  // The group buffers a ZeRO-2/3 store holds at once: one group, or the head together
+  // with the embeddings when a one-stage model's head is tied to wte.
+  double held = std::max(
+      {g.embedding.floats(), g.local_layers > 0 ? g.layer.floats() : 0.0, g.head.floats()});
+  if (c.tied() && part.first_stage() && part.last_stage()) {
+    held = std::max(held, g.embedding.floats() + g.head.floats());
+  }
+  RankMemory m;
+  m.params = (stage == 3 ? shard_floats + held : total_floats) * kF;
+  m.grads = (stage >= 2 ? shard_floats + held : total_floats) * kF;
+  m.optimizer = 2 * (stage == 0 ? total_floats : shard_floats) * kF;
+
+  const int accum = config.grad_accum_steps();
+  const int slots = pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum);
+  double slot_bytes = 0;
+  activation_plan(config, part, g.local_layers, &slot_bytes, &m.scratch);
+  m.activations = slot_bytes * slots;
+
+  if (stage == 1 || stage == 2) {
+    // DataParallel's pack (dp chunks) and segment (one chunk) of the largest bucket.
+    const double bucket =
+        std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));
+    const double chunk =
+        std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
+                  g.head.max_chunk_floats(dp, bucket)});
+    m.comm_buffers = (dp + 1) * chunk * kF;
+  }
+  // Short-lived: the host copy of one tensor while initialising (or loading), and for
+  // ZeRO-2/3 the [dp + 1, chunk] packs of one group's gather / reduce-scatter.
+  m.transient =
+      std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.head.largest_tensor()}) *
+      kF;
+  if (stage >= 2) {
+    const double group_chunk =
+        std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
+    m.transient = std::max(m.transient, (dp + 1) * group_chunk * kF);
+  }
+  // A checkpoint copies the saved rows (parameter, two moments) to host memory: ZeRO-0
+  // state is saved by dp rank 0 alone, sharded state by every rank.
+  m.checkpoint = 3 * (stage == 0 ? (dp_rank == 0 ? total_floats : 0.0) : shard_floats) * kF;
+  // Tables: ~512 bytes per local tensor (ParamInfo in the trainer's and the model's
+  // layout, ShardPlan entries), ~256 per global layer (group tables, the model's
+  // per-layer index), the pipeline schedule (built twice at start-up: 2 actions per
+  // micro-batch), and the token buffers.
+  m.tables = 512.0 * g.num_tensors() + 256.0 * c.n_layers + 2.0 * 2.0 * accum * sizeof(PipeAction) +
+             (2.0 * par.micro_batch_size * c.seq_len + c.seq_len + 1) * sizeof(int32_t);
+  m.other = m.scratch + m.comm_buffers + m.transient + m.tables;
+  m.total = m.params + m.grads + m.optimizer + m.activations + m.checkpoint + m.other;
+  return m;
+}
+
+Result<HostMemory> available_host_memory() {
+  if (const char* env = std::getenv("TRIDENT_MEMORY_LIMIT_BYTES"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (errno != 0 || *end != '\0' || v == 0 || env[0] == '-') {
+      return Status::invalid_config(std::string("TRIDENT_MEMORY_LIMIT_BYTES: expected a positive "
+                                                "number of bytes, got '") +
+                                    env + "'");
+    }
+    return HostMemory{static_cast<double>(v), "TRIDENT_MEMORY_LIMIT_BYTES"};
+  }
+  const double physical =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double cgroup = cgroup_limit();
+  if (cgroup < physical) return HostMemory{cgroup, "cgroup memory limit"};
+  return HostMemory{physical, "physical memory"};
+}
+
+std::string describe_rank_memory(const RankMemory& m) {
+  return bytes_text(m.total) + " per rank (" + breakdown(m) + ")";
+}
+
+Status check_memory_fits(const Config& config, std::span<const RankMemoryReport> reports,
+                         const std::string& source) {
+  struct Host {
+    double need = 0, available = std::numeric_limits<double>::infinity();
+    int ranks = 0;
+    const RankMemory* largest = nullptr;
+  };
+  std::map<uint64_t, Host> hosts;
+  for (const RankMemoryReport& r : reports) {
+    Host& h = hosts[r.host];
+    h.need += r.need.total;
+    h.available = std::min(h.available, r.available);
+    h.ranks++;
+    if (!h.largest || r.need.total > h.largest->total) h.largest = &r.need;
+  }
+  // The most over-committed machine, so that every rank names the same one.
+  const Host* worst = nullptr;
+  for (const auto& [hash, h] : hosts) {
+    if (h.need > h.available && (!worst || h.need / h.available > worst->need / worst->available)) {
+      worst = &h;
+    }
+  }
+  if (!worst) return Status::ok();
+  const RankMemory& m = *worst->largest;
+  const bool many = worst->ranks > 1;
+  std::string msg = "model needs " + std::string(many ? "up to " : "") + bytes_text(m.total) +
+                    " per rank (" + breakdown(m) + "; biggest: " + biggest_consumer(m) + ")";
+  if (many) {
+    msg += ", " + std::to_string(worst->ranks) + " ranks on one machine need " +
+           bytes_text(worst->need) + " together,";
+  }
+  msg += " but this machine has " + bytes_text(worst->available) + " (" + source + ") for " +
+         std::to_string(worst->ranks) + (many ? " ranks" : " rank") + "; " + shrink_hint(config, m);
+  return Status::invalid_config(msg);
+}
+
+Status plan_and_check_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                             Communicator& world, bool quiet) {
+  // Every rank takes part in the all-gather even when its own figure is unreadable, so
+  // that the decision below is the same everywhere.
+  Result<HostMemory> host = available_host_memory();
+  RankMemoryReport mine;
+  mine.host = host_hash();
+  mine.available = host.is_ok() ? host->bytes : std::numeric_limits<double>::infinity();
+  mine.need = estimate_rank_memory(config, part, dp_rank);
+  std::vector<RankMemoryReport> all(static_cast<size_t>(world.size()));
+  world.all_gather_bytes(std::as_bytes(std::span<const RankMemoryReport>(&mine, 1)),
+                         std::as_writable_bytes(std::span<RankMemoryReport>(all)),
+                         {.label = "memory plan"});
+  if (!host.is_ok()) return host.status();
+  const std::string source = host->source;
+  if (world.rank() == 0 && !quiet) {
+    const RankMemoryReport* largest = &all[0];
+    int same_host = 0;
+    for (const RankMemoryReport& r : all) {
+      if (r.need.total > largest->need.total) largest = &r;
+      if (r.host == mine.host) same_host++;
+    }
+    log::info("memory plan: {}{}; {} rank{} on this machine, {} available ({})",
+              world.size() > 1 ? "up to " : "", describe_rank_memory(largest->need), same_host,
+              same_host > 1 ? "s" : "", bytes_text(host->bytes), source);
+  }
+  return check_memory_fits(config, all, source);
+}
+
+}  // namespace trident

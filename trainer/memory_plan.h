@@ -1,0 +1,102 @@
+// The memory plan of a training run: how many bytes each rank will hold, computed from
+// the Config and the rank's partition alone (closed-form counts, nothing allocated, no
+// table built whose size grows with the model), and the start-up check that the ranks
+// sharing a machine fit in its memory.
+//
+// The figures follow the allocations of the trainer exactly where the trainer's own
+// accounting exists (tests/trainer/memory_plan_test.cpp and, over several ranks,
+// tests/mpi/memory_plan_mpi_test.cpp compare them):
+//   params, grads, optimizer  = DataParallel::memory() params_peak, grads_peak, optimizer
+//                               (parallel/data_parallel.h; ZeRO stage aware: stage 3
+//                               counts the shard plus the groups gathered at once, stages
+//                               2-3 the gradient shard plus the group buffers held in
+//                               backward)
+//   activations               = Transformer::activation_bytes() with
+//                               PipelineExecutor::required_slots() slots
+//   other.comm_buffers        = DataParallel::memory().comm_scratch
+// The rest of `other` is an estimate of what the trainer holds besides: the model's
+// backward scratch (exact), the largest transient buffer (ZeRO gather/reduce-scatter
+// packs, the host staging of one tensor at initialisation) and tables (parameter
+// layout, pipeline schedule, token buffers). `checkpoint` is the host snapshot every
+// save takes (checkpoint/writer.h): the parameters and both moments of the rows this
+// rank saves; a run that fits only without it would die at its first save.
+//
+// The check (check_memory_fits) compares, for every machine, the sum over the ranks on
+// it with the memory available to them: physical memory capped by the cgroup limit
+// (v2 memory.max, v1 memory.limit_in_bytes), or TRIDENT_MEMORY_LIMIT_BYTES when set (a
+// test and override hook). Every rank decides from the same all-gathered reports, so
+// every rank returns the same Status (no rank trains while another gives up).
+// Thread-compatible; plan_and_check_memory is collective over the world.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "core/status.h"
+#include "model/transformer.h"
+#include "trainer/config.h"
+
+namespace trident {
+
+class Communicator;
+
+// Bytes one rank holds at its peak, by kind (doubles: huge configs must not wrap).
+struct RankMemory {
+  double params = 0;        // parameters
+  double grads = 0;         // gradients
+  double optimizer = 0;     // AdamW first and second moments
+  double activations = 0;   // saved activations of every pipeline slot
+  double checkpoint = 0;    // host snapshot of a checkpoint (saved rows: param, 2 moments)
+  double other = 0;         // = scratch + comm_buffers + transient + tables
+  double scratch = 0;       // the model's backward scratch (shared by all slots)
+  double comm_buffers = 0;  // persistent pack buffers of the bucketed collectives
+  double transient = 0;     // the largest short-lived buffer
+  double tables = 0;        // parameter tables, pipeline schedule, token buffers
+  double total = 0;         // params + grads + optimizer + activations + checkpoint + other
+};
+
+// The plan of the rank with this partition and data-parallel rank. `config` is
+// validated (validate_config) and its model finalized.
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank);
+
+// Activation slots the pipeline schedule keeps live on `stage`: closed form of
+// PipelineExecutor::required_slots (which walks the whole schedule).
+int pipeline_slots(PipelineSchedule schedule, int pp, int stage, int num_micro);
+
+// The memory this process may use, and where the figure comes from ("physical memory",
+// "cgroup limit", "TRIDENT_MEMORY_LIMIT_BYTES").
+struct HostMemory {
+  double bytes = 0;
+  std::string source;
+};
+// TRIDENT_MEMORY_LIMIT_BYTES (a positive integer) if set, else min(physical, cgroup).
+// An unparsable override is an error naming the variable.
+Result<HostMemory> available_host_memory();
+
+// One rank's entry in the check: its machine (a hash of the host name), the memory
+// available there, and its plan. Trivially copyable (it is all-gathered as bytes).
+struct RankMemoryReport {
+  uint64_t host = 0;
+  double available = 0;
+  RankMemory need;
+};
+static_assert(std::is_trivially_copyable_v<RankMemoryReport>);
+
+// OK when, on every machine, the ranks' totals sum to at most its available memory.
+// Otherwise kInvalidConfig (exit 2) naming the figures of the most over-committed
+// machine, its biggest consumer and the keys to change. `source` says where the
+// available figure came from (for the message). Pure: tests call it directly.
+Status check_memory_fits(const Config& config, std::span<const RankMemoryReport> reports,
+                         const std::string& source);
+
+// "<total> per rank (parameters ..., ...)" of `m`, for logs and messages.
+std::string describe_rank_memory(const RankMemory& m);
+
+// Collective over `world`: estimates this rank's plan, all-gathers the reports, logs one
+// info line on world rank 0 (unless quiet) and returns check_memory_fits.
+Status plan_and_check_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                             Communicator& world, bool quiet);
+
+}  // namespace trident
