@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/sampler.h"
+#include "data/token_check.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/llmc_checkpoint.h"
 #include "parallel/watchdog.h"
@@ -24,6 +25,8 @@
 namespace trident {
 
 namespace {
+
+std::string broadcast_string(Communicator& world, std::string text);  // defined below
 
 PipeSchedule to_pipe_schedule(PipelineSchedule s) {
   return s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
@@ -97,7 +100,9 @@ class Trainer::StageRunner : public PipelineStageModel {
 };
 
 Trainer::Trainer(Config config, TrainerOptions options)
-    : config_(std::move(config)), options_(options) {}
+    : config_(std::move(config)),
+      options_(options),
+      loss_guard_(config_.training.loss_spike_factor, config_.training.loss_spike_window) {}
 
 Trainer::~Trainer() = default;
 
@@ -137,6 +142,20 @@ Status Trainer::init() {
                                                               config_.data.seed, false));
     TRIDENT_RETURN_IF_ERROR(val.num_samples(mc.seq_len).status());
     val_data_.emplace(std::move(val));
+  }
+  {
+    // Out-of-vocabulary ids fail now, not when a batch first reads one hours in. The
+    // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
+    std::string verdict;  // rank 0's error message; empty: every id fits
+    if (world_->rank() == 0) {
+      Status st = check_token_ids_at_startup("data.train", train_data_->dataset(), mc.vocab_size);
+      if (st.is_ok() && val_data_) {
+        st = check_token_ids_at_startup("data.val", val_data_->dataset(), mc.vocab_size);
+      }
+      verdict = st.message();
+    }
+    verdict = broadcast_string(*world_, verdict);
+    if (!verdict.empty()) return Status::invalid_input(verdict);
   }
 
   // CPU ranks share the machine's cores.
@@ -275,6 +294,7 @@ nlohmann::json Trainer::trainer_state() const {
       {"layout", {{"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"zero_stage", par.zero_stage},
                   {"world_size", world_->size()}}},
       {"seeds", {{"init", config_.training.seed}, {"data", config_.data.seed}}},
+      {"recent_losses", loss_guard_.recent_losses()},  // the loss-spike guard's window
       {"config", config_to_yaml(config_)}};
 }
 
@@ -342,6 +362,9 @@ Status Trainer::resume() {
   step_ = state.at("step").get<int>();
   consumed_samples_ = state.at("consumed_samples").get<uint64_t>();
   dp_->set_steps_taken(state.at("optimizer_steps").get<int>());
+  if (auto it = state.find("recent_losses"); it != state.end() && it->is_array()) {
+    loss_guard_.restore(it->get<std::vector<double>>());  // absent in older checkpoints
+  }
   dp_->zero_grad();
   if (world_->rank() == 0) {
     const auto& layout = state.at("layout");
@@ -565,6 +588,34 @@ void Trainer::print_summary() {
   }
 }
 
+Status Trainer::check_loss_spike(double loss) {
+  Status spike = loss_guard_.push(step_, loss);
+  if (spike.is_ok()) {
+    if (!config_.checkpoint.async && writer_->in_flight()) {
+      // A sync save deferred by the guard (see run()): its weights are now vouched for.
+      TRIDENT_RETURN_IF_ERROR(writer_->wait());
+      if (world_->rank() == 0 && !options_.quiet) {
+        log::info("checkpoint step {} committed", *writer_->last_committed_step());
+      }
+    }
+    return Status::ok();
+  }
+  // The spiked loss was measured on the weights after step_ - 1, and this step has been
+  // applied on top: neither state may be committed. A save in flight of an older step
+  // passed the guard at the step after it, so it still commits; one of step_ - 1 is
+  // dropped (the writer never commits it; the next start removes its .tmp).
+  if (writer_->in_flight() && writer_->in_flight_step() < step_ - 1) {
+    TRIDENT_RETURN_IF_ERROR(writer_->wait());
+  }
+  const auto steps = list_steps(config_.checkpoint.dir);
+  const std::string newest =
+      steps.empty() ? std::string("none yet") : fmt::format("newest: step_{}", steps.back().first);
+  return Status::internal(fmt::format(
+      "{}; stopping without saving so the committed checkpoints ({}) stay those of the healthy "
+      "run; lower training.lr or raise training.loss_spike_factor",
+      spike.message(), newest));
+}
+
 Status Trainer::run() {
   const auto& t = config_.training;
   Timer total;
@@ -583,6 +634,8 @@ Status Trainer::run() {
     if (!options_.quiet && (step_ % config_.logging.log_interval == 0 || step_ == 1 || last)) {
       log::info("{}", format_progress_line(m));
     }
+    // Before anything at this boundary can save or commit (docs/CONFIG.md, loss spikes).
+    TRIDENT_RETURN_IF_ERROR(check_loss_spike(m.loss));
     if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       TRIDENT_ASSIGN_OR_RETURN(double val_loss, evaluate());
       if (rank0) metrics_.write_eval(step_, val_loss);
@@ -605,7 +658,9 @@ Status Trainer::run() {
       return Status::ok();
     }
     if (ck.interval > 0 && step_ % ck.interval == 0 && step_ < t.max_steps) {
-      TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async));
+      // With the loss guard on, even a sync save commits only at the next boundary, after
+      // the first loss measured on its weights has passed the guard.
+      TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async || loss_guard_.enabled()));
     }
   }
   // The final state is always worth keeping when checkpoints are on.

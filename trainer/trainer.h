@@ -29,6 +29,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
+#include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/traffic_model.h"
 
@@ -96,6 +97,8 @@ class Trainer {
   Status init();
   Status resume();
   nlohmann::json trainer_state() const;
+  // The loss-spike guard at a step boundary (trainer/loss_guard.h); see run().
+  Status check_loss_spike(double loss);
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local, const char* label);
@@ -121,6 +124,7 @@ class Trainer {
   std::vector<int32_t> inputs_;   // [micro_batch_size * seq_len]
   std::vector<int32_t> targets_;  // [micro_batch_size * seq_len]
   std::vector<double> losses_;
+  LossSpikeGuard loss_guard_;  // fed by run() after every step; its window is checkpointed
   RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;
