@@ -100,6 +100,8 @@ class CheckpointWriter {
   Status wait();
 
   bool in_flight() const { return in_flight_; }
+  // The step of the save in flight (meaningful while in_flight()).
+  int64_t in_flight_step() const { return step_; }
   // The step of the newest save this writer committed.
   std::optional<int64_t> last_committed_step() const { return last_committed_; }
   const SaveStats& last_stats() const { return stats_; }

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
+
+#include "data/token_meta.h"
 
 namespace trident {
 
@@ -21,8 +24,10 @@ Result<std::vector<std::string>> glob_files(const std::string& pattern) {
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) {
       std::error_code ec;
-      // Directories that happen to match are not shards.
+      // Directories that happen to match are not shards, nor are shard sidecars
+      // (`data/train_*` matches train_000000.bin.meta.json too).
       if (std::filesystem::is_directory(g.gl_pathv[i], ec)) continue;
+      if (std::string_view(g.gl_pathv[i]).ends_with(kTokenMetaSuffix)) continue;
       out.emplace_back(g.gl_pathv[i]);
     }
   }

@@ -3,7 +3,8 @@
 //
 // A spec (config `data.train` / `data.val`) is
 //   - a directory: every *.bin regular file inside it (not recursive), sorted by name;
-//   - a glob with * ? or [ ]: the matches of glob(3), sorted by name;
+//   - a glob with * ? or [ ]: the matches of glob(3), sorted by name, except shard
+//     sidecars (*.meta.json, data/token_meta.h);
 //   - otherwise a single file.
 // A spec that matches nothing is invalid_input naming the spec; a bad shard is the
 // invalid_input of TokenFile::open, naming the shard.

@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <system_error>
 
 #include "data/token_file.h"
+#include "data/token_meta.h"
 
 namespace trident {
 
@@ -40,6 +42,12 @@ class ShardWriter {
     if (buffer_.empty()) return Status::ok();
     std::string path = (fs::path(dir_) / shard_name(prefix_, written_.size())).string();
     TRIDENT_RETURN_IF_ERROR(write_token_file(path, buffer_, 1));
+    // The sidecar spares `trident train` a scan for the largest id (data/token_meta.h).
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(path, ec);
+    if (ec) return Status::io_error(path + ": cannot stat the shard just written: " + ec.message());
+    TRIDENT_RETURN_IF_ERROR(write_token_meta(
+        path, {buffer_.size(), *std::max_element(buffer_.begin(), buffer_.end()), bytes}));
     written_.push_back(path);
     buffer_.clear();
     return Status::ok();
@@ -74,9 +82,10 @@ Status validate(const PrepareOptions& o) {
   return Status::ok();
 }
 
-// Removes train_NNNNNN.bin / val_NNNNNN.bin files (by file name) this run did not write.
+// Removes train_NNNNNN.bin / val_NNNNNN.bin files and their .meta.json sidecars (by file
+// name) this run did not write.
 void remove_stale_shards(const std::string& dir, const std::set<std::string>& keep) {
-  static const std::regex kShard(R"((train|val)_\d{6}\.bin)");
+  static const std::regex kShard(R"((train|val)_\d{6}\.bin(\.meta\.json)?)");
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
        it.increment(ec)) {
@@ -171,7 +180,10 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
   summary.val_shards = val.written();
   std::set<std::string> keep;
   for (const auto* shards : {&summary.train_shards, &summary.val_shards}) {
-    for (const std::string& path : *shards) keep.insert(fs::path(path).filename().string());
+    for (const std::string& path : *shards) {
+      keep.insert(fs::path(path).filename().string());
+      keep.insert(fs::path(token_meta_path(path)).filename().string());
+    }
   }
   remove_stale_shards(options.out_dir, keep);
   summary.unigram_entropy = unigram_entropy(counts);

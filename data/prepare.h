@@ -4,9 +4,10 @@
 // val_fraction of the token stream is the validation split. Output, in out_dir:
 //   train_000000.bin, train_000001.bin, ...   at most shard_tokens tokens each
 //   val_000000.bin, ...                       (absent when the split is empty)
-// in llm.c version 1 (uint16) format (data/token_file.h). Shards of the same names left
-// by an earlier run beyond the ones written now are removed, so that a directory or glob
-// spec never mixes two runs.
+// in llm.c version 1 (uint16) format (data/token_file.h), each with a sidecar
+// <shard>.meta.json holding its token count, largest id and size (data/token_meta.h).
+// Shards (and sidecars) of the same names left by an earlier run beyond the ones written
+// now are removed, so that a directory or glob spec never mixes two runs.
 //
 // Tokenizers: "byte" (every byte is a token, vocab 256). "gpt2" is not implemented yet
 // and fails with invalid_config saying so. Errors name the file or option.

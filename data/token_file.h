@@ -40,6 +40,10 @@ class TokenFile {
   int version() const { return version_; }
   int token_width() const { return width_; }  // bytes per token: 2 or 4
   uint64_t num_tokens() const { return num_tokens_; }
+  uint64_t file_bytes() const { return map_bytes_; }
+  // The mapped tokens, num_tokens() * token_width() bytes, aligned to the width (the
+  // header is 1024 bytes): for whole-file scans (data/token_check.h).
+  const unsigned char* token_bytes() const { return tokens_; }
 
   // Token i (i < num_tokens()).
   uint32_t token(uint64_t i) const;

@@ -63,7 +63,9 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(training, weight_decay, kFloat), TRIDENT_FIELD(training, beta1, kFloat),
         TRIDENT_FIELD(training, beta2, kFloat), TRIDENT_FIELD(training, eps, kFloat),
         TRIDENT_FIELD(training, grad_clip, kFloat), TRIDENT_FIELD(training, seed, kUint64),
-        TRIDENT_FIELD(training, eval_interval, kInt), TRIDENT_FIELD(training, eval_batches, kInt)}},
+        TRIDENT_FIELD(training, eval_interval, kInt), TRIDENT_FIELD(training, eval_batches, kInt),
+        TRIDENT_FIELD(training, loss_spike_factor, kFloat),
+        TRIDENT_FIELD(training, loss_spike_window, kInt)}},
       {"checkpoint",
        {TRIDENT_FIELD(checkpoint, dir, kString), TRIDENT_FIELD(checkpoint, interval, kInt),
         TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool)}},
@@ -534,6 +536,11 @@ Status validate_training(const Config& config) {
   if (t.eval_interval > 0 && !config.data.val.empty()) {
     TRIDENT_RETURN_IF_ERROR(at_least("training.eval_batches", t.eval_batches, 1));
   }
+  // A factor <= 1 would stop any run whose loss ever rises above its median.
+  TRIDENT_RETURN_IF_ERROR(float_check("training.loss_spike_factor", t.loss_spike_factor,
+                                      t.loss_spike_factor == 0 || t.loss_spike_factor > 1,
+                                      "0 (off) or > 1"));
+  TRIDENT_RETURN_IF_ERROR(at_least("training.loss_spike_window", t.loss_spike_window, 1));
   return Status::ok();
 }
 

@@ -50,6 +50,10 @@ struct TrainingConfig {
   uint64_t seed = 42;
   int eval_interval = 0;   // 0 = off
   int eval_batches = 4;
+  // Stop when a step's loss exceeds factor x the median of the last `window` losses,
+  // before that state can be checkpointed (trainer/loss_guard.h); 0 = off.
+  float loss_spike_factor = 10.0f;
+  int loss_spike_window = 50;
 };
 
 struct CheckpointConfig {

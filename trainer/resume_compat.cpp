@@ -102,6 +102,8 @@ const std::vector<KeyRule>& key_rules() {
       {"training.seed", Rule::kWarn,
        "no effect after resume: it seeds the initial weights only, and the weights come from "
        "the checkpoint"},
+      {"training.loss_spike_factor", Rule::kIgnore},
+      {"training.loss_spike_window", Rule::kIgnore},
       {"training.eval_interval", Rule::kIgnore},
       {"training.eval_batches", Rule::kIgnore},
       {"checkpoint.dir", Rule::kIgnore},

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/sampler.h"
+#include "data/token_check.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/llmc_checkpoint.h"
 #include "parallel/watchdog.h"
@@ -27,6 +28,8 @@
 namespace trident {
 
 namespace {
+
+std::string broadcast_string(Communicator& world, std::string text);  // defined below
 
 PipeSchedule to_pipe_schedule(PipelineSchedule s) {
   return s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
@@ -100,7 +103,9 @@ class Trainer::StageRunner : public PipelineStageModel {
 };
 
 Trainer::Trainer(Config config, TrainerOptions options)
-    : config_(std::move(config)), options_(options) {}
+    : config_(std::move(config)),
+      options_(options),
+      loss_guard_(config_.training.loss_spike_factor, config_.training.loss_spike_window) {}
 
 Trainer::~Trainer() = default;
 
@@ -156,6 +161,20 @@ Status Trainer::init() {
                                                               config_.data.seed, false));
     TRIDENT_RETURN_IF_ERROR(val.num_samples(mc.seq_len).status());
     val_data_.emplace(std::move(val));
+  }
+  {
+    // Out-of-vocabulary ids fail now, not when a batch first reads one hours in. The
+    // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
+    std::string verdict;  // rank 0's error message; empty: every id fits
+    if (world_->rank() == 0) {
+      Status st = check_token_ids_at_startup("data.train", train_data_->dataset(), mc.vocab_size);
+      if (st.is_ok() && val_data_) {
+        st = check_token_ids_at_startup("data.val", val_data_->dataset(), mc.vocab_size);
+      }
+      verdict = st.message();
+    }
+    verdict = broadcast_string(*world_, verdict);
+    if (!verdict.empty()) return Status::invalid_input(verdict);
   }
 
   // CPU ranks share the machine's cores.
@@ -313,6 +332,7 @@ nlohmann::json Trainer::trainer_state() {
   // The data fingerprint (trainer/resume_compat.h), compared on resume; rank 0 knows it.
   state.extra["data"] =
       data_fingerprint_ ? nlohmann::json(*data_fingerprint_) : nlohmann::json();
+  state.extra["recent_losses"] = loss_guard_.recent_losses();  // the loss-spike guard's window
   // The next checkpoint descends from this one (whether or not this one commits: an id
   // that names no checkpoint matches nothing).
   ancestors_.insert(ancestors_.begin(), state.checkpoint_uid);
@@ -444,6 +464,14 @@ Status Trainer::resume() {
   step_ = static_cast<int>(state->step);
   consumed_samples_ = state->consumed_samples;
   dp_->set_steps_taken(static_cast<int>(state->optimizer_steps));
+  // The loss-spike guard's window (absent in older checkpoints; ignored when malformed).
+  if (auto it = state->extra.find("recent_losses"); it != state->extra.end() && it->is_array()) {
+    std::vector<double> window;
+    for (const nlohmann::json& v : *it) {
+      if (v.is_number()) window.push_back(v.get<double>());
+    }
+    loss_guard_.restore(window);
+  }
   dp_->zero_grad();
   resumed_from_ = chosen;
   if (!state->checkpoint_uid.empty()) {
@@ -672,6 +700,35 @@ void Trainer::print_summary() {
   }
 }
 
+Status Trainer::check_loss_spike(double loss) {
+  Status spike = loss_guard_.push(step_, loss);
+  if (spike.is_ok()) {
+    if (!config_.checkpoint.async && writer_->in_flight()) {
+      // A sync save deferred by the guard (see run()): its weights are now vouched for.
+      TRIDENT_RETURN_IF_ERROR(writer_->wait());
+      if (world_->rank() == 0 && !options_.quiet) {
+        log::info("checkpoint step {} committed", *writer_->last_committed_step());
+      }
+    }
+    return Status::ok();
+  }
+  // The spiked loss was measured on the weights after step_ - 1, and this step has been
+  // applied on top: neither state may be committed. A save in flight of an older step
+  // passed the guard at the step after it, so it still commits; one of step_ - 1 is
+  // dropped (the writer never commits it; the next start removes its .tmp).
+  if (writer_->in_flight() && writer_->in_flight_step() < step_ - 1) {
+    TRIDENT_RETURN_IF_ERROR(writer_->wait());
+  }
+  std::string problem;
+  const auto latest = read_latest(config_.checkpoint.dir, &problem);
+  const std::string newest =
+      latest ? fmt::format("newest: step_{}", latest->step) : std::string("none yet");
+  return Status::internal(fmt::format(
+      "{}; stopping without saving so the committed checkpoints ({}) stay those of the healthy "
+      "run; lower training.lr or raise training.loss_spike_factor",
+      spike.message(), newest));
+}
+
 Status Trainer::run() {
   set_stop_mode_graceful();  // from here a first stop signal saves at a step boundary
   const auto& t = config_.training;
@@ -691,6 +748,8 @@ Status Trainer::run() {
     if (!options_.quiet && (step_ % config_.logging.log_interval == 0 || step_ == 1 || last)) {
       log::info("{}", format_progress_line(m));
     }
+    // Before anything at this boundary can save or commit (docs/CONFIG.md, loss spikes).
+    TRIDENT_RETURN_IF_ERROR(check_loss_spike(m.loss));
     if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       TRIDENT_ASSIGN_OR_RETURN(double val_loss, evaluate());
       if (rank0) metrics_.write_eval(step_, val_loss);
@@ -713,7 +772,9 @@ Status Trainer::run() {
       return Status::ok();
     }
     if (ck.interval > 0 && step_ % ck.interval == 0 && step_ < t.max_steps) {
-      TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async));
+      // With the loss guard on, even a sync save commits only at the next boundary, after
+      // the first loss measured on its weights has passed the guard.
+      TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async || loss_guard_.enabled()));
     }
   }
   // The final state is always worth keeping when checkpoints are on.

@@ -31,6 +31,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
+#include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/resume_compat.h"
 #include "trainer/traffic_model.h"
@@ -109,6 +110,8 @@ class Trainer {
   Result<std::string> agree(const std::string& decision);
   // The state saved with the next checkpoint; a new checkpoint uid each call.
   nlohmann::json trainer_state();
+  // The loss-spike guard at a step boundary (trainer/loss_guard.h); see run().
+  Status check_loss_spike(double loss);
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local, const char* label);
@@ -138,6 +141,7 @@ class Trainer {
   std::vector<int32_t> inputs_;   // [micro_batch_size * seq_len]
   std::vector<int32_t> targets_;  // [micro_batch_size * seq_len]
   std::vector<double> losses_;
+  LossSpikeGuard loss_guard_;  // fed by run() after every step; its window is checkpointed
   RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;

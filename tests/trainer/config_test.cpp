@@ -83,6 +83,8 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(t.seed, u.seed);
   EXPECT_EQ(t.eval_interval, u.eval_interval);
   EXPECT_EQ(t.eval_batches, u.eval_batches);
+  EXPECT_EQ(t.loss_spike_factor, u.loss_spike_factor);
+  EXPECT_EQ(t.loss_spike_window, u.loss_spike_window);
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
   EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
@@ -345,6 +347,21 @@ TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
   // Accepted layouts.
   parse_ok(kMinimal + "parallel: {pp: 2, stage_layers: [1, 3], tp: 4, dp: 2, micro_batch_size: 1}\n");
   parse_ok(kMinimal + "model: {arch: llama, n_kv_heads: 2}\nparallel: {tp: 2}\n");
+}
+
+TEST(Config, LossSpikeGuardKeys) {
+  Config c = parse_ok(kMinimal);
+  EXPECT_EQ(c.training.loss_spike_factor, 10.0f);  // on by default (docs/CONFIG.md)
+  EXPECT_EQ(c.training.loss_spike_window, 50);
+  c = parse_ok(kMinimal + "training: {loss_spike_factor: 0, loss_spike_window: 1}\n");
+  EXPECT_EQ(c.training.loss_spike_factor, 0.0f);
+  EXPECT_EQ(c.training.loss_spike_window, 1);
+  EXPECT_EQ(parse_ok(kMinimal, {"training.loss_spike_factor=2.5"}).training.loss_spike_factor, 2.5f);
+  expect_error(kMinimal + "training: {loss_spike_factor: 1}\n", {},
+               {"training.loss_spike_factor: must be 0 (off) or > 1, got 1"});
+  expect_error(kMinimal + "training: {loss_spike_factor: -3}\n", {}, {"training.loss_spike_factor"});
+  expect_error(kMinimal + "training: {loss_spike_window: 0}\n", {},
+               {"training.loss_spike_window: must be >= 1, got 0"});
 }
 
 TEST(Config, TrainingAndOtherSectionErrors) {
