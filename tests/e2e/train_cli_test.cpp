@@ -41,8 +41,13 @@ class TrainCli : public ::testing::Test {
     return dir_.file(name + ".yaml");
   }
 
+  // Each config trains into its own checkpoint directory under the scratch dir (never the
+  // default ./checkpoints, which --resume auto would continue across tests); a
+  // checkpoint.dir in `flags` comes later and wins.
   testing::CommandResult train(const std::string& config, const std::string& flags = "") {
-    return run_command(testing::trident_binary() + " train --config " + config + " " + flags);
+    const std::string ckpt = config + ".ckpt";
+    return run_command(testing::trident_binary() + " train --config " + config +
+                       " --set checkpoint.dir=" + ckpt + " " + flags);
   }
 
   std::vector<nlohmann::json> read_metrics(const std::string& name) {
@@ -83,9 +88,17 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
     EXPECT_LT(last, 0.6 * first) << "loss did not fall: " << first << " -> " << last;
 
     // The metrics file: exactly the DESIGN.md fields, and evaluations at 15 and 30.
-    int evals = 0, summaries = 0;
+    int evals = 0, summaries = 0, segments = 0;
     for (const auto& r : ma) {
-      if (r.contains("summary")) {
+      if (r.contains("segment")) {  // one header per launch (trainer/metrics.h)
+        const auto& seg = r["segment"];
+        EXPECT_EQ(seg["start_step"], 0);
+        EXPECT_TRUE(seg["resumed_from"].is_null());
+        EXPECT_EQ(seg["run_id"].get<std::string>().size(), 16u);
+        EXPECT_EQ(seg["world_size"], 1);
+        EXPECT_EQ(seg.size(), 5u) << r.dump();
+        ++segments;
+      } else if (r.contains("summary")) {
         ASSERT_EQ(r["summary"]["ranks"].size(), 1u);
         EXPECT_GT(r["summary"]["ranks"][0]["param_bytes"].get<double>(), 0);
         ++summaries;
@@ -103,6 +116,7 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
     }
     EXPECT_EQ(evals, 2);
     EXPECT_EQ(summaries, 1);
+    EXPECT_EQ(segments, 1);
     EXPECT_TRUE(ma.back().contains("summary"));
   }
 }

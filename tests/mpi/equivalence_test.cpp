@@ -40,6 +40,8 @@ Config make_config(Arch arch, const Case& c) {
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: 8, max_steps: 10, lr: 0.001, warmup_steps: 2,"
       " weight_decay: 0.1, grad_clip: 1.0}\n"
+      // Its own checkpoint directory (nothing is saved: interval 0), shared by the ranks.
+      "checkpoint: {dir: " + data_file() + ".ckpt}\n"
       "logging: {metrics: ''}\n";
   auto config = parse_config(yaml, {});
   EXPECT_TRUE(config.is_ok()) << config.status().message();
@@ -55,6 +57,7 @@ struct Trajectory {
 Trajectory train(Arch arch, const Case& c, Communicator* world) {
   TrainerOptions options;
   options.world = world;
+  options.resume = "none";
   options.quiet = true;
   options.peak_flops = 1e9;
   options.threads = 1;
