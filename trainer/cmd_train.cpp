@@ -33,12 +33,15 @@ void print_train_usage(std::FILE* to) {
       "usage: trident train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]\n"
       "  --config FILE            the YAML config (docs/CONFIG.md)\n"
       "  --set section.key=value  overrides one config key; repeatable, applied in order\n"
-      "  --resume auto|none|DIR   auto (default): the newest valid checkpoint under\n"
-      "                           checkpoint.dir; none: start fresh; DIR: that checkpoint\n"
+      "  --resume auto|none|DIR   auto (default): continue the run checkpoint.dir/latest\n"
+      "                           names; none: a new run (refused when checkpoint.dir holds\n"
+      "                           checkpoints); DIR: that checkpoint (later steps in\n"
+      "                           checkpoint.dir are set aside as step_N.abandoned)\n"
       "  -h, --help               this text\n"
       "exit codes: 0 done, 1 failure, 2 bad usage/config/input, 3 stopped by a signal\n"
       "signals: SIGTERM, SIGINT or SIGUSR1 saves a checkpoint at the next step boundary and\n"
-      "  exits 3; a second one exits at once without saving (128 + signal number); one\n"
+      "  exits 3; a second one (0.5 s or more later) exits at once without saving (128 +\n"
+      "  signal number); one\n"
       "  during start-up (before the first step) exits 3 at once, nothing to save\n");
 }
 

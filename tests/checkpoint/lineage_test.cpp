@@ -15,6 +15,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "tests/checkpoint/ckpt_test_util.h"
+#include "tests/common/manifest_edit.h"
 
 namespace trident {
 namespace {
@@ -31,16 +32,10 @@ void save(const std::string& root, int64_t step, const json& state) {
   ASSERT_TRUE(st.is_ok()) << st.message();
 }
 
-// Rewrites the trainer state of a committed manifest, keeping the manifest's checksum
-// valid (what another writer, a future version or a careful edit would produce).
+// A checksum-valid edit of a manifest's trainer state (tests/common/manifest_edit.h).
 void rewrite_state(const std::string& step_dir, const std::function<void(json&)>& edit) {
-  const std::string path = step_dir + "/" + kManifestName;
-  std::string text;
-  ASSERT_TRUE(read_whole_file(path, &text).is_ok());
-  auto m = parse_manifest(text, path);
-  ASSERT_TRUE(m.is_ok()) << m.status().message();
-  edit(m->trainer_state);
-  ASSERT_TRUE(write_file_atomic(path, manifest_to_text(m.value())).is_ok());
+  Status st = testing::rewrite_trainer_state(step_dir, edit);
+  ASSERT_TRUE(st.is_ok()) << st.message();
 }
 
 void write_latest(const std::string& root, const std::string& text) {

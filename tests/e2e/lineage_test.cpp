@@ -17,10 +17,9 @@
 #include <fstream>
 #include <functional>
 
-#include "checkpoint/durable_io.h"
 #include "checkpoint/lineage.h"
-#include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
+#include "tests/common/manifest_edit.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
 
@@ -57,15 +56,10 @@ class Lineage : public ::testing::Test {
 
   std::vector<std::string> entries() const { return testing::dir_entries(ckpt()); }
 
-  // Rewrites step_dir's trainer state with a valid manifest checksum.
+  // A checksum-valid edit of step_dir's trainer state (tests/common/manifest_edit.h).
   static void edit_state(const std::string& step_dir, const std::function<void(json&)>& edit) {
-    const std::string path = step_dir + "/" + kManifestName;
-    std::string text;
-    ASSERT_TRUE(read_whole_file(path, &text).is_ok());
-    auto m = parse_manifest(text, path);
-    ASSERT_TRUE(m.is_ok()) << m.status().message();
-    edit(m->trainer_state);
-    ASSERT_TRUE(write_file_atomic(path, manifest_to_text(m.value())).is_ok());
+    Status st = testing::rewrite_trainer_state(step_dir, edit);
+    ASSERT_TRUE(st.is_ok()) << st.message();
   }
 
   ScratchDir dir_;
