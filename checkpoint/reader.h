@@ -85,7 +85,9 @@ std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& root)
 // The newest step_<N> under root (by N) that passes `level`; the ones skipped on the
 // way are appended to *skipped as "<path>: <reason>". .tmp directories (uncommitted or
 // crashed saves) are ignored. invalid_input when root has no valid checkpoint (the
-// message lists the reasons).
+// message lists the reasons). Structural only, and not a resume policy: the highest
+// step may belong to another run; --resume auto follows `latest` and the run's lineage
+// (checkpoint/lineage.h choose_auto_resume).
 Result<std::string> find_latest_valid(const std::string& root, std::vector<std::string>* skipped,
                                       VerifyLevel level = VerifyLevel::kFull);
 
