@@ -88,7 +88,12 @@ void install_stop_signal_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // blocking calls resume; the flag is read between steps
   sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
+  // A shell starts background jobs (`cmd &`, nohup) with SIGINT ignored so that Ctrl-C at
+  // the terminal spares them; keep it that way.
+  struct sigaction inherited {};
+  if (sigaction(SIGINT, nullptr, &inherited) != 0 || inherited.sa_handler != SIG_IGN) {
+    sigaction(SIGINT, &action, nullptr);
+  }
   sigaction(SIGUSR1, &action, nullptr);
 }
 

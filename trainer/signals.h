@@ -30,6 +30,7 @@
 namespace trident {
 
 // Installs the handlers in start-up mode (idempotent). Call first thing in a command.
+// An inherited "ignore SIGINT" (a background job of a shell) is kept.
 void install_stop_signal_handlers();
 // Switches to training mode: from now on the first stop signal is a graceful request.
 void set_stop_mode_graceful();

@@ -94,6 +94,9 @@ class Job {
     pid_ = fork();
     if (pid_ == 0) {
       setpgid(0, 0);
+      // A test runner started in the background inherits an ignored SIGINT, which would
+      // carry over exec and make the job deaf to it; jobs start with default handling.
+      signal(SIGINT, SIG_DFL);
       const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
         dup2(fd, 1);
