@@ -4,6 +4,8 @@
 # data parallel 2 x tensor parallel 2 x pipeline parallel 2, ZeRO stage 3 (FSDP).
 # Extra arguments go to `trident train` (e.g. --set training.max_steps=50).
 # TRIDENT_DEMO_RANKS=1 trains the same model in one process instead.
+# It ends by plotting the metrics into runs/demo/metrics.png (scripts/plot_metrics.py)
+# and printing a sample from the final checkpoint (`trident generate`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh trident
@@ -34,7 +36,13 @@ fi
 entropy=$(grep -o 'unigram entropy: [0-9.]*' "$RUN_DIR/prepare.log" | awk '{print $3}' || true)
 val=$(grep -o '"val_loss":[0-9.]*' "$RUN_DIR/metrics.jsonl" | tail -1 | cut -d: -f2 || true)
 echo
-echo "metrics: $RUN_DIR/metrics.jsonl (one JSON object per step; plot with your tool of choice)"
+/usr/bin/python3 scripts/plot_metrics.py "$RUN_DIR/metrics.jsonl" --out "$RUN_DIR/metrics.png"
+echo "sample from the final checkpoint (temperature 0.8, top-k 40, seed 1):"
+echo "----"
+build/trident generate --checkpoint "$RUN_DIR/checkpoints" --prompt "The people of the" \
+  --max-new-tokens 100 --temperature 0.8 --top-k 40 --seed 1 2>/dev/null
+echo "----"
+echo "metrics: $RUN_DIR/metrics.jsonl (one JSON object per step), plotted in $RUN_DIR/metrics.png"
 echo "checkpoints: $RUN_DIR/checkpoints (build/trident ckpt inspect $RUN_DIR/checkpoints)"
 if [[ -n "$entropy" && -n "$val" ]]; then
   echo "final validation loss ${val} nats/token vs. the corpus's unigram entropy ${entropy} nats/token"
