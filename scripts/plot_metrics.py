@@ -12,9 +12,10 @@ Records (trainer/metrics.h): {"step","loss","lr","grad_norm","step_ms","tokens_p
 "mfu"} per step, {"step","val_loss"} per evaluation, {"summary": ...} at the end of a
 run and {"segment": {"run_id","start_step","resumed_from","time","world_size"}} at the
 start of each launch. A file appended across resumes can hold a step several times
-(steps after the last checkpoint of a stopped launch are trained again): each step's
-record is taken from the LAST segment that has it, i.e. a later line overrides an
-earlier one for the same step (train and validation records separately).
+(steps after the last checkpoint of a stopped launch are trained again): a segment that
+starts at step S discards the earlier records of steps after S (trained again, or
+abandoned by a rollback), so each step's record comes from the last segment that has
+it (train and validation records separately).
 
 --out PNG      where to write (default: metrics.png next to the first file)
 --dump-json    also print the de-duplicated series as JSON on stdout:
@@ -57,7 +58,12 @@ def load(path):
             if "segment" in rec:
                 segments += 1
                 if segments > 1 and isinstance(rec["segment"], dict):
-                    resumes.append(rec["segment"].get("start_step", 0))
+                    start = int(rec["segment"].get("start_step", 0) or 0)
+                    resumes.append(start)
+                    # The launch continues from `start`: what an earlier launch logged
+                    # after it was trained again or abandoned (a rollback), never kept.
+                    steps = {k: v for k, v in steps.items() if k <= start}
+                    evals = {k: v for k, v in evals.items() if k <= start}
             elif "step" in rec and "loss" in rec:
                 steps[int(rec["step"])] = rec  # a later segment's record wins
             elif "step" in rec and "val_loss" in rec:

@@ -1,6 +1,6 @@
 // scripts/plot_metrics.py on small metrics files: a file appended across a resume holds
 // steps 5 and 6 twice, and the plot must take them (and the re-run evaluation) from the
-// later segment; the PNG must be a real 1200 x 800 PNG; two files overlay under their
+// later segment; a rollback drops the abandoned steps; the PNG must be a real 1200 x 800 PNG; two files overlay under their
 // names; bad usage and a missing file exit 2 naming it. Needs /usr/bin/python3 with
 // matplotlib (scripts/setup.sh installs python3-matplotlib): without it the test fails.
 #include <gtest/gtest.h>
@@ -97,6 +97,26 @@ TEST(PlotMetrics, ResumedSegmentOverridesAndPngIsValid) {
   EXPECT_EQ(bytes.substr(12, 4), "IHDR");
   EXPECT_EQ(big_endian(bytes, 16), 1200u);  // 12 x 8 inches at 100 dpi
   EXPECT_EQ(big_endian(bytes, 20), 800u);
+}
+
+TEST(PlotMetrics, ARollbackDropsTheAbandonedSteps) {
+  ScratchDir dir;
+  // Launch 1 reaches step 8; launch 2 rolls back to step 3 and stops after step 5: steps
+  // 6..8 of launch 1 belong to an abandoned trajectory and must not be plotted.
+  std::string text = segment_line(0, nullptr);
+  for (int s = 1; s <= 8; ++s) text += step_line(s, 10.0 - s, 1e-3);
+  text += R"({"step":8,"val_loss":1.5})" "\n";
+  text += segment_line(3, "ckpt/step_3");
+  for (int s = 4; s <= 5; ++s) text += step_line(s, 50.0 + s, 1e-3);
+  dir.write("m.jsonl", text);
+  const CommandResult r = run_command("/usr/bin/python3 " + script() + " " + dir.file("m.jsonl") +
+                                      " --out " + dir.file("m.png") + " --dump-json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = nlohmann::json::parse(r.output)["m.jsonl"];
+  EXPECT_EQ(a["steps"], nlohmann::json({1, 2, 3, 4, 5}));
+  EXPECT_EQ(a["loss"], nlohmann::json({9.0, 8.0, 7.0, 54.0, 55.0}));
+  EXPECT_EQ(a["val_steps"], nlohmann::json::array());
+  EXPECT_EQ(a["resumes"], nlohmann::json({3}));
 }
 
 TEST(PlotMetrics, DefaultOutputAndBadUsage) {
