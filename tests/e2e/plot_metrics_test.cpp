@@ -109,8 +109,8 @@ TEST(PlotMetrics, ARollbackDropsTheAbandonedSteps) {
   text += segment_line(3, "ckpt/step_3");
   for (int s = 4; s <= 5; ++s) text += step_line(s, 50.0 + s, 1e-3);
   dir.write("m.jsonl", text);
-  const CommandResult r = run_command("/usr/bin/python3 " + script() + " " + dir.file("m.jsonl") +
-                                      " --out " + dir.file("m.png") + " --dump-json 2>/dev/null");
+  const CommandResult r = run_command("(/usr/bin/python3 " + script() + " " + dir.file("m.jsonl") +
+                                      " --out " + dir.file("m.png") + " --dump-json 2>/dev/null)");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto a = nlohmann::json::parse(r.output)["m.jsonl"];
   EXPECT_EQ(a["steps"], nlohmann::json({1, 2, 3, 4, 5}));
