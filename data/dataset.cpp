@@ -4,14 +4,45 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <set>
 #include <string_view>
 #include <system_error>
 
+#include "data/megatron_file.h"
 #include "data/token_meta.h"
 
 namespace trident {
 
 namespace {
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+// The Megatron prefix a resolved path names (see dataset.h), or nullopt for an llm.c shard.
+std::optional<std::string> megatron_prefix(const std::string& path) {
+  const std::string_view p(path);
+  if (p.ends_with(".idx")) return path.substr(0, path.size() - 4);
+  if (p.ends_with(".bin") && exists(path.substr(0, path.size() - 4) + ".idx")) {
+    return path.substr(0, path.size() - 4);
+  }
+  return std::nullopt;
+}
+
+// X.idx stands for its dataset X, which the stream names by X.bin: a glob matching both
+// files of a pair yields the dataset once.
+std::vector<std::string> megatron_pairs_once(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const std::string& path : paths) {
+    std::string name = path;
+    if (std::string_view(path).ends_with(".idx")) name = path.substr(0, path.size() - 4) + ".bin";
+    if (seen.insert(name).second) out.push_back(std::move(name));
+  }
+  return out;
+}
 
 bool has_glob_chars(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
@@ -39,7 +70,7 @@ Result<std::vector<std::string>> glob_files(const std::string& pattern) {
   }
   if (out.empty()) return Status::invalid_input(pattern + ": no token files match this glob");
   std::sort(out.begin(), out.end());  // glob sorts by locale; make it bytewise
-  return out;
+  return megatron_pairs_once(out);
 }
 
 Result<std::vector<std::string>> directory_files(const std::string& dir) {
@@ -66,9 +97,10 @@ Result<std::vector<std::string>> resolve_token_files(const std::string& spec) {
   if (std::filesystem::is_directory(spec, ec)) return directory_files(spec);
   if (has_glob_chars(spec) && !std::filesystem::exists(spec, ec)) return glob_files(spec);
   if (!std::filesystem::exists(spec, ec)) {
-    return Status::invalid_input(spec + ": no such token file or directory");
+    if (exists(spec + ".idx")) return std::vector<std::string>{spec + ".bin"};  // a prefix
+    return Status::invalid_input(spec + ": no such token file, directory or Megatron prefix");
   }
-  return std::vector<std::string>{spec};
+  return megatron_pairs_once({spec});
 }
 
 Result<TokenDataset> TokenDataset::open(const std::string& spec, int64_t vocab_size) {
@@ -82,7 +114,9 @@ Result<TokenDataset> TokenDataset::open(const std::string& spec, int64_t vocab_s
   ds.vocab_size_ = vocab_size;
   ds.files_.reserve(paths.size());
   for (const std::string& path : paths) {
-    TRIDENT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(path));
+    const std::optional<std::string> prefix = megatron_prefix(path);
+    TRIDENT_ASSIGN_OR_RETURN(TokenFile file,
+                             prefix ? open_megatron_dataset(*prefix) : TokenFile::open(path));
     ds.offsets_.push_back(ds.offsets_.back() + file.num_tokens());
     ds.files_.push_back(std::move(file));
   }

@@ -1,13 +1,18 @@
-// TokenDataset: one token stream made of llm.c shards (data/token_file.h), concatenated
-// in name order.
+// TokenDataset: one token stream made of token files, concatenated in name order: llm.c
+// shards (data/token_file.h) and Megatron indexed datasets (data/megatron_file.h; the
+// concatenation of the dataset's sequences, which is its .bin), mixed freely.
 //
-// A spec (config `data.train` / `data.val`) is
+// A spec (config `data.train` / `data.val`, or one path of a blend, data/blend.h) is
 //   - a directory: every *.bin regular file inside it (not recursive), sorted by name;
 //   - a glob with * ? or [ ]: the matches of glob(3), sorted by name, except shard
 //     sidecars (*.meta.json, data/token_meta.h);
+//   - a Megatron prefix P: P itself does not exist but P.idx does (P.bin beside it);
 //   - otherwise a single file.
-// A spec that matches nothing is invalid_input naming the spec; a bad shard is the
-// invalid_input of TokenFile::open, naming the shard.
+// Each resulting file X.bin that has an X.idx beside it is a Megatron dataset, as is a
+// named X.idx (standing for X.bin: a glob matching both yields the dataset once); every
+// other file is an llm.c shard. resolve_token_files names a Megatron dataset by its .bin.
+// A spec that matches nothing is invalid_input naming the spec; a bad file is the
+// invalid_input of TokenFile::open or open_megatron_dataset, naming the file.
 //
 // read() validates every id against the model's vocabulary, so a dataset tokenized for
 // another model fails with the file, the position in that file, the id and the vocab

@@ -121,6 +121,33 @@ Result<TokenFile> TokenFile::open(const std::string& path) {
   return file;
 }
 
+Result<TokenFile> TokenFile::open_raw(const std::string& path, int width) {
+  auto fail = [&](const std::string& what) { return Status::invalid_input(path + ": " + what); };
+  TRIDENT_CHECK_MSG(width == 2 || width == 4, "token width " + std::to_string(width));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return fail("cannot open token file: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return fail("cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) return fail("not a regular file");
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes % static_cast<uint64_t>(width) != 0) {
+    return fail(std::to_string(file_bytes) + " bytes is not a whole number of " +
+                std::to_string(width) + "-byte tokens");
+  }
+  TokenFile file;
+  file.path_ = path;
+  file.num_tokens_ = file_bytes / static_cast<uint64_t>(width);
+  file.width_ = width;
+  if (file_bytes == 0) return file;  // mmap of 0 bytes fails; nothing to read anyway
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return fail("mmap failed: " + errno_text());
+  ::madvise(map, file_bytes, MADV_SEQUENTIAL);
+  file.map_ = map;
+  file.map_bytes_ = file_bytes;
+  file.tokens_ = static_cast<const unsigned char*>(map);
+  return file;
+}
+
 TokenFile::TokenFile(TokenFile&& other) noexcept { *this = std::move(other); }
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {

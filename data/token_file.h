@@ -8,6 +8,9 @@
 // longer one has trailing bytes; both are errors, since either means the writer died
 // or the header lies.
 //
+// open_raw() maps a file of bare little-endian tokens with no header (a Megatron .bin,
+// data/megatron_file.h): version() is then 0.
+//
 // Failures are Status::invalid_input with a message that starts with the file path.
 // TokenFile is move-only; the mapping lives as long as the object. Reads are const and
 // safe from many threads.
@@ -29,6 +32,9 @@ inline constexpr int32_t kTokenFileMagicU32 = 20240801;  // version 7
 class TokenFile {
  public:
   static Result<TokenFile> open(const std::string& path);
+  // The whole file as tokens of `width` bytes (2: uint16, 4: uint32 or int32 read as
+  // uint32); its size must be a multiple of the width. An empty file holds no tokens.
+  static Result<TokenFile> open_raw(const std::string& path, int width);
 
   TokenFile(TokenFile&& other) noexcept;
   TokenFile& operator=(TokenFile&& other) noexcept;

@@ -19,7 +19,10 @@
 namespace trident {
 namespace {
 
-enum class Kind { kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kTie };
+// kDataSpec: data.train, a string or a list of {path, weight}; its ref is the DataConfig.
+enum class Kind {
+  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kTie, kDataSpec
+};
 
 struct Field {
   const char* name;
@@ -34,6 +37,8 @@ struct Section {
 
 #define TRIDENT_FIELD(section, key, kind) \
   Field { #key, Kind::kind, [](Config& c) -> void* { return &c.section.key; } }
+#define TRIDENT_DATA_SPEC_FIELD(key) \
+  Field { #key, Kind::kDataSpec, [](Config& c) -> void* { return &c.data; } }
 
 const std::vector<Section>& sections() {
   static const std::vector<Section> kSections = {
@@ -53,7 +58,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
       {"data",
-       {TRIDENT_FIELD(data, train, kString), TRIDENT_FIELD(data, val, kString),
+       {TRIDENT_DATA_SPEC_FIELD(train), TRIDENT_FIELD(data, val, kString),
         TRIDENT_FIELD(data, shuffle, kBool), TRIDENT_FIELD(data, seed, kUint64)}},
       {"training",
        {TRIDENT_FIELD(training, global_batch_size, kInt), TRIDENT_FIELD(training, max_steps, kInt),
@@ -76,6 +81,7 @@ const std::vector<Section>& sections() {
 }
 
 #undef TRIDENT_FIELD
+#undef TRIDENT_DATA_SPEC_FIELD
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -158,8 +164,62 @@ Status parse_int(const std::string& key, const YAML::Node& node, int* out) {
   return Status::ok();
 }
 
+Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, void* dst);
+
+// One spec, or a list of {path, weight} mappings (a blend).
+Status parse_data_spec(const std::string& key, const YAML::Node& node, DataConfig* data) {
+  if (node.IsNull() || node.IsScalar()) {
+    data->train_blend.clear();
+    return parse_value(key, Kind::kString, node, &data->train);
+  }
+  if (!node.IsSequence()) {
+    return type_error(key, "a path (file, glob, directory or Megatron prefix) or a list of "
+                      "{path, weight}", node);
+  }
+  if (node.size() == 0) return Status::invalid_config(key + ": an empty blend; list at least one {path, weight}");
+  std::vector<BlendSource> blend;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string entry = key + "[" + std::to_string(i) + "]";
+    const YAML::Node& item = node[i];
+    if (!item.IsMap()) return type_error(entry, "a mapping {path, weight}", item);
+    BlendSource source;
+    bool has_path = false, has_weight = false;
+    for (auto kv = item.begin(); kv != item.end(); ++kv) {
+      const std::string name = kv->first.Scalar();
+      if (name == "path" && !has_path) {
+        has_path = true;
+        if (!kv->second.IsScalar() || kv->second.Scalar().empty()) {
+          return type_error(entry + ".path", "a non-empty path", kv->second);
+        }
+        source.path = kv->second.Scalar();
+      } else if (name == "weight" && !has_weight) {
+        has_weight = true;
+        if (!is_plain_scalar(kv->second) || !parse_number(kv->second.Scalar(), &source.weight)) {
+          return type_error(entry + ".weight", "a number", kv->second);
+        }
+        if (!(source.weight > 0) || !std::isfinite(source.weight)) {
+          return type_error(entry + ".weight", "a positive finite number", kv->second);
+        }
+      } else if (name == "path" || name == "weight") {
+        return Status::invalid_config("duplicate key " + entry + "." + name);
+      } else {
+        return Status::invalid_config("unknown key " + entry + "." + name +
+                                      "; allowed keys in a blend entry: path, weight");
+      }
+    }
+    if (!has_path) return Status::invalid_config(entry + ": missing path");
+    if (!has_weight) return Status::invalid_config(entry + ": missing weight");
+    blend.push_back(std::move(source));
+  }
+  data->train.clear();
+  data->train_blend = std::move(blend);
+  return Status::ok();
+}
+
 Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, void* dst) {
   switch (kind) {
+    case Kind::kDataSpec:
+      return parse_data_spec(key, node, static_cast<DataConfig*>(dst));
     case Kind::kInt:
       return parse_int(key, node, static_cast<int*>(dst));
     case Kind::kUint64: {
@@ -376,8 +436,31 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
+// Shortest text that parses back to the same double, with a dot or an exponent with a
+// dot in the mantissa (see float_text).
+std::string double_text(double v) {
+  char buf[64];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string text(buf, ec == std::errc() ? ptr : buf);
+  const size_t e = text.find('e');
+  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+  return text;
+}
+
+std::string data_spec_text(const DataConfig& data) {
+  if (data.train_blend.empty()) return quoted(data.train);
+  std::string out = "[";
+  for (const BlendSource& s : data.train_blend) {
+    out += (out.size() > 1 ? ", " : "") + std::string("{path: ") + quoted(s.path) +
+           ", weight: " + double_text(s.weight) + "}";
+  }
+  return out + "]";
+}
+
 std::string value_text(Kind kind, void* p) {
   switch (kind) {
+    case Kind::kDataSpec:
+      return data_spec_text(*static_cast<DataConfig*>(p));
     case Kind::kInt:
       return std::to_string(*static_cast<int*>(p));
     case Kind::kUint64:
@@ -574,8 +657,26 @@ Status validate_config(const Config& config) {
   model.finalize();
   TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
   TRIDENT_RETURN_IF_ERROR(validate_training(config));
-  if (config.data.train.empty()) {
-    return Status::invalid_config("data.train: required: a token file, glob or directory");
+  if (config.data.train.empty() && config.data.train_blend.empty()) {
+    return Status::invalid_config(
+        "data.train: required: a token file, glob, directory, Megatron prefix or blend");
+  }
+  if (!config.data.train.empty() && !config.data.train_blend.empty()) {
+    return Status::invalid_config("data.train: both a path and a blend are set");
+  }
+  for (size_t i = 0; i < config.data.train_blend.size(); ++i) {
+    const BlendSource& s = config.data.train_blend[i];
+    const std::string entry = "data.train[" + std::to_string(i) + "]";
+    if (s.path.empty()) return Status::invalid_config(entry + ".path: must not be empty");
+    if (!(s.weight > 0) || !std::isfinite(s.weight)) {
+      return Status::invalid_config(entry + ".weight: must be a positive finite number, got " +
+                                    double_text(s.weight));
+    }
+  }
+  if (!config.data.train_blend.empty()) {
+    std::vector<double> weights;
+    for (const BlendSource& s : config.data.train_blend) weights.push_back(s.weight);
+    TRIDENT_RETURN_IF_ERROR(blend_quotas(weights).status());
   }
   const CheckpointConfig& ck = config.checkpoint;
   TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.interval", ck.interval, 0));
@@ -631,6 +732,10 @@ std::string config_to_yaml(const Config& config) {
     }
   }
   return out;
+}
+
+std::string data_train_text(const DataConfig& data) {
+  return data.train_blend.empty() ? data.train : data_spec_text(data);
 }
 
 std::vector<std::pair<std::string, std::string>> config_values(const Config& config) {

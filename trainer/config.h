@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/blend.h"
 #include "model/config.h"
 
 namespace trident {
@@ -29,7 +30,11 @@ struct ParallelConfig {
 };
 
 struct DataConfig {
-  std::string train;  // file, glob or directory of llm.c token shards
+  // data.train is either one spec (file, glob, directory or Megatron prefix; data/dataset.h)
+  // in `train`, or a blend (a YAML list of {path, weight}; data/blend.h) in `train_blend`
+  // with `train` empty.
+  std::string train;
+  std::vector<BlendSource> train_blend;
   std::string val;    // same; empty = no validation
   bool shuffle = true;
   uint64_t seed = 1234;
@@ -97,6 +102,10 @@ std::string config_to_yaml(const Config& config);
 // Every key of the field table as ("section.key", value as config_to_yaml prints it), in
 // table order: compares two configs key by key without listing the keys again.
 std::vector<std::pair<std::string, std::string>> config_values(const Config& config);
+
+// data.train as config_to_yaml prints it, unquoted for a plain spec ("data/train_*.bin")
+// and as a flow list for a blend ("[{path: \"a\", weight: 0.7}, {path: \"b\", weight: 0.3}]").
+std::string data_train_text(const DataConfig& data);
 
 const char* lr_schedule_name(LrSchedule s);
 const char* pipeline_schedule_name(PipelineSchedule s);

@@ -191,6 +191,7 @@ std::string file_differences(const DataFileFingerprint& was, const DataFileFinge
 // tokens and content hash (all known).
 bool same_files(const DataFingerprint& was, const DataFingerprint& now) {
   if (!was.files || !now.files || was.files->size() != now.files->size()) return false;
+  if (was.blend != now.blend) return false;  // the same files mixed differently
   for (size_t i = 0; i < was.files->size(); ++i) {
     const DataFileFingerprint &a = (*was.files)[i], &b = (*now.files)[i];
     if (!a.bytes || !b.bytes || !a.tokens || !b.tokens || !known(a.content_hash) ||
@@ -392,6 +393,7 @@ void to_json(json& j, const DataFingerprint& d) {
   if (d.total_tokens) j["total_tokens"] = *d.total_tokens;
   if (d.seed) j["seed"] = *d.seed;
   if (d.shuffle) j["shuffle"] = *d.shuffle;
+  if (d.blend) j["blend"] = *d.blend;
 }
 
 void from_json(const json& j, DataFingerprint& d) {
@@ -411,11 +413,15 @@ void from_json(const json& j, DataFingerprint& d) {
   if (j.is_object() && j.contains("shuffle") && j.at("shuffle").is_boolean()) {
     d.shuffle = j.at("shuffle").get<bool>();
   }
+  if (j.is_object() && j.contains("blend") && j.at("blend").is_string()) {
+    d.blend = j.at("blend").get<std::string>();
+  }
 }
 
-Result<DataFingerprint> fingerprint_dataset(const TokenDataset& dataset, const DataConfig& data) {
-  DataFingerprint fp = fingerprint_from_config(data);
-  std::vector<DataFileFingerprint> files;
+namespace {
+
+// The fingerprints of `dataset`'s files, appended to `files`.
+Status add_file_fingerprints(const TokenDataset& dataset, std::vector<DataFileFingerprint>* files) {
   for (const TokenFile& f : dataset.files()) {
     DataFileFingerprint file;
     file.path = f.path();
@@ -423,8 +429,38 @@ Result<DataFingerprint> fingerprint_dataset(const TokenDataset& dataset, const D
     uint64_t bytes = 0;
     TRIDENT_ASSIGN_OR_RETURN(file.content_hash, edge_hash(f.path(), &bytes));
     file.bytes = bytes;
-    files.push_back(std::move(file));
+    files->push_back(std::move(file));
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<DataFingerprint> fingerprint_datasets(const std::vector<TokenDataset>& datasets,
+                                             const std::optional<BlendSchedule>& blend,
+                                             const DataConfig& data) {
+  DataFingerprint fp = fingerprint_from_config(data);
+  std::vector<DataFileFingerprint> files;
+  uint64_t total_tokens = 0;
+  std::string schedule;
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    TRIDENT_RETURN_IF_ERROR(add_file_fingerprints(datasets[d], &files));
+    total_tokens += datasets[d].num_tokens();
+    if (blend) {
+      schedule += (schedule.empty() ? "" : " ") + std::to_string(blend->quotas()[d]) + "/" +
+                  std::to_string(datasets[d].files().size());
+    }
+  }
+  fp.files = std::move(files);
+  fp.total_tokens = total_tokens;
+  if (blend) fp.blend = schedule;
+  return fp;
+}
+
+Result<DataFingerprint> fingerprint_dataset(const TokenDataset& dataset, const DataConfig& data) {
+  DataFingerprint fp = fingerprint_from_config(data);
+  std::vector<DataFileFingerprint> files;
+  TRIDENT_RETURN_IF_ERROR(add_file_fingerprints(dataset, &files));
   fp.files = std::move(files);
   fp.total_tokens = dataset.num_tokens();
   return fp;
@@ -432,7 +468,7 @@ Result<DataFingerprint> fingerprint_dataset(const TokenDataset& dataset, const D
 
 DataFingerprint fingerprint_from_config(const DataConfig& data) {
   DataFingerprint fp;
-  fp.spec = data.train;
+  fp.spec = data_train_text(data);
   fp.seed = data.seed;
   fp.shuffle = data.shuffle;
   return fp;
@@ -515,7 +551,7 @@ ResumeCompat compare_for_resume(const Config& saved, const Config& now, int64_t 
   }
   // The data: the stored fingerprint, completed by what the stored config says.
   DataFingerprint was_data = saved_data.value_or(fingerprint_from_config(saved.data));
-  if (!known(was_data.spec)) was_data.spec = saved.data.train;
+  if (!known(was_data.spec)) was_data.spec = data_train_text(saved.data);
   if (!was_data.seed) was_data.seed = saved.data.seed;
   if (!was_data.shuffle) was_data.shuffle = saved.data.shuffle;
   compare_data(was_data, now_data, resume_step, &out);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/blend.h"
 #include "data/dataset.h"
 #include "trainer/config.h"
 
@@ -56,8 +57,13 @@ struct DataFileFingerprint {
 // A training dataset as this run reads it. nullopt / kUnknown: not recorded (an older
 // checkpoint, or a partial record).
 struct DataFingerprint {
-  std::string spec = kUnknown;                            // data.train
-  std::optional<std::vector<DataFileFingerprint>> files;  // in stream order
+  std::string spec = kUnknown;                            // data.train (data_train_text)
+  std::optional<std::vector<DataFileFingerprint>> files;  // in stream order; a blend's
+                                                          // components one after another
+  // A blend's schedule: "quota/files" per component ("7/2 3/1": quotas 7 and 3 of
+  // data/blend.h, 2 and 1 files); nullopt for one spec (and in checkpoints from before
+  // blends, which cannot have had one).
+  std::optional<std::string> blend;
   std::optional<uint64_t> total_tokens;
   std::optional<uint64_t> seed;  // data.seed
   std::optional<bool> shuffle;   // data.shuffle
@@ -73,7 +79,12 @@ void from_json(const nlohmann::json& j, DataFingerprint& d);
 
 // Sizes, token counts and content hashes of every file of `dataset`, plus data.seed and
 // data.shuffle. Reads 2 MiB per file; io_error naming the file when one cannot be read.
+// A Megatron dataset is fingerprinted by its .bin (its stream; the .idx only delimits it).
 Result<DataFingerprint> fingerprint_dataset(const TokenDataset& dataset, const DataConfig& data);
+// The same over several datasets (a blend's components, in order, with its schedule).
+Result<DataFingerprint> fingerprint_datasets(const std::vector<TokenDataset>& datasets,
+                                             const std::optional<BlendSchedule>& blend,
+                                             const DataConfig& data);
 // What a config alone says about its data (spec, seed, shuffle; files unknown).
 DataFingerprint fingerprint_from_config(const DataConfig& data);
 

@@ -141,14 +141,18 @@ Status Trainer::init() {
   TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, part_, groups_.coords.dp_rank, *world_,
                                                 options_.quiet));
 
-  TRIDENT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(config_.data.train, mc.vocab_size,
-                                                              config_.data.seed,
-                                                              config_.data.shuffle));
+  TRIDENT_ASSIGN_OR_RETURN(
+      DataLoader train,
+      config_.data.train_blend.empty()
+          ? DataLoader::open(config_.data.train, mc.vocab_size, config_.data.seed,
+                             config_.data.shuffle)
+          : DataLoader::open_blend(config_.data.train_blend, mc.vocab_size, config_.data.seed,
+                                   config_.data.shuffle));
   TRIDENT_ASSIGN_OR_RETURN(num_train_samples_, train.num_samples(mc.seq_len));
   train_data_.emplace(std::move(train));
   if (world_->rank() == 0) {
     // ---- resume compatibility (trainer/resume_compat.h): fingerprint the data ----
-    auto fp = fingerprint_dataset(train_data_->dataset(), config_.data);
+    auto fp = fingerprint_datasets(train_data_->datasets(), train_data_->blend(), config_.data);
     if (fp.is_ok()) {
       data_fingerprint_ = std::move(fp).value();
     } else {
@@ -167,7 +171,13 @@ Status Trainer::init() {
     // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
     std::string verdict;  // rank 0's error message; empty: every id fits
     if (world_->rank() == 0) {
-      Status st = check_token_ids_at_startup("data.train", train_data_->dataset(), mc.vocab_size);
+      Status st = Status::ok();
+      const auto& train_sets = train_data_->datasets();
+      for (size_t i = 0; i < train_sets.size() && st.is_ok(); ++i) {
+        const std::string key =
+            train_data_->blend() ? "data.train[" + std::to_string(i) + "]" : "data.train";
+        st = check_token_ids_at_startup(key, train_sets[i], mc.vocab_size);
+      }
       if (st.is_ok() && val_data_) {
         st = check_token_ids_at_startup("data.val", val_data_->dataset(), mc.vocab_size);
       }
@@ -278,7 +288,7 @@ void Trainer::print_banner() const {
             c.training.lr, c.training.min_lr, lr_schedule_name(c.training.lr_schedule),
             c.training.warmup_steps, c.training.weight_decay, c.training.beta1, c.training.beta2,
             c.training.grad_clip);
-  log::info("data: train {} ({} samples{}), val {}", c.data.train, num_train_samples_,
+  log::info("data: train {} ({} samples{}), val {}", data_train_text(c.data), num_train_samples_,
             c.data.shuffle ? ", shuffled" : "", c.data.val.empty() ? "none" : c.data.val);
   log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank (measured sgemm)",
             ops_->name(), world_->size(), peak_flops_ / 1e9);

@@ -65,6 +65,7 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
   EXPECT_EQ(a.parallel.comm_timeout_s, b.parallel.comm_timeout_s);
   EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_TRUE(a.data.train_blend == b.data.train_blend);
   EXPECT_EQ(a.data.val, b.data.val);
   EXPECT_EQ(a.data.shuffle, b.data.shuffle);
   EXPECT_EQ(a.data.seed, b.data.seed);
@@ -277,7 +278,9 @@ TEST(Config, WrongTypesNameKeyExpectedAndFound) {
       {"training: {lr: inf}", "training.lr", "expected a finite number", "'inf'"},
       {"data: {train: x, shuffle: 1}", "data.shuffle", "expected a boolean", "'1'"},
       {"data: {train: x, shuffle: yes}", "data.shuffle", "expected a boolean", "'yes'"},
-      {"data: {train: [a, b]}", "data.train", "expected a string", "a list"},
+      // A list is a blend (data/blend.h): its entries are mappings.
+      {"data: {train: [a, b]}", "data.train[0]", "expected a mapping {path, weight}", "'a'"},
+      {"data: {train: x, val: [a, b]}", "data.val", "expected a string", "a list"},
       {"data: {train: x, seed: -1}", "data.seed", "expected a non-negative integer", "'-1'"},
       {"model: {d_model: {a: 1}}", "model.d_model", "expected an integer", "a mapping"},
       {"model: {tie_embeddings: 2}", "model.tie_embeddings", "expected true, false or auto", "'2'"},
