@@ -276,6 +276,27 @@ TEST_F(Export, InitFromTheExportContinuesLikeTheCheckpoint) {
   const auto fresh = losses("from_hf");
   ASSERT_EQ(fresh.size(), 1u);
   EXPECT_EQ(fresh[0], resumed[5]);
+
+  // HF's own gpt2 upload names tensors without "transformer." and may carry the
+  // attention-mask buffers: the same model.
+  auto file = read_safetensors(dir_.file("hf_llmc/model.safetensors"));
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : file.value().tensors) {
+    entries.push_back({t.name.substr(std::string("transformer.").size()), t.shape, t.data.data()});
+  }
+  const std::vector<float> mask(16 * 16, 1.0f);
+  entries.push_back({"h.0.attn.bias", {1, 1, 16, 16}, mask.data()});
+  std::filesystem::create_directory(dir_.file("hf_hub_style"));
+  std::filesystem::copy(dir_.file("hf_llmc/config.json"), dir_.file("hf_hub_style/config.json"));
+  std::ofstream(dir_.file("hf_hub_style/model.safetensors"), std::ios::binary)
+      << encode_safetensors(entries);
+  const std::string from_hub = "arch: gpt2, seq_len: 16, init_from: " + dir_.file("hf_hub_style");
+  r = train(write_config("from_hub", from_hub, "", 1, dir_.file("periodic.bin")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("ignoring tensor"), std::string::npos) << r.output;
+  ASSERT_EQ(losses("from_hub").size(), 1u);
+  EXPECT_EQ(losses("from_hub")[0], resumed[5]);
   // The batch really is the same at every step: step 1's loss differs (other weights).
   EXPECT_NE(resumed[0], resumed[5]);
 }
