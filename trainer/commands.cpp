@@ -18,6 +18,8 @@ void print_usage(std::FILE* to) {
                "           tokenize text into token files\n"
                "  ckpt     inspect|verify DIR\n"
                "           show or check a checkpoint\n"
+               "  export   --checkpoint DIR --format safetensors --out DIR\n"
+               "           write a checkpoint as a Hugging Face model directory\n"
                "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N]\n"
                "           [--temperature T] [--top-k K] [--seed S]\n"
                "           continue a prompt with a trained model\n"
@@ -59,6 +61,7 @@ int run_cli(int argc, char** argv) {
     if (command == "train") return cmd_train(args);
     if (command == "prepare") return cmd_prepare(args);
     if (command == "ckpt") return cmd_ckpt(args);
+    if (command == "export") return cmd_export(args);
     if (command == "generate") return cmd_generate(args);
     std::fprintf(stderr, "trident: unknown command '%s'\n", command.c_str());
     print_usage(stderr);

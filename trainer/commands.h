@@ -24,6 +24,7 @@ int run_guarded(const std::function<int()>& body);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
 int cmd_ckpt(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 
 }  // namespace trident

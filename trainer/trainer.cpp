@@ -16,6 +16,7 @@
 #include "data/sampler.h"
 #include "data/token_check.h"
 #include "kernels/cpu/sgemm_peak.h"
+#include "model/hf_export.h"
 #include "model/llmc_checkpoint.h"
 #include "parallel/watchdog.h"
 #include "trainer/checkpointing.h"
@@ -123,10 +124,18 @@ Status Trainer::init() {
     world_ = own_world_.get();
   }
   TRIDENT_RETURN_IF_ERROR(claim_checkpoint_dir());
+  // model.init_from: a directory is a Hugging Face model (model/hf_export.h), a file an
+  // llm.c GPT-2 checkpoint (model/llmc_checkpoint.h).
   std::optional<LlmcCheckpoint> init_ckpt;
+  std::optional<HfModel> init_hf;
   if (!config_.model.init_from.empty()) {
-    TRIDENT_ASSIGN_OR_RETURN(init_ckpt, read_llmc_checkpoint(config_.model.init_from));
-    TRIDENT_RETURN_IF_ERROR(apply_llmc_architecture(*init_ckpt, &config_.model));
+    if (is_hf_model_dir(config_.model.init_from)) {
+      TRIDENT_ASSIGN_OR_RETURN(init_hf, read_hf_model(config_.model.init_from));
+      TRIDENT_RETURN_IF_ERROR(apply_hf_architecture(*init_hf, &config_.model));
+    } else {
+      TRIDENT_ASSIGN_OR_RETURN(init_ckpt, read_llmc_checkpoint(config_.model.init_from));
+      TRIDENT_RETURN_IF_ERROR(apply_llmc_architecture(*init_ckpt, &config_.model));
+    }
     config_.model.finalize();
     TRIDENT_RETURN_IF_ERROR(validate_config(config_));
   }
@@ -209,10 +218,10 @@ Status Trainer::init() {
                                          par.micro_batch_size, slots);
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots);
 
-  if (init_ckpt) {
+  if (init_ckpt || init_hf) {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
       const ParamInfo& p = layout_.params[i];
-      const std::vector<float>* values = init_ckpt->find(p.name);
+      const std::vector<float>* values = init_ckpt ? init_ckpt->find(p.name) : init_hf->find(p.name);
       if (!values || static_cast<int64_t>(values->size()) != p.shape.numel()) {
         return Status::invalid_input(config_.model.init_from + ": tensor " + p.name +
                                      " does not fit the model");

@@ -50,7 +50,9 @@ void check_schedule(const std::vector<uint64_t>& quotas) {
       const int64_t scaled = static_cast<int64_t>(quotas[i]) * c - D * n[i];  // D·(w_i c - n_i)
       ASSERT_GT(scaled, -D) << "component " << i << " at " << c;
       ASSERT_LT(scaled, (k == 2 ? 1 : k - 1) * D) << "component " << i << " at " << c;
-      if (c % D == 0) ASSERT_EQ(scaled, 0);
+      if (c % D == 0) {
+        ASSERT_EQ(scaled, 0);
+      }
     }
     if (c == 3 * D) break;
     const BlendSchedule::Pick p = s.pick(static_cast<uint64_t>(c));

@@ -101,7 +101,7 @@ TEST(MegatronSpecs, PrefixBinIdxAndGlobsNameTheDatasetOnce) {
   ScratchDir dir;
   std::vector<uint16_t> tokens(50, 3);
   ASSERT_TRUE(write_megatron_dataset(dir.file("m"), tokens.data(), 50, {50}).is_ok());
-  for (const std::string spec : {dir.file("m"), dir.file("m.bin"), dir.file("m.idx"), dir.file("m*"),
+  for (const std::string& spec : {dir.file("m"), dir.file("m.bin"), dir.file("m.idx"), dir.file("m*"),
                                  dir.path()}) {
     SCOPED_TRACE(spec);
     auto files = resolve_token_files(spec);

@@ -85,7 +85,7 @@ TEST_F(MegatronData, TrainsToTheLossesOfTheSameTokensAsAnLlmcShard) {
     r = megatron_writer(dir_.file("tokens.u32"), prefix, "--dtype " + dtype + " --seq-len 77");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // The spec may name the prefix, the .bin or the .idx.
-    for (const std::string spec : {prefix, prefix + ".bin", prefix + ".idx"}) {
+    for (const std::string& spec : {prefix, prefix + ".bin", prefix + ".idx"}) {
       SCOPED_TRACE(spec);
       const std::string name = "run_" + dtype + "_" + std::to_string(spec.size());
       r = train(dir_, name + ".yaml", config(dir_, spec, name, 10));

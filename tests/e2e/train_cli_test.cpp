@@ -238,7 +238,7 @@ testing::CommandResult run_stdout_only(const std::string& args) {
 TEST_F(TrainCli, EveryCommandAnswersHelpOnStdout) {
   auto top = run_stdout_only("--help");
   EXPECT_EQ(top.exit_code, 0) << top.output;
-  for (const char* command : {"train", "prepare", "ckpt", "generate"}) {
+  for (const char* command : {"train", "prepare", "ckpt", "export", "generate"}) {
     SCOPED_TRACE(command);
     EXPECT_NE(top.output.find(std::string("  ") + command + " "), std::string::npos)
         << "trident --help does not list it:\n" << top.output;
