@@ -37,12 +37,12 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
+#include "comm/communicator.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "trainer/checkpointing.h"
 

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 
 namespace trident {

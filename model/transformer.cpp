@@ -4,9 +4,9 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/communicator.h"
 #include "core/check.h"
 #include "core/rng.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 

@@ -36,9 +36,9 @@
 #include <span>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "kernels/ops.h"
-#include "model/param_store.h"
-#include "parallel/communicator.h"
+#include "parallel/param_store.h"
 #include "parallel/sharded_param_store.h"
 
 namespace trident {

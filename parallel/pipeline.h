@@ -42,8 +42,8 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 

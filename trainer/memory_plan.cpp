@@ -18,8 +18,8 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/log.h"
-#include "parallel/communicator.h"
 #include "parallel/pipeline.h"
 
 namespace trident {

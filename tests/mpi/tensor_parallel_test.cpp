@@ -5,9 +5,9 @@
 
 #include <cmath>
 
+#include "comm/topology.h"
 #include "core/rng.h"
 #include "model/transformer.h"
-#include "parallel/topology.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace trident {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "data/token_file.h"
-#include "parallel/communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/common/scratch_dir.h"
