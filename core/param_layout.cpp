@@ -13,7 +13,7 @@ size_t ParamLayout::total_floats() const {
   return total;
 }
 
-const ParamInfo* ParamLayout::find(const std::string& name) const {
+const ParamInfo* ParamLayout::find(std::string_view name) const {
   for (const ParamInfo& p : params) {
     if (p.name == name) return &p;
   }

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,7 +53,7 @@ struct ParamLayout {
   std::vector<ParamInfo> params;
   std::vector<ParamGroup> groups;  // indexed by group id; groups of other stages are empty
   size_t total_floats() const;  // the flat layout: last group's offset + num_floats
-  const ParamInfo* find(const std::string& name) const;  // null when absent
+  const ParamInfo* find(std::string_view name) const;  // null when absent
 };
 
 // This rank's tensor-parallel part of a global tensor (`global`: row-major, p.shape)

@@ -93,7 +93,6 @@ class Transformer {
   const ModelPartition& partition() const { return part_; }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
-  const ParamInfo* find_param(std::string_view name) const;
   size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
   size_t boundary_floats() const;  // one micro-batch's activation between stages
   ParamStore& store() { return *store_; }

@@ -185,7 +185,7 @@ Status Trainer::init() {
   }
   ops_ = make_cpu_ops(threads);
   layout_ = Transformer::plan_params(mc, part_);
-  AdamWConfig adamw;
+  AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;
   adamw.beta2 = config_.training.beta2;
   adamw.eps = config_.training.eps;
