@@ -37,12 +37,12 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
+#include "comm/communicator.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "trainer/checkpointing.h"
 
@@ -144,7 +144,7 @@ int run(int argc, char** argv) {
   SelfCommunicator self;
   const ModelPartition whole;
   const ParamLayout layout = Transformer::plan_params(c, whole);
-  DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, AdamWConfig{});
+  DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, AdamWParams{});
   const uint64_t key = rng_key(11, 3);
   uint64_t counter = 0;
   for (size_t i = 0; i < layout.params.size(); ++i) {

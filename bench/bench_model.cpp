@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 
 namespace trident {
@@ -64,7 +64,7 @@ int run(int argc, char** argv) {
     SelfCommunicator self;
     const ModelPartition whole;
     const ParamLayout layout = Transformer::plan_params(c, whole);
-    AdamWConfig adamw;
+    AdamWParams adamw;
     adamw.weight_decay = 0.1f;
     DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw);
     Transformer model(c, *ops, whole, nullptr, &dp.store(), p.micro_batch, 1);

@@ -10,6 +10,7 @@
 #include "checkpoint/retention.h"
 #include "checkpoint/writer.h"
 #include "core/log.h"
+#include "core/timer.h"
 
 namespace trident {
 
@@ -40,7 +41,7 @@ Status broadcast_status(Communicator& world, Status st, int64_t step) {
 Status CheckpointWriter::commit() {
   if (thread_.joinable()) thread_.join();
   latest_error_.clear();
-  const auto t0 = std::chrono::steady_clock::now();
+  const Timer timer;
   Communicator& world = *world_;
   const Status local = !local_status_.is_ok() ? local_status_ : write_status_;
 
@@ -88,8 +89,7 @@ Status CheckpointWriter::commit() {
   in_flight_ = false;
   stats_.bytes = kRankFileHeaderBytes + static_cast<int64_t>(buffer_.size() * sizeof(float));
   stats_.write_ms = write_ms_;
-  stats_.commit_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stats_.commit_ms = timer.elapsed_ms();
   if (outcome.is_ok()) last_committed_ = step_;
   return outcome;
 }

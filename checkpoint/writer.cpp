@@ -8,6 +8,7 @@
 #include "checkpoint/durable_io.h"
 #include "checkpoint/retention.h"
 #include "core/log.h"
+#include "core/timer.h"
 
 namespace trident {
 
@@ -16,9 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -75,7 +73,7 @@ Status CheckpointWriter::save(int64_t step, std::span<const BoxRef> boxes, const
       return previous.with_context(step_dir_name(step) + " not started");
     }
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  const Timer timer;
   world_ = &world;
   rank_ = world.rank();
   step_ = step;
@@ -86,7 +84,7 @@ Status CheckpointWriter::save(int64_t step, std::span<const BoxRef> boxes, const
   stats_ = SaveStats{};
   stats_.step = step;
   local_status_ = snapshot(step, boxes, state);
-  stats_.snapshot_ms = ms_since(t0);
+  stats_.snapshot_ms = timer.elapsed_ms();
 
   // Rank 0 clears what a crashed earlier attempt at this step left behind, so no stale
   // rank file (say, of a larger world) is committed with this one.
@@ -110,10 +108,10 @@ Status CheckpointWriter::save(int64_t step, std::span<const BoxRef> boxes, const
 }
 
 void CheckpointWriter::write_rank_file() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Timer timer;
   auto finish = [&](Status st) {
     write_status_ = std::move(st);
-    write_ms_ = ms_since(t0);
+    write_ms_ = timer.elapsed_ms();
     done_.store(true, std::memory_order_release);
   };
   if (!local_status_.is_ok()) return finish(Status::ok());

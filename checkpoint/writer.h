@@ -23,7 +23,7 @@
 //      returns ok, last_latest_error() says what failed, and --resume auto still finds
 //      the step (it descends from the one `latest` names).
 //
-// Collectives contract (parallel/communicator.h): all ranks call save(), poll() and
+// Collectives contract (comm/communicator.h): all ranks call save(), poll() and
 // wait() at the same points, with the same step and async flag. poll() is a collective
 // (one all_reduce) while a save is in flight and free otherwise. `world` must outlive
 // the save. Errors are returned, never thrown or aborted on; an error from a save is
@@ -49,8 +49,8 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/manifest.h"
+#include "comm/communicator.h"
 #include "core/status.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 

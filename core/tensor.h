@@ -1,6 +1,6 @@
-// Tensor metadata: dtype, shape, device, and a non-owning view of storage. Storage
-// is owned elsewhere: an Arena slice (parameters, gradients, activations) or a
-// backend buffer (kernels/ops.h). Row-major, contiguous.
+// Tensor vocabulary: element types, shapes (row-major, contiguous), bf16 storage, and
+// the Arena that plans slices of one allocation. Storage is owned elsewhere: an Arena
+// slice (parameters, gradients, activations) or a backend buffer (kernels/ops.h).
 #pragma once
 
 #include <cstddef>
@@ -12,8 +12,10 @@
 
 namespace trident {
 
+// The element types of DESIGN.md "Memory, dtypes and streams" (the checkpoint manifest's
+// spellings: dtype_name). Not yet used across interfaces: Ops is fp32-only and the
+// communicators have their own wire types (CommDtype), to be folded in here.
 enum class DType { kF32, kBF16, kI32 };
-enum class Device { kCpu, kCuda };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -34,17 +36,6 @@ class Shape {
 
  private:
   std::vector<int64_t> dims_;
-};
-
-struct TensorView {
-  void* data = nullptr;
-  DType dtype = DType::kF32;
-  Shape shape;
-  Device device = Device::kCpu;
-
-  int64_t numel() const { return shape.numel(); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
-  float* f32() const { return static_cast<float*>(data); }
 };
 
 // bfloat16 storage: the upper 16 bits of an fp32, rounded to nearest even.

@@ -1,4 +1,6 @@
-// Wall-clock timing for progress lines and benchmarks.
+// Wall-clock timing (steady clock) for progress lines, statistics and benchmarks: the one
+// timer of the tree. Host time only: on a device it measures launches unless the caller
+// synchronizes first.
 #pragma once
 
 #include <chrono>
@@ -12,6 +14,9 @@ class Timer {
   double elapsed_ms() const {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
         .count();
+  }
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
 
  private:

@@ -32,6 +32,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
+  // Peak FLOP/s of the device this object runs on, the denominator of MFU. The CPU
+  // backend measures its sgemm rate on the first call (under a second) and caches it.
+  virtual double peak_flops() const = 0;
 
   // ---- memory -------------------------------------------------------------------
   virtual void* allocate(size_t bytes) = 0;  // aligned to 64 bytes, zero-filled
@@ -154,6 +157,7 @@ class Ops {
 };
 
 // The CPU backend (OpenBLAS sgemm + OpenMP). Always built. `threads` <= 0 means all cores.
+// Tests and benchmarks call it directly; the trainer asks make_ops (kernels/backend.h).
 std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
 
 // Owns one allocation made through an Ops object. Move-only.

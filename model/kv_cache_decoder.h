@@ -27,7 +27,7 @@
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "model/config.h"
-#include "model/param_store.h"
+#include "parallel/param_store.h"
 
 namespace trident {
 

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/communicator.h"
 #include "core/check.h"
 #include "core/rng.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 
@@ -173,13 +173,6 @@ std::vector<float> Transformer::initial_value(const TransformerConfig& c, const 
   return host;
 }
 
-const ParamInfo* Transformer::find_param(std::string_view name) const {
-  for (const auto& p : layout_.params) {
-    if (p.name == name) return &p;
-  }
-  return nullptr;
-}
-
 // ---- construction ----------------------------------------------------------------------
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size)
@@ -226,7 +219,7 @@ void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_
     for (int t = 0; t < kNumLayerTensors; ++t) {
       const char* suffix = c.is_gpt2() ? kLayerTensors[t].gpt2 : kLayerTensors[t].llama;
       if (!suffix) continue;
-      const ParamInfo* p = find_param(prefix + suffix);
+      const ParamInfo* p = layout_.find(prefix + suffix);
       TRIDENT_CHECK_MSG(p != nullptr, prefix + suffix);
       layer_param_index_[static_cast<size_t>(l)][static_cast<size_t>(t)] =
           static_cast<int>(p - layout_.params.data());
@@ -357,13 +350,13 @@ Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const 
 }
 
 float* Transformer::group_param(int group, const char* name) {
-  const ParamInfo* p = find_param(name);
+  const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
   return store_->params(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
 }
 
 float* Transformer::group_grad(int group, const char* name) {
-  const ParamInfo* p = find_param(name);
+  const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
   return store_->grads(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
 }

@@ -38,7 +38,7 @@
 //
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tp Communicator (collectives in the same order on
-// every tp rank, as parallel/communicator.h requires).
+// every tp rank, as comm/communicator.h requires).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +50,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/config.h"
-#include "model/param_store.h"
+#include "parallel/param_store.h"
 
 namespace trident {
 
@@ -73,7 +73,7 @@ std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>
 
 class Transformer {
  public:
-  // The parameter table and groups of one rank's part (model/param_store.h).
+  // The parameter table and groups of one rank's part (core/param_layout.h).
   static ParamLayout plan_params(const TransformerConfig& config, const ModelPartition& part);
   // The initial value of one parameter's local part (host, local_shape, row-major).
   static std::vector<float> initial_value(const TransformerConfig& config, const ParamInfo& param,
@@ -93,7 +93,6 @@ class Transformer {
   const ModelPartition& partition() const { return part_; }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
-  const ParamInfo* find_param(std::string_view name) const;
   size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
   size_t boundary_floats() const;  // one micro-batch's activation between stages
   ParamStore& store() { return *store_; }

@@ -11,7 +11,7 @@ constexpr size_t kF = sizeof(float);
 }  // namespace
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-                           size_t bucket_bytes, const AdamWConfig& adamw)
+                           size_t bucket_bytes, const AdamWParams& adamw)
     : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw) {
   TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
                     "zero_stage must be 0..3, got " + std::to_string(zero_stage));

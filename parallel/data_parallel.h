@@ -36,27 +36,20 @@
 #include <span>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "kernels/ops.h"
-#include "model/param_store.h"
-#include "parallel/communicator.h"
+#include "parallel/param_store.h"
 #include "parallel/sharded_param_store.h"
 
 namespace trident {
 
-// AdamW hyper-parameters other than the learning rate (the trainer converts
-// TrainingConfig; parallel does not depend on trainer).
-struct AdamWConfig {
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // applied to parameters with ParamInfo::decay
-};
-
 class DataParallel {
  public:
-  // zero_stage in 0..3 (CHECK); bucket_bytes > 0.
+  // zero_stage in 0..3 (CHECK); bucket_bytes > 0. `adamw`: beta1, beta2, eps and
+  // weight_decay (applied to parameters with ParamInfo::decay); its lr and step are
+  // ignored (step() takes the learning rate and counts the steps).
   DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-               size_t bucket_bytes, const AdamWConfig& adamw);
+               size_t bucket_bytes, const AdamWParams& adamw);
   ~DataParallel();
 
   // What the model reads parameters and accumulates gradients through: a
@@ -143,7 +136,7 @@ class DataParallel {
   Ops& ops_;
   Communicator& dp_;
   int stage_;
-  AdamWConfig adamw_;
+  AdamWParams adamw_;
   int step_ = 0;
   // Stages 0-2: flat-layout buckets; stage 3: the store's per-group plan. Exactly one
   // store: resident_ (stages 0-1), zero2_ (stage 2) or sharded_ (stage 3).

@@ -1,21 +1,15 @@
 #include "parallel/pipeline.h"
 
 #include <algorithm>
-#include <chrono>
 #include <span>
 #include <string>
 
 #include "core/check.h"
+#include "core/timer.h"
 
 namespace trident {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Communicator tags stop at 32767 (MPI's guaranteed minimum); order, not the tag, keeps
 // messages of one direction apart (see the header).
@@ -39,13 +33,6 @@ std::vector<PipeAction> one_f_one_b(int pp, int stage, int m) {
 
 const char* pipe_schedule_name(PipeSchedule kind) {
   return kind == PipeSchedule::kGPipe ? "gpipe" : "1f1b";
-}
-
-Result<PipeSchedule> parse_pipe_schedule(std::string_view name) {
-  if (name == "gpipe") return PipeSchedule::kGPipe;
-  if (name == "1f1b") return PipeSchedule::kOneFOneB;
-  return Status::invalid_config("parallel.pipeline_schedule: '" + std::string(name) +
-                                "' is not a schedule; allowed: gpipe, 1f1b");
 }
 
 std::vector<PipeAction> make_schedule(PipeSchedule kind, int pp, int stage, int num_micro) {
@@ -103,7 +90,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pp_group, PipeSchedule kind, in
 }
 
 PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
-  const Clock::time_point start = Clock::now();
+  const Timer total;
   Stats stats;
   const bool first = stage_ == 0;
   const bool last = stage_ == num_stages_ - 1;
@@ -120,9 +107,9 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
   };
   auto timed_recv = [&](float* dst, int peer, int micro, const char* what) {
     TRIDENT_CHECK_MSG(dst != nullptr, std::string("pipeline: null ") + what + " buffer");
-    const Clock::time_point t = Clock::now();
+    const Timer t;
     pp_group_.recv(std::span<float>(dst, n), peer, tag_of(micro), label(what, micro));
-    stats.idle_seconds += seconds_since(t);
+    stats.idle_seconds += t.elapsed_s();
     stats.recvs += 1;
     stats.bytes_received += bytes;
   };
@@ -143,17 +130,17 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
       stats.peak_live_slots = std::max(stats.peak_live_slots, ++live);
 
       if (!first) timed_recv(model.input_activation(slot), stage_ - 1, a.micro, "activation");
-      const Clock::time_point t = Clock::now();
+      const Timer t;
       model.forward(a.micro, slot);
-      stats.compute_seconds += seconds_since(t);
+      stats.compute_seconds += t.elapsed_s();
       if (!last) send(model.output_activation(slot), stage_ + 1, a.micro, "activation");
     } else {
       const int slot = slot_of[a.micro];
       TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i)
       if (!last) timed_recv(model.output_grad(slot), stage_ + 1, a.micro, "gradient");
-      const Clock::time_point t = Clock::now();
+      const Timer t;
       model.backward(a.micro, slot);
-      stats.compute_seconds += seconds_since(t);
+      stats.compute_seconds += t.elapsed_s();
       if (!first) send(model.input_grad(slot), stage_ - 1, a.micro, "gradient");
       slot_busy[slot] = false;
       slot_of[a.micro] = -1;
@@ -161,10 +148,10 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
     }
   }
 
-  const Clock::time_point t = Clock::now();
+  const Timer t;
   pp_group_.wait_sends({.label = "pipeline end of step, stage " + std::to_string(stage_)});
-  stats.send_wait_seconds = seconds_since(t);
-  stats.total_seconds = seconds_since(start);
+  stats.send_wait_seconds = t.elapsed_s();
+  stats.total_seconds = total.elapsed_s();
   return stats;
 }
 

@@ -42,19 +42,16 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 
-// Named apart from trainer/config.h's PipelineSchedule (parallel/ does not see the
-// trainer's config); the trainer converts one to the other.
+// The schedule kind; also the config's parallel.pipeline_schedule (trainer/config.h).
 enum class PipeSchedule { kGPipe, kOneFOneB };
 
 // "gpipe" / "1f1b", the config's spellings (parallel.pipeline_schedule).
 const char* pipe_schedule_name(PipeSchedule kind);
-// Inverse of pipe_schedule_name; invalid_config naming the allowed values otherwise.
-Result<PipeSchedule> parse_pipe_schedule(std::string_view name);
 
 struct PipeAction {
   enum Kind : std::uint8_t { kForward, kBackward };

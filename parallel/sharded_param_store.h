@@ -48,9 +48,9 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "kernels/ops.h"
-#include "model/param_store.h"
-#include "parallel/communicator.h"
+#include "parallel/param_store.h"
 
 namespace trident {
 

@@ -12,9 +12,9 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/reader.h"
-#include "model/param_store.h"
+#include "comm/topology.h"
+#include "core/param_layout.h"
 #include "parallel/data_parallel.h"
-#include "parallel/topology.h"
 
 namespace trident {
 

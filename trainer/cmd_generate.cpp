@@ -29,6 +29,7 @@
 
 #include "checkpoint/reader.h"
 #include "data/gpt2_tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "model/generate.h"
 #include "model/kv_cache_decoder.h"
@@ -240,7 +241,11 @@ int cmd_generate(const std::vector<std::string>& args) {
         "50257, or padded up to 50304)"));
   }
 
-  auto ops = make_cpu_ops();
+  // The CPU backend, whatever runtime.device trained the checkpoint: the decoder's
+  // single-token attention runs on host copies (model/kv_cache_decoder.h).
+  auto made = make_ops(DeviceKind::kCpu, /*threads=*/0, /*ranks_sharing_cores=*/1);
+  if (!made.is_ok()) return fail(made.status());
+  std::unique_ptr<Ops> ops = std::move(made).value();
   KvCacheDecoder decoder(mc, *ops);
   if (static_cast<int>(prompt_ids.size()) > decoder.max_positions()) {
     return usage_error("--prompt is " + std::to_string(prompt_ids.size()) +

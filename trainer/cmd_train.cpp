@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "checkpoint/dir_check.h"
+#include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "parallel/communicator.h"
-#include "parallel/watchdog.h"
 #include "trainer/commands.h"
 #include "trainer/config.h"
 #include "trainer/signals.h"

@@ -21,7 +21,8 @@ namespace {
 
 // kDataSpec: data.train, a string or a list of {path, weight}; its ref is the DataConfig.
 enum class Kind {
-  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kTie, kDataSpec
+  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kTie,
+  kDataSpec
 };
 
 struct Field {
@@ -57,6 +58,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
         TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
+      {"runtime", {TRIDENT_FIELD(runtime, device, kDevice), TRIDENT_FIELD(runtime, threads, kInt)}},
       {"data",
        {TRIDENT_DATA_SPEC_FIELD(train), TRIDENT_FIELD(data, val, kString),
         TRIDENT_FIELD(data, shuffle, kBool), TRIDENT_FIELD(data, seed, kUint64)}},
@@ -293,7 +295,8 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
     }
     case Kind::kArch:
     case Kind::kPipeline:
-    case Kind::kLrSchedule: {
+    case Kind::kLrSchedule:
+    case Kind::kDevice: {
       struct Choice {
         const char* name;
         int value;
@@ -302,7 +305,11 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       if (kind == Kind::kArch) {
         choices = {{"gpt2", int(Arch::kGpt2)}, {"llama", int(Arch::kLlama)}};
       } else if (kind == Kind::kPipeline) {
-        choices = {{"gpipe", int(PipelineSchedule::kGpipe)}, {"1f1b", int(PipelineSchedule::k1F1B)}};
+        choices = {{"gpipe", int(PipeSchedule::kGPipe)}, {"1f1b", int(PipeSchedule::kOneFOneB)}};
+      } else if (kind == Kind::kDevice) {
+        choices = {{"auto", int(DeviceKind::kAuto)},
+                   {"cpu", int(DeviceKind::kCpu)},
+                   {"cuda", int(DeviceKind::kCuda)}};
       } else {
         choices = {{"constant", int(LrSchedule::kConstant)},
                    {"cosine", int(LrSchedule::kCosine)},
@@ -312,9 +319,9 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       for (const auto& c : choices) {
         names.push_back(c.name);
         if (node.IsScalar() && node.Scalar() == c.name) {
-          // All three enums are int-sized scoped enums.
+          // All four enums are int-sized scoped enums.
           static_assert(sizeof(Arch) == sizeof(int) && sizeof(LrSchedule) == sizeof(int) &&
-                        sizeof(PipelineSchedule) == sizeof(int));
+                        sizeof(PipeSchedule) == sizeof(int) && sizeof(DeviceKind) == sizeof(int));
           std::memcpy(dst, &c.value, sizeof(int));
           return Status::ok();
         }
@@ -485,7 +492,9 @@ std::string value_text(Kind kind, void* p) {
     case Kind::kArch:
       return arch_name(*static_cast<Arch*>(p));
     case Kind::kPipeline:
-      return pipeline_schedule_name(*static_cast<PipelineSchedule*>(p));
+      return pipe_schedule_name(*static_cast<PipeSchedule*>(p));
+    case Kind::kDevice:
+      return device_kind_name(*static_cast<DeviceKind*>(p));
     case Kind::kLrSchedule:
       return lr_schedule_name(*static_cast<LrSchedule*>(p));
   }
@@ -641,22 +650,13 @@ const char* lr_schedule_name(LrSchedule s) {
   return "?";
 }
 
-const char* pipeline_schedule_name(PipelineSchedule s) {
-  switch (s) {
-    case PipelineSchedule::kGpipe:
-      return "gpipe";
-    case PipelineSchedule::k1F1B:
-      return "1f1b";
-  }
-  return "?";
-}
-
 Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(config.model.validate());
   TransformerConfig model = config.model;  // effective sizes, whether finalized or not
   model.finalize();
   TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
   TRIDENT_RETURN_IF_ERROR(validate_training(config));
+  TRIDENT_RETURN_IF_ERROR(at_least("runtime.threads", config.runtime.threads, 0));
   if (config.data.train.empty() && config.data.train_blend.empty()) {
     return Status::invalid_config(
         "data.train: required: a token file, glob, directory, Megatron prefix or blend");

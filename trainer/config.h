@@ -10,11 +10,12 @@
 
 #include "core/status.h"
 #include "data/blend.h"
+#include "kernels/backend.h"
 #include "model/config.h"
+#include "parallel/pipeline.h"
 
 namespace trident {
 
-enum class PipelineSchedule { kGpipe, k1F1B };
 enum class LrSchedule { kConstant, kCosine, kLinear };
 
 struct ParallelConfig {
@@ -23,10 +24,16 @@ struct ParallelConfig {
   int pp = 1;
   int zero_stage = 0;                // 0..3
   int micro_batch_size = 4;          // sequences per micro-batch per rank
-  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
+  PipeSchedule pipeline_schedule = PipeSchedule::kOneFOneB;
   std::vector<int> stage_layers;     // layers per stage; empty = balanced
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
+};
+
+// Where the run computes (DESIGN.md "The user's surface").
+struct RuntimeConfig {
+  DeviceKind device = DeviceKind::kAuto;  // auto = the best this build and machine have (cpu today)
+  int threads = 0;  // CPU threads per rank; 0 = the machine's cores / ranks per node
 };
 
 struct DataConfig {
@@ -76,6 +83,7 @@ struct LoggingConfig {
 struct Config {
   TransformerConfig model;
   ParallelConfig parallel;
+  RuntimeConfig runtime;
   DataConfig data;
   TrainingConfig training;
   CheckpointConfig checkpoint;
@@ -108,6 +116,5 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& con
 std::string data_train_text(const DataConfig& data);
 
 const char* lr_schedule_name(LrSchedule s);
-const char* pipeline_schedule_name(PipelineSchedule s);
 
 }  // namespace trident

@@ -18,8 +18,8 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/log.h"
-#include "parallel/communicator.h"
 #include "parallel/pipeline.h"
 
 namespace trident {
@@ -282,10 +282,10 @@ std::string breakdown(const RankMemory& m) {
 
 }  // namespace
 
-int pipeline_slots(PipelineSchedule schedule, int pp, int stage, int num_micro) {
+int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro) {
   // GPipe keeps every micro-batch of the step; 1F1B (and any schedule on one stage)
   // at most pp - stage: the warm-up forwards plus the one in flight.
-  if (schedule == PipelineSchedule::kGpipe && pp > 1) return num_micro;
+  if (schedule == PipeSchedule::kGPipe && pp > 1) return num_micro;
   return std::min(pp - stage, num_micro);
 }
 

@@ -63,7 +63,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
 
 // Activation slots the pipeline schedule keeps live on `stage`: closed form of
 // PipelineExecutor::required_slots (which walks the whole schedule).
-int pipeline_slots(PipelineSchedule schedule, int pp, int stage, int num_micro);
+int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro);
 
 // The memory this process may use, and where the figure comes from ("physical memory",
 // "cgroup limit", "TRIDENT_MEMORY_LIMIT_BYTES").

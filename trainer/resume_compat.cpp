@@ -81,6 +81,8 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.stage_layers", Rule::kLayout},
       {"parallel.bucket_mb", Rule::kIgnore},
       {"parallel.comm_timeout_s", Rule::kIgnore},
+      {"runtime.device", Rule::kIgnore},
+      {"runtime.threads", Rule::kIgnore},
       {"data.train", Rule::kData},
       {"data.val", Rule::kIgnore},
       {"data.shuffle", Rule::kData},

@@ -1,5 +1,5 @@
 // The analytic communication volume of one training step on one rank, per process
-// group, in the payload convention of parallel/communicator.h (all_reduce: the buffer;
+// group, in the payload convention of comm/communicator.h (all_reduce: the buffer;
 // reduce_scatter: the input; all_gather: the output; send: the message). Benchmarks
 // print it next to the measured counters, and tests require the two to agree.
 //
@@ -20,7 +20,7 @@
 // the measured volume is larger by the padding.
 #pragma once
 
-#include "model/param_store.h"
+#include "core/param_layout.h"
 #include "model/transformer.h"
 #include "trainer/config.h"
 

@@ -11,14 +11,14 @@
 #include "checkpoint/lineage.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
+#include "comm/watchdog.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/sampler.h"
 #include "data/token_check.h"
-#include "kernels/cpu/sgemm_peak.h"
+#include "kernels/backend.h"
 #include "model/hf_export.h"
 #include "model/llmc_checkpoint.h"
-#include "parallel/watchdog.h"
 #include "trainer/checkpointing.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/memory_plan.h"
@@ -31,10 +31,6 @@ namespace trident {
 namespace {
 
 std::string broadcast_string(Communicator& world, std::string text);  // defined below
-
-PipeSchedule to_pipe_schedule(PipelineSchedule s) {
-  return s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
-}
 
 ModelPartition partition_for(const Config& config, const RankCoords& coords) {
   const auto& par = config.parallel;
@@ -196,15 +192,13 @@ Status Trainer::init() {
     if (!verdict.empty()) return Status::invalid_input(verdict);
   }
 
-  // CPU ranks share the machine's cores.
-  int threads = options_.threads;
-  if (threads <= 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads = std::max(1, cores / world_->size());
-  }
-  ops_ = make_cpu_ops(threads);
+  // The ranks of this world share the machine's cores (make_ops divides them).
+  const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
+  Result<std::unique_ptr<Ops>> ops = make_ops(config_.runtime.device, threads, world_->size());
+  if (!ops.is_ok()) return ops.status();
+  ops_ = std::move(ops).value();
   layout_ = Transformer::plan_params(mc, part_);
-  AdamWConfig adamw;
+  AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;
   adamw.beta2 = config_.training.beta2;
   adamw.eps = config_.training.eps;
@@ -212,7 +206,7 @@ Status Trainer::init() {
   dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
                                        static_cast<size_t>(par.bucket_mb) << 20, adamw);
   const int accum = config_.grad_accum_steps();
-  const PipeSchedule schedule = to_pipe_schedule(par.pipeline_schedule);
+  const PipeSchedule schedule = par.pipeline_schedule;
   const int slots = PipelineExecutor::required_slots(schedule, par.pp, part_.pp_rank, accum);
   model_ = std::make_unique<Transformer>(mc, *ops_, part_, groups_.tp.get(), &dp_->store(),
                                          par.micro_batch_size, slots);
@@ -259,7 +253,7 @@ Status Trainer::init() {
   targets_.resize(inputs_.size());
 
   double peak = options_.peak_flops;
-  if (peak <= 0) peak = world_->rank() == 0 ? measure_sgemm_peak_gflops() * 1e9 : 0.0;
+  if (peak <= 0) peak = world_->rank() == 0 ? ops_->peak_flops() : 0.0;
   peak_flops_ = options_.peak_flops > 0 ? peak : all_reduce_scalar(peak, "peak flops");
   if (!options_.quiet && world_->rank() == 0) print_banner();
   return Status::ok();
@@ -288,7 +282,7 @@ void Trainer::print_banner() const {
   }
   log::info("layout: world {} = dp {} x tp {} x pp {} | zero_stage {} | pipeline {} (layers per stage {})",
             world_->size(), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero_stage,
-            pipeline_schedule_name(c.parallel.pipeline_schedule), stages);
+            pipe_schedule_name(c.parallel.pipeline_schedule), stages);
   log::info("batch: micro_batch {} x {} micro-batches x dp {} = global batch {} sequences ({} tokens)",
             c.parallel.micro_batch_size, c.grad_accum_steps(), c.parallel.dp,
             c.training.global_batch_size,
@@ -299,8 +293,9 @@ void Trainer::print_banner() const {
             c.training.grad_clip);
   log::info("data: train {} ({} samples{}), val {}", data_train_text(c.data), num_train_samples_,
             c.data.shuffle ? ", shuffled" : "", c.data.val.empty() ? "none" : c.data.val);
-  log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank (measured sgemm)",
-            ops_->name(), world_->size(), peak_flops_ / 1e9);
+  log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank ({})",
+            ops_->name(), world_->size(), peak_flops_ / 1e9,
+            options_.peak_flops > 0 ? "given" : "the backend's peak");
 }
 
 void Trainer::reset_traffic() {

@@ -22,14 +22,14 @@
 #include "checkpoint/dir_lock.h"
 #include "checkpoint/train_state.h"
 #include "checkpoint/writer.h"
+#include "comm/communicator.h"
+#include "comm/topology.h"
 #include "core/status.h"
 #include "data/loader.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
-#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
-#include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
@@ -49,9 +49,9 @@ struct TrainerOptions {
   int hang_rank = -1, hang_step = -1;  // fault injection (TRIDENT_FAULT_HANG)
   // Test hook: called by the checkpoint writer after each chunk it writes.
   std::function<Status(int64_t written, int64_t total)> checkpoint_chunk_hook;
-  double peak_flops = 0;          // per device, for MFU; 0 = measure (CPU: sgemm rate)
+  double peak_flops = 0;          // per device, for MFU; 0 = Ops::peak_flops() (CPU: sgemm rate)
   bool quiet = false;             // no progress lines (benchmarks, tests)
-  int threads = 0;                // CPU threads per rank; 0 = all cores / ranks per node
+  int threads = 0;                // CPU threads per rank; > 0 overrides runtime.threads
 };
 
 // Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/sgemm_peak.h"
 #include "kernels/ops.h"
 
 namespace trident {
@@ -20,6 +21,13 @@ class CpuOps final : public Ops {
     omp_set_num_threads(threads_);
   }
   const char* name() const override { return "cpu"; }
+  double peak_flops() const override {
+    if (peak_flops_ == 0) {  // measured once, at this object's thread count
+      bind();
+      peak_flops_ = measure_sgemm_peak_gflops() * 1e9;
+    }
+    return peak_flops_;
+  }
 
   void* allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
@@ -183,6 +191,7 @@ class CpuOps final : public Ops {
   void bind() const { omp_set_num_threads(threads_); }
 
   int threads_;
+  mutable double peak_flops_ = 0;  // 0 = not measured yet (one thread per Ops: no lock)
 };
 
 }  // namespace

@@ -3,8 +3,9 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
+
+#include "core/timer.h"
 
 namespace trident {
 
@@ -18,10 +19,10 @@ double measure_sgemm_peak_gflops() {
   }
   double best = 1e30;
   for (int rep = 0; rep < kReps + 1; ++rep) {  // rep 0 warms up threads and caches
-    auto t0 = std::chrono::steady_clock::now();
+    const Timer timer;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kN, kN, kN, 1.0f, a.data(), kN,
                 b.data(), kN, 0.0f, c.data(), kN);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = timer.elapsed_s();
     if (rep > 0) best = std::min(best, s);
   }
   return 2.0 * kN * kN * static_cast<double>(kN) / best * 1e-9;

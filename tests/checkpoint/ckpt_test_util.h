@@ -16,7 +16,7 @@
 #include "checkpoint/box.h"
 #include "checkpoint/train_state.h"
 #include "checkpoint/writer.h"
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 
 namespace trident::test {
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kernels/backend.h"
 #include "tests/e2e/cli_util.h"
 
 namespace trident {
@@ -208,6 +209,30 @@ TEST_F(TrainCli, BadLayoutsExit2NamingTheKey) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("parallel.pp"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.n_layers"), std::string::npos) << r.output;
+}
+
+// runtime.device=cuda without a usable CUDA backend is a config error naming the key and
+// the reason, before any step runs; an unknown device lists the allowed ones.
+TEST_F(TrainCli, UnavailableDeviceExits2NamingRuntimeDevice) {
+  auto r = train(write_config("cuda", "gpt2"), "--set runtime.device=cuda");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("runtime.device: cuda: "), std::string::npos) << r.output;
+  if (!build_has_cuda()) {
+    EXPECT_NE(r.output.find("this build has no CUDA backend (built without nvcc)"),
+              std::string::npos) << r.output;
+  } else {  // this machine has no GPU, or one but no CUDA Ops yet
+    EXPECT_TRUE(r.output.find("no CUDA device") != std::string::npos ||
+                r.output.find("the CUDA backend is not written yet") != std::string::npos)
+        << r.output;
+  }
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  r = train(write_config("gpu", "gpt2"), "--set runtime.device=gpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("runtime.device: expected one of auto, cpu, cuda; got 'gpu'"),
+            std::string::npos) << r.output;
+  // cpu and auto both train.
+  r = train(write_config("cpu", "gpt2"), "--set runtime.device=cpu --set runtime.threads=1 --set training.max_steps=2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST_F(TrainCli, UsageErrorsExit2) {

@@ -195,7 +195,7 @@ TEST_P(ReferenceTest, BackwardMatchesReference) {
   h.model->forward(h.fx.i32("tokens").data(), h.fx.i32("targets").data(), h.B, h.T);
   h.model->backward(0.5f);
   const std::vector<float> grads15 = h.model->grads_to_host();
-  const ParamInfo* wte = h.model->find_param("wte");
+  const ParamInfo* wte = h.model->layout().find("wte");
   ASSERT_NE(wte, nullptr);
   const std::vector<float> g1 = Harness::slice(grads, *wte), g15 = Harness::slice(grads15, *wte);
   std::vector<double> expect(g1.begin(), g1.end());
@@ -290,7 +290,7 @@ TEST(ReferenceLlmcTest, InitFromLlmcCheckpointGivesReferenceLogits) {
   Transformer model(config, *ops, B);
   std::set<std::string> loaded;
   for (const auto& [name, values] : ckpt->tensors) {
-    const ParamInfo* p = model.find_param(name);
+    const ParamInfo* p = model.layout().find(name);
     ASSERT_NE(p, nullptr) << name;
     ASSERT_EQ(static_cast<size_t>(p->numel()), values.size()) << name;
     model.set_param(*p, values.data());

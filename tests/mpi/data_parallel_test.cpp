@@ -110,7 +110,7 @@ struct Reference {
     }
     return s;
   }
-  void step(const ParamLayout& layout, const AdamWConfig& cfg, int step, int dp, double clip) {
+  void step(const ParamLayout& layout, const AdamWParams& cfg, int step, int dp, double clip) {
     const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), step);
     const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), step);
     for (size_t k = 0; k < layout.params.size(); ++k) {
@@ -158,7 +158,7 @@ void run_case(const Case& c) {
   const int rank = dp.rank();
   const ParamLayout layout = make_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
-  AdamWConfig cfg;
+  AdamWParams cfg;
   cfg.weight_decay = 0.1f;
   DataParallel ddp(layout, *ops, dp, c.stage, c.bucket_bytes, cfg);
   Reference ref(layout);
@@ -376,7 +376,7 @@ TEST(DataParallel, ShardRowsFollowTheCeilSplit) {
   Communicator& dp = world();
   const ParamLayout layout = make_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
-  DataParallel ddp(layout, *ops, dp, 1, 1 << 20, AdamWConfig{});
+  DataParallel ddp(layout, *ops, dp, 1, 1 << 20, AdamWParams{});
   const int n = dp.size();
   for (size_t k = 0; k < layout.params.size(); ++k) {
     const RowSplit s = ddp.shard_rows(static_cast<int>(k));

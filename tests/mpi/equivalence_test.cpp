@@ -20,7 +20,7 @@ constexpr int kSteps = 10;
 struct Case {
   Layout layout;
   int zero_stage = 0;
-  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  PipeSchedule schedule = PipeSchedule::kOneFOneB;
 };
 
 std::string data_file() {
@@ -36,7 +36,7 @@ Config make_config(Arch arch, const Case& c) {
       "parallel: {dp: " + std::to_string(c.layout.dp) + ", tp: " + std::to_string(c.layout.tp) +
       ", pp: " + std::to_string(c.layout.pp) + ", zero_stage: " + std::to_string(c.zero_stage) +
       ", micro_batch_size: 1, pipeline_schedule: " +
-      (c.schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b") + "}\n"
+      (c.schedule == PipeSchedule::kGPipe ? "gpipe" : "1f1b") + "}\n"
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: 8, max_steps: 10, lr: 0.001, warmup_steps: 2,"
       " weight_decay: 0.1, grad_clip: 1.0}\n"
@@ -85,7 +85,7 @@ void check_case(Arch arch, const Case& c) {
   const std::string name = std::string(arch_name(arch)) + " dp" + std::to_string(c.layout.dp) +
                            " tp" + std::to_string(c.layout.tp) + " pp" +
                            std::to_string(c.layout.pp) + " zero" + std::to_string(c.zero_stage) +
-                           (c.layout.pp > 1 ? (c.schedule == PipelineSchedule::kGpipe ? " gpipe" : " 1f1b") : "");
+                           (c.layout.pp > 1 ? (c.schedule == PipeSchedule::kGPipe ? " gpipe" : " 1f1b") : "");
   SCOPED_TRACE(name);
   const Trajectory& ref = reference(arch);
   const Trajectory got = train(arch, c, &world);
@@ -96,10 +96,10 @@ void check_case(Arch arch, const Case& c) {
   EXPECT_LT(ref.losses.back(), ref.losses.front());  // it trained
   // Activation memory: 1F1B keeps at most pp micro-batches alive per stage, GPipe all.
   const int m = 8 / c.layout.dp;
-  if (c.layout.pp > 1 && c.schedule == PipelineSchedule::k1F1B) {
+  if (c.layout.pp > 1 && c.schedule == PipeSchedule::kOneFOneB) {
     EXPECT_LE(got.peak_live, c.layout.pp);
   }
-  if (c.layout.pp > 1 && c.schedule == PipelineSchedule::kGpipe) {
+  if (c.layout.pp > 1 && c.schedule == PipeSchedule::kGPipe) {
     EXPECT_EQ(got.peak_live, m);
   }
   if (world.rank() != 0) return;
@@ -140,8 +140,8 @@ std::vector<Case> cases_for_world(int n) {
   for (const Layout& l : layouts) {
     const int zero_max = l.dp > 1 ? 3 : 0;
     for (int z = 0; z <= zero_max; ++z) {
-      for (PipelineSchedule s : {PipelineSchedule::k1F1B, PipelineSchedule::kGpipe}) {
-        if (l.pp == 1 && s == PipelineSchedule::kGpipe) continue;
+      for (PipeSchedule s : {PipeSchedule::kOneFOneB, PipeSchedule::kGPipe}) {
+        if (l.pp == 1 && s == PipeSchedule::kGPipe) continue;
         cases.push_back({l, z, s});
       }
     }

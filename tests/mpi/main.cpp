@@ -10,7 +10,7 @@
 //   --abort_demo=truncate: rank 0 sends 8 floats, the last rank receives 4 (an MPI error,
 //   MPI_ERR_TRUNCATE, that must reach TRIDENT_MPI_CHECK rather than MPI's own handler).
 //   Either way the message must name rank, group and collective (PASS_REGULAR_EXPRESSION).
-//   --abort_demo=hang: the hang watchdog (parallel/watchdog.h) runs on every rank; the
+//   --abort_demo=hang: the hang watchdog (comm/watchdog.h) runs on every rank; the
 //   last rank sleeps outside any collective (a hung peer) while the others enter an
 //   all_reduce with a 2 s timeout at step 17; their watchdogs must end the job, naming
 //   the all_reduce, its group and the step (mpi_watchdog_names_culprit_np2).
@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/watchdog.h"
 #include "mpi_test_util.h"
-#include "parallel/watchdog.h"
 
 namespace trident::test {
 

@@ -13,8 +13,8 @@
 
 #include "data/token_file.h"
 
-#include "parallel/communicator.h"
-#include "parallel/topology.h"
+#include "comm/communicator.h"
+#include "comm/topology.h"
 
 namespace trident::test {
 

@@ -5,9 +5,9 @@
 
 #include <cmath>
 
+#include "comm/topology.h"
 #include "core/rng.h"
 #include "model/transformer.h"
-#include "parallel/topology.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace trident {
@@ -64,7 +64,7 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   part.tp_size = tp;
   Transformer split(c, *ops, part, groups->tp.get(), nullptr, B, 1);
   for (const ParamInfo& p : split.params()) {
-    const ParamInfo* pw = whole.find_param(p.name);
+    const ParamInfo* pw = whole.layout().find(p.name);
     ASSERT_NE(pw, nullptr) << p.name;
     const std::vector<float> v = local_part(p, globals[static_cast<size_t>(pw - whole.params().data())].data());
     split.set_param(p, v.data());
@@ -85,7 +85,7 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   split.backward(1.0f);
   const std::vector<float> grads_split = split.grads_to_host();
   for (const ParamInfo& p : split.params()) {
-    const ParamInfo* pw = whole.find_param(p.name);
+    const ParamInfo* pw = whole.layout().find(p.name);
     ASSERT_NE(pw, nullptr) << p.name;
     const std::vector<float> want = local_part(p, grads_whole.data() + pw->offset);
     const std::vector<float> got(grads_split.begin() + static_cast<ptrdiff_t>(p.offset),

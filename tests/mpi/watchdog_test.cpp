@@ -1,10 +1,10 @@
-// The hang watchdog (parallel/watchdog.h). In-process tests drive it with a fake
+// The hang watchdog (comm/watchdog.h). In-process tests drive it with a fake
 // communicator whose calls block until released, so a hang is reported to a recorder
 // instead of ending the process; one test runs real MPI collectives on every rank under a
 // running watchdog and checks that nothing fires. The real abort path (a rank made to
 // hang, the job ends non-zero naming the call) is the CTest entry
 // mpi_watchdog_names_culprit_np2, which runs main.cpp's --abort_demo=hang.
-#include "parallel/watchdog.h"
+#include "comm/watchdog.h"
 
 #include <gtest/gtest.h>
 

@@ -64,6 +64,8 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
   EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
   EXPECT_EQ(a.parallel.comm_timeout_s, b.parallel.comm_timeout_s);
+  EXPECT_EQ(a.runtime.device, b.runtime.device);
+  EXPECT_EQ(a.runtime.threads, b.runtime.threads);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_TRUE(a.data.train_blend == b.data.train_blend);
   EXPECT_EQ(a.data.val, b.data.val);
@@ -107,6 +109,8 @@ TEST(Config, DefaultsAreTheStructsAndDerivedSizesAreFilled) {
   expected.model.head_dim = 32;
   expect_config_eq(parsed, expected);
   EXPECT_EQ(parsed.grad_accum_steps(), 2);  // 8 / (4 * 1)
+  EXPECT_EQ(parsed.runtime.device, DeviceKind::kAuto);
+  EXPECT_EQ(parsed.runtime.threads, 0);
 
   // An empty section is allowed and changes nothing.
   expect_config_eq(parse_ok(kMinimal + "logging:\n"), expected);
@@ -159,6 +163,9 @@ parallel:
   stage_layers: [1, 2, 3]
   bucket_mb: 50
   comm_timeout_s: 45
+runtime:
+  device: cpu
+  threads: 3
 data:
   train: "a/train_*.bin"
   val: b/val.bin
@@ -196,8 +203,10 @@ TEST(Config, EveryKeyParsesAndRoundTrips) {
   EXPECT_EQ(c.model.head_dim, 32);
   EXPECT_EQ(c.model.norm_eps, 1.0e-6f);
   EXPECT_EQ(c.model.init_from, "weights/gpt2 #1: 'x'.bin");
-  EXPECT_EQ(c.parallel.pipeline_schedule, PipelineSchedule::kGpipe);
+  EXPECT_EQ(c.parallel.pipeline_schedule, PipeSchedule::kGPipe);
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(c.runtime.device, DeviceKind::kCpu);
+  EXPECT_EQ(c.runtime.threads, 3);
   EXPECT_EQ(c.data.seed, 18446744073709551615ull);
   EXPECT_FALSE(c.data.shuffle);
   EXPECT_EQ(c.training.lr, 2.5e-4f);
@@ -250,7 +259,7 @@ TEST(Config, UnknownKeyNamesTheKeyAndTheAllowedOnes) {
 
 TEST(Config, UnknownSection) {
   expect_error(kMinimal + "optimizer:\n  lr: 1\n", {},
-               {"cfg.yaml:3: ", "unknown section 'optimizer'", "model, parallel, data"});
+               {"cfg.yaml:3: ", "unknown section 'optimizer'", "model, parallel, runtime, data"});
   expect_error("- 1\n- 2\n", {}, {"expected a mapping of sections"});
   expect_error(kMinimal + "model: 3\n", {}, {"model: expected a mapping of keys, got '3'"});
 }
@@ -302,6 +311,8 @@ TEST(Config, BadEnumsListTheAllowedValues) {
                {"parallel.pipeline_schedule", "gpipe, 1f1b", "'zb'"});
   expect_error(kMinimal + "training: {lr_schedule: step}\n", {},
                {"training.lr_schedule", "constant, cosine, linear", "'step'"});
+  expect_error(kMinimal + "runtime: {device: gpu}\n", {},
+               {"runtime.device: expected one of auto, cpu, cuda; got 'gpu'"});
 }
 
 TEST(Config, YamlSyntaxErrorNamesTheFileAndLine) {
@@ -388,6 +399,7 @@ TEST(Config, TrainingAndOtherSectionErrors) {
       {"logging: {log_interval: 0}", "logging.log_interval"},
       {"parallel: {bucket_mb: 0}", "parallel.bucket_mb"},
       {"parallel: {comm_timeout_s: 0}", "parallel.comm_timeout_s"},
+      {"runtime: {threads: -1}", "runtime.threads"},
   };
   for (const auto& [yaml, needle] : cases) {
     SCOPED_TRACE(yaml);

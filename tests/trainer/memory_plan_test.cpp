@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "data/token_file.h"
-#include "parallel/communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/common/scratch_dir.h"
@@ -74,15 +74,13 @@ ModelPartition partition(const Config& c, int tp_rank, int pp_rank) {
 }
 
 TEST(MemoryPlan, PipelineSlotsEqualTheExecutorsCount) {
-  for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
-    const PipeSchedule kind =
-        s == PipelineSchedule::kGpipe ? PipeSchedule::kGPipe : PipeSchedule::kOneFOneB;
+  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
     for (int pp = 1; pp <= 5; ++pp) {
       for (int stage = 0; stage < pp; ++stage) {
         for (int m = 1; m <= 9; ++m) {
           EXPECT_EQ(pipeline_slots(s, pp, stage, m),
-                    PipelineExecutor::required_slots(kind, pp, stage, m))
-              << pipeline_schedule_name(s) << " pp " << pp << " stage " << stage << " m " << m;
+                    PipelineExecutor::required_slots(s, pp, stage, m))
+              << pipe_schedule_name(s) << " pp " << pp << " stage " << stage << " m " << m;
         }
       }
     }
@@ -179,13 +177,13 @@ TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
   for (const std::string arch : {"gpt2", "llama"}) {
     for (int tp : {1, 2}) {
       for (int pp : {1, 2}) {
-        for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+        for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
           Config c = make_config(arch, -1, tp, pp, 1, 0);
           c.model.tie_embeddings = arch == "gpt2" ? 1 : 0;
           c.parallel.pipeline_schedule = s;
           for (int pr = 0; pr < pp; ++pr) {
             SCOPED_TRACE(arch + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
-                         " stage " + std::to_string(pr) + " " + pipeline_schedule_name(s));
+                         " stage " + std::to_string(pr) + " " + pipe_schedule_name(s));
             const ModelPartition part = partition(c, tp - 1, pr);
             const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
             Transformer model(c.model, *ops, part, nullptr, nullptr, c.parallel.micro_batch_size,

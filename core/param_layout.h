@@ -1,4 +1,7 @@
-// Parameter layout of one rank's part of the model, and where the values live.
+// Parameter layout of one rank's part of the model: a flat buffer described by a table
+// of (name, global shape, local shape, split, group, offset). The model fills it
+// (Transformer::plan_params); parallel/ (stores, ZeRO) and checkpoints know the
+// parameters only through it, never through the model.
 //
 // Parameters are split three ways before they reach a rank:
 // - pipeline: a rank holds the groups of its stage only. Group 0 = embeddings (wte,
@@ -9,20 +12,15 @@
 //   along dim 0; row-parallel attn.o/mlp.proj/mlp.down along dim 1), or replicated
 //   (split_dim = -1: norms, biases of row-parallel layers, wpe).
 // - data parallel (ZeRO): the store decides; see parallel/data_parallel.h.
-//
-// The model reads parameters and accumulates gradients only through a ParamStore, a
-// group at a time, between acquire() and release(). A resident store (ZeRO 0-2) keeps
-// every group in one contiguous buffer; a sharded store (ZeRO-3) all-gathers a group
-// on acquire and frees it on release, reduce-scattering its gradients after backward.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/ops.h"
 
 namespace trident {
 
@@ -55,49 +53,12 @@ struct ParamLayout {
   std::vector<ParamInfo> params;
   std::vector<ParamGroup> groups;  // indexed by group id; groups of other stages are empty
   size_t total_floats() const;  // the flat layout: last group's offset + num_floats
-  const ParamInfo* find(const std::string& name) const;
+  const ParamInfo* find(std::string_view name) const;  // null when absent
 };
 
 // This rank's tensor-parallel part of a global tensor (`global`: row-major, p.shape)
 // as a local_shape array; and the inverse, writing a local part into its place.
 std::vector<float> local_part(const ParamInfo& p, const float* global);
 void place_local_part(const ParamInfo& p, const float* local, float* global);
-
-enum class Phase { kForward, kBackward };
-
-class ParamStore {
- public:
-  virtual ~ParamStore() = default;
-  // Between acquire(g, phase) and release(g, phase), params(g) holds group g's
-  // (tensor-parallel local) parameters in ParamLayout order, and during kBackward
-  // grads(g) is a buffer of the same layout into which the model accumulates.
-  virtual void acquire(int group, Phase phase) = 0;
-  virtual void release(int group, Phase phase) = 0;
-  virtual float* params(int group) = 0;
-  virtual float* grads(int group) = 0;
-};
-
-// Every group resident in two contiguous buffers (parameters, gradients) of
-// layout.total_floats() floats in the flat layout (group g at groups[g].offset), so
-// param_data() + ParamInfo::offset is a tensor. acquire/release do nothing.
-class ResidentParamStore : public ParamStore {
- public:
-  ResidentParamStore(const ParamLayout& layout, Ops& ops);
-  void acquire(int, Phase) override {}
-  void release(int, Phase) override {}
-  float* params(int group) override { return params_.as<float>() + group_offset_[group]; }
-  float* grads(int group) override { return grads_.as<float>() + group_offset_[group]; }
-  float* param_data() { return params_.as<float>(); }
-  float* grad_data() { return grads_.as<float>(); }
-  size_t num_floats() const { return total_; }
-  // Offset of a group's buffer within param_data() / grad_data().
-  size_t group_offset(int group) const { return group_offset_[group]; }
-
- private:
-  size_t total_ = 0;
-  std::vector<size_t> group_offset_;
-  DeviceBuffer params_;
-  DeviceBuffer grads_;
-};
 
 }  // namespace trident

@@ -1,4 +1,4 @@
-#include "parallel/topology.h"
+#include "comm/topology.h"
 
 #include <string>
 #include <utility>

@@ -5,7 +5,7 @@
 //
 // Contract:
 // - Off unless a Watchdog exists. Constructing one starts one background thread and
-//   installs it as the process's CallObserver (parallel/communicator.h); destroying it
+//   installs it as the process's CallObserver (comm/communicator.h); destroying it
 //   stops the thread and uninstalls it. At most one per process; create and destroy it
 //   while no communicator call is in flight (at start-up, after the world communicator,
 //   and at shutdown). Idle cost per call: one atomic load; running: a mutex and a map
@@ -46,7 +46,7 @@
 #include <string>
 #include <thread>
 
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 
 namespace trident {
 

@@ -1,12 +1,12 @@
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
-#include "parallel/mpi/mpi_communicator.h"
 
 namespace trident {
 

@@ -1,7 +1,7 @@
-// TRIDENT_MPI_CHECK: the always-on check for MPI calls inside parallel/mpi/. MPI errors
+// TRIDENT_MPI_CHECK: the always-on check for MPI calls inside comm/mpi/. MPI errors
 // are not expected failures (the job cannot go on): abort with a message that names the
 // call, the rank, the group, the collective, its label and MPI's own error string.
-// Only files under parallel/mpi/ may include this header (it brings in <mpi.h>).
+// Only files under comm/mpi/ may include this header (it brings in <mpi.h>).
 #pragma once
 
 // The C API only; Open MPI's deprecated C++ bindings add nothing and warn under -Wall.
@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 
 namespace trident {
 

@@ -1,12 +1,12 @@
-#include "parallel/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
 #include <climits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/mpi_check.h"
 #include "core/check.h"
-#include "parallel/mpi/mpi_check.h"
 
 namespace trident {
 

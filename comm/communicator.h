@@ -1,7 +1,7 @@
 // Communicator: the only way model, parallel and trainer code talks to other ranks.
 // One Communicator per process group ("world", "dp", "tp", "pp", "embedding"), in the
 // style of PyTorch c10d. Backends: SelfCommunicator (one process, no launcher; this file)
-// and the MPI one (parallel/mpi/). No MPI or NCCL header is visible through this file.
+// and the MPI one (comm/mpi/). No MPI or NCCL header is visible through this file.
 //
 // Contract (every backend, every group):
 // - Ordering. Every rank of a group calls the same collectives, in the same order, with
@@ -9,7 +9,7 @@
 //   must match (peer, tag, size). split() is a collective of the parent group. A rank
 //   that breaks this hangs or corrupts the group; nothing can detect it cheaply, which is
 //   why every call carries CollectiveOptions (timeout + label): the hang watchdog
-//   (parallel/watchdog.h), when one is running, ends a rank blocked in a call past its
+//   (comm/watchdog.h), when one is running, ends a rank blocked in a call past its
 //   timeout and names the call.
 // - Threads. A process calls into its communicators from one thread at a time (MPI runs
 //   at MPI_THREAD_SERIALIZED); in practice the training thread. The traffic counters are
@@ -23,7 +23,7 @@
 //   e.g. "[rank 3 on host] CHECK failed: MPI_Allreduce ... group 'tp' (rank 1/2)
 //   all_reduce 'layer 4 attn out': MPI_ERR_TRUNCATE". Under mpirun/srun an aborting rank
 //   takes the job down. Expected failures (a layout that does not fit the world) are
-//   Status values returned by parallel/topology.h.
+//   Status values returned by comm/topology.h.
 // - Determinism. For a fixed group size and fixed buffer sizes, results are bitwise
 //   identical run to run and on every rank of the group (MPI picks its algorithm from
 //   size and count only; tests/mpi checks both). Float sums across different group
@@ -73,7 +73,7 @@ std::size_t comm_dtype_size(CommDtype dtype);
 
 // Per-call options. A default-constructed value means "communicator defaults".
 struct CollectiveOptions {
-  // How long this call may block before the hang watchdog (parallel/watchdog.h), if one
+  // How long this call may block before the hang watchdog (comm/watchdog.h), if one
   // is running, declares it hung; 0 = the communicator's default_timeout().
   std::chrono::milliseconds timeout{0};
   // Names the call in error and watchdog messages, e.g. "grad bucket 3".
@@ -97,7 +97,7 @@ inline constexpr int kNoGroup = -1;
 class Communicator;
 
 // Sees every blocking call of every communicator of the process, for the hang watchdog
-// (parallel/watchdog.h), which implements it; this layer does not depend on it. The
+// (comm/watchdog.h), which implements it; this layer does not depend on it. The
 // public calls report the backend hook's extent: call_started right before do_*,
 // call_ended right after (argument checks and counting are outside). Calls may come
 // from any thread that uses a communicator; the observer synchronizes itself.

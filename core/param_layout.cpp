@@ -1,4 +1,4 @@
-#include "model/param_store.h"
+#include "core/param_layout.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,7 +13,7 @@ size_t ParamLayout::total_floats() const {
   return total;
 }
 
-const ParamInfo* ParamLayout::find(const std::string& name) const {
+const ParamInfo* ParamLayout::find(std::string_view name) const {
   for (const ParamInfo& p : params) {
     if (p.name == name) return &p;
   }
@@ -45,14 +45,6 @@ void place_local_part(const ParamInfo& p, const float* local, float* global) {
   for_each_local_row(p, [&](int64_t local_at, int64_t global_at, int64_t n) {
     std::memcpy(global + global_at, local + local_at, static_cast<size_t>(n) * sizeof(float));
   });
-}
-
-ResidentParamStore::ResidentParamStore(const ParamLayout& layout, Ops& ops)
-    : total_(layout.total_floats()),
-      params_(ops, layout.total_floats() * sizeof(float)),
-      grads_(ops, layout.total_floats() * sizeof(float)) {
-  group_offset_.reserve(layout.groups.size());
-  for (const ParamGroup& g : layout.groups) group_offset_.push_back(g.offset);
 }
 
 }  // namespace trident

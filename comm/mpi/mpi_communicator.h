@@ -1,8 +1,8 @@
 // The MPI backend of Communicator (Open MPI 4.1 on CPU; also the bootstrap transport for
 // NCCL later). This header deliberately does not include <mpi.h>: the rest of the tree
-// reaches MPI only through parallel/communicator.h and this factory.
+// reaches MPI only through comm/communicator.h and this factory.
 //
-// Contract (beyond parallel/communicator.h):
+// Contract (beyond comm/communicator.h):
 // - MPI is initialized with MPI_THREAD_SERIALIZED if nobody has initialized it; a process
 //   that initialized MPI itself (tests/mpi/main.cpp) keeps that duty and its finalize.
 // - Every communicator (world and split children) shares one runtime handle; the last
@@ -21,7 +21,7 @@
 
 #include <memory>
 
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 
 namespace trident {
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
-#include "parallel/communicator.h"
 
 namespace trident {
 

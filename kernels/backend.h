@@ -1,0 +1,28 @@
+// Choosing the compute backend: the one place above kernels/<backend>/ that names one.
+// The trainer asks for `runtime.device` and gets an Ops; it includes no backend header,
+// computes no backend-specific thread count and measures no peak itself (Ops::peak_flops).
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "kernels/ops.h"
+
+namespace trident {
+
+// runtime.device (DESIGN.md config). kAuto picks the best backend this build and machine
+// offer: the CPU today.
+enum class DeviceKind { kAuto, kCpu, kCuda };
+const char* device_kind_name(DeviceKind kind);  // "auto", "cpu", "cuda"
+
+// Whether this build contains CUDA code (CMake found nvcc: TRIDENT_HAVE_CUDA).
+bool build_has_cuda();
+
+// Makes the Ops for `device`. `threads` > 0: CPU threads for this process; <= 0: the
+// machine's cores divided by `ranks_sharing_cores` (the ranks on this machine), at least
+// one. Errors are invalid_config (exit 2) naming runtime.device and the reason:
+// "this build has no CUDA backend (built without nvcc)", "no CUDA device", or that the
+// CUDA Ops do not exist yet.
+Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_sharing_cores);
+
+}  // namespace trident

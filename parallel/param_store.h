@@ -1,0 +1,55 @@
+// Where one rank's parameters and gradients live, as the model sees them. The layout
+// (core/param_layout.h) says what the tensors are; a store says where their values are.
+//
+// The model reads parameters and accumulates gradients only through a ParamStore, a
+// group at a time, between acquire() and release(). A resident store (ZeRO 0-2) keeps
+// every group in one contiguous buffer; a sharded store (ZeRO-3) all-gathers a group
+// on acquire and frees it on release, reduce-scattering its gradients after backward.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/param_layout.h"
+#include "kernels/ops.h"
+
+namespace trident {
+
+enum class Phase { kForward, kBackward };
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // Between acquire(g, phase) and release(g, phase), params(g) holds group g's
+  // (tensor-parallel local) parameters in ParamLayout order, and during kBackward
+  // grads(g) is a buffer of the same layout into which the model accumulates.
+  virtual void acquire(int group, Phase phase) = 0;
+  virtual void release(int group, Phase phase) = 0;
+  virtual float* params(int group) = 0;
+  virtual float* grads(int group) = 0;
+};
+
+// Every group resident in two contiguous buffers (parameters, gradients) of
+// layout.total_floats() floats in the flat layout (group g at groups[g].offset), so
+// param_data() + ParamInfo::offset is a tensor. acquire/release do nothing.
+class ResidentParamStore : public ParamStore {
+ public:
+  ResidentParamStore(const ParamLayout& layout, Ops& ops);
+  void acquire(int, Phase) override {}
+  void release(int, Phase) override {}
+  float* params(int group) override { return params_.as<float>() + group_offset_[group]; }
+  float* grads(int group) override { return grads_.as<float>() + group_offset_[group]; }
+  float* param_data() { return params_.as<float>(); }
+  float* grad_data() { return grads_.as<float>(); }
+  size_t num_floats() const { return total_; }
+  // Offset of a group's buffer within param_data() / grad_data().
+  size_t group_offset(int group) const { return group_offset_[group]; }
+
+ private:
+  size_t total_ = 0;
+  std::vector<size_t> group_offset_;
+  DeviceBuffer params_;
+  DeviceBuffer grads_;
+};
+
+}  // namespace trident
