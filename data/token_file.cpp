@@ -30,6 +30,10 @@ class Fd {
   }
   int get() const { return fd_; }
   int release() { return std::exchange(fd_, -1); }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
 
  private:
   int fd_;
@@ -51,14 +55,28 @@ Status write_all(int fd, const void* data, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Opens `path` read-only into *fd after checking it is a regular file; *bytes receives
+// its size. Errors name the path.
+Status open_regular_file(const std::string& path, Fd* fd, uint64_t* bytes) {
+  auto fail = [&](const std::string& what) { return Status::invalid_input(path + ": " + what); };
+  fd->reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd->get() < 0) return fail("cannot open token file: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return fail("cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) return fail("not a regular file");
+  *bytes = static_cast<uint64_t>(st.st_size);
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<TokenFile> TokenFile::open(const std::string& path) {
   auto fail = [&](const std::string& what) { return Status::invalid_input(path + ": " + what); };
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return fail("cannot open token file: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return fail("cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) return fail("not a regular file");
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  Fd fd(-1);
+  uint64_t file_bytes = 0;
+  TRIDENT_RETURN_IF_ERROR(open_regular_file(path, &fd, &file_bytes));
   if (file_bytes < kTokenFileHeaderBytes) {
     return fail("truncated: expected a " + std::to_string(kTokenFileHeaderBytes) +
                 "-byte header, found " + std::to_string(file_bytes) + " bytes");
@@ -124,12 +142,9 @@ Result<TokenFile> TokenFile::open(const std::string& path) {
 Result<TokenFile> TokenFile::open_raw(const std::string& path, int width) {
   auto fail = [&](const std::string& what) { return Status::invalid_input(path + ": " + what); };
   TRIDENT_CHECK_MSG(width == 2 || width == 4, "token width " + std::to_string(width));
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return fail("cannot open token file: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return fail("cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) return fail("not a regular file");
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  Fd fd(-1);
+  uint64_t file_bytes = 0;
+  TRIDENT_RETURN_IF_ERROR(open_regular_file(path, &fd, &file_bytes));
   if (file_bytes % static_cast<uint64_t>(width) != 0) {
     return fail(std::to_string(file_bytes) + " bytes is not a whole number of " +
                 std::to_string(width) + "-byte tokens");
