@@ -13,8 +13,13 @@ struct, the tensors with torch.frombuffer.
 
 usage: hf_reference.py --model DIR --tokens FILE --batch B --out FILE [--dtype float64]
   --tokens: B*T little-endian int32 token ids; --out: B*T*vocab_size little-endian float32
-  logits (computed in --dtype, default float64). Prints one summary line. Exit 0 on
-  success, 1 on any error (with the message on stderr).
+  logits (computed in --dtype, default float64). Prints one summary line.
+usage: hf_reference.py --model DIR --greedy --prompt-ids 1,2,3 --max-new-tokens N [--dtype]
+  Greedy decoding, for `trident generate --temperature 0` on the exported directory: each
+  step recomputes the whole prefix (no cache: this is the reference) and takes the argmax
+  of the last position's logits (the lowest id among equal maxima). Prints JSON
+  {"tokens": [new ids], "margins": [top-1 minus top-2 logit of each step]}.
+Exit 0 on success, 1 on any error (with the message on stderr).
 """
 import argparse
 import json
@@ -297,15 +302,47 @@ def load_model(model_dir, dtype):
     return model.eval(), cfg
 
 
+def greedy(model, prompt, max_new_tokens):
+    """New ids and the top-1 minus top-2 logit margin of each step."""
+    ids = list(prompt)
+    tokens, margins = [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids], dtype=torch.int64))[0, -1]
+            top = torch.topk(logits, 2)
+            best = int(torch.nonzero(logits == top.values[0])[0])  # lowest id among maxima
+            tokens.append(best)
+            margins.append(float(top.values[0] - top.values[1]))
+            ids.append(best)
+    return tokens, margins
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--tokens", required=True)
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--out")
+    ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--prompt-ids", help="comma-separated token ids (--greedy)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     args = ap.parse_args()
+    if args.greedy and not args.prompt_ids:
+        ap.error("--greedy needs --prompt-ids")
+    if not args.greedy and (args.tokens is None or args.batch is None or args.out is None):
+        ap.error("--tokens, --batch and --out are required (or --greedy)")
     dtype = getattr(torch, args.dtype)
+    if args.greedy:
+        try:
+            model, _ = load_model(args.model, dtype)
+            prompt = [int(t) for t in args.prompt_ids.split(",")]
+            tokens, margins = greedy(model, prompt, args.max_new_tokens)
+        except Exception as e:  # noqa: BLE001 - one line on stderr, exit 1
+            print(f"hf_reference.py: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps({"tokens": tokens, "margins": margins}))
+        return 0
     try:
         model, cfg = load_model(args.model, dtype)
         with open(args.tokens, "rb") as f:
