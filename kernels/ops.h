@@ -11,6 +11,10 @@
 //   alias logits).
 // - Functions are synchronous with respect to later calls on the same Ops object.
 // - Thread safety: one Ops object per thread of control (it owns scratch memory).
+// - Host synchronisation: only download() reads device memory back to the host (a sync on
+//   a device backend). A training step needs two: the loss and the gradient norm's sum of
+//   squares, both accumulated on the device (loss_accumulate, sum_squares_accumulate).
+//   Every upload/download is counted (transfer_counts) so tests can hold that budget.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +32,12 @@ struct AdamWParams {
   int step = 1;               // 1-based, for bias correction
 };
 
+// Host <-> device transfers made through one Ops object since it was created.
+struct TransferCounts {
+  uint64_t uploads = 0, upload_bytes = 0;
+  uint64_t downloads = 0, download_bytes = 0;  // device -> host reads
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -41,8 +51,19 @@ class Ops {
   virtual void deallocate(void* ptr) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;         // device -> device
-  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // host -> device
-  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // host -> device and device -> host; counted here, moved by the backend's do_upload /
+  // do_download.
+  void upload(void* dst, const void* host_src, size_t bytes) {
+    ++transfers_.uploads;
+    transfers_.upload_bytes += bytes;
+    do_upload(dst, host_src, bytes);
+  }
+  void download(void* host_dst, const void* src, size_t bytes) {
+    ++transfers_.downloads;
+    transfers_.download_bytes += bytes;
+    do_download(host_dst, src, bytes);
+  }
+  const TransferCounts& transfer_counts() const { return transfers_; }
 
   // ---- embeddings ---------------------------------------------------------------
   // out[B*T, C] = wte[tokens[n] - vocab_begin] (+ wpe[n % T] when wpe != null).
@@ -146,14 +167,32 @@ class Ops {
   virtual void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
                                    const float* sum_exp, const int32_t* targets, float dloss,
                                    int N, int Vp_local, int vocab_begin, int V) = 0;
+  // The final combine, on the device: losses[N] = log(sum_exp) + row_max - target_logit,
+  // from the all-reduced values (fp32, as cross_entropy_forward). Overwrites losses.
+  virtual void xent_finish(float* losses, const float* row_max, const float* sum_exp,
+                           const float* target_logit, int N) = 0;
+  // One micro-batch's mean loss into a device accumulator: acc[0] (double) +=
+  // float(sum_n losses[n] / N), the sum in double in row order, the mean rounded to fp32
+  // (the order the host loop used, so reported losses stay bitwise the same).
+  virtual void loss_accumulate(double* acc, const float* losses, int N) = 0;
 
   // ---- optimizer ----------------------------------------------------------------
   // AdamW on n elements: m, v updated in place; param -= lr * (mhat / (sqrt(vhat) + eps)
   // + weight_decay * param), with bias-corrected mhat and vhat.
   virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
                             const AdamWParams& p) = 0;
-  // Sum of squares in double precision, returned to the host.
-  virtual double sum_squares(const float* x, size_t n) = 0;
+  // acc[0] (double, device) += sum of x[i]^2 in double, over a summation tree that
+  // depends only on n (not on threads). A step's gradient norm is one download of acc.
+  virtual void sum_squares_accumulate(double* acc, const float* x, size_t n) = 0;
+  // Convenience (tests, tools): the sum of squares of x on the host; one download.
+  double sum_squares(const float* x, size_t n);
+
+ protected:
+  virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void do_download(void* host_dst, const void* src, size_t bytes) = 0;
+
+ private:
+  TransferCounts transfers_;
 };
 
 // The CPU backend (OpenBLAS sgemm + OpenMP). Always built. `threads` <= 0 means all cores.
@@ -201,5 +240,13 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+inline double Ops::sum_squares(const float* x, size_t n) {
+  DeviceBuffer acc(*this, sizeof(double));  // zero-filled
+  sum_squares_accumulate(acc.as<double>(), x, n);
+  double host = 0.0;
+  download(&host, acc.get(), sizeof(double));
+  return host;
+}
 
 }  // namespace trident

@@ -227,6 +227,7 @@ void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_
   }
   plan_activations();
   slot_info_.assign(static_cast<size_t>(num_slots_), SlotInfo{});
+  loss_sum_ = DeviceBuffer(ops_, sizeof(double));  // zero-filled
 }
 
 void Transformer::plan_activations() {
@@ -438,8 +439,19 @@ std::vector<float> Transformer::logits_to_host() const {
 float Transformer::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
   TRIDENT_CHECK_MSG(part_.first_stage() && part_.last_stage(),
                     "forward() runs a whole model; pipeline stages use forward_stage()");
-  return forward_stage(0, tokens, targets, B, T);
+  if (targets) reset_loss_sum();
+  forward_stage(0, tokens, targets, B, T);
+  return targets ? static_cast<float>(download_loss_sum()) : 0.0f;
 }
+
+double Transformer::download_loss_sum() {
+  double host = 0.0;
+  ops_.download(&host, loss_sum_.get(), sizeof(double));
+  reset_loss_sum();
+  return host;
+}
+
+void Transformer::reset_loss_sum() { ops_.zero(loss_sum_.get(), sizeof(double)); }
 
 void Transformer::backward(float loss_scale) { backward_stage(0, loss_scale); }
 
@@ -450,8 +462,8 @@ const float* Transformer::output_activation(int slot) {
 float* Transformer::output_grad() { return scratch(kDx); }
 const float* Transformer::input_grad() { return scratch(kDx); }
 
-float Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B,
-                                 int T) {
+void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B,
+                                int T) {
   const auto& c = config_;
   TRIDENT_CHECK_MSG(slot >= 0 && slot < num_slots_ && B >= 1 && B <= micro_batch_size_ &&
                         T >= 1 && T <= c.seq_len,
@@ -479,18 +491,13 @@ float Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t*
     layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T);
     store_->release(1 + layer, Phase::kForward);
   }
-  if (!part_.last_stage()) return 0.0f;
+  if (!part_.last_stage()) return;
   if (targets) {
     ops_.upload(act(slot, kTargets), targets, static_cast<size_t>(N) * sizeof(int32_t));
   }
   info.has_targets = targets != nullptr;
   head_forward(slot, B, T, targets != nullptr);
-  if (!targets) return 0.0f;
-  std::vector<float> losses(static_cast<size_t>(N));
-  ops_.download(losses.data(), act(slot, kLosses), losses.size() * sizeof(float));
-  double sum = 0.0;
-  for (float v : losses) sum += v;
-  return static_cast<float>(sum / N);
+  if (targets) ops_.loss_accumulate(loss_sum_.as<double>(), act(slot, kLosses), N);
 }
 
 void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x_out, int B,
@@ -578,15 +585,7 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   ops_.xent_local_sums(sums, sums + N, logits, row_max, targets, N, vocab_local_, vocab_begin_,
                        c.vocab_size);
   all_reduce_tp(sums, 2 * static_cast<size_t>(N), "xent sums");
-  std::vector<float> host(3 * static_cast<size_t>(N));
-  ops_.download(host.data(), row_max, static_cast<size_t>(N) * sizeof(float));
-  ops_.download(host.data() + N, sums, 2 * static_cast<size_t>(N) * sizeof(float));
-  for (int n = 0; n < N; ++n) {
-    host[static_cast<size_t>(n)] = std::log(host[static_cast<size_t>(N + n)]) +
-                                   host[static_cast<size_t>(n)] -
-                                   host[static_cast<size_t>(2 * N + n)];
-  }
-  ops_.upload(losses, host.data(), static_cast<size_t>(N) * sizeof(float));
+  ops_.xent_finish(losses, row_max, sums, sums + N, N);
 }
 
 // ---- backward ----------------------------------------------------------------------------

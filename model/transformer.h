@@ -111,7 +111,8 @@ class Transformer {
 
   // ---- whole-model convenience (one stage, slot 0) ------------------------------------
   // Forward of B sequences of T tokens (host arrays of B*T ids; B <= micro-batch size,
-  // T <= seq_len). With targets returns the mean token loss; without, 0 (logits only).
+  // T <= seq_len). With targets returns the mean token loss (one download; the loss
+  // accumulator is reset before and taken after); without, 0 (logits only).
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // Accumulates the gradient of loss_scale * mean(token losses) of the last forward.
   void backward(float loss_scale);
@@ -121,8 +122,14 @@ class Transformer {
   // ---- one pipeline stage --------------------------------------------------------------
   // Forward of a micro-batch kept in activation slot `slot`. The first stage embeds
   // `tokens`; other stages read input_activation(slot). The last stage computes the loss
-  // if `targets` is given and returns the mean token loss (else returns 0).
-  float forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B, int T);
+  // if `targets` is given and adds the micro-batch's mean token loss to the device loss
+  // accumulator (Ops::loss_accumulate); nothing is read back to the host.
+  void forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B, int T);
+  // The loss accumulator: the sum, in double and in call order, of the mean losses of the
+  // forward_stage calls with targets since the last take. download_loss_sum reads it back
+  // (one device -> host read) and resets it; reset_loss_sum only resets it (no read).
+  double download_loss_sum();
+  void reset_loss_sum();
   // Backward of the micro-batch in `slot`: the last stage starts from its loss, scaled
   // by loss_scale; other stages from output_grad(). Afterwards input_grad() holds the
   // gradient of the stage's input (stages > 0).
@@ -168,6 +175,7 @@ class Transformer {
   std::vector<size_t> scratch_offsets_;  // per scratch index
   DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
   DeviceBuffer scratch_;
+  DeviceBuffer loss_sum_;  // (1) double: the loss accumulator (last stage)
   struct SlotInfo { int B = 0, T = 0; bool has_targets = false; };
   std::vector<SlotInfo> slot_info_;
 };

@@ -104,22 +104,28 @@ double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const int rank = dp_.rank();
   const float* shard = stage_ >= 2 ? grad_shard() : nullptr;
-  double sum = 0.0;
+  if (square_sum_.get() == nullptr) square_sum_ = DeviceBuffer(ops_, sizeof(double));
+  double* acc = square_sum_.as<double>();
+  ops_.zero(acc, sizeof(double));
+  // Tensor by tensor in plan order, as the host sum did: the same double result.
   for (const ShardChunk& chunk : plan_.chunks()) {
     for (const TensorShard& t : chunk.tensors) {
       const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
       if (info.tied_copy || (info.tp_replicated() && !count_tp_replicated)) continue;
       if (stage_ == 0) {
-        sum += ops_.sum_squares(resident_->grad_data() + t.full_offset,
-                                static_cast<size_t>(info.numel()));
+        ops_.sum_squares_accumulate(acc, resident_->grad_data() + t.full_offset,
+                                    static_cast<size_t>(info.numel()));
       } else if (stage_ == 1) {
-        sum += ops_.sum_squares(resident_->grad_data() + t.full_offset + t.split.begin_float(rank),
-                                t.split.owned_floats(rank));
+        ops_.sum_squares_accumulate(
+            acc, resident_->grad_data() + t.full_offset + t.split.begin_float(rank),
+            t.split.owned_floats(rank));
       } else {
-        sum += ops_.sum_squares(shard + t.shard_offset, t.split.owned_floats(rank));
+        ops_.sum_squares_accumulate(acc, shard + t.shard_offset, t.split.owned_floats(rank));
       }
     }
   }
+  double sum = 0.0;
+  ops_.download(&sum, acc, sizeof(double));
   return sum;
 }
 

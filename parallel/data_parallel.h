@@ -67,7 +67,8 @@ class DataParallel {
   // Sum of squares of the reduced gradient elements this rank is responsible for, so
   // that the sum over dp ranks counts every element once: stage 0 all of them on dp
   // rank 0 (0 elsewhere), stages 1-3 the owned rows. Skips tied_copy parameters, and
-  // tp-replicated ones unless count_tp_replicated (pass tp_rank == 0). Local.
+  // tp-replicated ones unless count_tp_replicated (pass tp_rank == 0). Local; the sum
+  // accumulates on the device and is read back with one download.
   double owned_grad_square_sum(bool count_tp_replicated) const;
   // Multiplies the reduced gradients by s (gradient clipping). Local.
   void scale_gradients(float s);
@@ -148,6 +149,9 @@ class DataParallel {
   DeviceBuffer exp_avg_sq_;
   DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()
   DeviceBuffer segment_;     // stages 1-2: plan_.max_chunk_floats()
+  // (1) double: owned_grad_square_sum's device accumulator (mutable: scratch of a const
+  // query), so the norm costs one device -> host read however many tensors there are.
+  mutable DeviceBuffer square_sum_;
 };
 
 }  // namespace trident

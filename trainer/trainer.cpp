@@ -81,21 +81,20 @@ class Trainer::StageRunner : public PipelineStageModel {
         std::fill(t_.targets_.begin(), t_.targets_.end(), 0);
       }
     }
-    const float loss = t_.model_->forward_stage(slot, first ? t_.inputs_.data() : nullptr,
-                                                last ? t_.targets_.data() : nullptr, mb, T);
-    loss_sum_ += loss;
+    // The last stage adds the micro-batch's loss to the model's device accumulator;
+    // train_step reads it back once.
+    t_.model_->forward_stage(slot, first ? t_.inputs_.data() : nullptr,
+                             last ? t_.targets_.data() : nullptr, mb, T);
   }
 
   void backward(int, int slot) override {
     t_.model_->backward_stage(slot, 1.0f / static_cast<float>(t_.config_.grad_accum_steps()));
   }
 
-  double loss_sum() const { return loss_sum_; }
   const Status& status() const { return status_; }
 
  private:
   Trainer& t_;
-  double loss_sum_ = 0;
   Status status_;
 };
 
@@ -522,6 +521,7 @@ Result<StepMetrics> Trainer::train_step() {
   Timer timer;
   reset_traffic();
   dp_->zero_grad();
+  if (part_.last_stage()) model_->reset_loss_sum();  // clean even after a failed step
   StageRunner runner(*this);
   const PipelineExecutor::Stats pipe = executor_->run(runner);
 
@@ -548,9 +548,17 @@ Result<StepMetrics> Trainer::train_step() {
   }
   const float lr = learning_rate_at(c.training, step_);
   dp_->step(lr);
+  // The step's second (and last) device -> host read: the accumulated loss, on the
+  // reporting ranks; the other last-stage ranks (tp > 0) only reset theirs.
   const bool reports_loss = part_.last_stage() && groups_.coords.tp_rank == 0;
+  double loss_sum = 0.0;
+  if (reports_loss) {
+    loss_sum = model_->download_loss_sum();
+  } else if (part_.last_stage()) {
+    model_->reset_loss_sum();
+  }
   const double loss =
-      all_reduce_scalar(reports_loss ? runner.loss_sum() / accum / c.parallel.dp : 0.0, "loss");
+      all_reduce_scalar(reports_loss ? loss_sum / accum / c.parallel.dp : 0.0, "loss");
   if (!std::isfinite(loss)) {
     return Status::internal("loss is " + std::to_string(loss) + " at step " +
                             std::to_string(step_ + 1) + "; stopping (try a lower training.lr)");
@@ -583,8 +591,8 @@ Result<double> Trainer::evaluate() {
   const bool first = part_.first_stage(), last = part_.last_stage();
   Communicator& pp = *groups_.pp;
   const size_t n = model_->boundary_floats();
-  double sum = 0.0;
   Status status;
+  if (last) model_->reset_loss_sum();
   for (int b = 0; b < config_.training.eval_batches; ++b) {
     if (first || last) {
       Status st = val_data_->load_sequential(static_cast<uint64_t>(b) * mb, mb, T, inputs_.data(),
@@ -593,8 +601,8 @@ Result<double> Trainer::evaluate() {
     }
     // Forward only, stage after stage: receive, compute, pass on.
     if (!first) pp.recv(std::span<float>(model_->input_activation(0), n), pp.rank() - 1, b);
-    sum += model_->forward_stage(0, first ? inputs_.data() : nullptr,
-                                 last ? targets_.data() : nullptr, mb, T);
+    model_->forward_stage(0, first ? inputs_.data() : nullptr, last ? targets_.data() : nullptr,
+                          mb, T);
     if (!last) pp.send(std::span<const float>(model_->output_activation(0), n), pp.rank() + 1, b);
   }
   if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0, "eval data status") > 0) {
@@ -602,7 +610,10 @@ Result<double> Trainer::evaluate() {
     return Status::invalid_input("another rank failed to load validation data");
   }
   // Every dp rank evaluates the same batches; one rank reports.
+  // One device -> host read per evaluation, on the reporting rank.
   const bool reports = last && groups_.coords.tp_rank == 0 && groups_.coords.dp_rank == 0;
+  const double sum = reports ? model_->download_loss_sum() : 0.0;
+  if (last && !reports) model_->reset_loss_sum();
   return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0, "val loss");
 }
 

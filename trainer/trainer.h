@@ -96,6 +96,8 @@ class Trainer {
   const RankCoords& coords() const { return groups_.coords; }
   const ModelPartition& partition() const { return part_; }
   Transformer& model() { return *model_; }
+  // This rank's compute backend (tests: Ops::transfer_counts, the host-sync budget).
+  Ops& ops() { return *ops_; }
   DataParallel& data_parallel() { return *dp_; }
 
  private:

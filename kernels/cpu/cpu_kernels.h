@@ -81,6 +81,11 @@ void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
 void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
                          const float* sum_exp, const int32_t* targets, float dloss, int N,
                          int Vp_local, int vocab_begin, int V);
+// losses[n] = log(sum_exp[n]) + row_max[n] - target_logit[n].
+void xent_finish(float* losses, const float* row_max, const float* sum_exp,
+                 const float* target_logit, int N);
+// *acc += float(sum_n losses[n] / N), summed in double in row order.
+void loss_accumulate(double* acc, const float* losses, int N);
 
 // adamw.cpp
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,

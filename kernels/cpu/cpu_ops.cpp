@@ -41,10 +41,6 @@ class CpuOps final : public Ops {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0) std::memmove(dst, src, bytes);
   }
-  void upload(void* dst, const void* host_src, size_t bytes) override { copy(dst, host_src, bytes); }
-  void download(void* host_dst, const void* src, size_t bytes) override {
-    copy(host_dst, src, bytes);
-  }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C, int vocab_begin, int vocab_local) override {
@@ -181,9 +177,25 @@ class CpuOps final : public Ops {
     bind();
     cpu::adamw_update(param, grad, m, v, n, p);
   }
-  double sum_squares(const float* x, size_t n) override {
+  void xent_finish(float* losses, const float* row_max, const float* sum_exp,
+                   const float* target_logit, int N) override {
     bind();
-    return cpu::sum_squares(x, n);
+    cpu::xent_finish(losses, row_max, sum_exp, target_logit, N);
+  }
+  void loss_accumulate(double* acc, const float* losses, int N) override {
+    cpu::loss_accumulate(acc, losses, N);
+  }
+  void sum_squares_accumulate(double* acc, const float* x, size_t n) override {
+    bind();
+    *acc += cpu::sum_squares(x, n);
+  }
+
+ protected:
+  void do_upload(void* dst, const void* host_src, size_t bytes) override {
+    copy(dst, host_src, bytes);
+  }
+  void do_download(void* host_dst, const void* src, size_t bytes) override {
+    copy(host_dst, src, bytes);
   }
 
  private:

@@ -128,4 +128,20 @@ void xent_local_backward(float* dlogits, const float* logits, const float* row_m
   }
 }
 
+void xent_finish(float* losses, const float* row_max, const float* sum_exp,
+                 const float* target_logit, int N) {
+  TRIDENT_CHECK_MSG(N >= 0, "xent_finish N " + std::to_string(N));
+  // Rows are independent: the result does not depend on the thread count.
+#pragma omp parallel for schedule(static) if (N >= 4096)
+  for (int n = 0; n < N; ++n) losses[n] = std::log(sum_exp[n]) + row_max[n] - target_logit[n];
+}
+
+void loss_accumulate(double* acc, const float* losses, int N) {
+  TRIDENT_CHECK_MSG(N >= 1, "loss_accumulate N " + std::to_string(N));
+  // Serial on purpose: one fixed order (N = B*T is small next to the logits).
+  double sum = 0.0;
+  for (int n = 0; n < N; ++n) sum += losses[n];
+  *acc += static_cast<float>(sum / N);
+}
+
 }  // namespace trident::cpu

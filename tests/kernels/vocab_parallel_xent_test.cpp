@@ -1,4 +1,4 @@
-// Vocab-parallel cross-entropy (xent_local_max / _sums / _backward): the logits are cut
+// Vocab-parallel cross-entropy (xent_local_max / _sums / _finish / _backward): the logits are cut
 // into S vocab slices, the two all-reduces (max, then sum) are emulated here, and the
 // per-row loss and the concatenated dlogits must match a float64 reference and the fused
 // cross_entropy_forward / _backward, for any slicing, slices that are all padding,
@@ -65,8 +65,8 @@ Result run_sliced(Ops& ops, const Problem& p, int S, bool in_place) {
     for (int n = 0; n < N; ++n) sum_exp[n] += local[n], target_logit[n] += local_t[n];
   }
   Result out{VecF(N), VecF(static_cast<size_t>(N) * p.Vp)};
-  for (int n = 0; n < N; ++n)
-    out.losses[n] = std::log(sum_exp[n]) + row_max[n] - target_logit[n];
+  std::fill(out.losses.begin(), out.losses.end(), 123.0f);  // must be overwritten
+  ops.xent_finish(out.losses.data(), row_max.data(), sum_exp.data(), target_logit.data(), N);
 
   for (int r = 0; r < S; ++r) {
     VecF d(slice[r].size(), 9.0f);  // overwritten, not accumulated

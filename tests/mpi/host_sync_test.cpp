@@ -1,0 +1,83 @@
+// The host-synchronisation budget across ranks: in every layout of the world (tp = 2 runs
+// the vocab-parallel cross-entropy, whose combine used to read 3N floats back per
+// micro-batch; pp = 2 puts the loss on one stage only), every rank reads back at most 2
+// values per optimizer step (the loss on the reporting ranks, the norm's sum of squares).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/mpi/mpi_test_util.h"
+#include "trainer/trainer.h"
+
+namespace trident {
+namespace {
+
+std::string host_sync_data_file() {
+  static const std::string path = test::write_test_tokens("host_sync", 7, 61);
+  return path;
+}
+
+std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
+  static int trainers = 0;
+  const std::string yaml =
+      std::string("model: {arch: ") + arch +
+      ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, n_kv_heads: " +
+      (std::string(arch) == "gpt2" ? "4" : "2") + ", d_model: 32}\n"
+      "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
+      ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero) +
+      ", micro_batch_size: 1}\n"
+      "data: {train: " + host_sync_data_file() + "}\n"
+      "training: {global_batch_size: 8, max_steps: 4}\n"
+      "checkpoint: {dir: " + host_sync_data_file() + ".ckpt" + std::to_string(++trainers) + "}\n"
+      "logging: {metrics: ''}\n";
+  auto config = parse_config(yaml, {});
+  EXPECT_TRUE(config.is_ok()) << config.status().message();
+  if (!config.is_ok()) return nullptr;
+  TrainerOptions options;
+  options.world = &test::world();
+  options.resume = "none";
+  options.quiet = true;
+  options.peak_flops = 1e9;
+  options.threads = 1;
+  auto trainer = Trainer::create(config.value(), options);
+  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
+  return trainer.is_ok() ? std::move(trainer).value() : nullptr;
+}
+
+std::vector<Layout> layouts_for_world(int n) {
+  if (n == 2) return {{1, 2, 1}, {1, 1, 2}, {2, 1, 1}};
+  if (n == 4) return {{1, 2, 2}, {2, 2, 1}, {2, 1, 2}};
+  return {{n, 1, 1}};
+}
+
+TEST(HostSync, AtMostTwoDownloadsPerStepOnEveryRank) {
+  for (const Layout& l : layouts_for_world(test::world().size())) {
+    for (int zero : {0, 3}) {
+      if (zero > 0 && l.dp == 1) continue;
+      for (const char* arch : {"gpt2", "llama"}) {
+        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
+                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
+                     std::to_string(zero));
+        auto trainer = make_trainer(l, zero, arch);
+        ASSERT_NE(trainer, nullptr);
+        const TransferCounts& counts = trainer->ops().transfer_counts();
+        for (int s = 0; s < 3; ++s) {
+          const uint64_t before = counts.downloads;
+          auto m = trainer->train_step();
+          ASSERT_TRUE(m.is_ok()) << m.status().message();
+          EXPECT_GT(m.value().loss, 0.0);  // every rank gets the global loss
+          const uint64_t got = counts.downloads - before;
+          EXPECT_LE(got, 2u) << "rank " << test::world().rank() << " step " << s + 1;
+          // The reporting rank (last stage, tp 0; dp 0 for stage 0's norm) reads both.
+          const RankCoords& rc = trainer->coords();
+          if (trainer->partition().last_stage() && rc.tp_rank == 0 && rc.dp_rank == 0) {
+            EXPECT_EQ(got, 2u) << "step " << s + 1;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trident

@@ -1,0 +1,92 @@
+// The host-synchronisation budget of a training step ("device-ready core"): per optimizer
+// step a rank reads back from the device at most the loss and the gradient norm's sum of
+// squares (Ops::transfer_counts().downloads), however many micro-batches and tensors the
+// step has; an evaluation reads one value. Single process here; tests/mpi/host_sync_test
+// covers tp = 2 (the vocab-parallel cross-entropy) and pp = 2.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+#include "tests/common/scratch_dir.h"
+#include "trainer/trainer.h"
+
+namespace trident {
+namespace {
+
+class HostSync : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<uint32_t> tokens(8000);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 200);
+    ASSERT_TRUE(write_token_file(dir_.file("train.bin"), tokens, 1).is_ok());
+  }
+
+  Config make_config(const std::string& arch, int zero) {
+    Config c;
+    c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
+    c.model.vocab_size = 200;
+    c.model.seq_len = 16;
+    c.model.n_layers = 2;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
+    c.model.d_model = 32;
+    c.model.finalize();
+    c.parallel.micro_batch_size = 2;
+    c.parallel.zero_stage = zero;
+    c.training.global_batch_size = 2 * 4;  // 4 micro-batches per step
+    c.training.max_steps = 10;
+    c.training.eval_batches = 3;
+    c.data.train = dir_.file("train.bin");
+    c.data.val = dir_.file("train.bin");
+    c.checkpoint.dir = dir_.file("ckpt" + std::to_string(++trainers_));
+    c.logging.metrics = "";
+    return c;
+  }
+
+  testing::ScratchDir dir_;
+  int trainers_ = 0;
+};
+
+TEST_F(HostSync, AStepReadsBackOnlyTheLossAndTheNorm) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int zero : {0, 1, 2, 3}) {
+      SCOPED_TRACE(arch + " zero " + std::to_string(zero));
+      Config c = make_config(arch, zero);
+      ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+      TrainerOptions options;
+      options.quiet = true;
+      options.peak_flops = 1e9;
+      options.threads = 1;
+      options.resume = "none";
+      auto made = Trainer::create(c, options);
+      ASSERT_TRUE(made.is_ok()) << made.status().message();
+      Trainer& trainer = *made.value();
+      const TransferCounts& counts = trainer.ops().transfer_counts();
+      std::vector<uint64_t> per_step;
+      for (int s = 0; s < 4; ++s) {
+        const uint64_t before = counts.downloads;
+        auto m = trainer.train_step();
+        ASSERT_TRUE(m.is_ok()) << m.status().message();
+        EXPECT_GT(m.value().loss, 0.0);
+        EXPECT_GT(m.value().grad_norm, 0.0);
+        per_step.push_back(counts.downloads - before);
+      }
+      // One process holds the last stage (the loss) and tp rank 0 (the norm): exactly 2.
+      for (size_t s = 1; s < per_step.size(); ++s) {
+        EXPECT_EQ(per_step[s], 2u) << "downloads in step " << s + 1;
+      }
+      EXPECT_LE(per_step[0], 2u) << "downloads in step 1";
+      const uint64_t before = counts.downloads;
+      auto val = trainer.evaluate();
+      ASSERT_TRUE(val.is_ok()) << val.status().message();
+      EXPECT_GT(val.value(), 0.0);
+      EXPECT_EQ(counts.downloads - before, 1u) << "an evaluation reads one value";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trident
