@@ -110,13 +110,31 @@ class Ops {
   virtual void rope_backward(float* dx, int B, int T, int H, int HD, float theta,
                              int pos_offset) = 0;
   // Causal softmax attention with scale 1/sqrt(HD). q[B, T, NH, HD], k and v
-  // [B, T, NKV, HD]; query head h reads kv head h / (NH / NKV). out[B, T, NH, HD];
-  // att[B, NH, T, T] keeps the softmax probabilities for backward (upper triangle 0).
-  virtual void attention_forward(float* out, float* att, const float* q, const float* k,
+  // [B, T, NKV, HD]; query head h reads kv head h / (NH / NKV). out[B, T, NH, HD]
+  // (overwritten).
+  //
+  // The state saved for backward is opaque and its size is the backend's choice: the
+  // CPU keeps the softmax probabilities [B, NH, T, T] (float); a flash backend keeps
+  // the row log-sum-exp [B, NH, T] and recomputes the probabilities in backward.
+  // - attention_state_bytes: the bytes one call with these shapes needs. It is
+  //   non-decreasing in B and T, so a buffer sized for the largest call serves every
+  //   smaller one; it saturates at SIZE_MAX instead of wrapping. A pure query (no
+  //   device work), also used by the memory plan before anything is allocated.
+  // - The caller owns the state: it allocates at least attention_state_bytes through
+  //   this Ops object (64-byte aligned, as allocate() returns) and never reads, writes
+  //   or interprets it; only attention_forward writes it and attention_backward reads it.
+  // - Between a forward and its backward, `state`, `out`, q, k and v stay valid and
+  //   unmodified; backward receives the forward's `out` (a flash backward needs
+  //   rowsum(dout * out)), the same shapes, and may run any number of times.
+  // - dq, dk, dv ACCUMULATE (+=) like every backward; any of them may be null (not
+  //   needed).
+  virtual size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const = 0;
+  virtual void attention_forward(float* out, void* state, const float* q, const float* k,
                                  const float* v, int B, int T, int NH, int NKV, int HD) = 0;
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                  const float* q, const float* k, const float* v,
-                                  const float* att, int B, int T, int NH, int NKV, int HD) = 0;
+                                  const float* out, const void* state, const float* q,
+                                  const float* k, const float* v, int B, int T, int NH,
+                                  int NKV, int HD) = 0;
 
   // ---- pointwise ----------------------------------------------------------------
   // GELU, tanh approximation (GPT-2).

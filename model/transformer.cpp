@@ -235,14 +235,18 @@ void Transformer::plan_activations() {
   const size_t N = static_cast<size_t>(micro_batch_size_) * c.seq_len;
   const size_t C = c.d_model, F = ff_, q_dim = static_cast<size_t>(heads_) * c.head_dim,
                kv_dim = static_cast<size_t>(kv_heads_) * c.head_dim;
-  const size_t att = static_cast<size_t>(micro_batch_size_) * heads_ * c.seq_len * c.seq_len;
+  // The attention state is opaque bytes sized by the backend (kernels/ops.h); every
+  // other slice is a float tensor.
+  const size_t att_bytes =
+      ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim);
   const bool llama = !c.is_gpt2();
   const bool last = part_.last_stage();
   Arena slot_arena;
   slot_offsets_.clear();
-  auto reserve = [&](size_t floats) {
-    slot_offsets_.push_back(floats ? slot_arena.reserve(floats * sizeof(float)) : kAbsent);
+  auto reserve_bytes = [&](size_t bytes) {
+    slot_offsets_.push_back(bytes ? slot_arena.reserve(bytes) : kAbsent);
   };
+  auto reserve = [&](size_t floats) { reserve_bytes(floats * sizeof(float)); };
   const size_t globals[kSlotGlobals] = {N,
                                         last ? N : 0,
                                         last ? N * C : 0,
@@ -255,10 +259,16 @@ void Transformer::plan_activations() {
   for (size_t s : globals) reserve(s);
   for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C);
   for (int l = 0; l < n_local_layers_; ++l) {
-    const size_t sizes[kLayerActs] = {N * C, N, N, N * q_dim, N * kv_dim, N * kv_dim, att,
+    const size_t sizes[kLayerActs] = {N * C, N, N, N * q_dim, N * kv_dim, N * kv_dim, 0,
                                       N * q_dim, N * C, N * C, N, N, N * F,
                                       llama ? N * F : 0, N * F};
-    for (size_t s : sizes) reserve(s);
+    for (int i = 0; i < kLayerActs; ++i) {
+      if (i == kAtt) {
+        reserve_bytes(att_bytes);
+      } else {
+        reserve(sizes[i]);
+      }
+    }
   }
   act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
                         Arena::kAlignment;
@@ -317,7 +327,7 @@ struct Transformer::LayerActs {
   float* q;         // (N, NH_local*HD)  after RoPE (llama)
   float* k;         // (N, NKV_local*HD) after RoPE (llama)
   float* v;         // (N, NKV_local*HD)
-  float* att;       // (B, NH_local, T, T) softmax probabilities
+  void* att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
   float* atty;      // (N, NH_local*HD)
   float* res2;      // (N, C)  residual stream after attention
   float* ln2;       // (N, C)
@@ -522,7 +532,7 @@ void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x
     ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
-  ops_.attention_forward(a.atty, a.att, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
   // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
   ops_.matmul_forward(a.res2, a.atty, p.o_w, bias_here ? p.o_b : nullptr, N, q_dim, C);
   all_reduce_tp(a.res2, static_cast<size_t>(N) * C, "attn.o");
@@ -708,7 +718,8 @@ void Transformer::layer_backward(int slot, int layer, const float* x_in, float* 
   ops_.zero(dq, nq * sizeof(float));
   ops_.zero(dk, nkv * sizeof(float));
   ops_.zero(dv, nkv * sizeof(float));
-  ops_.attention_backward(dq, dk, dv, datty, a.q, a.k, a.v, a.att, B, T, heads_, kv_heads_, HD);
+  ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_,
+                          kv_heads_, HD);
   if (!gpt2) {
     ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);

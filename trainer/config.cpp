@@ -532,7 +532,8 @@ Status validate_layout_sizes(const ParallelConfig& p) {
 }
 
 // The model indexes one micro-batch's tokens with an int (N = B * T), and sizes its
-// activations in 64 bits: the attention probabilities (B, NH/tp, T, T) are the biggest.
+// activations in 64 bits: the CPU backend's attention state, the probabilities
+// (B, NH/tp, T, T), is the biggest.
 // Values past these limits would wrap, not fail, so they are refused here; whether the
 // activations fit in memory is trainer/memory_plan.h's business.
 Status validate_micro_batch_sizes(const ParallelConfig& p, const TransformerConfig& m) {

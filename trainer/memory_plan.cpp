@@ -131,26 +131,37 @@ StageGroups stage_groups(const TransformerConfig& c, const ModelPartition& part)
   return s;
 }
 
-// Bytes of an Arena holding these float counts (each slice 64-byte aligned; zero-sized
-// slices are not reserved). `pad_last`: the total is rounded up too (activation slots).
-double arena_bytes(const std::vector<double>& floats, bool pad_last) {
+// Bytes of an Arena holding slices of these byte counts (each slice 64-byte aligned;
+// zero-sized slices are not reserved). `pad_last`: the total is rounded up too
+// (activation slots).
+double arena_slices_bytes(const std::vector<double>& bytes, bool pad_last) {
   double total = 0;
-  for (double f : floats) {
-    if (f <= 0) continue;
-    total = align(total, 64) + f * kF;
+  for (double b : bytes) {
+    if (b <= 0) continue;
+    total = align(total, 64) + b;
   }
   return pad_last ? align(total, 64) : total;
 }
 
-// Transformer::plan_activations, for one slot and for the backward scratch.
-void activation_plan(const Config& config, const ModelPartition& part, double local_layers,
-                     double* slot_bytes, double* scratch_bytes) {
+// The same for slices of these float counts.
+double arena_bytes(std::vector<double> floats, bool pad_last) {
+  for (double& f : floats) f *= kF;
+  return arena_slices_bytes(floats, pad_last);
+}
+
+// Transformer::plan_activations, for one slot and for the backward scratch. The
+// attention state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX:
+// a size that would wrap still reads as far too big).
+void activation_plan(const Config& config, const ModelPartition& part, const Ops& ops,
+                     double local_layers, double* slot_bytes, double* scratch_bytes) {
   const TransformerConfig& c = config.model;
   const double tp = part.tp_size, B = config.parallel.micro_batch_size, T = c.seq_len;
   const double N = B * T, C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
   const double heads = c.n_heads / part.tp_size, kv_heads = c.n_kv_heads / part.tp_size;
   const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
-  const double att = B * heads * T * T;
+  const double att_bytes = static_cast<double>(ops.attention_state_bytes(
+      config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
+      c.n_kv_heads / part.tp_size, c.head_dim));
   const bool llama = !c.is_gpt2(), last = part.last_stage();
   // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
   // the same, so an arena of n layers is n times one layer's aligned slices.
@@ -163,11 +174,12 @@ void activation_plan(const Config& config, const ModelPartition& part, double lo
                                        last ? N : 0,
                                        last ? N : 0,
                                        last ? 2 * N : 0};
-  const std::vector<double> layer = {N * C, N,     N,     N * q, N * kv, N * kv, att,
-                                     N * q, N * C, N * C, N,     N,      N * F,  llama ? N * F : 0,
-                                     N * F};
+  const std::vector<double> layer = {N * C * kF, N * kF,     N * kF,     N * q * kF,
+                                     N * kv * kF, N * kv * kF, att_bytes,  N * q * kF,
+                                     N * C * kF, N * C * kF,  N * kF,     N * kF,
+                                     N * F * kF, llama ? N * F * kF : 0,  N * F * kF};
   *slot_bytes = arena_bytes(globals, true) + (local_layers + 1) * arena_bytes({N * C}, true) +
-                local_layers * arena_bytes(layer, true);
+                local_layers * arena_slices_bytes(layer, true);
   *scratch_bytes = arena_bytes(
       {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F, llama ? N * F : 0, N * F}, false);
 }
@@ -289,7 +301,8 @@ int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro) {
   return std::min(pp - stage, num_micro);
 }
 
-RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank) {
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                                const Ops& ops) {
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
   const int dp = par.dp, stage = par.zero_stage;
@@ -313,7 +326,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const int accum = config.grad_accum_steps();
   const int slots = pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum);
   double slot_bytes = 0;
-  activation_plan(config, part, g.local_layers, &slot_bytes, &m.scratch);
+  activation_plan(config, part, ops, g.local_layers, &slot_bytes, &m.scratch);
   m.activations = slot_bytes * slots;
 
   if (stage == 1 || stage == 2) {
@@ -409,14 +422,14 @@ Status check_memory_fits(const Config& config, std::span<const RankMemoryReport>
 }
 
 Status plan_and_check_memory(const Config& config, const ModelPartition& part, int dp_rank,
-                             Communicator& world, bool quiet) {
+                             const Ops& ops, Communicator& world, bool quiet) {
   // Every rank takes part in the all-gather even when its own figure is unreadable, so
   // that the decision below is the same everywhere.
   Result<HostMemory> host = available_host_memory();
   RankMemoryReport mine;
   mine.host = host_hash();
   mine.available = host.is_ok() ? host->bytes : std::numeric_limits<double>::infinity();
-  mine.need = estimate_rank_memory(config, part, dp_rank);
+  mine.need = estimate_rank_memory(config, part, dp_rank, ops);
   std::vector<RankMemoryReport> all(static_cast<size_t>(world.size()));
   world.all_gather_bytes(std::as_bytes(std::span<const RankMemoryReport>(&mine, 1)),
                          std::as_writable_bytes(std::span<RankMemoryReport>(all)),

@@ -12,7 +12,8 @@
 //                               2-3 the gradient shard plus the group buffers held in
 //                               backward)
 //   activations               = Transformer::activation_bytes() with
-//                               PipelineExecutor::required_slots() slots
+//                               PipelineExecutor::required_slots() slots (the attention
+//                               state is sized by the backend: Ops::attention_state_bytes)
 //   other.comm_buffers        = DataParallel::memory().comm_scratch
 // The rest of `other` is an estimate of what the trainer holds besides: the model's
 // backward scratch (exact), the largest transient buffer (ZeRO gather/reduce-scatter
@@ -58,8 +59,10 @@ struct RankMemory {
 };
 
 // The plan of the rank with this partition and data-parallel rank. `config` is
-// validated (validate_config) and its model finalized.
-RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank);
+// validated (validate_config) and its model finalized. `ops` is the backend the run
+// uses; only its size queries are called (Ops::attention_state_bytes).
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                                const Ops& ops);
 
 // Activation slots the pipeline schedule keeps live on `stage`: closed form of
 // PipelineExecutor::required_slots (which walks the whole schedule).
@@ -97,6 +100,6 @@ std::string describe_rank_memory(const RankMemory& m);
 // Collective over `world`: estimates this rank's plan, all-gathers the reports, logs one
 // info line on world rank 0 (unless quiet) and returns check_memory_fits.
 Status plan_and_check_memory(const Config& config, const ModelPartition& part, int dp_rank,
-                             Communicator& world, bool quiet);
+                             const Ops& ops, Communicator& world, bool quiet);
 
 }  // namespace trident

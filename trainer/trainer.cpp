@@ -139,11 +139,17 @@ Status Trainer::init() {
   TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*world_, Layout{par.dp, par.tp, par.pp},
                                                         mc.tied()));
   part_ = partition_for(config_, groups_.coords);
+  // The backend first: it sizes the attention state the memory plan counts. The ranks
+  // of this world share the machine's cores (make_ops divides them).
+  const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
+  Result<std::unique_ptr<Ops>> ops = make_ops(config_.runtime.device, threads, world_->size());
+  if (!ops.is_ok()) return ops.status();
+  ops_ = std::move(ops).value();
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
   // an allocation or be OOM-killed later (trainer/memory_plan.h).
-  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, part_, groups_.coords.dp_rank, *world_,
-                                                options_.quiet));
+  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, part_, groups_.coords.dp_rank, *ops_,
+                                                *world_, options_.quiet));
 
   TRIDENT_ASSIGN_OR_RETURN(
       DataLoader train,
@@ -191,11 +197,6 @@ Status Trainer::init() {
     if (!verdict.empty()) return Status::invalid_input(verdict);
   }
 
-  // The ranks of this world share the machine's cores (make_ops divides them).
-  const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
-  Result<std::unique_ptr<Ops>> ops = make_ops(config_.runtime.device, threads, world_->size());
-  if (!ops.is_ok()) return ops.status();
-  ops_ = std::move(ops).value();
   layout_ = Transformer::plan_params(mc, part_);
   AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;

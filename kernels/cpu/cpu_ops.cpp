@@ -96,20 +96,36 @@ class CpuOps final : public Ops {
     bind();
     cpu::rope_backward(dx, B, T, H, HD, theta, pos_offset);
   }
-  void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+  // The state is the softmax probabilities [B, NH, T, T] (upper triangle 0), the exact
+  // arithmetic of cpu::attention_forward / _backward; `out` is not needed by backward.
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
+    (void)NKV;
+    (void)HD;
+    size_t floats = 0;
+    if (__builtin_mul_overflow(static_cast<size_t>(B) * static_cast<size_t>(NH),
+                               static_cast<size_t>(T), &floats) ||
+        __builtin_mul_overflow(floats, static_cast<size_t>(T), &floats) ||
+        __builtin_mul_overflow(floats, sizeof(float), &floats)) {
+      return SIZE_MAX;
+    }
+    return floats;
+  }
+  void attention_forward(float* out, void* state, const float* q, const float* k, const float* v,
                          int B, int T, int NH, int NKV, int HD) override {
     bind();
     TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0,
                       "attention NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV));
-    cpu::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
+    cpu::attention_forward(out, static_cast<float*>(state), q, k, v, B, T, NH, NKV, HD);
   }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                          const float* k, const float* v, const float* att, int B, int T, int NH,
-                          int NKV, int HD) override {
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const void* state, const float* q, const float* k, const float* v,
+                          int B, int T, int NH, int NKV, int HD) override {
+    (void)out;
     bind();
     TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0,
                       "attention NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV));
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, HD);
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, static_cast<const float*>(state), B, T,
+                            NH, NKV, HD);
   }
 
   void gelu_forward(float* out, const float* inp, size_t n) override {

@@ -1,7 +1,11 @@
-// Causal GQA attention and RoPE against float64 loops and finite differences.
+// Causal GQA attention and RoPE against float64 loops and finite differences. The
+// attention tests go through the Ops interface only: the saved state is an opaque
+// buffer of attention_state_bytes (pre-filled with garbage, so forward must write what
+// backward needs); one test pins the CPU backend's choice of state (the probabilities).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -13,6 +17,13 @@ constexpr int B = 3, T = 7, NH = 6, NKV = 2, HD = 6;
 
 size_t qi(int b, int t, int h, int d) { return ((static_cast<size_t>(b) * T + t) * NH + h) * HD + d; }
 size_t ki(int b, int t, int h, int d) { return ((static_cast<size_t>(b) * T + t) * NKV + h) * HD + d; }
+
+// An opaque attention state of the size the backend declares, filled with garbage.
+std::vector<unsigned char> attention_state(const Ops& ops, int b, int t, int nh, int nkv, int hd) {
+  std::vector<unsigned char> s(ops.attention_state_bytes(b, t, nh, nkv, hd));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<unsigned char>(i * 37 + 11);
+  return s;
+}
 
 // Returns out; fills probs[B, NH, T, T] when given.
 VecD ref_attention(const VecD& q, const VecD& k, const VecD& v, VecD* probs = nullptr) {
@@ -79,11 +90,30 @@ TEST(CpuAttention, ForwardMatchesFloat64) {
   auto ops = make_cpu_ops(2);
   VecF q = random_vec(B * T * NH * HD, 41, -2, 2), k = random_vec(B * T * NKV * HD, 42, -2, 2);
   VecF v = random_vec(B * T * NKV * HD, 43);
-  VecF out(q.size()), att(static_cast<size_t>(B) * NH * T * T, 7.0f);
-  ops->attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  VecF out(q.size(), 7.0f);
+  auto state = attention_state(*ops, B, T, NH, NKV, HD);
+  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
+                         HD);
+  expect_close(out, ref_attention(to_d(q), to_d(k), to_d(v)), kTolF32, "out");
+}
+
+// The CPU backend's state: the softmax probabilities [B, NH, T, T] as floats (upper
+// triangle exactly 0), B * NH * T * T * 4 bytes; a size that would wrap saturates.
+TEST(CpuAttention, StateIsTheProbabilities) {
+  auto ops = make_cpu_ops(2);
+  EXPECT_EQ(ops->attention_state_bytes(B, T, NH, NKV, HD),
+            static_cast<size_t>(B) * NH * T * T * sizeof(float));
+  EXPECT_EQ(ops->attention_state_bytes(1 << 30, 1 << 30, 1 << 30, 1, 64), SIZE_MAX);
+  VecF q = random_vec(B * T * NH * HD, 41, -2, 2), k = random_vec(B * T * NKV * HD, 42, -2, 2);
+  VecF v = random_vec(B * T * NKV * HD, 43);
+  VecF out(q.size());
+  auto state = attention_state(*ops, B, T, NH, NKV, HD);
+  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
+                         HD);
+  VecF att(state.size() / sizeof(float));
+  std::memcpy(att.data(), state.data(), state.size());
   VecD probs;
-  VecD want = ref_attention(to_d(q), to_d(k), to_d(v), &probs);
-  expect_close(out, want, kTolF32, "out");
+  ref_attention(to_d(q), to_d(k), to_d(v), &probs);
   expect_close(att, probs, kTolF32, "att");
   for (int r = 0; r < B * NH; ++r)  // the masked upper triangle is exactly zero
     for (int i = 0; i < T; ++i)
@@ -107,25 +137,27 @@ TEST(CpuAttention, BackwardMatchesFiniteDifferencesAndFloat64) {
                  }, vd), kTolFd, "fd dv");
 
   auto ops = make_cpu_ops(2);
-  VecF out(q.size()), att(static_cast<size_t>(B) * NH * T * T);
-  ops->attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  VecF out(q.size());
+  auto state = attention_state(*ops, B, T, NH, NKV, HD);
+  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
+                         HD);
   VecF gq(q.size()), gk(k.size()), gv(v.size());
-  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), q.data(), k.data(), v.data(),
-                          att.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), out.data(), state.data(),
+                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   expect_close(gq, dq, kTolF32, "dq");
   expect_close(gk, dk, kTolF32, "dk");
   expect_close(gv, dv, kTolF32, "dv");
 
   VecF pq = random_vec(q.size(), 48), pk = random_vec(k.size(), 49), pv = random_vec(v.size(), 50);
   VecF aq = pq, ak = pk, av = pv;
-  ops->attention_backward(aq.data(), ak.data(), av.data(), g.data(), q.data(), k.data(), v.data(),
-                          att.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(aq.data(), ak.data(), av.data(), g.data(), out.data(), state.data(),
+                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   expect_accumulated(aq, pq, gq, "dq");
   expect_accumulated(ak, pk, gk, "dk");
   expect_accumulated(av, pv, gv, "dv");
   VecF only_v(v.size());
-  ops->attention_backward(nullptr, nullptr, only_v.data(), g.data(), q.data(), k.data(), v.data(),
-                          att.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(nullptr, nullptr, only_v.data(), g.data(), out.data(), state.data(),
+                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   EXPECT_EQ(only_v, gv);
 }
 
@@ -136,11 +168,12 @@ TEST(CpuAttention, MultiBlockSequenceMatchesFloat64) {
   auto ops = make_cpu_ops(2);
   VecF q = random_vec(b * t * nh * hd, 51), k = random_vec(b * t * nh * hd, 52);
   VecF v = random_vec(b * t * nh * hd, 53), g = random_vec(b * t * nh * hd, 54);
-  VecF out(q.size()), att(static_cast<size_t>(b) * nh * t * t);
-  ops->attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, nh, nh, hd);
+  VecF out(q.size());
+  auto state = attention_state(*ops, b, t, nh, nh, hd);
+  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), b, t, nh, nh, hd);
   VecF gq(q.size()), gk(k.size()), gv(v.size());
-  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), q.data(), k.data(), v.data(),
-                          att.data(), b, t, nh, nh, hd);
+  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), out.data(), state.data(),
+                          q.data(), k.data(), v.data(), b, t, nh, nh, hd);
   // Naive float64 reference for this shape (row i attends to j <= i).
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   VecD want(out.size(), 0.0), dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);

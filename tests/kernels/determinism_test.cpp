@@ -59,11 +59,12 @@ Results run_all_ops(Ops& ops) {
     VecF q = rnd(B * T * NH * HD), k = rnd(B * T * NKV * HD), v = rnd(B * T * NKV * HD);
     ops.rope_forward(q.data(), B, T, NH, HD, 10000.0f, 0);
     ops.rope_forward(k.data(), B, T, NKV, HD, 10000.0f, 0);
-    VecF out(q.size()), att(static_cast<size_t>(B) * NH * T * T), g = rnd(q.size());
+    VecF out(q.size()), g = rnd(q.size());
+    VecF att(ops.attention_state_bytes(B, T, NH, NKV, HD) / sizeof(float));  // CPU: floats
     VecF dq = rnd(q.size()), dk = rnd(k.size()), dv = rnd(v.size());
     ops.attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
-    ops.attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                           att.data(), B, T, NH, NKV, HD);
+    ops.attention_backward(dq.data(), dk.data(), dv.data(), g.data(), out.data(), att.data(),
+                           q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
     ops.rope_backward(dq.data(), B, T, NH, HD, 10000.0f, 0);
     keep(q), keep(out), keep(att), keep(dq), keep(dk), keep(dv);
   }

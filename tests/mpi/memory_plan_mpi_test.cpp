@@ -26,6 +26,7 @@ std::vector<Layout> layouts_for_world(int n) {
 TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
   const std::vector<Layout> layouts = layouts_for_world(test::world().size());
   if (layouts.empty()) GTEST_SKIP() << "needs 2, 4 or 8 ranks";
+  const std::unique_ptr<Ops> ops = make_cpu_ops(1);  // the trainers' backend: same sizes
   for (const Layout& l : layouts) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
@@ -63,7 +64,7 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
         Trainer& t = *trainer.value();
         ASSERT_TRUE(t.train_step().is_ok());
         const DataParallel::Memory real = t.data_parallel().memory();
-        const RankMemory m = estimate_rank_memory(t.config(), t.partition(), t.coords().dp_rank);
+        const RankMemory m = estimate_rank_memory(t.config(), t.partition(), t.coords().dp_rank, *ops);
         EXPECT_EQ(m.params, static_cast<double>(real.params_peak));
         EXPECT_EQ(m.grads, static_cast<double>(real.grads_peak));
         EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));

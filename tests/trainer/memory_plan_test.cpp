@@ -61,6 +61,13 @@ Config make_config(const std::string& arch, int tie, int tp, int pp, int dp, int
   return c;
 }
 
+// The backend the estimates size the attention state with (the trainers below run on
+// the CPU too).
+Ops* cpu_ops() {
+  static const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  return ops.get();
+}
+
 ModelPartition partition(const Config& c, int tp_rank, int pp_rank) {
   ModelPartition part;
   part.tp_rank = tp_rank;
@@ -125,7 +132,7 @@ TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
                                                  layout.groups.back().num_floats));
                   }
                   held *= F;
-                  const RankMemory m = estimate_rank_memory(c, part, 0);
+                  const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
                   EXPECT_EQ(m.params, zero == 3 ? shard + held : total);
                   EXPECT_EQ(m.grads, zero >= 2 ? shard + held : total);
                   EXPECT_EQ(m.optimizer, 2 * (zero == 0 ? total : shard));
@@ -166,7 +173,7 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
   const ParamLayout layout = Transformer::plan_params(c.model, part);
   const ShardPlan buckets(layout, 2, std::vector<size_t>(layout.groups.size(), 0),
                           (size_t{1} << 20) / sizeof(float));
-  EXPECT_EQ(estimate_rank_memory(c, part, 0).comm_buffers,
+  EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).comm_buffers,
             static_cast<double>(3 * buckets.max_chunk_floats() * sizeof(float)));
 }
 
@@ -188,7 +195,7 @@ TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
             const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
             Transformer model(c.model, *ops, part, nullptr, nullptr, c.parallel.micro_batch_size,
                               slots);
-            EXPECT_EQ(estimate_rank_memory(c, part, 0).activations,
+            EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).activations,
                       static_cast<double>(model.activation_bytes()));
           }
         }
@@ -232,7 +239,7 @@ TEST_F(TrainerMemory, RealAllocationsEqualTheEstimate) {
       ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
       ASSERT_TRUE(trainer.value()->train_step().is_ok());
       const DataParallel::Memory real = trainer.value()->data_parallel().memory();
-      const RankMemory m = estimate_rank_memory(c, trainer.value()->partition(), 0);
+      const RankMemory m = estimate_rank_memory(c, trainer.value()->partition(), 0, *cpu_ops());
       EXPECT_EQ(m.params, static_cast<double>(real.params_peak));
       EXPECT_EQ(m.grads, static_cast<double>(real.grads_peak));
       EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
@@ -331,15 +338,15 @@ TEST(MemoryCheck, TheLimitCanBeInjected) {
 TEST(MemoryCheck, PlanAndCheckUsesTheLimit) {
   const Config c = make_config("llama", -1, 1, 1, 1, 0);
   const ModelPartition part = partition(c, 0, 0);
-  const double need = estimate_rank_memory(c, part, 0).total;
+  const double need = estimate_rank_memory(c, part, 0, *cpu_ops()).total;
   SelfCommunicator world;
   {
     ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(static_cast<long long>(need) + 1));
-    EXPECT_TRUE(plan_and_check_memory(c, part, 0, world, true).is_ok());
+    EXPECT_TRUE(plan_and_check_memory(c, part, 0, *cpu_ops(), world, true).is_ok());
   }
   {
     ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(static_cast<long long>(need) - 1));
-    const Status st = plan_and_check_memory(c, part, 0, world, true);
+    const Status st = plan_and_check_memory(c, part, 0, *cpu_ops(), world, true);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.exit_code(), 2);
     EXPECT_NE(st.message().find("(TRIDENT_MEMORY_LIMIT_BYTES) for 1 rank"), std::string::npos)
