@@ -18,10 +18,11 @@ class ForwardingOps : public Ops {
   void deallocate(void* ptr) override { inner_.deallocate(ptr); }
   void zero(void* dst, size_t bytes) override { inner_.zero(dst, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { inner_.copy(dst, src, bytes); }
-  void upload(void* dst, const void* host_src, size_t bytes) override {
+  // Counted by this Ops (Ops::upload/download) and again by the inner one.
+  void do_upload(void* dst, const void* host_src, size_t bytes) override {
     inner_.upload(dst, host_src, bytes);
   }
-  void download(void* host_dst, const void* src, size_t bytes) override {
+  void do_download(void* host_dst, const void* src, size_t bytes) override {
     inner_.download(host_dst, src, bytes);
   }
 
@@ -132,7 +133,16 @@ class ForwardingOps : public Ops {
                     const AdamWParams& p) override {
     inner_.adamw_update(param, grad, m, v, n, p);
   }
-  double sum_squares(const float* x, size_t n) override { return inner_.sum_squares(x, n); }
+  void xent_finish(float* losses, const float* row_max, const float* sum_exp,
+                   const float* target_logit, int N) override {
+    inner_.xent_finish(losses, row_max, sum_exp, target_logit, N);
+  }
+  void loss_accumulate(double* acc, const float* losses, int N) override {
+    inner_.loss_accumulate(acc, losses, N);
+  }
+  void sum_squares_accumulate(double* acc, const float* x, size_t n) override {
+    inner_.sum_squares_accumulate(acc, x, n);
+  }
 
  protected:
   Ops& inner_;
