@@ -97,6 +97,39 @@ CommandResult generate_all(const std::string& args) {
   return run_command(testing::trident_binary() + " generate " + args);
 }
 
+// Runs `trident generate --temperature 0` on ckpt and requires the new bytes it prints to
+// equal, token for token, the greedy decode of a PyTorch reference whose output (JSON
+// {"tokens", "margins"}) is ref_output. Sets *min_margin to the smallest top-1 - top-2
+// logit gap along the reference decode, and *text to what trident printed.
+void expect_greedy_equals_reference(const std::string& ref_output, const std::string& ckpt,
+                                    const std::string& prompt, int max_new, std::string* text,
+                                    double* min_margin) {
+  const auto ref_json = nlohmann::json::parse(ref_output, nullptr, false);
+  ASSERT_TRUE(ref_json.is_object()) << ref_output;
+  const std::vector<int> ref_tokens = ref_json.at("tokens").get<std::vector<int>>();
+  const std::vector<double> margins = ref_json.at("margins").get<std::vector<double>>();
+  ASSERT_EQ(ref_tokens.size(), static_cast<size_t>(max_new));
+  ASSERT_EQ(margins.size(), static_cast<size_t>(max_new));
+
+  // stdout is the prompt, one byte per new token, a newline.
+  const CommandResult gen = generate("--checkpoint " + ckpt + " --prompt '" + prompt +
+                                     "' --temperature 0 --max-new-tokens " +
+                                     std::to_string(max_new));
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  ASSERT_EQ(gen.output.size(), prompt.size() + max_new + 1) << gen.output;
+  EXPECT_EQ(gen.output.substr(0, prompt.size()), prompt);
+  EXPECT_EQ(gen.output.back(), '\n');
+  std::string ref_text;
+  for (int id : ref_tokens) ref_text.push_back(static_cast<char>(id));
+  for (int i = 0; i < max_new; ++i) {
+    ASSERT_EQ(static_cast<unsigned char>(gen.output[prompt.size() + i]), ref_tokens[i])
+        << "token " << i << " (reference margin " << margins[i] << "); trident: '"
+        << gen.output << "', reference: '" << prompt + ref_text << "'";
+  }
+  *text = gen.output.substr(0, gen.output.size() - 1);
+  *min_margin = *std::min_element(margins.begin(), margins.end());
+}
+
 class GenerateFamily : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
@@ -151,29 +184,12 @@ TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
                                         "/tests/reference/greedy_reference.py " +
                                         dump.file("index.json"));
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  const auto ref_json = nlohmann::json::parse(ref.output);
-  const std::vector<int> ref_tokens = ref_json.at("tokens").get<std::vector<int>>();
-  const std::vector<double> margins = ref_json.at("margins").get<std::vector<double>>();
-  ASSERT_EQ(ref_tokens.size(), static_cast<size_t>(max_new));
-
-  const CommandResult gen = generate("--checkpoint " + t.ckpt + " --prompt '" + prompt +
-                                     "' --temperature 0 --max-new-tokens " +
-                                     std::to_string(max_new));
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
-  ASSERT_EQ(gen.output.size(), prompt.size() + max_new + 1) << gen.output;
-  EXPECT_EQ(gen.output.substr(0, prompt.size()), prompt);
-  EXPECT_EQ(gen.output.back(), '\n');
-  std::string ref_text;
-  for (int id : ref_tokens) ref_text.push_back(static_cast<char>(id));
-  for (int i = 0; i < max_new; ++i) {
-    ASSERT_EQ(static_cast<unsigned char>(gen.output[prompt.size() + i]), ref_tokens[i])
-        << "token " << i << " (reference margin " << margins[i] << "); trident: '"
-        << gen.output << "', reference: '" << prompt + ref_text << "'";
-  }
-  double min_margin = 1e30;
-  for (double m : margins) min_margin = std::min(min_margin, m);
-  std::printf("[%s] greedy: '%s' (min top-2 margin %.3g)\n", GetParam().c_str(),
-              gen.output.substr(0, gen.output.size() - 1).c_str(), min_margin);
+  std::string text;
+  double min_margin = 0;
+  expect_greedy_equals_reference(ref.output, t.ckpt, prompt, max_new, &text, &min_margin);
+  if (HasFatalFailure()) return;
+  std::printf("[%s] greedy: '%s' (min top-2 margin %.3g)\n", GetParam().c_str(), text.c_str(),
+              min_margin);
 }
 
 TEST_P(GenerateFamily, SeedIsDeterministicAndStepDirEqualsRoot) {
@@ -244,32 +260,12 @@ TEST_P(GenerateFamily, GreedyOnTheExportEqualsHuggingFaceReference) {
       " --max-new-tokens " + std::to_string(max_new) + " 2>&1");
   ASSERT_EQ(ref.exit_code, 0) << "the PyTorch reference failed (needs /usr/bin/python3 with "
                                  "torch: apt-get install python3-torch):\n" << ref.output;
-  const auto ref_json = nlohmann::json::parse(ref.output, nullptr, false);
-  ASSERT_TRUE(ref_json.is_object()) << ref.output;
-  const std::vector<int> ref_tokens = ref_json.at("tokens").get<std::vector<int>>();
-  const std::vector<double> margins = ref_json.at("margins").get<std::vector<double>>();
-  ASSERT_EQ(ref_tokens.size(), static_cast<size_t>(max_new));
-  ASSERT_EQ(margins.size(), static_cast<size_t>(max_new));
-
-  // stdout is the prompt, one byte per new token, a newline.
-  const CommandResult gen = generate("--checkpoint " + t.ckpt + " --prompt '" + prompt +
-                                     "' --temperature 0 --max-new-tokens " +
-                                     std::to_string(max_new));
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
-  ASSERT_EQ(gen.output.size(), prompt.size() + max_new + 1) << gen.output;
-  EXPECT_EQ(gen.output.substr(0, prompt.size()), prompt);
-  EXPECT_EQ(gen.output.back(), '\n');
-  std::string ref_text;
-  for (int id : ref_tokens) ref_text.push_back(static_cast<char>(id));
-  for (int i = 0; i < max_new; ++i) {
-    ASSERT_EQ(static_cast<unsigned char>(gen.output[prompt.size() + i]), ref_tokens[i])
-        << "token " << i << " (reference margin " << margins[i] << "); trident: '"
-        << gen.output << "', reference: '" << prompt + ref_text << "'";
-  }
-  const double min_margin = *std::min_element(margins.begin(), margins.end());
+  std::string text;
+  double min_margin = 0;
+  expect_greedy_equals_reference(ref.output, t.ckpt, prompt, max_new, &text, &min_margin);
+  if (HasFatalFailure()) return;
   std::printf("[%s] greedy on the export: '%s' (min top-1 - top-2 logit %.3g)\n",
-              GetParam().c_str(), gen.output.substr(0, gen.output.size() - 1).c_str(),
-              min_margin);
+              GetParam().c_str(), text.c_str(), min_margin);
   // A near tie would make the token-for-token comparison fragile (float32 vs float64).
   EXPECT_GT(min_margin, 0.1);
 }
