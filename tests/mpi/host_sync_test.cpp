@@ -6,8 +6,7 @@
 
 #include <string>
 
-#include "tests/mpi/mpi_test_util.h"
-#include "trainer/trainer.h"
+#include "tests/mpi/trainer_test_util.h"
 
 namespace trident {
 namespace {
@@ -18,30 +17,13 @@ std::string host_sync_data_file() {
 }
 
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
-  static int trainers = 0;
-  const std::string yaml =
+  return test::make_world_trainer(
       std::string("model: {arch: ") + arch +
-      ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, n_kv_heads: " +
-      (std::string(arch) == "gpt2" ? "4" : "2") + ", d_model: 32}\n"
-      "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
-      ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero) +
-      ", micro_batch_size: 1}\n"
-      "data: {train: " + host_sync_data_file() + "}\n"
-      "training: {global_batch_size: 8, max_steps: 4}\n"
-      "checkpoint: {dir: " + host_sync_data_file() + ".ckpt" + std::to_string(++trainers) + "}\n"
-      "logging: {metrics: ''}\n";
-  auto config = parse_config(yaml, {});
-  EXPECT_TRUE(config.is_ok()) << config.status().message();
-  if (!config.is_ok()) return nullptr;
-  TrainerOptions options;
-  options.world = &test::world();
-  options.resume = "none";
-  options.quiet = true;
-  options.peak_flops = 1e9;
-  options.threads = 1;
-  auto trainer = Trainer::create(config.value(), options);
-  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-  return trainer.is_ok() ? std::move(trainer).value() : nullptr;
+          ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, n_kv_heads: " +
+          (std::string(arch) == "gpt2" ? "4" : "2") + ", d_model: 32}\n" +
+          test::parallel_yaml(l, zero) + "data: {train: " + host_sync_data_file() + "}\n"
+          "training: {global_batch_size: 8, max_steps: 4}\n",
+      host_sync_data_file());
 }
 
 std::vector<Layout> layouts_for_world(int n) {

@@ -6,8 +6,7 @@
 #include <gtest/gtest.h>
 
 
-#include "tests/mpi/mpi_test_util.h"
-#include "trainer/trainer.h"
+#include "tests/mpi/trainer_test_util.h"
 
 namespace trident {
 namespace {
@@ -20,30 +19,12 @@ std::string traffic_data_file() {
 // Every tensor's rows divide by dp <= 4 and every tensor is a multiple of 16 floats, so
 // no shard padding or alignment gap enters the volumes (see traffic_model.h).
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
-  static int trainers = 0;
-  const std::string yaml =
+  return test::make_world_trainer(
       std::string("model: {arch: ") + arch +
-      ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n"
-      "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
-      ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero) +
-      ", micro_batch_size: 1}\n"
-      "data: {train: " + traffic_data_file() + "}\n"
-      "training: {global_batch_size: 8, max_steps: 2}\n"
-      // Its own checkpoint directory (nothing is saved: interval 0): two trainers alive at
-      // once may not share one (checkpoint/dir_lock.h).
-      "checkpoint: {dir: " + traffic_data_file() + ".ckpt" + std::to_string(++trainers) + "}\n"
-      "logging: {metrics: ''}\n";
-  auto config = parse_config(yaml, {});
-  EXPECT_TRUE(config.is_ok()) << config.status().message();
-  TrainerOptions options;
-  options.world = &test::world();
-  options.resume = "none";
-  options.quiet = true;
-  options.peak_flops = 1e9;
-  options.threads = 1;
-  auto trainer = Trainer::create(config.value(), options);
-  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-  return trainer.is_ok() ? std::move(trainer).value() : nullptr;
+          ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n" +
+          test::parallel_yaml(l, zero) + "data: {train: " + traffic_data_file() + "}\n"
+          "training: {global_batch_size: 8, max_steps: 2}\n",
+      traffic_data_file());
 }
 
 void expect_group(const GroupTraffic& got, const GroupTraffic& want, const char* group) {
