@@ -13,23 +13,16 @@
 #include "model/generate.h"
 #include "model/kv_cache_decoder.h"
 #include "model/transformer.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
 
 TransformerConfig tiny(Arch arch) {
-  TransformerConfig c;
-  c.arch = arch;
-  c.vocab_size = 256;
-  c.seq_len = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = arch == Arch::kLlama ? 2 : 0;  // llama: grouped-query attention
-  c.d_model = 64;
+  TransformerConfig c = testing::tiny_model(arch);
   // Larger than the training default, so the logits are far from uniform and greedy
   // choices are not decided by rounding.
   c.init_std = 0.2f;
-  c.finalize();
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/transformer.h"
 #include "tests/kernels/forwarding_ops.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
@@ -100,18 +101,7 @@ TrainRun train(const TransformerConfig& config, Ops& ops) {
   return run;
 }
 
-TransformerConfig tiny(Arch arch) {
-  TransformerConfig c;
-  c.arch = arch;
-  c.vocab_size = 256;
-  c.seq_len = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = arch == Arch::kLlama ? 2 : 0;  // llama: grouped-query attention
-  c.d_model = 64;
-  c.finalize();
-  return c;
-}
+TransformerConfig tiny(Arch arch) { return testing::tiny_model(arch); }
 
 TEST(OpaqueAttentionState, ScrambledPaddedStateTrainsBitwiseIdentically) {
   for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
