@@ -73,7 +73,12 @@ std::optional<LatestPointer> read_latest(const std::string& root, std::string* p
   return p;
 }
 
-std::vector<StepInfo> scan_steps(const std::string& root) {
+Status check_step_files(const std::string& step_dir) {
+  TRIDENT_ASSIGN_OR_RETURN(Checkpoint ckpt, open_checkpoint(step_dir));
+  return ckpt.check_files();
+}
+
+std::vector<StepInfo> scan_steps(const std::string& root, bool check_files) {
   std::vector<StepInfo> out;
   for (const auto& [step, dir] : list_steps(root)) {
     StepInfo info;
@@ -86,7 +91,7 @@ std::vector<StepInfo> scan_steps(const std::string& root) {
       info.structure = info.status =
           Status::corrupt(dir + ": manifest says step " + std::to_string(ckpt->step()));
     } else {
-      info.structure = ckpt->check_files();
+      if (check_files) info.structure = ckpt->check_files();
       auto state = parse_train_state(ckpt->trainer_state(), ckpt->step(),
                                      ckpt->manifest().world_size, dir + "/" + kManifestName);
       if (state.is_ok()) {

@@ -44,7 +44,8 @@ std::string latest_text(int64_t step, const std::string& run_id, const std::stri
 std::optional<LatestPointer> read_latest(const std::string& root, std::string* problem);
 
 // One committed step directory, cheaply checked: manifest parsed, trainer state parsed
-// and range-checked, every rank file present with the right size and header.
+// and range-checked, and (unless skipped) every rank file present with the right size
+// and header.
 struct StepInfo {
   int64_t step = 0;
   std::string dir;
@@ -52,8 +53,11 @@ struct StepInfo {
   Status structure;                 // the same without the trainer state (files only)
   std::optional<TrainState> state;  // when the manifest and the trainer state parse
 };
-// Every step_<N> under root, ascending by N.
-std::vector<StepInfo> scan_steps(const std::string& root);
+// Every step_<N> under root, ascending by N. check_files false: the manifests only (no
+// rank file is opened; status and structure then say nothing about the files).
+std::vector<StepInfo> scan_steps(const std::string& root, bool check_files = true);
+// Opens step_dir's manifest and checks its rank files (sizes and headers).
+Status check_step_files(const std::string& step_dir);
 // The cheap check plus every box checksum, for one step directory.
 Result<TrainState> verify_training_checkpoint(const std::string& step_dir);
 

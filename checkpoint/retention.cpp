@@ -52,7 +52,9 @@ Status apply_retention(const std::string& root, const RetentionPolicy& policy,
   // Leftovers of an interrupted earlier deletion.
   TRIDENT_RETURN_IF_ERROR(remove_matching(root, is_deleting, nullptr));
   if (policy.keep_last <= 0) return Status::ok();
-  const std::vector<StepInfo> steps = scan_steps(root);  // ascending
+  // Manifests only: a run's identity is all that attribution needs; the rank files are
+  // checked below for the newest kept step alone.
+  const std::vector<StepInfo> steps = scan_steps(root, /*check_files=*/false);  // ascending
 
   // The run's own checkpoints; one whose run cannot be read is nobody's and stays.
   std::vector<const StepInfo*> own;
@@ -68,8 +70,8 @@ Status apply_retention(const std::string& root, const RetentionPolicy& policy,
   std::string problem;
   if (auto latest = read_latest(root, &problem)) keep.insert(latest->step);
   for (auto it = own.rbegin(); it != own.rend(); ++it) {
-    const Status& valid = policy.run_id ? (*it)->status : (*it)->structure;
-    if (valid.is_ok()) {  // the newest that passes the cheap check
+    const Status& parsed = policy.run_id ? (*it)->status : (*it)->structure;
+    if (parsed.is_ok() && check_step_files((*it)->dir).is_ok()) {  // the newest valid one
       keep.insert((*it)->step);
       break;
     }
