@@ -30,7 +30,22 @@ namespace trident {
 
 namespace {
 
-std::string broadcast_string(Communicator& world, std::string text);  // defined below
+// Rank 0's text, sent to every rank.
+std::string broadcast_string(Communicator& world, std::string text) {
+  std::vector<std::int64_t> size = {world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0};
+  world.all_reduce(std::span<std::int64_t>(size), ReduceOp::kSum);
+  text.resize(static_cast<size_t>(size[0]));
+  world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
+  return text;
+}
+
+std::string encode_error(const Status& st) {
+  std::string text(1, '!');  // (not "!" + ...: GCC 12 warns falsely on that, -Wrestrict)
+  text += std::to_string(static_cast<int>(st.code()));
+  text += ':';
+  text += st.message();
+  return text;
+}
 
 ModelPartition partition_for(const Config& config, const RankCoords& coords) {
   const auto& par = config.parallel;
@@ -179,7 +194,7 @@ Status Trainer::init() {
   {
     // Out-of-vocabulary ids fail now, not when a batch first reads one hours in. The
     // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
-    std::string verdict;  // rank 0's error message; empty: every id fits
+    std::string verdict;  // rank 0's error; empty: every id fits
     if (world_->rank() == 0) {
       Status st = Status::ok();
       const auto& train_sets = train_data_->datasets();
@@ -191,10 +206,9 @@ Status Trainer::init() {
       if (st.is_ok() && val_data_) {
         st = check_token_ids_at_startup("data.val", val_data_->dataset(), mc.vocab_size);
       }
-      verdict = st.message();
+      if (!st.is_ok()) verdict = encode_error(st);
     }
-    verdict = broadcast_string(*world_, verdict);
-    if (!verdict.empty()) return Status::invalid_input(verdict);
+    TRIDENT_RETURN_IF_ERROR(agree(verdict).status());
   }
 
   layout_ = Transformer::plan_params(mc, part_);
@@ -354,24 +368,6 @@ nlohmann::json Trainer::trainer_state() {
   return train_state_to_json(state);
 }
 
-namespace {
-// Rank 0's text, sent to every rank.
-std::string broadcast_string(Communicator& world, std::string text) {
-  std::vector<std::int64_t> size = {world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0};
-  world.all_reduce(std::span<std::int64_t>(size), ReduceOp::kSum);
-  text.resize(static_cast<size_t>(size[0]));
-  world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
-  return text;
-}
-
-std::string encode_error(const Status& st) {
-  std::string text(1, '!');  // (not "!" + ...: GCC 12 warns falsely on that, -Wrestrict)
-  text += std::to_string(static_cast<int>(st.code()));
-  text += ':';
-  text += st.message();
-  return text;
-}
-}  // namespace
 
 Result<std::string> Trainer::agree(const std::string& decision) {
   std::string d = broadcast_string(*world_, decision);
