@@ -9,7 +9,7 @@ PACKAGES=(cmake g++ libyaml-cpp-dev libspdlog-dev libopenmpi-dev openmpi-bin
           libpcre2-dev
           # /usr/bin/python3 modules: the PyTorch reference of the tests
           # (tests/reference/*.py) and scripts/plot_metrics.py.
-          python3-torch python3-matplotlib)
+          python3-torch python3-numpy python3-matplotlib)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
