@@ -11,6 +11,11 @@ size_t dtype_size(DType dtype) {
       return 4;
     case DType::kBF16:
       return 2;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -23,6 +28,12 @@ const char* dtype_name(DType dtype) {
       return "bf16";
     case DType::kI32:
       return "i32";
+    case DType::kF64:
+      return "f64";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }

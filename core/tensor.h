@@ -13,12 +13,15 @@
 namespace trident {
 
 // The element types of DESIGN.md "Memory, dtypes and streams" (the checkpoint manifest's
-// spellings: dtype_name). Not yet used across interfaces: Ops is fp32-only and the
-// communicators have their own wire types (CommDtype), to be folded in here.
-enum class DType { kF32, kBF16, kI32 };
+// spellings: dtype_name). f32, bf16 and i32 are tensor types; f64 is the device
+// accumulators' (loss, sum of squares), i64 a host counter's, u8 raw bytes (opaque state,
+// strings, records).
+enum class DType : uint8_t { kF32, kBF16, kI32, kF64, kI64, kU8 };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
+// f32 or bf16: the types a compute argument ("F" in kernels/ops.h) may have.
+inline bool is_float_dtype(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
 
 class Shape {
  public:
@@ -55,6 +58,16 @@ inline float bf16_to_float(bf16_t h) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+template <class T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<bf16_t>() { return DType::kBF16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <> constexpr DType dtype_of<double>() { return DType::kF64; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+template <> constexpr DType dtype_of<std::byte>() { return DType::kU8; }
 
 // Plans slices of one contiguous allocation: reserve() hands out aligned offsets,
 // the owner allocates total_bytes() once (on any device) and resolves offsets to
