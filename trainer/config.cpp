@@ -21,7 +21,7 @@ namespace {
 
 // kDataSpec: data.train, a string or a list of {path, weight}; its ref is the DataConfig.
 enum class Kind {
-  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kTie,
+  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kPrecision, kTie,
   kDataSpec
 };
 
@@ -67,6 +67,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(training, lr, kFloat), TRIDENT_FIELD(training, min_lr, kFloat),
         TRIDENT_FIELD(training, warmup_steps, kInt),
         TRIDENT_FIELD(training, lr_schedule, kLrSchedule),
+        TRIDENT_FIELD(training, precision, kPrecision),
         TRIDENT_FIELD(training, weight_decay, kFloat), TRIDENT_FIELD(training, beta1, kFloat),
         TRIDENT_FIELD(training, beta2, kFloat), TRIDENT_FIELD(training, eps, kFloat),
         TRIDENT_FIELD(training, grad_clip, kFloat), TRIDENT_FIELD(training, seed, kUint64),
@@ -296,7 +297,8 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
     case Kind::kArch:
     case Kind::kPipeline:
     case Kind::kLrSchedule:
-    case Kind::kDevice: {
+    case Kind::kDevice:
+    case Kind::kPrecision: {
       struct Choice {
         const char* name;
         int value;
@@ -310,6 +312,8 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
         choices = {{"auto", int(DeviceKind::kAuto)},
                    {"cpu", int(DeviceKind::kCpu)},
                    {"cuda", int(DeviceKind::kCuda)}};
+      } else if (kind == Kind::kPrecision) {
+        choices = {{"fp32", int(Precision::kFp32)}, {"bf16", int(Precision::kBf16)}};
       } else {
         choices = {{"constant", int(LrSchedule::kConstant)},
                    {"cosine", int(LrSchedule::kCosine)},
@@ -319,9 +323,10 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       for (const auto& c : choices) {
         names.push_back(c.name);
         if (node.IsScalar() && node.Scalar() == c.name) {
-          // All four enums are int-sized scoped enums.
+          // All five enums are int-sized scoped enums.
           static_assert(sizeof(Arch) == sizeof(int) && sizeof(LrSchedule) == sizeof(int) &&
-                        sizeof(PipeSchedule) == sizeof(int) && sizeof(DeviceKind) == sizeof(int));
+                        sizeof(PipeSchedule) == sizeof(int) && sizeof(DeviceKind) == sizeof(int) &&
+                        sizeof(Precision) == sizeof(int));
           std::memcpy(dst, &c.value, sizeof(int));
           return Status::ok();
         }
@@ -497,6 +502,8 @@ std::string value_text(Kind kind, void* p) {
       return device_kind_name(*static_cast<DeviceKind*>(p));
     case Kind::kLrSchedule:
       return lr_schedule_name(*static_cast<LrSchedule*>(p));
+    case Kind::kPrecision:
+      return precision_name(*static_cast<Precision*>(p));
   }
   return "";
 }
@@ -638,6 +645,8 @@ Status validate_training(const Config& config) {
 }
 
 }  // namespace
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
 
 const char* lr_schedule_name(LrSchedule s) {
   switch (s) {

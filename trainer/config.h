@@ -17,6 +17,9 @@
 namespace trident {
 
 enum class LrSchedule { kConstant, kCosine, kLinear };
+// training.precision (DESIGN.md "Memory, dtypes and streams"): fp32, or bf16 compute
+// weights and activations over fp32 masters, gradients and AdamW moments.
+enum class Precision { kFp32, kBf16 };
 
 struct ParallelConfig {
   int dp = 1;
@@ -54,6 +57,7 @@ struct TrainingConfig {
   float min_lr = 0.0f;
   int warmup_steps = 0;
   LrSchedule lr_schedule = LrSchedule::kCosine;
+  Precision precision = Precision::kFp32;
   float weight_decay = 0.1f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;
@@ -116,5 +120,6 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& con
 std::string data_train_text(const DataConfig& data);
 
 const char* lr_schedule_name(LrSchedule s);
+const char* precision_name(Precision p);  // "fp32", "bf16"
 
 }  // namespace trident

@@ -29,6 +29,11 @@ constexpr double kF = sizeof(float);
 
 double align(double x, double multiple) { return std::ceil(x / multiple) * multiple; }
 
+// Bytes per element of the compute weights and activations (training.precision).
+double compute_bytes(const Config& config) {
+  return config.training.precision == Precision::kBf16 ? 2.0 : kF;
+}
+
 // A tensor's tensor-parallel local shape as dim-0 rows of row_elems floats each (the
 // geometry of parallel/sharded_param_store.h's RowSplit).
 struct Rows {
@@ -165,23 +170,29 @@ void activation_plan(const Config& config, const ModelPartition& part, const Ops
   const bool llama = !c.is_gpt2(), last = part.last_stage();
   // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
   // the same, so an arena of n layers is n times one layer's aligned slices.
-  const std::vector<double> globals = {N,
-                                       last ? N : 0,
-                                       last ? N * C : 0,
-                                       last ? N : 0,
-                                       last ? N : 0,
-                                       last ? N * Vl : 0,
-                                       last ? N : 0,
-                                       last ? N : 0,
-                                       last ? 2 * N : 0};
-  const std::vector<double> layer = {N * C * kF, N * kF,     N * kF,     N * q * kF,
-                                     N * kv * kF, N * kv * kF, att_bytes,  N * q * kF,
-                                     N * C * kF, N * C * kF,  N * kF,     N * kF,
-                                     N * F * kF, llama ? N * F * kF : 0,  N * F * kF};
-  *slot_bytes = arena_bytes(globals, true) + (local_layers + 1) * arena_bytes({N * C}, true) +
+  // Compute tensors take the precision's element size (kA); statistics stay fp32 and
+  // token ids are int32 (4 bytes, like kF).
+  const double kA = compute_bytes(config);
+  const std::vector<double> global_bytes = {N * kF,
+                                            last ? N * kF : 0,
+                                            last ? N * C * kA : 0,
+                                            last ? N * kF : 0,
+                                            last ? N * kF : 0,
+                                            last ? N * Vl * kA : 0,
+                                            last ? N * kF : 0,
+                                            last ? N * kF : 0,
+                                            last ? 2 * N * kF : 0};
+  const std::vector<double> layer = {N * C * kA, N * kF,     N * kF,     N * q * kA,
+                                     N * kv * kA, N * kv * kA, att_bytes,  N * q * kA,
+                                     N * C * kA, N * C * kA,  N * kF,     N * kF,
+                                     N * F * kA, llama ? N * F * kA : 0,  N * F * kA};
+  *slot_bytes = arena_slices_bytes(global_bytes, true) +
+                (local_layers + 1) * arena_slices_bytes({N * C * kA}, true) +
                 local_layers * arena_slices_bytes(layer, true);
-  *scratch_bytes = arena_bytes(
-      {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F, llama ? N * F : 0, N * F}, false);
+  std::vector<double> scratch = {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F,
+                                 llama ? N * F : 0, N * F};
+  for (double& x : scratch) x *= kA;
+  *scratch_bytes = arena_slices_bytes(scratch, false);
 }
 
 uint64_t host_hash() {
@@ -247,6 +258,7 @@ std::string bytes_text(double bytes) {
 
 const char* biggest_consumer(const RankMemory& m) {
   const std::pair<double, const char*> kinds[] = {{m.params, "parameters"},
+                                                  {m.master, "fp32 master weights"},
                                                   {m.grads, "gradients"},
                                                   {m.optimizer, "optimizer state"},
                                                   {m.activations, "activations"},
@@ -287,7 +299,8 @@ std::string shrink_hint(const Config& config, const RankMemory& m) {
 }
 
 std::string breakdown(const RankMemory& m) {
-  return "parameters " + bytes_text(m.params) + ", gradients " + bytes_text(m.grads) +
+  const std::string master = m.master > 0 ? ", fp32 masters " + bytes_text(m.master) : "";
+  return "parameters " + bytes_text(m.params) + master + ", gradients " + bytes_text(m.grads) +
          ", optimizer " + bytes_text(m.optimizer) + ", activations " + bytes_text(m.activations) +
          ", checkpoint snapshot " + bytes_text(m.checkpoint) + ", other " + bytes_text(m.other);
 }
@@ -319,7 +332,13 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     held = std::max(held, g.embedding.floats() + g.head.floats());
   }
   RankMemory m;
-  m.params = (stage == 3 ? shard_floats + held : total_floats) * kF;
+  // The compute weights the model reads; in bf16 the fp32 masters are apart, held like
+  // the moments (every element on ZeRO-0, the owned shard from ZeRO-1 on).
+  const double kA = compute_bytes(config);
+  m.params = (stage == 3 ? shard_floats + held : total_floats) * kA;
+  if (config.training.precision == Precision::kBf16) {
+    m.master = (stage == 0 ? total_floats : shard_floats) * kF;
+  }
   m.grads = (stage >= 2 ? shard_floats + held : total_floats) * kF;
   m.optimizer = 2 * (stage == 0 ? total_floats : shard_floats) * kF;
 
@@ -336,7 +355,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     const double chunk =
         std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
                   g.head.max_chunk_floats(dp, bucket)});
-    m.comm_buffers = (dp + 1) * chunk * kF;
+    m.comm_buffers = (dp + 1) * chunk * kA;  // they gather compute weights
   }
   // Short-lived: the host copy of one tensor while initialising (or loading), and for
   // ZeRO-2/3 the [dp + 1, chunk] packs of one group's gather / reduce-scatter.
@@ -358,7 +377,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   m.tables = 512.0 * g.num_tensors() + 256.0 * c.n_layers + 2.0 * 2.0 * accum * sizeof(PipeAction) +
              (2.0 * par.micro_batch_size * c.seq_len + c.seq_len + 1) * sizeof(int32_t);
   m.other = m.scratch + m.comm_buffers + m.transient + m.tables;
-  m.total = m.params + m.grads + m.optimizer + m.activations + m.checkpoint + m.other;
+  m.total =
+      m.params + m.master + m.grads + m.optimizer + m.activations + m.checkpoint + m.other;
   return m;
 }
 

@@ -6,7 +6,8 @@
 // The figures follow the allocations of the trainer exactly where the trainer's own
 // accounting exists (tests/trainer/memory_plan_test.cpp and, over several ranks,
 // tests/mpi/memory_plan_mpi_test.cpp compare them):
-//   params, grads, optimizer  = DataParallel::memory() params_peak, grads_peak, optimizer
+//   params, master, grads,    = DataParallel::memory() params_peak, master, grads_peak,
+//   optimizer                   optimizer
 //                               (parallel/data_parallel.h; ZeRO stage aware: stage 3
 //                               counts the shard plus the groups gathered at once, stages
 //                               2-3 the gradient shard plus the group buffers held in
@@ -45,7 +46,8 @@ class Communicator;
 
 // Bytes one rank holds at its peak, by kind (doubles: huge configs must not wrap).
 struct RankMemory {
-  double params = 0;        // parameters
+  double params = 0;        // compute weights (fp32, or bf16 under training.precision bf16)
+  double master = 0;        // fp32 master weights (bf16 only; fp32 trains the masters)
   double grads = 0;         // gradients
   double optimizer = 0;     // AdamW first and second moments
   double activations = 0;   // saved activations of every pipeline slot
@@ -55,7 +57,7 @@ struct RankMemory {
   double comm_buffers = 0;  // persistent pack buffers of the bucketed collectives
   double transient = 0;     // the largest short-lived buffer
   double tables = 0;        // parameter tables, pipeline schedule, token buffers
-  double total = 0;         // params + grads + optimizer + activations + checkpoint + other
+  double total = 0;  // params + master + grads + optimizer + activations + checkpoint + other
 };
 
 // The plan of the rank with this partition and data-parallel rank. `config` is

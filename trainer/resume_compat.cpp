@@ -95,6 +95,9 @@ const std::vector<KeyRule>& key_rules() {
       {"training.min_lr", Rule::kSchedule},
       {"training.warmup_steps", Rule::kSchedule},
       {"training.lr_schedule", Rule::kSchedule},
+      {"training.precision", Rule::kWarn,
+       "checkpoints hold fp32 masters and moments in either precision: the run continues "
+       "from them in {now} (the compute weights are re-derived from the masters)"},
       {"training.weight_decay", Rule::kWarn, kAdamW},
       {"training.beta1", Rule::kWarn, kAdamW},
       {"training.beta2", Rule::kWarn, kAdamW},

@@ -9,20 +9,28 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   const double C = config.model.d_model;
   const double micro = config.grad_accum_steps();
   const double layers = part.layer_end - part.layer_begin;
-  constexpr double kF = 4.0;  // bytes per float
+  constexpr double kF = 4.0;  // bytes per float: gradients and statistics are fp32
+  // Bytes per element of the compute weights and activations (training.precision): the
+  // TP all-reduces of activations, the pipeline boundary tensors and the parameter
+  // all-gathers move these; gradient reductions stay fp32.
+  const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
   RankTraffic t;
 
   if (par.tp > 1) {
     double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
     if (part.first_stage()) per_micro += N * C;
-    if (part.last_stage()) per_micro += 3 * N + N * C;
-    t.tp.all_reduce = per_micro * micro * kF;
+    double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
+    if (part.last_stage()) {
+      per_micro += N * C;
+      xent_stats = 3 * N;
+    }
+    t.tp.all_reduce = (per_micro * kA + xent_stats * kF) * micro;
   }
   if (par.pp > 1) {
     double per_micro = 0;
     if (!part.last_stage()) per_micro += N * C;
     if (!part.first_stage()) per_micro += N * C;
-    t.pp.send = per_micro * micro * kF;
+    t.pp.send = per_micro * micro * kA;
   }
 
   const double total = static_cast<double>(layout.total_floats());
@@ -42,14 +50,14 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
       break;
     case 1:
       t.dp.all_reduce = total * kF;
-      t.dp.all_gather = total * kF;
+      t.dp.all_gather = total * kA;
       break;
     case 2:
       t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
-      t.dp.all_gather = total * kF;
+      t.dp.all_gather = total * kA;
       break;
     default:
-      t.dp.all_gather = (2 * total + 2 * group0_extra) * micro * kF;
+      t.dp.all_gather = (2 * total + 2 * group0_extra) * micro * kA;
       t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
       break;
   }

@@ -15,6 +15,9 @@
 //   its forward and again before its backward and reduce-scatters its gradients, per
 //   micro-batch (a tied one-stage head uses group 0 a second time, under ZeRO 2 and 3).
 // - embedding (tied, pp > 1): one all-reduce of this rank's reduced wte gradient.
+// Element sizes (training.precision): activations, pipeline boundary tensors and the
+// parameter all-gathers move compute-dtype elements (4 bytes in fp32, 2 in bf16); the
+// cross-entropy statistics and every gradient reduction stay fp32 (4 bytes).
 // The dp volumes here are exact only when every tensor's rows divide by dp and every
 // tensor is a multiple of 16 floats (no shard padding, no alignment gaps); otherwise
 // the measured volume is larger by the padding.

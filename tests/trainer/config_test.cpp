@@ -78,6 +78,7 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(t.min_lr, u.min_lr);
   EXPECT_EQ(t.warmup_steps, u.warmup_steps);
   EXPECT_EQ(t.lr_schedule, u.lr_schedule);
+  EXPECT_EQ(t.precision, u.precision);
   EXPECT_EQ(t.weight_decay, u.weight_decay);
   EXPECT_EQ(t.beta1, u.beta1);
   EXPECT_EQ(t.beta2, u.beta2);
@@ -313,6 +314,8 @@ TEST(Config, BadEnumsListTheAllowedValues) {
                {"training.lr_schedule", "constant, cosine, linear", "'step'"});
   expect_error(kMinimal + "runtime: {device: gpu}\n", {},
                {"runtime.device: expected one of auto, cpu, cuda; got 'gpu'"});
+  expect_error(kMinimal + "training: {precision: fp16}\n", {},
+               {"training.precision: expected one of fp32, bf16; got 'fp16'"});
 }
 
 TEST(Config, YamlSyntaxErrorNamesTheFileAndLine) {
