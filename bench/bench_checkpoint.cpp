@@ -75,7 +75,7 @@ double minimum(const std::vector<double>& v) { return *std::min_element(v.begin(
 
 // Ok when the committed step verifies and every tensor reads back bitwise equal to the
 // boxes it was saved from (each box here covers its whole tensor: one rank, ZeRO-0).
-bool check_saved(const std::string& dir, int64_t step, const std::vector<BoxRef>& boxes) {
+bool check_saved(const std::string& dir, int64_t step, const std::vector<BoxRef>& boxes, Ops& ops) {
   const std::string step_dir = dir + "/" + step_dir_name(step);
   Status st = verify_checkpoint(step_dir);
   if (!st.is_ok()) {
@@ -84,11 +84,13 @@ bool check_saved(const std::string& dir, int64_t step, const std::vector<BoxRef>
   }
   auto ckpt = open_checkpoint(step_dir);
   if (!ckpt.is_ok()) return false;
-  std::vector<float> back;
+  std::vector<float> back, saved;
   for (const BoxRef& b : boxes) {
     back.resize(static_cast<size_t>(volume(b.extent)));
+    saved.resize(back.size());
+    ops.download(saved.data(), b.data.device().raw(), saved.size() * sizeof(float));
     st = ckpt.value().read_box(b.tensor, b.start, b.extent, back.data());
-    if (!st.is_ok() || std::memcmp(back.data(), b.data, back.size() * sizeof(float)) != 0) {
+    if (!st.is_ok() || std::memcmp(back.data(), saved.data(), back.size() * sizeof(float)) != 0) {
       std::fprintf(stderr, "read back %s: %s\n", b.tensor.c_str(),
                    st.is_ok() ? "values differ" : st.message().c_str());
       return false;
@@ -151,10 +153,13 @@ int run(int argc, char** argv) {
     dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
     // Moments as after some training: nonzero, distinct values (not all-zero pages).
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
+    std::vector<float> m(st.floats), v(st.floats);
     for (size_t k = 0; k < st.floats; ++k, ++counter) {
-      st.exp_avg[k] = static_cast<float>(1e-3 * (uniform_at(key, counter) - 0.5));
-      st.exp_avg_sq[k] = static_cast<float>(1e-6 * uniform_at(key, counter + (uint64_t{1} << 40)));
+      m[k] = static_cast<float>(1e-3 * (uniform_at(key, counter) - 0.5));
+      v[k] = static_cast<float>(1e-6 * uniform_at(key, counter + (uint64_t{1} << 40)));
     }
+    ops->upload(st.exp_avg, m.data(), m.size() * sizeof(float));  // device memory
+    ops->upload(st.exp_avg_sq, v.data(), v.size() * sizeof(float));
   }
   const std::vector<BoxRef> boxes = checkpoint_boxes(layout, dp, RankCoords{}, 0);
   int64_t floats = 0;
@@ -167,6 +172,7 @@ int run(int argc, char** argv) {
   CheckpointWriterOptions options;
   options.dir = dir;
   options.keep_last = keep;
+  options.ops = ops.get();
   CheckpointWriter writer(options);
   const nlohmann::json trainer_state = {{"bench", "checkpoint"}};
 
@@ -206,7 +212,7 @@ int run(int argc, char** argv) {
       if (!st.is_ok()) {
         std::fprintf(stderr, "save step %lld: %s\n", static_cast<long long>(step), st.message().c_str());
       }
-      if (!st.is_ok() || !check_saved(dir, step, boxes)) ++wrong[mode];
+      if (!st.is_ok() || !check_saved(dir, step, boxes, *ops)) ++wrong[mode];
       if (r > 0) samples[mode].push_back(s);
       if (verbose) {
         std::fprintf(stderr, "# rep %d%s %-5s save %.2f snapshot %.2f commit %.2f write %.2f total %.2f ms\n",

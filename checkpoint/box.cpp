@@ -57,13 +57,17 @@ bool intersect_boxes(std::span<const int64_t> a_start, std::span<const int64_t> 
   return true;
 }
 
-void copy_region(const float* src, std::span<const int64_t> src_start,
-                 std::span<const int64_t> src_extent, float* dst,
+void copy_region(const void* src_bytes, std::span<const int64_t> src_start,
+                 std::span<const int64_t> src_extent, void* dst_bytes,
                  std::span<const int64_t> dst_start, std::span<const int64_t> dst_extent,
-                 std::span<const int64_t> start, std::span<const int64_t> extent) {
+                 std::span<const int64_t> start, std::span<const int64_t> extent,
+                 size_t element_bytes) {
+  const char* src = static_cast<const char*>(src_bytes);
+  char* dst = static_cast<char*>(dst_bytes);
+  const int64_t width = static_cast<int64_t>(element_bytes);
   const size_t n = start.size();
   if (n == 0) {  // a scalar
-    dst[0] = src[0];
+    std::memcpy(dst, src, element_bytes);
     return;
   }
   if (volume(extent) == 0) return;
@@ -73,7 +77,7 @@ void copy_region(const float* src, std::span<const int64_t> src_start,
     src_stride[d - 1] = src_stride[d] * src_extent[d];
     dst_stride[d - 1] = dst_stride[d] * dst_extent[d];
   }
-  const size_t row_bytes = static_cast<size_t>(extent[n - 1]) * sizeof(float);
+  const size_t row_bytes = static_cast<size_t>(extent[n - 1]) * element_bytes;
   std::vector<int64_t> idx(n, 0);  // odometer over all dims but the last
   while (true) {
     int64_t s = 0, t = 0;
@@ -82,7 +86,7 @@ void copy_region(const float* src, std::span<const int64_t> src_start,
       s += (g - src_start[d]) * src_stride[d];
       t += (g - dst_start[d]) * dst_stride[d];
     }
-    std::memcpy(dst + t, src + s, row_bytes);
+    std::memcpy(dst + t * width, src + s * width, row_bytes);
     size_t d = n - 1;
     while (d > 0) {
       --d;

@@ -14,19 +14,49 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace trident {
 
-// What a rank hands to CheckpointWriter::save: one box of one global fp32 tensor.
-// `data` points at volume(extent) floats, row-major over `extent`, and must stay valid
-// only for the duration of save() (it is copied there).
+// A box's elements: where they live and what they are. Host memory is a typed pointer
+// (the pointer's type is the dtype); device memory is a DevPtr (which carries its
+// dtype), which host code never dereferences: the writer downloads it through Ops. The
+// constructors are implicit so that a box names its data as {..., ptr}.
+class BoxData {
+ public:
+  BoxData() = default;
+  BoxData(const float* host) : BoxData(host, DType::kF32) {}    // NOLINT(implicit)
+  BoxData(const bf16_t* host) : BoxData(host, DType::kBF16) {}  // NOLINT(implicit)
+  BoxData(const int32_t* host) : BoxData(host, DType::kI32) {}  // NOLINT(implicit)
+  BoxData(DevPtr device)                                        // NOLINT(implicit)
+      : space_(MemSpace::kDevice), dtype_(device.dtype()), device_(device) {}
+
+  MemSpace space() const { return space_; }
+  DType dtype() const { return dtype_; }
+  bool is_null() const { return space_ == MemSpace::kHost ? host_ == nullptr : device_.is_null(); }
+  const void* host() const { return host_; }  // space() == kHost
+  DevPtr device() const { return device_; }   // space() == kDevice
+
+ private:
+  BoxData(const void* host, DType dtype) : dtype_(dtype), host_(host) {}
+
+  MemSpace space_ = MemSpace::kHost;
+  DType dtype_ = DType::kF32;
+  const void* host_ = nullptr;
+  DevPtr device_;
+};
+
+// What a rank hands to CheckpointWriter::save: one box of one global tensor of dtype
+// f32, bf16 or i32. `data` holds volume(extent) elements, row-major over `extent`, and
+// must stay valid only for the duration of save() (it is copied, or downloaded, there).
 struct BoxRef {
   std::string tensor;                  // global name, e.g. "param/layers.0.attn.q.weight"
   std::vector<int64_t> global_shape;   // the whole tensor's shape
   std::vector<int64_t> start;          // first element of the box, per dimension
   std::vector<int64_t> extent;         // size of the box, per dimension
-  const float* data = nullptr;         // (extent...) row-major
+  BoxData data;                        // (extent...) row-major
 };
 
 // A box without data, with a label for messages ("rank_1.bin").
@@ -54,11 +84,13 @@ bool intersect_boxes(std::span<const int64_t> a_start, std::span<const int64_t> 
 
 // Copies the region (start, extent) — in global coordinates, inside both boxes — from
 // src, laid out row-major over box (src_start, src_extent), into dst, laid out over
-// (dst_start, dst_extent). The innermost dimension is copied with memcpy.
-void copy_region(const float* src, std::span<const int64_t> src_start,
-                 std::span<const int64_t> src_extent, float* dst,
+// (dst_start, dst_extent); elements are `element_bytes` wide. Host memory only. The
+// innermost dimension is copied with memcpy.
+void copy_region(const void* src, std::span<const int64_t> src_start,
+                 std::span<const int64_t> src_extent, void* dst,
                  std::span<const int64_t> dst_start, std::span<const int64_t> dst_extent,
-                 std::span<const int64_t> start, std::span<const int64_t> extent);
+                 std::span<const int64_t> start, std::span<const int64_t> extent,
+                 size_t element_bytes);
 
 // Ok when the boxes tile `shape` exactly: each lies inside it, no two overlap, and
 // together they cover every element. Empty boxes are allowed and ignored. Errors:

@@ -52,11 +52,11 @@ Status CheckpointWriter::commit() {
   record["ok"] = local.is_ok();
   record["code"] = static_cast<int>(local.code());
   record["error"] = local.message();
-  record["bytes"] = kRankFileHeaderBytes + static_cast<int64_t>(buffer_.size() * sizeof(float));
+  record["bytes"] = kRankFileHeaderBytes + static_cast<int64_t>(staging_.size());
   json boxes = json::array();
   if (local.is_ok()) {
     for (const LocalBox& b : boxes_) {
-      boxes.push_back({{"tensor", b.tensor}, {"shape", b.global_shape}, {"start", b.start},
+      boxes.push_back({{"tensor", b.tensor}, {"dtype", dtype_name(b.dtype)}, {"shape", b.global_shape}, {"start", b.start},
                        {"extent", b.extent}, {"offset", b.offset}, {"checksum", b.checksum}});
     }
   }
@@ -87,7 +87,7 @@ Status CheckpointWriter::commit() {
   outcome = broadcast_status(world, outcome, step_);
 
   in_flight_ = false;
-  stats_.bytes = kRankFileHeaderBytes + static_cast<int64_t>(buffer_.size() * sizeof(float));
+  stats_.bytes = kRankFileHeaderBytes + static_cast<int64_t>(staging_.size());
   stats_.write_ms = write_ms_;
   stats_.commit_ms = timer.elapsed_ms();
   if (outcome.is_ok()) last_committed_ = step_;
@@ -117,13 +117,24 @@ Status CheckpointWriter::commit_on_root(const std::vector<std::string>& records)
     for (const json& b : rec.at("boxes")) {
       const std::string tensor = b.at("tensor").get<std::string>();
       const auto shape = b.at("shape").get<std::vector<int64_t>>();
+      const std::string dtype = b.at("dtype").get<std::string>();
+      const std::optional<DType> parsed = checkpoint_dtype(dtype);
+      if (!parsed) {
+        return Status::internal(what + ": rank " + std::to_string(r) + " sent tensor '" +
+                                tensor + "' with dtype '" + dtype + "'");
+      }
       auto [it, inserted] = m.tensors.try_emplace(tensor);
       if (inserted) {
         it->second.shape = shape;
+        it->second.dtype = *parsed;
       } else if (it->second.shape != shape) {
         return Status::invalid_input(what + ": tensor '" + tensor + "' has global shape " +
                                      dims_to_string(it->second.shape) + " on one rank and " +
                                      dims_to_string(shape) + " on rank " + std::to_string(r));
+      } else if (it->second.dtype != *parsed) {
+        return Status::invalid_input(what + ": tensor '" + tensor + "' has dtype " +
+                                     dtype_name(it->second.dtype) + " in one box and " + dtype +
+                                     " in a box of rank " + std::to_string(r));
       }
       it->second.boxes.push_back({file, b.at("offset").get<int64_t>(),
                                   b.at("start").get<std::vector<int64_t>>(),

@@ -40,6 +40,13 @@ std::string encode_rank_header(int rank, int64_t step, int64_t payload_bytes) {
   return h;
 }
 
+std::optional<DType> checkpoint_dtype(const std::string& name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI32}) {
+    if (name == dtype_name(d)) return d;
+  }
+  return std::nullopt;
+}
+
 uint64_t checksum_bytes(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
 std::string checksum_to_hex(uint64_t checksum) {
@@ -70,7 +77,11 @@ json manifest_body(const Manifest& m) {
   j["version"] = m.version;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
-  j["dtype_bytes"] = 4;
+  // Readers from before bf16 support require "dtype_bytes": 4; it stays while it is true
+  // (every tensor f32), so those binaries still resume what the trainer writes.
+  bool all_f32 = true;
+  for (const auto& [name, t] : m.tensors) all_f32 = all_f32 && t.dtype == DType::kF32;
+  if (all_f32) j["dtype_bytes"] = 4;
   j["checksum"] = "xxh3_64";
   j["trainer_state"] = m.trainer_state;
   json files = json::array();
@@ -88,7 +99,7 @@ json manifest_body(const Manifest& m) {
                        {"extent", b.extent},
                        {"checksum", checksum_to_hex(b.checksum)}});
     }
-    tensors[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"boxes", boxes}};
+    tensors[name] = {{"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"boxes", boxes}};
   }
   j["tensors"] = tensors;
   return j;
@@ -108,8 +119,12 @@ Manifest manifest_from_json(const json& j, std::string* error) {
              std::to_string(kCheckpointVersion) + ")";
     return m;
   }
-  if (j.at("dtype_bytes").get<int>() != 4 || j.at("checksum").get<std::string>() != "xxh3_64") {
-    *error = "unsupported dtype_bytes or checksum algorithm";
+  if (j.contains("dtype_bytes") && j.at("dtype_bytes").get<int>() != 4) {
+    *error = "unsupported dtype_bytes " + j.at("dtype_bytes").dump() + " (only 4, of old f32 manifests)";
+    return m;
+  }
+  if (j.at("checksum").get<std::string>() != "xxh3_64") {
+    *error = "unsupported checksum algorithm " + j.at("checksum").dump();
     return m;
   }
   m.step = j.at("step").get<int64_t>();
@@ -122,7 +137,13 @@ Manifest manifest_from_json(const json& j, std::string* error) {
   for (const auto& [name, t] : j.at("tensors").items()) {
     ManifestTensor tensor;
     tensor.shape = t.at("shape").get<std::vector<int64_t>>();
-    tensor.dtype = t.at("dtype").get<std::string>();
+    const std::string dtype = t.at("dtype").get<std::string>();
+    const std::optional<DType> parsed = checkpoint_dtype(dtype);
+    if (!parsed) {
+      *error = "tensor '" + name + "': dtype '" + dtype + "' is not supported (f32, bf16, i32)";
+      return m;
+    }
+    tensor.dtype = *parsed;
     for (const json& b : t.at("boxes")) {
       ManifestBox box;
       box.file = b.at("file").get<std::string>();
@@ -170,9 +191,9 @@ Status validate_manifest(const Manifest& m, const std::string& path) {
     }
   }
   for (const auto& [name, t] : m.tensors) {
-    if (t.dtype != "f32") {
-      return Status::corrupt(path + ": tensor '" + name + "': dtype '" + t.dtype +
-                             "' is not supported (only f32)");
+    if (!checkpoint_dtype(dtype_name(t.dtype))) {
+      return Status::corrupt(path + ": tensor '" + name + "': dtype '" + dtype_name(t.dtype) +
+                             "' is not supported (f32, bf16, i32)");
     }
     for (int64_t d : t.shape) {
       if (d < 0) return Status::corrupt(path + ": tensor '" + name + "': negative dimension");
@@ -186,7 +207,7 @@ Status validate_manifest(const Manifest& m, const std::string& path) {
       }
       Status in = check_box_in_shape(name, t.shape, b.start, b.extent);
       if (!in.is_ok()) return Status::corrupt(path + ": " + b.file + ": " + in.message());
-      const int64_t bytes = volume(b.extent) * 4;
+      const int64_t bytes = volume(b.extent) * static_cast<int64_t>(dtype_size(t.dtype));
       if (b.offset < kRankFileHeaderBytes || b.offset + bytes > f->bytes) {
         return Status::corrupt(path + ": tensor '" + name + "': box at offset " +
                                std::to_string(b.offset) + " (" + std::to_string(bytes) +

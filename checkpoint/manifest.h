@@ -10,11 +10,14 @@
 // rank u32, step i64, payload bytes i64. Every header byte is checked against the
 // manifest, so a flipped header byte is detected like a flipped data byte.
 //
-// Manifest: JSON object with "format", "version", "step", "world_size", "dtype_bytes",
-// "checksum" (algorithm name, "xxh3_64"), "trainer_state" (opaque caller object),
-// "files" ([{name, rank, bytes}]), "tensors" ({name: {shape, dtype, boxes: [{file,
-// offset, start, extent, checksum}]}}) and "manifest_checksum": XXH3-64 (16 hex digits)
-// of the compact dump of every other field, so that any edit or damage is detected.
+// Manifest: JSON object with "format", "version", "step", "world_size", "checksum"
+// (algorithm name, "xxh3_64"), "trainer_state" (opaque caller object), "files" ([{name,
+// rank, bytes}]), "tensors" ({name: {shape, dtype, boxes: [{file, offset, start,
+// extent, checksum}]}}) and "manifest_checksum": XXH3-64 (16 hex digits) of the compact
+// dump of every other field, so that any edit or damage is detected. A tensor's dtype
+// ("f32", "bf16" or "i32", core/tensor.h dtype_name) fixes the width of its elements in
+// the rank files. "dtype_bytes": 4 is written when every tensor is f32, for readers from
+// before bf16 support (which require it); it is accepted when it says 4.
 // Box checksums are XXH3-64 of the box's bytes, as 16 hex digits.
 //
 // Pure data and parsing; no threads. Errors are Status::corrupt naming the manifest.
@@ -29,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace trident {
 
@@ -53,17 +57,21 @@ std::string encode_rank_header(int rank, int64_t step, int64_t payload_bytes);
 uint64_t checksum_bytes(const void* data, size_t bytes);
 std::string checksum_to_hex(uint64_t checksum);
 
+// The dtypes a checkpoint stores, by their manifest spelling: "f32", "bf16", "i32";
+// nullopt for any other name (f64, i64 and u8 are not tensor types).
+std::optional<DType> checkpoint_dtype(const std::string& name);
+
 struct ManifestBox {
   std::string file;             // "rank_1.bin"
   int64_t offset = 0;           // byte offset of the box in the file
   std::vector<int64_t> start;   // global coordinates
   std::vector<int64_t> extent;
-  uint64_t checksum = 0;        // XXH3-64 of the box's volume(extent) * 4 bytes
+  uint64_t checksum = 0;        // XXH3-64 of the box's volume(extent) * dtype_size bytes
 };
 
 struct ManifestTensor {
   std::vector<int64_t> shape;
-  std::string dtype = "f32";
+  DType dtype = DType::kF32;
   std::vector<ManifestBox> boxes;
 };
 

@@ -7,6 +7,7 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/lineage.h"
+#include "kernels/ops.h"
 
 namespace trident {
 
@@ -18,6 +19,14 @@ Result<std::vector<int64_t>> Checkpoint::shape(const std::string& tensor) const 
     return Status::invalid_input(dir_ + ": checkpoint has no tensor '" + tensor + "'");
   }
   return it->second.shape;
+}
+
+Result<DType> Checkpoint::dtype(const std::string& tensor) const {
+  auto it = manifest_.tensors.find(tensor);
+  if (it == manifest_.tensors.end()) {
+    return Status::invalid_input(dir_ + ": checkpoint has no tensor '" + tensor + "'");
+  }
+  return it->second.dtype;
 }
 
 Status Checkpoint::check_header(const ManifestFile& file, FileHandle& handle) {
@@ -59,8 +68,10 @@ Status Checkpoint::open_file(const std::string& name, FileHandle** out) {
 }
 
 Status Checkpoint::read_box_elements(const std::string& tensor, size_t box_index, int64_t first,
-                                     int64_t count, float* dst) {
-  const ManifestBox& box = manifest_.tensors.at(tensor).boxes[box_index];
+                                     int64_t count) {
+  const ManifestTensor& t = manifest_.tensors.at(tensor);
+  const ManifestBox& box = t.boxes[box_index];
+  const int64_t width = static_cast<int64_t>(dtype_size(t.dtype));
   const std::string path = dir_ + "/" + box.file;
   FileHandle* handle = nullptr;
   Status st = open_file(box.file, &handle);
@@ -69,12 +80,11 @@ Status Checkpoint::read_box_elements(const std::string& tensor, size_t box_index
   const int64_t box_elems = volume(box.extent);
   const int64_t lo = verify ? 0 : first;
   const int64_t n = verify ? box_elems : count;
-  scratch_.resize(static_cast<size_t>(box_elems));
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  scratch_.resize(static_cast<size_t>(box_elems * width));
+  const size_t bytes = static_cast<size_t>(n * width);
   size_t got = 0;
-  TRIDENT_RETURN_IF_ERROR(handle->pread_all(scratch_.data() + lo, bytes,
-                                            box.offset + lo * static_cast<int64_t>(sizeof(float)),
-                                            &got, path));
+  TRIDENT_RETURN_IF_ERROR(handle->pread_all(scratch_.data() + lo * width, bytes,
+                                            box.offset + lo * width, &got, path));
   if (got != bytes) {
     return Status::corrupt(path + ": truncated in tensor '" + tensor + "' box start " +
                            dims_to_string(box.start) + " extent " + dims_to_string(box.extent));
@@ -90,17 +100,46 @@ Status Checkpoint::read_box_elements(const std::string& tensor, size_t box_index
     }
     verified_.insert({tensor, box_index});
   }
-  if (dst != nullptr) std::memcpy(dst, scratch_.data() + first, static_cast<size_t>(count) * 4);
   return Status::ok();
 }
 
 Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> start,
                             std::span<const int64_t> extent, float* out) {
+  return read_box_as(tensor, start, extent, DType::kF32, out);
+}
+
+Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> start,
+                            std::span<const int64_t> extent, bf16_t* out) {
+  return read_box_as(tensor, start, extent, DType::kBF16, out);
+}
+
+Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> start,
+                            std::span<const int64_t> extent, int32_t* out) {
+  return read_box_as(tensor, start, extent, DType::kI32, out);
+}
+
+Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> start,
+                            std::span<const int64_t> extent, DevPtr out, Ops& ops) {
+  const int64_t n = volume(extent);
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(out.dtype());
+  staging_.resize(bytes);  // keeps its capacity between reads
+  TRIDENT_RETURN_IF_ERROR(read_box_as(tensor, start, extent, out.dtype(), staging_.data()));
+  if (bytes > 0) ops.upload(out.raw(), staging_.data(), bytes);
+  return Status::ok();
+}
+
+Status Checkpoint::read_box_as(const std::string& tensor, std::span<const int64_t> start,
+                               std::span<const int64_t> extent, DType dtype, void* out) {
   auto it = manifest_.tensors.find(tensor);
   if (it == manifest_.tensors.end()) {
     return Status::invalid_input(dir_ + ": checkpoint has no tensor '" + tensor + "'");
   }
   const ManifestTensor& t = it->second;
+  if (t.dtype != dtype) {
+    return Status::invalid_input(dir_ + ": tensor '" + tensor + "' is " + dtype_name(t.dtype) +
+                                 " in the checkpoint, but the destination is " +
+                                 dtype_name(dtype) + " (no conversion on load)");
+  }
   Status in = check_box_in_shape(tensor, t.shape, start, extent);
   if (!in.is_ok()) return in.with_context(dir_);
   const size_t n = t.shape.size();
@@ -117,8 +156,9 @@ Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> 
       last += (is[d] + ie[d] - 1 - box.start[d]) * stride;
       stride *= box.extent[d];
     }
-    TRIDENT_RETURN_IF_ERROR(read_box_elements(tensor, b, first, last - first + 1, nullptr));
-    copy_region(scratch_.data(), box.start, box.extent, out, start, extent, is, ie);
+    TRIDENT_RETURN_IF_ERROR(read_box_elements(tensor, b, first, last - first + 1));
+    copy_region(scratch_.data(), box.start, box.extent, out, start, extent, is, ie,
+                dtype_size(t.dtype));
     filled += volume(ie);
   }
   if (filled != volume(extent)) {  // impossible for a validated manifest; kept as a guard
@@ -147,7 +187,7 @@ Status Checkpoint::verify_all() {
   verified_.clear();  // a full verification re-reads everything
   for (const auto& [name, t] : manifest_.tensors) {
     for (size_t b = 0; b < t.boxes.size(); ++b) {
-      TRIDENT_RETURN_IF_ERROR(read_box_elements(name, b, 0, 0, nullptr));
+      TRIDENT_RETURN_IF_ERROR(read_box_elements(name, b, 0, 0));
     }
   }
   return Status::ok();
@@ -258,15 +298,19 @@ std::string inspect_checkpoint(const Checkpoint& ckpt) {
     std::snprintf(line, sizeof(line), "  %-20s %s\n", key.c_str(), v.c_str());
     s += line;
   }
-  int64_t elements = 0;
-  for (const auto& [name, t] : m.tensors) elements += volume(t.shape);
+  int64_t elements = 0, bytes = 0;
+  for (const auto& [name, t] : m.tensors) {
+    elements += volume(t.shape);
+    bytes += volume(t.shape) * static_cast<int64_t>(dtype_size(t.dtype));
+  }
   std::snprintf(line, sizeof(line), "tensors (%zu, %lld elements, %lld bytes):\n", m.tensors.size(),
-                static_cast<long long>(elements), static_cast<long long>(elements * 4));
+                static_cast<long long>(elements), static_cast<long long>(bytes));
   s += line;
   for (const auto& [name, t] : m.tensors) {
     std::snprintf(line, sizeof(line), "  %-48s %-4s %-18s %12lld B  %zu box%s\n", name.c_str(),
-                  t.dtype.c_str(), dims_to_string(t.shape).c_str(),
-                  static_cast<long long>(volume(t.shape) * 4), t.boxes.size(),
+                  dtype_name(t.dtype), dims_to_string(t.shape).c_str(),
+                  static_cast<long long>(volume(t.shape) * static_cast<int64_t>(dtype_size(t.dtype))),
+                  t.boxes.size(),
                   t.boxes.size() == 1 ? "" : "es");
     s += line;
   }

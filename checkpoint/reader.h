@@ -9,8 +9,15 @@
 //    extent [2, 4] at offset 96 (manifest 0123..., file 4567...)".
 // A missing manifest is Status::corrupt naming manifest.json ("not committed").
 //
+// Dtypes and memory spaces: a destination says its dtype (a typed host pointer, or a
+// DevPtr) and must match the tensor's dtype in the manifest, else invalid_input naming
+// the tensor and both dtypes ("... tensor 'adam_m/w' is bf16 in the checkpoint, but the
+// destination is f32"); nothing is converted. A device destination is filled by reading
+// into a host staging buffer (kept between reads) and one Ops::upload.
+//
 // Threads: a Checkpoint is used by one thread at a time (it caches open files and the
-// set of verified boxes). Free functions are thread-safe.
+// set of verified boxes; the Ops passed in is that thread's). Free functions are
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +30,13 @@
 
 #include "checkpoint/durable_io.h"
 #include "checkpoint/manifest.h"
+#include "core/memory.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace trident {
+
+class Ops;
 
 class Checkpoint {
  public:
@@ -37,15 +48,24 @@ class Checkpoint {
   int64_t step() const { return manifest_.step; }
   const nlohmann::json& trainer_state() const { return manifest_.trainer_state; }
   bool has_tensor(const std::string& tensor) const { return manifest_.tensors.count(tensor) > 0; }
-  // The global shape; invalid_input naming the tensor when absent.
+  // The global shape / the dtype; invalid_input naming the tensor when absent.
   Result<std::vector<int64_t>> shape(const std::string& tensor) const;
+  Result<DType> dtype(const std::string& tensor) const;
 
   // Fills out: (extent...) row-major with the global box (start, extent) of `tensor`.
-  // invalid_input when the tensor is absent or the box leaves its shape; corrupt when a
-  // box it needs is damaged or its file is missing or truncated.
+  // invalid_input when the tensor is absent, the box leaves its shape or the dtypes
+  // differ (see above); corrupt when a box it needs is damaged or its file is missing or
+  // truncated.
   Status read_box(const std::string& tensor, std::span<const int64_t> start,
                   std::span<const int64_t> extent, float* out);
-  // The whole tensor: out holds volume(shape) floats.
+  Status read_box(const std::string& tensor, std::span<const int64_t> start,
+                  std::span<const int64_t> extent, bf16_t* out);
+  Status read_box(const std::string& tensor, std::span<const int64_t> start,
+                  std::span<const int64_t> extent, int32_t* out);
+  // Into device memory: staged on the host, then one ops.upload.
+  Status read_box(const std::string& tensor, std::span<const int64_t> start,
+                  std::span<const int64_t> extent, DevPtr out, Ops& ops);
+  // The whole f32 tensor: out holds volume(shape) floats.
   Status read_tensor(const std::string& tensor, float* out);
 
   // Cheap: every file exists with the manifest's exact size and header.
@@ -54,18 +74,22 @@ class Checkpoint {
   Status verify_all();
 
  private:
+  // Host memory of `dtype` at out.
+  Status read_box_as(const std::string& tensor, std::span<const int64_t> start,
+                     std::span<const int64_t> extent, DType dtype, void* out);
   Status open_file(const std::string& name, FileHandle** out);
   Status check_header(const ManifestFile& file, FileHandle& handle);
-  // Reads box bytes [first, first + count) elements into dst; on the box's first use
+  // Reads elements [first, first + count) of a box into scratch_; on the box's first use
   // reads the whole box and checks its checksum.
   Status read_box_elements(const std::string& tensor, size_t box_index, int64_t first,
-                           int64_t count, float* dst);
+                           int64_t count);
 
   std::string dir_;
   Manifest manifest_;
   std::map<std::string, FileHandle> files_;             // open rank files, by name
   std::set<std::pair<std::string, size_t>> verified_;   // (tensor, box index)
-  std::vector<float> scratch_;
+  std::vector<std::byte> scratch_;  // one box as on disk
+  std::vector<std::byte> staging_;  // a device destination's host copy
 };
 
 // Parses and validates <dir>/manifest.json. Does not touch the rank files.

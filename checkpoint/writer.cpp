@@ -9,16 +9,12 @@
 #include "checkpoint/retention.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "kernels/ops.h"
 
 namespace trident {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-
-}  // namespace
 
 CheckpointWriter::CheckpointWriter(CheckpointWriterOptions options) : options_(std::move(options)) {}
 
@@ -38,29 +34,46 @@ Status CheckpointWriter::snapshot(int64_t step, std::span<const BoxRef> boxes,
   }
   state_ = state.is_null() ? json::object() : state;
   boxes_.clear();
-  int64_t elements = 0;
+  int64_t payload = 0;
   for (const BoxRef& b : boxes) {
     TRIDENT_RETURN_IF_ERROR(check_box_in_shape(b.tensor, b.global_shape, b.start, b.extent));
     if (b.tensor.empty()) return Status::invalid_input("checkpoint box with an empty tensor name");
+    const DType dtype = b.data.dtype();
+    if (!checkpoint_dtype(dtype_name(dtype))) {
+      return Status::invalid_input("tensor '" + b.tensor + "': dtype " + dtype_name(dtype) +
+                                   " cannot be checkpointed (f32, bf16, i32)");
+    }
     const int64_t n = volume(b.extent);
-    if (n > 0 && b.data == nullptr) {
+    if (n > 0 && b.data.is_null()) {
       return Status::invalid_input("tensor '" + b.tensor + "': box has no data");
+    }
+    if (n > 0 && b.data.space() == MemSpace::kDevice && options_.ops == nullptr) {
+      return Status::invalid_input("tensor '" + b.tensor +
+                                   "': box is in device memory and the checkpoint writer has "
+                                   "no Ops to download it (CheckpointWriterOptions::ops)");
     }
     LocalBox box;
     box.tensor = b.tensor;
     box.global_shape = b.global_shape;
     box.start = b.start;
     box.extent = b.extent;
-    box.offset = kRankFileHeaderBytes + elements * static_cast<int64_t>(sizeof(float));
+    box.dtype = dtype;
+    box.bytes = n * static_cast<int64_t>(dtype_size(dtype));
+    box.offset = kRankFileHeaderBytes + payload;
     boxes_.push_back(std::move(box));
-    elements += n;
+    payload += boxes_.back().bytes;
   }
-  buffer_.resize(static_cast<size_t>(elements));
-  float* dst = buffer_.data();
-  for (const BoxRef& b : boxes) {
-    const int64_t n = volume(b.extent);
-    if (n > 0) std::memcpy(dst, b.data, static_cast<size_t>(n) * sizeof(float));
-    dst += n;
+  staging_.resize(static_cast<size_t>(payload));  // keeps its capacity between saves
+  for (size_t i = 0; i < boxes_.size(); ++i) {
+    const BoxData& data = boxes[i].data;
+    const size_t bytes = static_cast<size_t>(boxes_[i].bytes);
+    std::byte* dst = staging_.data() + (boxes_[i].offset - kRankFileHeaderBytes);
+    if (bytes == 0) continue;
+    if (data.space() == MemSpace::kHost) {
+      std::memcpy(dst, data.host(), bytes);
+    } else {
+      options_.ops->download(dst, data.device().raw(), bytes);
+    }
   }
   return Status::ok();
 }
@@ -115,15 +128,13 @@ void CheckpointWriter::write_rank_file() {
     done_.store(true, std::memory_order_release);
   };
   if (!local_status_.is_ok()) return finish(Status::ok());
-  const float* base = buffer_.data();
   for (LocalBox& b : boxes_) {
-    const int64_t n = volume(b.extent);
-    b.checksum = checksum_bytes(base, static_cast<size_t>(n) * sizeof(float));
-    base += n;
+    b.checksum = checksum_bytes(staging_.data() + (b.offset - kRankFileHeaderBytes),
+                                static_cast<size_t>(b.bytes));
   }
   const std::string path =
       options_.dir + "/" + step_dir_name(step_) + ".tmp/" + rank_file_name(rank_);
-  const int64_t payload = static_cast<int64_t>(buffer_.size() * sizeof(float));
+  const int64_t payload = static_cast<int64_t>(staging_.size());
   const int64_t total = kRankFileHeaderBytes + payload;
   FileHandle f;
   Status st = FileHandle::open_write(path, &f);
@@ -131,7 +142,7 @@ void CheckpointWriter::write_rank_file() {
   const std::string header = encode_rank_header(rank_, step_, payload);
   st = f.write_all(header.data(), header.size(), path);
   int64_t written = kRankFileHeaderBytes;
-  const char* data = reinterpret_cast<const char*>(buffer_.data());
+  const char* data = reinterpret_cast<const char*>(staging_.data());
   const int64_t chunk = std::max<int64_t>(options_.chunk_bytes, 4096);
   while (st.is_ok() && written < total) {
     const int64_t n = std::min(chunk, total - written);

@@ -3,8 +3,11 @@
 //
 // Protocol for save(step) on every rank of `world`:
 //   1. save(): (a previous save in flight is finished first: wait()); the rank's boxes
-//      are validated and copied into a host buffer the writer owns, so the caller may
-//      change its tensors as soon as save() returns; rank 0 clears a stale
+//      are validated and copied into a host staging buffer the writer owns — host boxes
+//      by memcpy, device boxes by one Ops::download each, on the caller's thread — so
+//      the caller may change its tensors as soon as save() returns. The staging buffer
+//      is kept between saves (no allocation once warm if the sizes do not grow).
+//      Rank 0 clears a stale
 //      <dir>/step_<N>.tmp left by a crash and creates it; barrier.
 //   2. The rank file <dir>/step_<N>.tmp/rank_<r>.bin is written and fsync'ed — on a
 //      background thread when async, else inline. The background thread never touches
@@ -30,8 +33,8 @@
 // returned by the call that commits it (save() when sync, poll()/wait() when async, or
 // the next save(), which then does not start its own save).
 //
-// Threads: one caller thread; the writer owns one background thread while a save is in
-// flight. Destroying a writer with a save in flight joins the thread but does not
+// Threads: one caller thread (it alone uses options.ops); the writer owns one background
+// thread while a save is in flight, which reads only the host staging buffer. Destroying a writer with a save in flight joins the thread but does not
 // commit (no collectives in a destructor): call wait() first.
 #pragma once
 
@@ -54,8 +57,14 @@
 
 namespace trident {
 
+class Ops;
+
 struct CheckpointWriterOptions {
   std::string dir;            // the checkpoint root; created when missing
+  // Downloads the boxes in device memory (the Ops that allocated them, used on the
+  // caller's thread in save()); must outlive the writer. Null: every box must be on the
+  // host, else save() returns invalid_input naming the tensor.
+  Ops* ops = nullptr;
   int keep_last = 0;          // retention after each commit; <= 0 keeps everything
   // Retention deletes only checkpoints of this run (nullopt: of any run) and never the
   // protected steps (the one the run resumed from); see checkpoint/retention.h.
@@ -72,7 +81,7 @@ struct CheckpointWriterOptions {
 struct SaveStats {
   int64_t step = -1;
   int64_t bytes = 0;          // this rank's file
-  double snapshot_ms = 0;     // copy into host memory (blocks the training step)
+  double snapshot_ms = 0;     // copy / download into host memory (blocks the training step)
   double write_ms = 0;        // write + fsync (in the background when async)
   double commit_ms = 0;       // agreement, manifest, renames (rank 0 does the I/O)
 };
@@ -114,6 +123,8 @@ class CheckpointWriter {
   struct LocalBox {
     std::string tensor;
     std::vector<int64_t> global_shape, start, extent;
+    DType dtype = DType::kF32;
+    int64_t bytes = 0;      // volume(extent) * dtype_size(dtype)
     int64_t offset = 0;     // byte offset in the rank file
     uint64_t checksum = 0;  // filled by the writing thread
   };
@@ -135,7 +146,7 @@ class CheckpointWriter {
   int rank_ = 0;
   nlohmann::json state_;
   std::vector<LocalBox> boxes_;
-  std::vector<float> buffer_;  // (total elements) every box back to back
+  std::vector<std::byte> staging_;  // every box back to back (host memory; kept between saves)
   Status local_status_;        // snapshot/setup errors, carried to the agreement
   Status write_status_;        // set by the writing thread before done_
   double write_ms_ = 0;

@@ -18,13 +18,16 @@
 
 namespace trident {
 
-// The boxes this rank saves; the data pointers stay valid until the next optimizer step.
+// The boxes this rank saves, in device memory (f32; the writer downloads them through
+// its Ops); the data pointers stay valid until the next optimizer step.
 std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp,
                                      const RankCoords& coords, int zero_stage);
 
 // Loads parameters (all of this rank's tensor-parallel part) and AdamW moments (the
-// owned rows) from `checkpoint`. Errors name the tensor (missing, or a global shape that
-// does not match this model).
-Status load_checkpoint_state(Checkpoint& checkpoint, const ParamLayout& layout, DataParallel& dp);
+// owned rows, uploaded into device memory through `ops`) from `checkpoint`. Errors name
+// the tensor (missing, a global shape that does not match this model, or a dtype that
+// is not f32).
+Status load_checkpoint_state(Checkpoint& checkpoint, const ParamLayout& layout, DataParallel& dp,
+                             Ops& ops);
 
 }  // namespace trident

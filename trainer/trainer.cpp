@@ -247,6 +247,7 @@ Status Trainer::init() {
   dp_->zero_grad();
   TRIDENT_RETURN_IF_ERROR(resume());
   CheckpointWriterOptions writer_options;
+  writer_options.ops = ops_.get();
   writer_options.dir = config_.checkpoint.dir;
   writer_options.keep_last = config_.checkpoint.keep_last;
   writer_options.on_chunk = options_.checkpoint_chunk_hook;
@@ -462,7 +463,7 @@ Status Trainer::resume() {
     st = parsed.status();
     if (st.is_ok()) {
       state = std::move(parsed).value();
-      st = load_checkpoint_state(ckpt.value(), layout_, *dp_);
+      st = load_checkpoint_state(ckpt.value(), layout_, *dp_, *ops_);
     }
   } else {
     st = ckpt.status();

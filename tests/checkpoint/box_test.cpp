@@ -45,7 +45,8 @@ TEST(Box, CopyRegionMatchesElementLoop) {
   EXPECT_EQ(s, (std::vector<int64_t>{1, 1, 2}));
   EXPECT_EQ(e, (std::vector<int64_t>{2, 3, 3}));
   std::vector<float> dst(volume(dst_extent), -1.0f);
-  copy_region(src.data(), src_start, src_extent, dst.data(), dst_start, dst_extent, s, e);
+  copy_region(src.data(), src_start, src_extent, dst.data(), dst_start, dst_extent, s, e,
+              sizeof(float));
   for (int64_t i = 0; i < 3; ++i)
     for (int64_t j = 0; j < 3; ++j)
       for (int64_t k = 0; k < 4; ++k) {

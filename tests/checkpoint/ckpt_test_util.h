@@ -68,7 +68,8 @@ inline OwnedBox cut(const GlobalTensor& t, std::vector<int64_t> start, std::vect
   OwnedBox b{t.name, t.shape, start, extent, std::vector<float>(volume(extent))};
   if (!b.data.empty()) {
     std::vector<int64_t> zeros(t.shape.size(), 0);
-    copy_region(t.data.data(), zeros, t.shape, b.data.data(), start, extent, start, extent);
+    copy_region(t.data.data(), zeros, t.shape, b.data.data(), start, extent, start, extent,
+                sizeof(float));
   }
   return b;
 }

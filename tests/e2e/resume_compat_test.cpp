@@ -6,7 +6,9 @@
 //    values, on one rank and on two (every rank returns the same error);
 //  - a changed training.lr or data.seed, or changed data, resumes (exit 0) with a
 //    warning naming the key and the consequence;
-//  - the checkpoint stores the data fingerprint as trainer state "data".
+//  - the checkpoint stores the data fingerprint as trainer state "data";
+//  - a checkpoint whose AdamW moment is stored as bf16 (the format allows it, this trainer
+//    keeps fp32 moments) is refused with exit 2 naming the tensor and both dtypes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,9 @@
 
 #include "tests/e2e/checkpoint_util.h"
 #include "tests/e2e/cli_util.h"
+
+#include "checkpoint/writer.h"
+#include "comm/communicator.h"
 
 namespace trident {
 namespace {
@@ -72,6 +77,42 @@ class ResumeCompatE2e : public ::testing::Test {
 
   testing::ScratchDir dir_;
 };
+
+TEST_F(ResumeCompatE2e, RefusesAMomentStoredInAnotherDtype) {
+  // step_2 rewritten as one rank's checkpoint with the same trainer state, but with the
+  // first adam_m tensor stored as bf16.
+  std::string error;
+  const testing::TensorMap tensors = testing::read_all_tensors(dir_.file("ckpt/step_2"), &error);
+  ASSERT_FALSE(tensors.empty()) << error;
+  auto ckpt = open_checkpoint(dir_.file("ckpt/step_2"));
+  ASSERT_TRUE(ckpt.is_ok());
+  std::string bf16_tensor;
+  std::vector<bf16_t> bf16_values;
+  std::vector<BoxRef> boxes;
+  for (const auto& [name, values] : tensors) {
+    const std::vector<int64_t> shape = ckpt->shape(name).value();
+    BoxRef box{name, shape, std::vector<int64_t>(shape.size(), 0), shape, values.data()};
+    if (bf16_tensor.empty() && name.starts_with("adam_m/")) {
+      bf16_tensor = name;
+      for (float v : values) bf16_values.push_back(float_to_bf16(v));
+      box.data = bf16_values.data();
+    }
+    boxes.push_back(box);
+  }
+  ASSERT_FALSE(bf16_tensor.empty());
+  SelfCommunicator self;
+  CheckpointWriterOptions options;
+  options.dir = dir_.file("bf16");
+  CheckpointWriter writer(options);
+  ASSERT_TRUE(writer.save(2, boxes, ckpt->trainer_state(), self, false).is_ok());
+
+  const CommandResult r =
+      run_command(command("--resume " + dir_.file("bf16/step_2")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "tensor '" + bf16_tensor +
+                                     "' is bf16 in the checkpoint, but the destination is f32"))
+      << r.output;
+}
 
 TEST_F(ResumeCompatE2e, RefusesADifferentNumberOfHeads) {
   // d_model 32 with 8 heads has the same qkv shapes as with 4: only the config can tell.
