@@ -151,10 +151,13 @@ int run(int argc, char** argv) {
     dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
     // Moments as after some training: nonzero, distinct values (not all-zero pages).
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
+    std::vector<float> m(st.floats), v(st.floats);
     for (size_t k = 0; k < st.floats; ++k, ++counter) {
-      st.exp_avg[k] = static_cast<float>(1e-3 * (uniform_at(key, counter) - 0.5));
-      st.exp_avg_sq[k] = static_cast<float>(1e-6 * uniform_at(key, counter + (uint64_t{1} << 40)));
+      m[k] = static_cast<float>(1e-3 * (uniform_at(key, counter) - 0.5));
+      v[k] = static_cast<float>(1e-6 * uniform_at(key, counter + (uint64_t{1} << 40)));
     }
+    ops->upload(st.exp_avg, m.data(), m.size() * sizeof(float));
+    ops->upload(st.exp_avg_sq, v.data(), v.size() * sizeof(float));
   }
   const std::vector<BoxRef> boxes = checkpoint_boxes(layout, dp, RankCoords{}, 0);
   int64_t floats = 0;

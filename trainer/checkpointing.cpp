@@ -33,11 +33,13 @@ std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp
     BoxRef box;
     box.global_shape = p.shape.dims();
     owned_box(p, st.row_begin, st.row_end, &box.start, &box.extent);
-    for (auto [kind, data] : {std::pair<const char*, const float*>{"param", st.param},
+    // The checkpoint writer still reads device memory directly (raw addresses); the
+    // checkpoint path's own migration replaces these.
+    for (auto [kind, data] : {std::pair<const char*, DevPtr>{"param", st.param},
                               {"adam_m", st.exp_avg},
                               {"adam_v", st.exp_avg_sq}}) {
       box.tensor = tensor_name(kind, p);
-      box.data = data;
+      box.data = data.raw_as<float>();
       boxes.push_back(box);
     }
   }
@@ -66,8 +68,10 @@ Status load_checkpoint_state(Checkpoint& ckpt, const ParamLayout& layout, DataPa
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
     if (st.row_end <= st.row_begin) continue;
     owned_box(p, st.row_begin, st.row_end, &start, &extent);
-    TRIDENT_RETURN_IF_ERROR(ckpt.read_box(tensor_name("adam_m", p), start, extent, st.exp_avg));
-    TRIDENT_RETURN_IF_ERROR(ckpt.read_box(tensor_name("adam_v", p), start, extent, st.exp_avg_sq));
+    TRIDENT_RETURN_IF_ERROR(
+        ckpt.read_box(tensor_name("adam_m", p), start, extent, st.exp_avg.raw_as<float>()));
+    TRIDENT_RETURN_IF_ERROR(
+        ckpt.read_box(tensor_name("adam_v", p), start, extent, st.exp_avg_sq.raw_as<float>()));
   }
   return Status::ok();
 }
