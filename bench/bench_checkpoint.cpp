@@ -88,7 +88,7 @@ bool check_saved(const std::string& dir, int64_t step, const std::vector<BoxRef>
   for (const BoxRef& b : boxes) {
     back.resize(static_cast<size_t>(volume(b.extent)));
     saved.resize(back.size());
-    ops.download(saved.data(), b.data.device().raw(), saved.size() * sizeof(float));
+    ops.download(saved.data(), b.data.device(), saved.size() * sizeof(float));
     st = ckpt.value().read_box(b.tensor, b.start, b.extent, back.data());
     if (!st.is_ok() || std::memcmp(back.data(), saved.data(), back.size() * sizeof(float)) != 0) {
       std::fprintf(stderr, "read back %s: %s\n", b.tensor.c_str(),
@@ -158,7 +158,7 @@ int run(int argc, char** argv) {
       m[k] = static_cast<float>(1e-3 * (uniform_at(key, counter) - 0.5));
       v[k] = static_cast<float>(1e-6 * uniform_at(key, counter + (uint64_t{1} << 40)));
     }
-    ops->upload(st.exp_avg, m.data(), m.size() * sizeof(float));  // device memory
+    ops->upload(st.exp_avg, m.data(), m.size() * sizeof(float));
     ops->upload(st.exp_avg_sq, v.data(), v.size() * sizeof(float));
   }
   const std::vector<BoxRef> boxes = checkpoint_boxes(layout, dp, RankCoords{}, 0);

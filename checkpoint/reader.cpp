@@ -124,7 +124,7 @@ Status Checkpoint::read_box(const std::string& tensor, std::span<const int64_t> 
   const size_t bytes = static_cast<size_t>(n) * dtype_size(out.dtype());
   staging_.resize(bytes);  // keeps its capacity between reads
   TRIDENT_RETURN_IF_ERROR(read_box_as(tensor, start, extent, out.dtype(), staging_.data()));
-  if (bytes > 0) ops.upload(out.raw(), staging_.data(), bytes);
+  if (bytes > 0) ops.upload(out, staging_.data(), bytes);
   return Status::ok();
 }
 

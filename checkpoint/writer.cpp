@@ -72,7 +72,7 @@ Status CheckpointWriter::snapshot(int64_t step, std::span<const BoxRef> boxes,
     if (data.space() == MemSpace::kHost) {
       std::memcpy(dst, data.host(), bytes);
     } else {
-      options_.ops->download(dst, data.device().raw(), bytes);
+      options_.ops->download(dst, data.device(), bytes);
     }
   }
   return Status::ok();

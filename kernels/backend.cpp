@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -42,7 +43,10 @@ Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = std::max(1, cores / std::max(1, ranks_sharing_cores));
   }
-  return make_cpu_ops(threads);
+  // Tests run whole programs on the checked backend, where a host access to device memory
+  // outside an Ops call faults (kernels/cpu/checked_memory.h).
+  const char* check = std::getenv("TRIDENT_CHECK_DEVICE_ACCESS");
+  return make_cpu_ops(threads, check != nullptr && std::string(check) == "1");
 }
 
 }  // namespace trident

@@ -22,7 +22,9 @@ bool build_has_cuda();
 // machine's cores divided by `ranks_sharing_cores` (the ranks on this machine), at least
 // one. Errors are invalid_config (exit 2) naming runtime.device and the reason:
 // "this build has no CUDA backend (built without nvcc)", "no CUDA device", or that the
-// CUDA Ops do not exist yet.
+// CUDA Ops do not exist yet. With TRIDENT_CHECK_DEVICE_ACCESS=1 in the environment the CPU
+// backend is the checked one (make_cpu_ops(threads, true)): tests use it to find host code
+// that touches device memory.
 Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_sharing_cores);
 
 }  // namespace trident

@@ -3,7 +3,24 @@
 // copies and computes only through an Ops object and never touches device memory.
 //
 // Conventions (every backend follows them):
-// - fp32, row-major, contiguous; N = B*T rows of a [B, T, C] activation.
+// - Row-major, contiguous; N = B*T rows of a [B, T, C] activation.
+// - Buffer arguments (DESIGN.md "Memory, dtypes and streams"): every device buffer is a
+//   DevPtr (core/memory.h) carrying its dtype; host buffers are plain typed pointers and
+//   appear only in upload/download. A null DevPtr is "absent" (bias, wpe, a gradient not
+//   needed) whatever its dtype.
+// - Dtypes. "F" = f32 or bf16, chosen per argument independently: activations and their
+//   gradients (out, inp, dinp, dout, q/k/v and dq/dk/dv, logits, dlogits, x, a, b, dst,
+//   src, gate, up), and the forward weights (weight, bias, wte, wpe). Fixed f32:
+//   parameter gradients (dweight, dbias, dwte, dwpe), AdamW state (param master, grad, m,
+//   v), normalisation statistics (mean, rstd), cross-entropy statistics (losses, row_max,
+//   sum_exp, target_logit). i32: tokens, targets. f64: the accumulators of
+//   loss_accumulate and sum_squares_accumulate. u8: the opaque attention state. A wrong
+//   dtype is a programming error: the backend CHECK-fails naming the op and argument.
+// - Precision: arithmetic is fp32 inside every op. A bf16 input is widened exactly; a
+//   bf16 output is rounded to nearest even once, where a GPU kernel would store it. An
+//   accumulating bf16 output (dinp += ...) is read, the op's fp32 contribution added in
+//   fp32, and the sum rounded once. With every argument f32 the results are bitwise the
+//   fp32 results (the CPU backend passes f32 buffers straight to its kernels).
 // - Linear weights are (out, in): out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias[OC].
 // - Backward functions ACCUMULATE (+=) into every gradient they produce, inputs and
 //   parameters alike; a null gradient pointer means "not needed". The exceptions are
@@ -20,6 +37,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
+
+#include "core/memory.h"
 
 namespace trident {
 
@@ -47,67 +67,75 @@ class Ops {
   virtual double peak_flops() const = 0;
 
   // ---- memory -------------------------------------------------------------------
-  virtual void* allocate(size_t bytes) = 0;  // aligned to 64 bytes, zero-filled
-  virtual void deallocate(void* ptr) = 0;
-  virtual void zero(void* dst, size_t bytes) = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;         // device -> device
+  // 64-byte aligned, zero-filled, returned as u8 (callers .as() their dtype). Counted
+  // here (allocation_counts), made by the backend's do_allocate.
+  DevPtr allocate(size_t bytes);
+  // Frees an allocate() result; a null pointer is ignored. Counted, then do_deallocate.
+  void deallocate(DevPtr ptr);
+  // Allocations through this object since it was created; live_bytes counts requested
+  // bytes of the allocations not yet freed, peak_live_bytes its maximum.
+  struct AllocationCounts {
+    uint64_t allocations = 0, deallocations = 0;
+    uint64_t live_bytes = 0, peak_live_bytes = 0;
+  };
+  const AllocationCounts& allocation_counts() const { return allocs_; }
+  virtual void zero(DevPtr dst, size_t bytes) = 0;
+  virtual void copy(DevPtr dst, DevPtr src, size_t bytes) = 0;  // device -> device, memmove
   // host -> device and device -> host; counted here, moved by the backend's do_upload /
   // do_download.
-  void upload(void* dst, const void* host_src, size_t bytes) {
+  void upload(DevPtr dst, const void* host_src, size_t bytes) {
     ++transfers_.uploads;
     transfers_.upload_bytes += bytes;
     do_upload(dst, host_src, bytes);
   }
-  void download(void* host_dst, const void* src, size_t bytes) {
+  void download(void* host_dst, DevPtr src, size_t bytes) {
     ++transfers_.downloads;
     transfers_.download_bytes += bytes;
     do_download(host_dst, src, bytes);
   }
   const TransferCounts& transfer_counts() const { return transfers_; }
+  // dst[i] = src[i] for n elements: f32 -> bf16 rounds to nearest even (NaN stays NaN),
+  // bf16 -> f32 is exact, equal dtypes copy. Only F dtypes.
+  virtual void cast(DevPtr dst, DevPtr src, size_t n) = 0;
 
   // ---- embeddings ---------------------------------------------------------------
   // out[B*T, C] = wte[tokens[n] - vocab_begin] (+ wpe[n % T] when wpe != null).
   // wte holds rows [vocab_begin, vocab_begin + vocab_local) of the table; a token
   // outside that range contributes zero (vocab-parallel embedding).
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int B, int T, int C, int vocab_begin,
-                                 int vocab_local) = 0;
+  virtual void embedding_forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T,
+                                 int C, int vocab_begin, int vocab_local) = 0;
   // dwte[vocab_local, C] += scatter of dout; dwpe[T, C] += sum over batch (if non-null).
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                  const int32_t* tokens, int B, int T, int C, int vocab_begin,
-                                  int vocab_local) = 0;
+  virtual void embedding_backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B,
+                                  int T, int C, int vocab_begin, int vocab_local) = 0;
 
   // ---- normalisation ------------------------------------------------------------
   // out = (inp - mean) * rstd * weight + bias (bias may be null); saves mean[N], rstd[N].
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* weight, const float* bias, int N, int C,
-                                 float eps) = 0;
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* mean,
-                                  const float* rstd, int N, int C) = 0;
+  virtual void layernorm_forward(DevPtr out, DevPtr mean, DevPtr rstd, DevPtr inp, DevPtr weight,
+                                 DevPtr bias, int N, int C, float eps) = 0;
+  virtual void layernorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout,
+                                  DevPtr inp, DevPtr weight, DevPtr mean, DevPtr rstd, int N,
+                                  int C) = 0;
   // out = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps); saves rstd[N].
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
-                               int N, int C, float eps) = 0;
-  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                                const float* weight, const float* rstd, int N, int C) = 0;
+  virtual void rmsnorm_forward(DevPtr out, DevPtr rstd, DevPtr inp, DevPtr weight, int N, int C,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dout, DevPtr inp, DevPtr weight,
+                                DevPtr rstd, int N, int C) = 0;
 
   // ---- linear -------------------------------------------------------------------
   // out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias[OC] (bias may be null). Overwrites out.
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                              int N, int IC, int OC) = 0;
+  virtual void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                              int OC) = 0;
   // dinp[N, IC] += dout @ weight; dweight[OC, IC] += dout^T @ inp; dbias[OC] += sum_n dout.
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int N, int IC,
-                               int OC) = 0;
+  virtual void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                               DevPtr weight, int N, int IC, int OC) = 0;
 
   // ---- attention ----------------------------------------------------------------
   // Rotary embedding in place on x[B, T, H, HD], GPT-NeoX / HF "rotate half" pairing:
   // for i < HD/2, (x[i], x[i + HD/2]) is rotated by angle pos * theta^(-2i/HD),
   // pos = t + pos_offset.
-  virtual void rope_forward(float* x, int B, int T, int H, int HD, float theta,
-                            int pos_offset) = 0;
+  virtual void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) = 0;
   // The transpose rotation, in place on the gradient dx[B, T, H, HD].
-  virtual void rope_backward(float* dx, int B, int T, int H, int HD, float theta,
+  virtual void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta,
                              int pos_offset) = 0;
   // Causal softmax attention with scale 1/sqrt(HD). q[B, T, NH, HD], k and v
   // [B, T, NKV, HD]; query head h reads kv head h / (NH / NKV). out[B, T, NH, HD]
@@ -129,37 +157,36 @@ class Ops {
   // - dq, dk, dv ACCUMULATE (+=) like every backward; any of them may be null (not
   //   needed).
   virtual size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const = 0;
-  virtual void attention_forward(float* out, void* state, const float* q, const float* k,
-                                 const float* v, int B, int T, int NH, int NKV, int HD) = 0;
-  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                  const float* out, const void* state, const float* q,
-                                  const float* k, const float* v, int B, int T, int NH,
+  virtual void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B,
+                                 int T, int NH, int NKV, int HD) = 0;
+  virtual void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                  DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH,
                                   int NKV, int HD) = 0;
 
   // ---- pointwise ----------------------------------------------------------------
   // GELU, tanh approximation (GPT-2).
-  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
-  virtual void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) = 0;
+  virtual void gelu_forward(DevPtr out, DevPtr inp, size_t n) = 0;
+  virtual void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) = 0;
   // out = silu(gate) * up.
-  virtual void swiglu_forward(float* out, const float* gate, const float* up, size_t n) = 0;
-  virtual void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                               const float* up, size_t n) = 0;
+  virtual void swiglu_forward(DevPtr out, DevPtr gate, DevPtr up, size_t n) = 0;
+  virtual void swiglu_backward(DevPtr dgate, DevPtr dup, DevPtr dout, DevPtr gate, DevPtr up,
+                               size_t n) = 0;
   // out = a + b (out may alias a or b).
-  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void add(DevPtr out, DevPtr a, DevPtr b, size_t n) = 0;
   // dst += src.
-  virtual void accumulate(float* dst, const float* src, size_t n) = 0;
+  virtual void accumulate(DevPtr dst, DevPtr src, size_t n) = 0;
   // x *= s.
-  virtual void scale(float* x, float s, size_t n) = 0;
+  virtual void scale(DevPtr x, float s, size_t n) = 0;
 
   // ---- loss ---------------------------------------------------------------------
   // losses[n] = -log softmax(logits[n, :V])[targets[n]]. logits is [N, Vp]; the padded
   // columns V..Vp-1 are excluded from the softmax.
-  virtual void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
-                                     int N, int V, int Vp) = 0;
+  virtual void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
+                                     int Vp) = 0;
   // dlogits[n, v] = dloss * (softmax[n, v] - [v == targets[n]]) for v < V, 0 for padded
   // columns. OVERWRITES dlogits, which may alias logits.
-  virtual void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                      float dloss, int N, int V, int Vp) = 0;
+  virtual void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss,
+                                      int N, int V, int Vp) = 0;
 
   // Vocab-parallel cross-entropy (tensor parallelism), in three local steps around two
   // all-reduces, so the full logits are never gathered. logits[N, Vp_local] hold the
@@ -171,51 +198,58 @@ class Ops {
   //
   // row_max[N] = max over this rank's real columns; -FLT_MAX for a rank without any.
   // Then: all-reduce max.
-  virtual void xent_local_max(float* row_max, const float* logits, int N, int Vp_local,
-                              int vocab_begin, int V) = 0;
+  virtual void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
+                              int V) = 0;
   // With the global row_max[N]: sum_exp[N] = sum over local real columns of
   // exp(logits - row_max); target_logit[N] = logits[n, targets[n] - vocab_begin] when the
   // target is in this rank's range, else 0. Both overwritten. Then: all-reduce sum of both.
-  virtual void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
-                               const float* row_max, const int32_t* targets, int N,
-                               int Vp_local, int vocab_begin, int V) = 0;
+  virtual void xent_local_sums(DevPtr sum_exp, DevPtr target_logit, DevPtr logits, DevPtr row_max,
+                               DevPtr targets, int N, int Vp_local, int vocab_begin, int V) = 0;
   // dlogits[N, Vp_local] = dloss * (exp(logits - row_max) / sum_exp - [column == target])
   // for local real columns, 0 for padded ones; row_max and sum_exp are the global values.
   // OVERWRITES dlogits, which may alias logits.
-  virtual void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
-                                   const float* sum_exp, const int32_t* targets, float dloss,
-                                   int N, int Vp_local, int vocab_begin, int V) = 0;
+  virtual void xent_local_backward(DevPtr dlogits, DevPtr logits, DevPtr row_max, DevPtr sum_exp,
+                                   DevPtr targets, float dloss, int N, int Vp_local,
+                                   int vocab_begin, int V) = 0;
   // The final combine, on the device: losses[N] = log(sum_exp) + row_max - target_logit,
   // from the all-reduced values (fp32, as cross_entropy_forward). Overwrites losses.
-  virtual void xent_finish(float* losses, const float* row_max, const float* sum_exp,
-                           const float* target_logit, int N) = 0;
+  virtual void xent_finish(DevPtr losses, DevPtr row_max, DevPtr sum_exp, DevPtr target_logit,
+                           int N) = 0;
   // One micro-batch's mean loss into a device accumulator: acc[0] (double) +=
   // float(sum_n losses[n] / N), the sum in double in row order, the mean rounded to fp32
   // (the order the host loop used, so reported losses stay bitwise the same).
-  virtual void loss_accumulate(double* acc, const float* losses, int N) = 0;
+  virtual void loss_accumulate(DevPtr acc, DevPtr losses, int N) = 0;
 
   // ---- optimizer ----------------------------------------------------------------
-  // AdamW on n elements: m, v updated in place; param -= lr * (mhat / (sqrt(vhat) + eps)
-  // + weight_decay * param), with bias-corrected mhat and vhat.
-  virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
-                            const AdamWParams& p) = 0;
-  // acc[0] (double, device) += sum of x[i]^2 in double, over a summation tree that
+  // AdamW on n f32 elements: m, v updated in place; param -= lr * (mhat / (sqrt(vhat) +
+  // eps) + weight_decay * param), with bias-corrected mhat and vhat. Then, when
+  // compute_copy is not null (bf16), compute_copy[i] = bf16(param[i]) (round to nearest
+  // even): the bf16 compute weights of mixed precision.
+  virtual void adamw_update(DevPtr param, DevPtr grad, DevPtr m, DevPtr v, DevPtr compute_copy,
+                            size_t n, const AdamWParams& p) = 0;
+  // acc[0] (f64, device) += sum of x[i]^2 (x F) in double, over a summation tree that
   // depends only on n (not on threads). A step's gradient norm is one download of acc.
-  virtual void sum_squares_accumulate(double* acc, const float* x, size_t n) = 0;
+  virtual void sum_squares_accumulate(DevPtr acc, DevPtr x, size_t n) = 0;
   // Convenience (tests, tools): the sum of squares of x on the host; one download.
-  double sum_squares(const float* x, size_t n);
+  double sum_squares(DevPtr x, size_t n);
 
  protected:
-  virtual void do_upload(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void do_download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual DevPtr do_allocate(size_t bytes) = 0;  // 64-byte aligned, zero-filled, u8
+  virtual void do_deallocate(DevPtr ptr) = 0;
+  virtual void do_upload(DevPtr dst, const void* host_src, size_t bytes) = 0;
+  virtual void do_download(void* host_dst, DevPtr src, size_t bytes) = 0;
 
  private:
   TransferCounts transfers_;
+  AllocationCounts allocs_;
+  std::unordered_map<void*, size_t> live_;  // address -> requested bytes
 };
 
 // The CPU backend (OpenBLAS sgemm + OpenMP). Always built. `threads` <= 0 means all cores.
+// `checked`: device memory comes from kernels/cpu/checked_memory.h, inaccessible to host
+// code outside an Ops call (tests; make_ops turns it on with TRIDENT_CHECK_DEVICE_ACCESS=1).
 // Tests and benchmarks call it directly; the trainer asks make_ops (kernels/backend.h).
-std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
+std::unique_ptr<Ops> make_cpu_ops(int threads = 0, bool checked = false);
 
 // Owns one allocation made through an Ops object. Move-only.
 class DeviceBuffer {
@@ -224,7 +258,7 @@ class DeviceBuffer {
   DeviceBuffer(Ops& ops, size_t bytes) : ops_(&ops), ptr_(ops.allocate(bytes)), bytes_(bytes) {}
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ops_(o.ops_), ptr_(o.ptr_), bytes_(o.bytes_) {
-    o.ptr_ = nullptr;
+    o.ptr_ = DevPtr();
     o.bytes_ = 0;
   }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -233,7 +267,7 @@ class DeviceBuffer {
       ops_ = o.ops_;
       ptr_ = o.ptr_;
       bytes_ = o.bytes_;
-      o.ptr_ = nullptr;
+      o.ptr_ = DevPtr();
       o.bytes_ = 0;
     }
     return *this;
@@ -242,26 +276,44 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void reset() {
-    if (ptr_ != nullptr) ops_->deallocate(ptr_);
-    ptr_ = nullptr;
+    if (!ptr_.is_null()) ops_->deallocate(ptr_);
+    ptr_ = DevPtr();
     bytes_ = 0;
   }
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
+  DevPtr get() const { return ptr_; }  // u8
+  // The allocation seen as `dtype` (no conversion).
+  DevPtr as(DType dtype) const { return ptr_.as(dtype); }
   size_t bytes() const { return bytes_; }
 
  private:
   Ops* ops_ = nullptr;
-  void* ptr_ = nullptr;
+  DevPtr ptr_;
   size_t bytes_ = 0;
 };
 
-inline double Ops::sum_squares(const float* x, size_t n) {
+inline DevPtr Ops::allocate(size_t bytes) {
+  DevPtr p = do_allocate(bytes);
+  ++allocs_.allocations;
+  allocs_.live_bytes += bytes;
+  if (allocs_.live_bytes > allocs_.peak_live_bytes) allocs_.peak_live_bytes = allocs_.live_bytes;
+  live_[p.raw()] = bytes;
+  return p;
+}
+
+inline void Ops::deallocate(DevPtr ptr) {
+  if (ptr.is_null()) return;
+  auto it = live_.find(ptr.raw());
+  if (it != live_.end()) {  // (an address this object did not hand out is the backend's to judge)
+    allocs_.live_bytes -= it->second;
+    live_.erase(it);
+  }
+  ++allocs_.deallocations;
+  do_deallocate(ptr);
+}
+
+inline double Ops::sum_squares(DevPtr x, size_t n) {
   DeviceBuffer acc(*this, sizeof(double));  // zero-filled
-  sum_squares_accumulate(acc.as<double>(), x, n);
+  sum_squares_accumulate(acc.as(DType::kF64), x, n);
   double host = 0.0;
   download(&host, acc.get(), sizeof(double));
   return host;

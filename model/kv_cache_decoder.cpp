@@ -53,14 +53,14 @@ Status KvCacheDecoder::set_param(const std::string& name, const float* host, siz
     return Status::invalid_input("parameter '" + name + "': " + std::to_string(count) +
                                  " values for " + std::to_string(p->numel()) + " elements");
   }
-  ops_.upload(weights_.as<float>() + p->offset, host, count * sizeof(float));
+  ops_.upload(weights_.as(DType::kF32) + p->offset, host, count * sizeof(float));
   return Status::ok();
 }
 
-const float* KvCacheDecoder::param(const std::string& name) const {
+DevPtr KvCacheDecoder::param(const std::string& name) const {
   const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr, "no parameter " + name);
-  return weights_.as<float>() + p->offset;
+  return weights_.as(DType::kF32) + p->offset;
 }
 
 void KvCacheDecoder::attend(int layer, int pos) {
@@ -105,26 +105,27 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
   const int pos = position_;
   const int C = c.d_model, F = c.d_ff, HD = c.head_dim;
   const bool gpt2 = c.is_gpt2();
-  float* x = x_.as<float>();
-  float* ln = ln_.as<float>();
-  float* q = q_.as<float>();
-  float* k = k_.as<float>();
-  float* v = v_.as<float>();
-  float* res2 = res2_.as<float>();
+  DevPtr x = x_.as(DType::kF32);
+  DevPtr ln = ln_.as(DType::kF32);
+  DevPtr q = q_.as(DType::kF32);
+  DevPtr k = k_.as(DType::kF32);
+  DevPtr v = v_.as(DType::kF32);
+  DevPtr res2 = res2_.as(DType::kF32);
   ops_.upload(token_.get(), &token, sizeof(int32_t));
   // One row of position pos: the kernel adds wpe[n % T] with T = 1, so pass row pos.
-  const float* wpe = gpt2 ? param("wpe") + static_cast<size_t>(pos) * C : nullptr;
-  ops_.embedding_forward(x, token_.as<int32_t>(), param("wte"), wpe, 1, 1, C, 0, c.padded_vocab);
+  DevPtr wpe = gpt2 ? param("wpe") + static_cast<size_t>(pos) * C : DevPtr();
+  ops_.embedding_forward(x, token_.as(DType::kI32), param("wte"), wpe, 1, 1, C, 0, c.padded_vocab);
 
-  auto norm = [&](float* out, const float* in, const std::string& prefix) {
+  auto norm = [&](DevPtr out, DevPtr in, const std::string& prefix) {
     if (gpt2) {
-      ops_.layernorm_forward(out, mean_.as<float>(), rstd_.as<float>(), in,
+      ops_.layernorm_forward(out, mean_.as(DType::kF32), rstd_.as(DType::kF32), in,
                              param(prefix + ".weight"), param(prefix + ".bias"), 1, C, c.norm_eps);
     } else {
-      ops_.rmsnorm_forward(out, rstd_.as<float>(), in, param(prefix + ".weight"), 1, C, c.norm_eps);
+      ops_.rmsnorm_forward(out, rstd_.as(DType::kF32), in, param(prefix + ".weight"), 1, C,
+                           c.norm_eps);
     }
   };
-  auto bias = [&](const std::string& name) { return gpt2 ? param(name) : nullptr; };
+  auto bias = [&](const std::string& name) { return gpt2 ? param(name) : DevPtr(); };
 
   const size_t kv_bytes = static_cast<size_t>(kv_dim_) * sizeof(float);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -143,28 +144,28 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
     ops_.download(q_host_.data(), q, q_host_.size() * sizeof(float));
     attend(l, pos);
     ops_.upload(atty_.get(), atty_host_.data(), atty_host_.size() * sizeof(float));
-    ops_.matmul_forward(res2, atty_.as<float>(), param(p + "attn.o.weight"),
+    ops_.matmul_forward(res2, atty_.as(DType::kF32), param(p + "attn.o.weight"),
                         bias(p + "attn.o.bias"), 1, q_dim_, C);
     ops_.add(res2, res2, x, static_cast<size_t>(C));
     norm(ln, res2, p + "ln2");
-    float* h_act = h_act_.as<float>();
+    DevPtr h_act = h_act_.as(DType::kF32);
     if (gpt2) {
-      ops_.matmul_forward(h1_.as<float>(), ln, param(p + "mlp.fc.weight"), param(p + "mlp.fc.bias"),
-                          1, C, F);
-      ops_.gelu_forward(h_act, h1_.as<float>(), static_cast<size_t>(F));
+      ops_.matmul_forward(h1_.as(DType::kF32), ln, param(p + "mlp.fc.weight"),
+                          param(p + "mlp.fc.bias"), 1, C, F);
+      ops_.gelu_forward(h_act, h1_.as(DType::kF32), static_cast<size_t>(F));
       ops_.matmul_forward(x, h_act, param(p + "mlp.proj.weight"), param(p + "mlp.proj.bias"), 1,
                           F, C);
     } else {
-      ops_.matmul_forward(h1_.as<float>(), ln, param(p + "mlp.gate.weight"), nullptr, 1, C, F);
-      ops_.matmul_forward(h2_.as<float>(), ln, param(p + "mlp.up.weight"), nullptr, 1, C, F);
-      ops_.swiglu_forward(h_act, h1_.as<float>(), h2_.as<float>(), static_cast<size_t>(F));
-      ops_.matmul_forward(x, h_act, param(p + "mlp.down.weight"), nullptr, 1, F, C);
+      ops_.matmul_forward(h1_.as(DType::kF32), ln, param(p + "mlp.gate.weight"), DevPtr(), 1, C, F);
+      ops_.matmul_forward(h2_.as(DType::kF32), ln, param(p + "mlp.up.weight"), DevPtr(), 1, C, F);
+      ops_.swiglu_forward(h_act, h1_.as(DType::kF32), h2_.as(DType::kF32), static_cast<size_t>(F));
+      ops_.matmul_forward(x, h_act, param(p + "mlp.down.weight"), DevPtr(), 1, F, C);
     }
     ops_.add(x, x, res2, static_cast<size_t>(C));
   }
   norm(ln, x, "lnf");
-  const float* head = c.tied() ? param("wte") : param("lm_head.weight");
-  ops_.matmul_forward(logits_.as<float>(), ln, head, nullptr, 1, C, c.padded_vocab);
+  DevPtr head = c.tied() ? param("wte") : param("lm_head.weight");
+  ops_.matmul_forward(logits_.as(DType::kF32), ln, head, DevPtr(), 1, C, c.padded_vocab);
   ops_.download(logits_host_.data(), logits_.get(), logits_host_.size() * sizeof(float));
   ++position_;
   return logits_host_;

@@ -56,7 +56,7 @@ class KvCacheDecoder {
   const std::vector<float>& step(int32_t token);
 
  private:
-  const float* param(const std::string& name) const;
+  DevPtr param(const std::string& name) const;  // f32 device memory
   void attend(int layer, int pos);  // atty = attention of q over cache positions 0..pos
 
   TransformerConfig config_;

@@ -284,16 +284,17 @@ void Transformer::plan_activations() {
   scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
 }
 
-float* Transformer::act(int slot, int index) const {
+DevPtr Transformer::act(int slot, int index) const {
   const size_t off = slot_offsets_[static_cast<size_t>(index)];
-  if (off == kAbsent) return nullptr;
-  return reinterpret_cast<float*>(activations_.as<char>() +
-                                  act_bytes_per_slot_ * static_cast<size_t>(slot) + off);
+  if (off == kAbsent) return DevPtr();
+  return activations_.get()
+      .byte_offset(act_bytes_per_slot_ * static_cast<size_t>(slot) + off)
+      .as(DType::kF32);
 }
 
-float* Transformer::scratch(int index) const {
+DevPtr Transformer::scratch(int index) const {
   const size_t off = scratch_offsets_[static_cast<size_t>(index)];
-  return off == kAbsent ? nullptr : reinterpret_cast<float*>(scratch_.as<char>() + off);
+  return off == kAbsent ? DevPtr() : scratch_.get().byte_offset(off).as(DType::kF32);
 }
 
 namespace {
@@ -301,51 +302,51 @@ inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 }  // namespace
 
 struct Transformer::LayerParams {
-  float* ln1_w;   // (C)
-  float* ln1_b;   // (C)
-  float* q_w;     // (NH_local*HD, C)
-  float* q_b;     // (NH_local*HD)
-  float* k_w;     // (NKV_local*HD, C)
-  float* k_b;     // (NKV_local*HD)
-  float* v_w;     // (NKV_local*HD, C)
-  float* v_b;     // (NKV_local*HD)
-  float* o_w;     // (C, NH_local*HD)
-  float* o_b;     // (C)
-  float* ln2_w;   // (C)
-  float* ln2_b;   // (C)
-  float* fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
-  float* fc_b;    // (F_local)
-  float* up_w;    // (F_local, C)  llama mlp.up
-  float* proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
-  float* proj_b;  // (C)
+  DevPtr ln1_w;   // (C)
+  DevPtr ln1_b;   // (C)
+  DevPtr q_w;     // (NH_local*HD, C)
+  DevPtr q_b;     // (NH_local*HD)
+  DevPtr k_w;     // (NKV_local*HD, C)
+  DevPtr k_b;     // (NKV_local*HD)
+  DevPtr v_w;     // (NKV_local*HD, C)
+  DevPtr v_b;     // (NKV_local*HD)
+  DevPtr o_w;     // (C, NH_local*HD)
+  DevPtr o_b;     // (C)
+  DevPtr ln2_w;   // (C)
+  DevPtr ln2_b;   // (C)
+  DevPtr fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
+  DevPtr fc_b;    // (F_local)
+  DevPtr up_w;    // (F_local, C)  llama mlp.up
+  DevPtr proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
+  DevPtr proj_b;  // (C)
 };
 
 struct Transformer::LayerActs {
-  float* ln1;       // (N, C)
-  float* ln1_mean;  // (N)
-  float* ln1_rstd;  // (N)
-  float* q;         // (N, NH_local*HD)  after RoPE (llama)
-  float* k;         // (N, NKV_local*HD) after RoPE (llama)
-  float* v;         // (N, NKV_local*HD)
-  void* att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
-  float* atty;      // (N, NH_local*HD)
-  float* res2;      // (N, C)  residual stream after attention
-  float* ln2;       // (N, C)
-  float* ln2_mean;  // (N)
-  float* ln2_rstd;  // (N)
-  float* h1;        // (N, F_local)  gpt2 fc output / llama gate output
-  float* h2;        // (N, F_local)  llama up output
-  float* h_act;     // (N, F_local)  gelu(h1) / silu(h1) * h2
+  DevPtr ln1;        // (N, C)
+  DevPtr ln1_mean;   // (N)
+  DevPtr ln1_rstd;   // (N)
+  DevPtr q;          // (N, NH_local*HD)  after RoPE (llama)
+  DevPtr k;          // (N, NKV_local*HD) after RoPE (llama)
+  DevPtr v;          // (N, NKV_local*HD)
+  DevPtr att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
+  DevPtr atty;       // (N, NH_local*HD)
+  DevPtr res2;       // (N, C)  residual stream after attention
+  DevPtr ln2;        // (N, C)
+  DevPtr ln2_mean;   // (N)
+  DevPtr ln2_rstd;   // (N)
+  DevPtr h1;         // (N, F_local)  gpt2 fc output / llama gate output
+  DevPtr h2;         // (N, F_local)  llama up output
+  DevPtr h_act;      // (N, F_local)  gelu(h1) / silu(h1) * h2
 };
 
-Transformer::LayerParams Transformer::layer_params(int layer, float* base) const {
+Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const {
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
   const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
-  float* ptrs[kNumLayerTensors];
+  DevPtr ptrs[kNumLayerTensors];
   for (int t = 0; t < kNumLayerTensors; ++t) {
     const int i = idx[static_cast<size_t>(t)];
-    ptrs[t] = i < 0 ? nullptr
-                    : base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
+    ptrs[t] =
+        i < 0 ? DevPtr() : base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
   }
   return LayerParams{ptrs[0], ptrs[1], ptrs[2],  ptrs[3],  ptrs[4],  ptrs[5],
                      ptrs[6], ptrs[7], ptrs[8],  ptrs[9],  ptrs[10], ptrs[11],
@@ -355,28 +356,29 @@ Transformer::LayerParams Transformer::layer_params(int layer, float* base) const
 Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const {
   const int base = kSlotGlobals + n_local_layers_ + 1 + local_layer * kLayerActs;
   auto a = [&](int i) { return act(slot, base + i); };
-  return LayerActs{a(kLn1), a(kLn1Mean), a(kLn1Rstd), a(kQ),       a(kK),
-                   a(kV),   a(kAtt),     a(kAtty),    a(kRes2),    a(kLn2),
-                   a(kLn2Mean), a(kLn2Rstd), a(kH1),  a(kH2),      a(kHAct)};
+  return LayerActs{
+      a(kLn1),  a(kLn1Mean), a(kLn1Rstd), a(kQ),       a(kK),       a(kV),  a(kAtt).as(DType::kU8),
+      a(kAtty), a(kRes2),    a(kLn2),     a(kLn2Mean), a(kLn2Rstd), a(kH1), a(kH2),
+      a(kHAct)};
 }
 
-float* Transformer::group_param(int group, const char* name) {
+DevPtr Transformer::group_param(int group, const char* name) {
   const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
   return store_->params(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
 }
 
-float* Transformer::group_grad(int group, const char* name) {
+DevPtr Transformer::group_grad(int group, const char* name) {
   const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
   return store_->grads(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
 }
 
-void Transformer::all_reduce_tp(float* data, size_t n, const char* label) {
+void Transformer::all_reduce_tp(DevPtr data, size_t n, const char* label) {
   if (tp_ == nullptr) return;
   CollectiveOptions opts;
   opts.label = label;
-  tp_->all_reduce(std::span<float>(data, n), ReduceOp::kSum, opts);
+  tp_->all_reduce(std::span<float>(data.raw_as<float>(), n), ReduceOp::kSum, opts);
 }
 
 size_t Transformer::boundary_floats() const {
@@ -385,13 +387,13 @@ size_t Transformer::boundary_floats() const {
 
 // ---- resident-store conveniences ---------------------------------------------------------
 
-float* Transformer::param_data() {
+DevPtr Transformer::param_data() {
   auto* resident = dynamic_cast<ResidentParamStore*>(store_);
   TRIDENT_CHECK_MSG(resident != nullptr, "param_data() needs a resident parameter store");
   return resident->param_data();
 }
 
-float* Transformer::grad_data() {
+DevPtr Transformer::grad_data() {
   auto* resident = dynamic_cast<ResidentParamStore*>(store_);
   TRIDENT_CHECK_MSG(resident != nullptr, "grad_data() needs a resident parameter store");
   return resident->grad_data();
@@ -465,12 +467,10 @@ void Transformer::reset_loss_sum() { ops_.zero(loss_sum_.get(), sizeof(double));
 
 void Transformer::backward(float loss_scale) { backward_stage(0, loss_scale); }
 
-float* Transformer::input_activation(int slot) { return act(slot, x_index(0)); }
-const float* Transformer::output_activation(int slot) {
-  return act(slot, x_index(n_local_layers_));
-}
-float* Transformer::output_grad() { return scratch(kDx); }
-const float* Transformer::input_grad() { return scratch(kDx); }
+DevPtr Transformer::input_activation(int slot) { return act(slot, x_index(0)); }
+DevPtr Transformer::output_activation(int slot) { return act(slot, x_index(n_local_layers_)); }
+DevPtr Transformer::output_grad() { return scratch(kDx); }
+DevPtr Transformer::input_grad() { return scratch(kDx); }
 
 void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B,
                                 int T) {
@@ -482,15 +482,14 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
   const int N = B * T, C = c.d_model;
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
   info = SlotInfo{B, T, false};
-  float* x0 = act(slot, x_index(0));
+  DevPtr x0 = act(slot, x_index(0));
   if (part_.first_stage()) {
-    int32_t* d_tokens = reinterpret_cast<int32_t*>(act(slot, kTokens));
+    DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
     ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
     store_->acquire(0, Phase::kForward);
-    const float* wte = group_param(0, "wte");
+    DevPtr wte = group_param(0, "wte");
     // Positions are added once, on tp rank 0, before the vocab-parallel sum.
-    const float* wpe =
-        c.is_gpt2() && part_.tp_rank == 0 ? group_param(0, "wpe") : nullptr;
+    DevPtr wpe = c.is_gpt2() && part_.tp_rank == 0 ? group_param(0, "wpe") : DevPtr();
     ops_.embedding_forward(x0, d_tokens, wte, wpe, B, T, C, vocab_begin_, vocab_local_);
     store_->release(0, Phase::kForward);
     all_reduce_tp(x0, static_cast<size_t>(N) * C, "embedding");
@@ -507,11 +506,10 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
   }
   info.has_targets = targets != nullptr;
   head_forward(slot, B, T, targets != nullptr);
-  if (targets) ops_.loss_accumulate(loss_sum_.as<double>(), act(slot, kLosses), N);
+  if (targets) ops_.loss_accumulate(loss_sum_.as(DType::kF64), act(slot, kLosses), N);
 }
 
-void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x_out, int B,
-                                int T) {
+void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T) {
   const auto& c = config_;
   const LayerParams p = layer_params(layer, store_->params(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
@@ -534,7 +532,7 @@ void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x
   }
   ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
   // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
-  ops_.matmul_forward(a.res2, a.atty, p.o_w, bias_here ? p.o_b : nullptr, N, q_dim, C);
+  ops_.matmul_forward(a.res2, a.atty, p.o_w, bias_here ? p.o_b : DevPtr(), N, q_dim, C);
   all_reduce_tp(a.res2, static_cast<size_t>(N) * C, "attn.o");
   ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
 
@@ -545,11 +543,11 @@ void Transformer::layer_forward(int slot, int layer, const float* x_in, float* x
     ops_.gelu_forward(a.h_act, a.h1, static_cast<size_t>(N) * F);
   } else {
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, N, C, c.norm_eps);
-    ops_.matmul_forward(a.h1, a.ln2, p.fc_w, nullptr, N, C, F);
-    ops_.matmul_forward(a.h2, a.ln2, p.up_w, nullptr, N, C, F);
+    ops_.matmul_forward(a.h1, a.ln2, p.fc_w, DevPtr(), N, C, F);
+    ops_.matmul_forward(a.h2, a.ln2, p.up_w, DevPtr(), N, C, F);
     ops_.swiglu_forward(a.h_act, a.h1, a.h2, static_cast<size_t>(N) * F);
   }
-  ops_.matmul_forward(x_out, a.h_act, p.proj_w, bias_here ? p.proj_b : nullptr, N, F, C);
+  ops_.matmul_forward(x_out, a.h_act, p.proj_w, bias_here ? p.proj_b : DevPtr(), N, F, C);
   all_reduce_tp(x_out, static_cast<size_t>(N) * C, "mlp.out");
   ops_.add(x_out, x_out, a.res2, static_cast<size_t>(N) * C);
 }
@@ -561,37 +559,38 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   const bool head_in_embeddings = c.tied() && part_.first_stage();
   store_->acquire(head_group, Phase::kForward);
   if (head_in_embeddings) store_->acquire(0, Phase::kForward);
-  float* lnf = act(slot, kLnf);
-  const float* xL = act(slot, x_index(n_local_layers_));
-  const float* lnf_w = group_param(head_group, "lnf.weight");
+  DevPtr lnf = act(slot, kLnf);
+  DevPtr xL = act(slot, x_index(n_local_layers_));
+  DevPtr lnf_w = group_param(head_group, "lnf.weight");
   if (c.is_gpt2()) {
     ops_.layernorm_forward(lnf, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
                            group_param(head_group, "lnf.bias"), N, C, c.norm_eps);
   } else {
     ops_.rmsnorm_forward(lnf, act(slot, kLnfRstd), xL, lnf_w, N, C, c.norm_eps);
   }
-  const float* head = head_in_embeddings ? group_param(0, "wte")
-                      : c.tied()         ? group_param(head_group, "wte")
-                                         : group_param(head_group, "lm_head.weight");
-  float* logits = act(slot, kLogits);
-  ops_.matmul_forward(logits, lnf, head, nullptr, N, C, vocab_local_);
+  DevPtr head = head_in_embeddings ? group_param(0, "wte")
+                : c.tied()         ? group_param(head_group, "wte")
+                                   : group_param(head_group, "lm_head.weight");
+  DevPtr logits = act(slot, kLogits);
+  ops_.matmul_forward(logits, lnf, head, DevPtr(), N, C, vocab_local_);
   if (head_in_embeddings) store_->release(0, Phase::kForward);
   store_->release(head_group, Phase::kForward);
   if (!with_loss) return;
 
-  const int32_t* targets = reinterpret_cast<const int32_t*>(act(slot, kTargets));
-  float* losses = act(slot, kLosses);
+  DevPtr targets = act(slot, kTargets).as(DType::kI32);
+  DevPtr losses = act(slot, kLosses);
   if (tp_ == nullptr) {
     ops_.cross_entropy_forward(losses, logits, targets, N, c.vocab_size, c.padded_vocab);
     return;
   }
   // Vocab-parallel: global max, then global sum of exponentials and the target logit.
-  float* row_max = act(slot, kXentMax);
-  float* sums = act(slot, kXentSums);  // [sum_exp (N), target_logit (N)]
+  DevPtr row_max = act(slot, kXentMax);
+  DevPtr sums = act(slot, kXentSums);  // [sum_exp (N), target_logit (N)]
   ops_.xent_local_max(row_max, logits, N, vocab_local_, vocab_begin_, c.vocab_size);
   CollectiveOptions opts;
   opts.label = "xent max";
-  tp_->all_reduce(std::span<float>(row_max, static_cast<size_t>(N)), ReduceOp::kMax, opts);
+  tp_->all_reduce(std::span<float>(row_max.raw_as<float>(), static_cast<size_t>(N)), ReduceOp::kMax,
+                  opts);
   ops_.xent_local_sums(sums, sums + N, logits, row_max, targets, N, vocab_local_, vocab_begin_,
                        c.vocab_size);
   all_reduce_tp(sums, 2 * static_cast<size_t>(N), "xent sums");
@@ -605,7 +604,7 @@ void Transformer::backward_stage(int slot, float loss_scale) {
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
   const int B = info.B, T = info.T, N = B * T, C = c.d_model;
   TRIDENT_CHECK_MSG(B > 0, "backward_stage() needs a forward_stage() in slot " + std::to_string(slot));
-  float* dx = scratch(kDx);
+  DevPtr dx = scratch(kDx);
   if (part_.last_stage()) {
     TRIDENT_CHECK_MSG(info.has_targets, "backward needs a forward with targets");
     head_backward(slot, loss_scale, B, T);  // leaves dLoss/dx_L in dx
@@ -619,8 +618,8 @@ void Transformer::backward_stage(int slot, float loss_scale) {
   }
   if (part_.first_stage()) {
     store_->acquire(0, Phase::kBackward);
-    const int32_t* d_tokens = reinterpret_cast<const int32_t*>(act(slot, kTokens));
-    float* dwpe = c.is_gpt2() ? group_grad(0, "wpe") : nullptr;
+    DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
+    DevPtr dwpe = c.is_gpt2() ? group_grad(0, "wpe") : DevPtr();
     ops_.embedding_backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, C, vocab_begin_,
                             vocab_local_);
     store_->release(0, Phase::kBackward);
@@ -635,26 +634,26 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   const bool head_in_embeddings = c.tied() && part_.first_stage();
   store_->acquire(head_group, Phase::kBackward);
   if (head_in_embeddings) store_->acquire(0, Phase::kBackward);
-  float* logits = act(slot, kLogits);
-  const int32_t* targets = reinterpret_cast<const int32_t*>(act(slot, kTargets));
+  DevPtr logits = act(slot, kLogits);
+  DevPtr targets = act(slot, kTargets).as(DType::kI32);
   const float dloss = loss_scale / static_cast<float>(N);
   if (tp_ == nullptr) {
     ops_.cross_entropy_backward(logits, logits, targets, dloss, N, c.vocab_size, c.padded_vocab);
   } else {
-    float* sums = act(slot, kXentSums);
+    DevPtr sums = act(slot, kXentSums);
     ops_.xent_local_backward(logits, logits, act(slot, kXentMax), sums, targets, dloss, N,
                              vocab_local_, vocab_begin_, c.vocab_size);
   }
   const char* head_name = c.tied() ? "wte" : "lm_head.weight";
   const int group = head_in_embeddings ? 0 : head_group;
-  float* dln = scratch(kDln);
+  DevPtr dln = scratch(kDln);
   ops_.zero(dln, nC * sizeof(float));
-  ops_.matmul_backward(dln, group_grad(group, head_name), nullptr, logits, act(slot, kLnf),
+  ops_.matmul_backward(dln, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
                        group_param(group, head_name), N, C, vocab_local_);
   all_reduce_tp(dln, nC, "head dinput");
-  float* dx = scratch(kDx);
+  DevPtr dx = scratch(kDx);
   ops_.zero(dx, nC * sizeof(float));
-  const float* xL = act(slot, x_index(n_local_layers_));
+  DevPtr xL = act(slot, x_index(n_local_layers_));
   if (c.is_gpt2()) {
     ops_.layernorm_backward(dx, group_grad(head_group, "lnf.weight"),
                             group_grad(head_group, "lnf.bias"), dln, xL,
@@ -668,7 +667,7 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   store_->release(head_group, Phase::kBackward);
 }
 
-void Transformer::layer_backward(int slot, int layer, const float* x_in, float* dx, int B, int T) {
+void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T) {
   // On entry dx = dLoss/dx_out; on exit dx = dLoss/dx_in. Residual branches accumulate
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
@@ -679,14 +678,14 @@ void Transformer::layer_backward(int slot, int layer, const float* x_in, float* 
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const size_t nF = static_cast<size_t>(N) * F, nC = static_cast<size_t>(N) * C;
   const bool gpt2 = c.is_gpt2();
-  float* dln = scratch(kDln);
-  float* dq = scratch(kDq);
-  float* dk = scratch(kDk);
-  float* dv = scratch(kDv);
-  float* datty = scratch(kDatty);
-  float* dh1 = scratch(kDh1);
-  float* dh2 = scratch(kDh2);
-  float* dh_act = scratch(kDhAct);
+  DevPtr dln = scratch(kDln);
+  DevPtr dq = scratch(kDq);
+  DevPtr dk = scratch(kDk);
+  DevPtr dv = scratch(kDv);
+  DevPtr datty = scratch(kDatty);
+  DevPtr dh1 = scratch(kDh1);
+  DevPtr dh2 = scratch(kDh2);
+  DevPtr dh_act = scratch(kDhAct);
 
   // MLP: x_out = res2 + proj(act(ln2(res2))). Row-parallel bias gradients come from the
   // full (replicated) dx on every tp rank.
@@ -700,8 +699,8 @@ void Transformer::layer_backward(int slot, int layer, const float* x_in, float* 
   } else {
     ops_.zero(dh2, nF * sizeof(float));
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
-    ops_.matmul_backward(dln, g.fc_w, nullptr, dh1, a.ln2, p.fc_w, N, C, F);
-    ops_.matmul_backward(dln, g.up_w, nullptr, dh2, a.ln2, p.up_w, N, C, F);
+    ops_.matmul_backward(dln, g.fc_w, DevPtr(), dh1, a.ln2, p.fc_w, N, C, F);
+    ops_.matmul_backward(dln, g.up_w, DevPtr(), dh2, a.ln2, p.up_w, N, C, F);
   }
   all_reduce_tp(dln, nC, "mlp dinput");
   if (gpt2) {

@@ -99,8 +99,8 @@ class Transformer {
 
   // ---- the resident store only (single process, ZeRO 0-2) ----------------------------
   size_t num_param_floats() const { return layout_.total_floats(); }
-  float* param_data();  // device memory, flat layout
-  float* grad_data();
+  DevPtr param_data();  // device memory (f32), flat layout
+  DevPtr grad_data();
   void init_weights(uint64_t seed);
   void set_param(const ParamInfo& param, const float* host);
   void get_param(const ParamInfo& param, float* host) const;
@@ -134,10 +134,11 @@ class Transformer {
   // by loss_scale; other stages from output_grad(). Afterwards input_grad() holds the
   // gradient of the stage's input (stages > 0).
   void backward_stage(int slot, float loss_scale);
-  float* input_activation(int slot);         // [B*T, C], stage > 0
-  const float* output_activation(int slot);  // [B*T, C], stage < last
-  float* output_grad();                      // [B*T, C], shared by all slots
-  const float* input_grad();                 // [B*T, C], shared by all slots
+  // Device buffers of f32.
+  DevPtr input_activation(int slot);   // [B*T, C], stage > 0
+  DevPtr output_activation(int slot);  // [B*T, C], stage < last
+  DevPtr output_grad();                // [B*T, C], shared by all slots
+  DevPtr input_grad();                 // [B*T, C], shared by all slots
 
  private:
   struct LayerParams;
@@ -145,17 +146,19 @@ class Transformer {
   struct SlotState;
   void init_partition(Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
   void plan_activations();
-  LayerParams layer_params(int layer, float* base) const;
+  LayerParams layer_params(int layer, DevPtr base) const;
   LayerActs layer_acts(int slot, int local_layer) const;
-  float* act(int slot, int index) const;
-  float* scratch(int index) const;
-  void all_reduce_tp(float* data, size_t n, const char* label);
-  void layer_forward(int slot, int layer, const float* x_in, float* x_out, int B, int T);
-  void layer_backward(int slot, int layer, const float* x_in, float* dx, int B, int T);
+  // f32 views of the activation and scratch slices (null when absent); the integer and
+  // opaque slices are re-typed at their use (.as(DType::kI32 / kU8)).
+  DevPtr act(int slot, int index) const;
+  DevPtr scratch(int index) const;
+  void all_reduce_tp(DevPtr data, size_t n, const char* label);
+  void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
+  void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);
-  float* group_param(int group, const char* name);
-  float* group_grad(int group, const char* name);
+  DevPtr group_param(int group, const char* name);
+  DevPtr group_grad(int group, const char* name);
 
   TransformerConfig config_;
   Ops& ops_;

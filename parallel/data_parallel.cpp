@@ -59,12 +59,12 @@ ParamStore& DataParallel::store() {
   return *resident_;
 }
 
-float* DataParallel::param_data() const {
+DevPtr DataParallel::param_data() const {
   TRIDENT_CHECK(stage_ <= 2);
   return resident_ ? resident_->param_data() : zero2_->param_data();
 }
 
-float* DataParallel::grad_shard() const {
+DevPtr DataParallel::grad_shard() const {
   TRIDENT_CHECK(stage_ >= 2);
   return zero2_ ? zero2_->grad_shard() : sharded_->grad_shard();
 }
@@ -89,10 +89,10 @@ void DataParallel::reduce_gradients() {
   const int dp = dp_.size();
   const float inv_dp = 1.0f / static_cast<float>(dp);
   if (stage_ == 0 || stage_ == 1) {
-    float* grads = resident_->grad_data();
+    DevPtr grads = resident_->grad_data();
     for (size_t b = 0; b < plan_.chunks().size(); ++b) {
       const auto [begin, end] = bucket_range(b);
-      dp_.all_reduce(std::span<float>(grads + begin, end - begin), ReduceOp::kSum,
+      dp_.all_reduce(std::span<float>((grads + begin).raw_as<float>(), end - begin), ReduceOp::kSum,
                      {.label = "grad bucket " + std::to_string(b)});
     }
     if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
@@ -103,9 +103,9 @@ void DataParallel::reduce_gradients() {
 double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const int rank = dp_.rank();
-  const float* shard = stage_ >= 2 ? grad_shard() : nullptr;
-  if (square_sum_.get() == nullptr) square_sum_ = DeviceBuffer(ops_, sizeof(double));
-  double* acc = square_sum_.as<double>();
+  DevPtr shard = stage_ >= 2 ? grad_shard() : DevPtr();
+  if (square_sum_.get().is_null()) square_sum_ = DeviceBuffer(ops_, sizeof(double));
+  const DevPtr acc = square_sum_.as(DType::kF64);
   ops_.zero(acc, sizeof(double));
   // Tensor by tensor in plan order, as the host sum did: the same double result.
   for (const ShardChunk& chunk : plan_.chunks()) {
@@ -146,8 +146,8 @@ void DataParallel::step(float lr) {
   p.eps = adamw_.eps;
   p.step = step_;
   const int rank = dp_.rank();
-  float* m = exp_avg_.as<float>();
-  float* v = exp_avg_sq_.as<float>();
+  DevPtr m = exp_avg_.as(DType::kF32);
+  DevPtr v = exp_avg_sq_.as(DType::kF32);
   for (const ShardChunk& chunk : plan_.chunks()) {
     for (const TensorShard& t : chunk.tensors) {
       const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
@@ -155,20 +155,20 @@ void DataParallel::step(float lr) {
       if (stage_ == 0) {
         const size_t off = t.full_offset;
         ops_.adamw_update(resident_->param_data() + off, resident_->grad_data() + off, m + off,
-                          v + off, static_cast<size_t>(info.numel()), p);
+                          v + off, DevPtr(), static_cast<size_t>(info.numel()), p);
         continue;
       }
       const size_t n = t.split.owned_floats(rank);
       if (n == 0) continue;
       const size_t so = t.shard_offset;
       if (stage_ == 3) {
-        ops_.adamw_update(sharded_->param_shard() + so, sharded_->grad_shard() + so, m + so,
-                          v + so, n, p);
+        ops_.adamw_update(sharded_->param_shard() + so, sharded_->grad_shard() + so, m + so, v + so,
+                          DevPtr(), n, p);
         continue;
       }
       const size_t off = t.full_offset + t.split.begin_float(rank);
-      const float* grad = stage_ == 1 ? resident_->grad_data() + off : grad_shard() + so;
-      ops_.adamw_update(param_data() + off, grad, m + so, v + so, n, p);
+      DevPtr grad = stage_ == 1 ? resident_->grad_data() + off : grad_shard() + so;
+      ops_.adamw_update(param_data() + off, grad, m + so, v + so, DevPtr(), n, p);
     }
   }
   if (stage_ == 1 || stage_ == 2) all_gather_params();
@@ -177,14 +177,14 @@ void DataParallel::step(float lr) {
 void DataParallel::all_gather_params() {
   const int dp = dp_.size();
   const int rank = dp_.rank();
-  float* params = param_data();
+  DevPtr params = param_data();
   for (size_t b = 0; b < plan_.chunks().size(); ++b) {
     const ShardChunk& chunk = plan_.chunks()[b];
-    pack_own(ops_, chunk, rank, params, segment_.as<float>());
-    dp_.all_gather({segment_.as<float>(), chunk.chunk_floats},
-                   {pack_.as<float>(), dp * chunk.chunk_floats},
+    pack_own(ops_, chunk, rank, params, segment_.as(DType::kF32));
+    dp_.all_gather(std::span<float>(segment_.as(DType::kF32).raw_as<float>(), chunk.chunk_floats),
+                   std::span<float>(pack_.as(DType::kF32).raw_as<float>(), dp * chunk.chunk_floats),
                    {.label = "param bucket " + std::to_string(b)});
-    unpack_chunk(ops_, chunk, dp, pack_.as<float>(), params);
+    unpack_chunk(ops_, chunk, dp, pack_.as(DType::kF32), params);
   }
 }
 
@@ -210,7 +210,7 @@ void DataParallel::load_param(int param, std::span<const float> host_full) {
 
 RowSplit DataParallel::shard_rows(int param) const { return plan_.tensor(param).split; }
 
-std::span<float> DataParallel::reduced_grad(int param) {
+DataParallel::GradSlice DataParallel::reduced_grad(int param) {
   const TensorShard& t = plan_.tensor(param);
   const int rank = dp_.rank();
   if (stage_ <= 1) {
@@ -224,8 +224,8 @@ DataParallel::OwnedState DataParallel::owned_state(int param) {
   const TensorShard& t = plan_.tensor(param);
   const int rank = dp_.rank();
   OwnedState s;
-  float* m = exp_avg_.as<float>();
-  float* v = exp_avg_sq_.as<float>();
+  DevPtr m = exp_avg_.as(DType::kF32);
+  DevPtr v = exp_avg_sq_.as(DType::kF32);
   if (stage_ == 0) {
     s.row_end = t.split.rows;
     s.floats = static_cast<size_t>(t.split.rows * t.split.row_elems);

@@ -90,18 +90,22 @@ class DataParallel {
   // The reduced gradient of parameter `param` that this rank holds after
   // reduce_gradients() (device memory): the whole tensor for stages 0-1, the owned rows
   // for stages 2-3. For the tied-embedding sum over the embedding group: both ends have
-  // the same local shape and dp size, hence the same span sizes.
-  std::span<float> reduced_grad(int param);
+  // the same local shape and dp size, hence the same sizes.
+  struct GradSlice {
+    DevPtr data;  // f32
+    size_t floats = 0;
+  };
+  GradSlice reduced_grad(int param);
   // The rows [row_begin, row_end) of `param` whose optimizer state this rank keeps, as
-  // device pointers to `floats` contiguous values each (parameter, first and second
+  // f32 device pointers to `floats` contiguous values each (parameter, first and second
   // moment): all rows for stage 0 (every rank holds everything), the owned shard for
   // stages 1-3. For checkpoints: stage 0 state is replicated, so one dp rank suffices.
   struct OwnedState {
     int64_t row_begin = 0, row_end = 0;
     size_t floats = 0;
-    float* param = nullptr;
-    float* exp_avg = nullptr;
-    float* exp_avg_sq = nullptr;
+    DevPtr param;
+    DevPtr exp_avg;
+    DevPtr exp_avg_sq;
   };
   OwnedState owned_state(int param);
 
@@ -130,8 +134,8 @@ class DataParallel {
   // [begin, end) of the flat gradient buffer that bucket b all-reduces (stages 0-1).
   std::pair<size_t, size_t> bucket_range(size_t b) const;
   void all_gather_params();  // stages 1-2
-  float* param_data() const;  // stages 0-2: the resident flat parameter buffer
-  float* grad_shard() const;  // stages 2-3: this rank's gradient shard
+  DevPtr param_data() const;  // stages 0-2: the resident flat parameter buffer
+  DevPtr grad_shard() const;  // stages 2-3: this rank's gradient shard
 
   const ParamLayout& layout_;
   Ops& ops_;

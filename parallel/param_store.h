@@ -25,8 +25,9 @@ class ParamStore {
   // grads(g) is a buffer of the same layout into which the model accumulates.
   virtual void acquire(int group, Phase phase) = 0;
   virtual void release(int group, Phase phase) = 0;
-  virtual float* params(int group) = 0;
-  virtual float* grads(int group) = 0;
+  // f32 device buffers.
+  virtual DevPtr params(int group) = 0;
+  virtual DevPtr grads(int group) = 0;
 };
 
 // Every group resident in two contiguous buffers (parameters, gradients) of
@@ -37,10 +38,10 @@ class ResidentParamStore : public ParamStore {
   ResidentParamStore(const ParamLayout& layout, Ops& ops);
   void acquire(int, Phase) override {}
   void release(int, Phase) override {}
-  float* params(int group) override { return params_.as<float>() + group_offset_[group]; }
-  float* grads(int group) override { return grads_.as<float>() + group_offset_[group]; }
-  float* param_data() { return params_.as<float>(); }
-  float* grad_data() { return grads_.as<float>(); }
+  DevPtr params(int group) override { return param_data() + group_offset_[group]; }
+  DevPtr grads(int group) override { return grad_data() + group_offset_[group]; }
+  DevPtr param_data() { return params_.as(DType::kF32); }
+  DevPtr grad_data() { return grads_.as(DType::kF32); }
   size_t num_floats() const { return total_; }
   // Offset of a group's buffer within param_data() / grad_data().
   size_t group_offset(int group) const { return group_offset_[group]; }

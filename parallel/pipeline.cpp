@@ -105,17 +105,19 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
     return CollectiveOptions{.label = std::string("pipeline ") + what + " micro " +
                                       std::to_string(micro) + " stage " + std::to_string(stage_)};
   };
-  auto timed_recv = [&](float* dst, int peer, int micro, const char* what) {
-    TRIDENT_CHECK_MSG(dst != nullptr, std::string("pipeline: null ") + what + " buffer");
+  auto timed_recv = [&](DevPtr dst, int peer, int micro, const char* what) {
+    TRIDENT_CHECK_MSG(!dst.is_null(), std::string("pipeline: null ") + what + " buffer");
     const Timer t;
-    pp_group_.recv(std::span<float>(dst, n), peer, tag_of(micro), label(what, micro));
+    pp_group_.recv(std::span<float>(dst.raw_as<float>(), n), peer, tag_of(micro),
+                   label(what, micro));
     stats.idle_seconds += t.elapsed_s();
     stats.recvs += 1;
     stats.bytes_received += bytes;
   };
-  auto send = [&](const float* src, int peer, int micro, const char* what) {
-    TRIDENT_CHECK_MSG(src != nullptr, std::string("pipeline: null ") + what + " buffer");
-    pp_group_.isend(std::span<const float>(src, n), peer, tag_of(micro), label(what, micro));
+  auto send = [&](DevPtr src, int peer, int micro, const char* what) {
+    TRIDENT_CHECK_MSG(!src.is_null(), std::string("pipeline: null ") + what + " buffer");
+    pp_group_.isend(std::span<const float>(src.raw_as<float>(), n), peer, tag_of(micro),
+                    label(what, micro));
     stats.sends += 1;
     stats.bytes_sent += bytes;
   };

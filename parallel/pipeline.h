@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/memory.h"
 #include "core/status.h"
 
 namespace trident {
@@ -70,21 +71,21 @@ std::string schedule_to_string(const std::vector<PipeAction>& schedule);
 // stage takes the same time per micro-batch and communication is free.
 double pipeline_bubble_fraction(int pp, int num_micro);
 
-// What the executor needs from one stage of the model. Buffers are the model's, one per
-// slot, each boundary_floats() long; pointers must stay valid during run().
+// What the executor needs from one stage of the model. Buffers are the model's f32 device
+// buffers, one per slot, each boundary_floats() long; pointers must stay valid during run().
 class PipelineStageModel {
  public:
   virtual ~PipelineStageModel() = default;
   // Floats in one activation crossing a stage boundary: (micro_batch * seq_len * d_model).
   virtual std::size_t boundary_floats() const = 0;
   // Stage > 0: where the activation received from stage-1 goes; forward reads it.
-  virtual float* input_activation(int slot) = 0;
+  virtual DevPtr input_activation(int slot) = 0;
   // Stage < last: the activation forward produced, sent to stage+1 (copied at once).
-  virtual const float* output_activation(int slot) = 0;
+  virtual DevPtr output_activation(int slot) = 0;
   // Stage < last: where the gradient received from stage+1 goes; backward reads it.
-  virtual float* output_grad(int slot) = 0;
+  virtual DevPtr output_grad(int slot) = 0;
   // Stage > 0: the gradient w.r.t. the input that backward produced, sent to stage-1.
-  virtual const float* input_grad(int slot) = 0;
+  virtual DevPtr input_grad(int slot) = 0;
   // Runs the stage's layers on micro-batch `micro`, saving what backward needs in
   // `slot`. Stage 0 embeds the micro-batch's tokens; the last stage computes the loss.
   virtual void forward(int micro, int slot) = 0;

@@ -90,22 +90,22 @@ const std::vector<int>& ShardPlan::group_chunks(int group) const {
   return group_chunks_[static_cast<size_t>(group)];
 }
 
-void pack_own(Ops& ops, const ShardChunk& chunk, int rank, const float* full, float* segment) {
+void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment) {
   for (const TensorShard& t : chunk.tensors) {
-    float* dst = segment + (t.shard_offset - chunk.shard_offset);
+    DevPtr dst = segment + (t.shard_offset - chunk.shard_offset);
     const size_t n = t.split.owned_floats(rank);
     ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * sizeof(float));
     ops.zero(dst + n, (t.split.padded_floats() - n) * sizeof(float));
   }
 }
 
-void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* full, float* packed) {
+void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr packed) {
   for (int r = 0; r < dp; ++r) pack_own(ops, chunk, r, full, packed + r * chunk.chunk_floats);
 }
 
-void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed, float* full) {
+void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full) {
   for (int r = 0; r < dp; ++r) {
-    const float* segment = packed + r * chunk.chunk_floats;
+    DevPtr segment = packed + r * chunk.chunk_floats;
     for (const TensorShard& t : chunk.tensors) {
       ops.copy(full + t.full_offset + t.split.begin_float(r),
                segment + (t.shard_offset - chunk.shard_offset),
@@ -114,17 +114,18 @@ void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed
   }
 }
 
-void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, const float* full,
-                        float* shard, const std::string& label) {
+void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
+                        DevPtr shard, const std::string& label) {
   const int n = dp.size();
   DeviceBuffer packed(ops, n * chunk.chunk_floats * sizeof(float));
   DeviceBuffer mine(ops, chunk.chunk_floats * sizeof(float));
-  pack_chunk(ops, chunk, n, full, packed.as<float>());
-  dp.reduce_scatter({packed.as<float>(), n * chunk.chunk_floats},
-                    {mine.as<float>(), chunk.chunk_floats}, {.label = label});
+  pack_chunk(ops, chunk, n, full, packed.as(DType::kF32));
+  dp.reduce_scatter(
+      std::span<float>(packed.as(DType::kF32).raw_as<float>(), n * chunk.chunk_floats),
+      std::span<float>(mine.as(DType::kF32).raw_as<float>(), chunk.chunk_floats), {.label = label});
   // Mean over dp ranks, then accumulate over micro-batches.
-  if (n > 1) ops.scale(mine.as<float>(), 1.0f / static_cast<float>(n), chunk.chunk_floats);
-  ops.accumulate(shard + chunk.shard_offset, mine.as<float>(), chunk.chunk_floats);
+  if (n > 1) ops.scale(mine.as(DType::kF32), 1.0f / static_cast<float>(n), chunk.chunk_floats);
+  ops.accumulate(shard + chunk.shard_offset, mine.as(DType::kF32), chunk.chunk_floats);
 }
 
 namespace {
@@ -164,14 +165,16 @@ void ShardedParamStore::acquire(int group, Phase phase) {
     for (int c : chunks) {
       const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
       DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
-      dp_.all_gather({param_shard() + chunk.shard_offset, chunk.chunk_floats},
-                     {packed.as<float>(), dp * chunk.chunk_floats},
-                     {.label = "zero3 gather group " + std::to_string(group)});
-      unpack_chunk(ops_, chunk, dp, packed.as<float>(), g.params.as<float>());
+      dp_.all_gather(
+          std::span<float>((param_shard() + chunk.shard_offset).raw_as<float>(),
+                           chunk.chunk_floats),
+          std::span<float>(packed.as(DType::kF32).raw_as<float>(), dp * chunk.chunk_floats),
+          {.label = "zero3 gather group " + std::to_string(group)});
+      unpack_chunk(ops_, chunk, dp, packed.as(DType::kF32), g.params.as(DType::kF32));
     }
   }
   if (phase == Phase::kBackward) {
-    TRIDENT_CHECK_MSG(g.grads.get() == nullptr,
+    TRIDENT_CHECK_MSG(g.grads.get().is_null(),
                       "group " + std::to_string(group) + " acquired twice for backward");
     g.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
     held_grads_ += bytes;
@@ -185,10 +188,10 @@ void ShardedParamStore::release(int group, Phase phase) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0, "group " + std::to_string(group) + " released, not acquired");
   if (phase == Phase::kBackward) {
-    TRIDENT_CHECK_MSG(g.grads.get() != nullptr,
+    TRIDENT_CHECK_MSG(!g.grads.get().is_null(),
                       "group " + std::to_string(group) + " released for backward, not acquired");
     for (int c : chunks) {
-      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads.as<float>(),
+      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads.as(DType::kF32),
                          grad_shard(), "zero3 reduce group " + std::to_string(group));
     }
     held_grads_ -= g.grads.bytes();
@@ -200,18 +203,18 @@ void ShardedParamStore::release(int group, Phase phase) {
   }
 }
 
-float* ShardedParamStore::params(int group) {
+DevPtr ShardedParamStore::params(int group) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0 || plan_.group_chunks(group).empty(),
                     "params of group " + std::to_string(group) + " read while not acquired");
-  return g.params.as<float>();
+  return g.params.as(DType::kF32);
 }
 
-float* ShardedParamStore::grads(int group) {
+DevPtr ShardedParamStore::grads(int group) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
-  TRIDENT_CHECK_MSG(g.grads.get() != nullptr || plan_.group_chunks(group).empty(),
+  TRIDENT_CHECK_MSG(!g.grads.get().is_null() || plan_.group_chunks(group).empty(),
                     "grads of group " + std::to_string(group) + " used outside backward");
-  return g.grads.as<float>();
+  return g.grads.as(DType::kF32);
 }
 
 void ShardedParamStore::load_param(int param, const float* host_full) {
@@ -229,11 +232,12 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
   if (padded == 0) return out;
   const int dp = dp_.size();
   DeviceBuffer gathered(ops_, dp * padded * sizeof(float));
-  dp_.all_gather({param_shard() + t.shard_offset, padded}, {gathered.as<float>(), dp * padded},
+  dp_.all_gather(std::span<float>((param_shard() + t.shard_offset).raw_as<float>(), padded),
+                 std::span<float>(gathered.as(DType::kF32).raw_as<float>(), dp * padded),
                  {.label = "gather " + layout_.params[static_cast<size_t>(param)].name});
   // Rank r's rows start at row r * rows_per_rank, so the padded segments laid end to end
   // are the tensor followed by padding.
-  ops_.download(out.data(), gathered.as<float>(), numel * sizeof(float));
+  ops_.download(out.data(), gathered.as(DType::kF32), numel * sizeof(float));
   return out;
 }
 
@@ -270,18 +274,18 @@ void GradShardedParamStore::release(int group, Phase phase) {
                     "group " + std::to_string(group) + " released for backward, not acquired");
   if (--h.refs > 0) return;
   for (int c : plan_.group_chunks(group)) {
-    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads.as<float>(),
+    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads.as(DType::kF32),
                        grad_shard(), "zero2 reduce group " + std::to_string(group));
   }
   held_grads_ -= h.grads.bytes();
   h.grads.reset();
 }
 
-float* GradShardedParamStore::grads(int group) {
+DevPtr GradShardedParamStore::grads(int group) {
   const Held& h = held_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(h.refs > 0 || plan_.group_chunks(group).empty(),
                     "grads of group " + std::to_string(group) + " used outside backward");
-  return h.grads.as<float>();
+  return h.grads.as(DType::kF32);
 }
 
 }  // namespace trident

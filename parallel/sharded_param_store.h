@@ -115,17 +115,17 @@ class ShardPlan {
 
 // Copies every rank's rows of the chunk's tensors from full[...] into
 // packed[dp * chunk_floats] (rank r's segment at r * chunk_floats); padding zeroed.
-void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* full, float* packed);
+void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr packed);
 // The inverse: writes every rank's rows from packed back into full.
-void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, const float* packed, float* full);
+void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full);
 // Copies this rank's rows into segment[chunk_floats]; padding zeroed.
-void pack_own(Ops& ops, const ShardChunk& chunk, int rank, const float* full, float* segment);
+void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment);
 // Collective over dp: reduce-scatters the chunk's full gradients (full[...], as for
 // pack_chunk) over the dp ranks, scales the sum by 1/dp (the loss is the mean over dp)
 // and ADDS this rank's segment to shard[chunk.shard_offset ...]. Uses a transient pack
 // buffer of (dp + 1) * chunk_floats floats.
-void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, const float* full,
-                        float* shard, const std::string& label);
+void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
+                        DevPtr shard, const std::string& label);
 
 class ShardedParamStore : public ParamStore {
  public:
@@ -135,12 +135,12 @@ class ShardedParamStore : public ParamStore {
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
-  float* params(int group) override;  // CHECK: acquired
-  float* grads(int group) override;   // CHECK: acquired for kBackward
+  DevPtr params(int group) override;  // CHECK: acquired
+  DevPtr grads(int group) override;   // CHECK: acquired for kBackward
 
   // This rank's shard buffers (plan().shard_floats() floats each).
-  float* param_shard() { return param_shard_.as<float>(); }
-  float* grad_shard() { return grad_shard_.as<float>(); }
+  DevPtr param_shard() { return param_shard_.as(DType::kF32); }
+  DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
   // Writes this rank's rows of parameter `param` from the full (TP-local) host values.
   void load_param(int param, const float* host_full);
@@ -192,14 +192,16 @@ class GradShardedParamStore : public ParamStore {
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
-  float* params(int group) override { return params_.as<float>() + layout_.groups[group].offset; }
-  float* grads(int group) override;  // CHECK: acquired for kBackward (non-empty group)
+  DevPtr params(int group) override {
+    return params_.as(DType::kF32) + layout_.groups[group].offset;
+  }
+  DevPtr grads(int group) override;  // CHECK: acquired for kBackward (non-empty group)
 
   // The resident flat parameter buffer (layout.total_floats() floats).
-  float* param_data() { return params_.as<float>(); }
+  DevPtr param_data() { return params_.as(DType::kF32); }
   size_t num_floats() const { return total_; }
   // This rank's gradient shard (plan().shard_floats() floats); one chunk per group.
-  float* grad_shard() { return grad_shard_.as<float>(); }
+  DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
 
   // Bytes of full group gradient buffers held now, and the most held at once since

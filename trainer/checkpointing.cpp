@@ -33,9 +33,9 @@ std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp
     BoxRef box;
     box.global_shape = p.shape.dims();
     owned_box(p, st.row_begin, st.row_end, &box.start, &box.extent);
-    for (auto [kind, data] : {std::pair<const char*, DevPtr>{"param", DevPtr::wrap(st.param, DType::kF32)},
-                              {"adam_m", DevPtr::wrap(st.exp_avg, DType::kF32)},
-                              {"adam_v", DevPtr::wrap(st.exp_avg_sq, DType::kF32)}}) {
+    for (auto [kind, data] : {std::pair<const char*, DevPtr>{"param", st.param},
+                              {"adam_m", st.exp_avg},
+                              {"adam_v", st.exp_avg_sq}}) {
       box.tensor = tensor_name(kind, p);
       box.data = data;
       boxes.push_back(box);
@@ -67,10 +67,10 @@ Status load_checkpoint_state(Checkpoint& ckpt, const ParamLayout& layout, DataPa
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
     if (st.row_end <= st.row_begin) continue;
     owned_box(p, st.row_begin, st.row_end, &start, &extent);
-    TRIDENT_RETURN_IF_ERROR(ckpt.read_box(tensor_name("adam_m", p), start, extent,
-                                          DevPtr::wrap(st.exp_avg, DType::kF32), ops));
-    TRIDENT_RETURN_IF_ERROR(ckpt.read_box(tensor_name("adam_v", p), start, extent,
-                                          DevPtr::wrap(st.exp_avg_sq, DType::kF32), ops));
+    TRIDENT_RETURN_IF_ERROR(
+        ckpt.read_box(tensor_name("adam_m", p), start, extent, st.exp_avg, ops));
+    TRIDENT_RETURN_IF_ERROR(
+        ckpt.read_box(tensor_name("adam_v", p), start, extent, st.exp_avg_sq, ops));
   }
   return Status::ok();
 }

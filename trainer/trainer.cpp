@@ -70,10 +70,10 @@ class Trainer::StageRunner : public PipelineStageModel {
  public:
   explicit StageRunner(Trainer& t) : t_(t) {}
   size_t boundary_floats() const override { return t_.model_->boundary_floats(); }
-  float* input_activation(int slot) override { return t_.model_->input_activation(slot); }
-  const float* output_activation(int slot) override { return t_.model_->output_activation(slot); }
-  float* output_grad(int) override { return t_.model_->output_grad(); }
-  const float* input_grad(int) override { return t_.model_->input_grad(); }
+  DevPtr input_activation(int slot) override { return t_.model_->input_activation(slot); }
+  DevPtr output_activation(int slot) override { return t_.model_->output_activation(slot); }
+  DevPtr output_grad(int) override { return t_.model_->output_grad(); }
+  DevPtr input_grad(int) override { return t_.model_->input_grad(); }
 
   void forward(int micro, int slot) override {
     const auto& c = t_.config_;
@@ -534,7 +534,9 @@ Result<StepMetrics> Trainer::train_step() {
   if (groups_.embedding) {
     // The tied embedding lives on the first and the last stage: sum the two gradients.
     const ParamInfo* wte = layout_.find("wte");
-    std::span<float> g = dp_->reduced_grad(static_cast<int>(wte - layout_.params.data()));
+    const DataParallel::GradSlice grad =
+        dp_->reduced_grad(static_cast<int>(wte - layout_.params.data()));
+    std::span<float> g(grad.data.raw_as<float>(), grad.floats);
     CollectiveOptions opts;
     opts.label = "tied wte grad";
     groups_.embedding->all_reduce(g, ReduceOp::kSum, opts);
@@ -598,10 +600,13 @@ Result<double> Trainer::evaluate() {
       if (!st.is_ok() && status.is_ok()) status = st;
     }
     // Forward only, stage after stage: receive, compute, pass on.
-    if (!first) pp.recv(std::span<float>(model_->input_activation(0), n), pp.rank() - 1, b);
+    if (!first)
+      pp.recv(std::span<float>(model_->input_activation(0).raw_as<float>(), n), pp.rank() - 1, b);
     model_->forward_stage(0, first ? inputs_.data() : nullptr, last ? targets_.data() : nullptr,
                           mb, T);
-    if (!last) pp.send(std::span<const float>(model_->output_activation(0), n), pp.rank() + 1, b);
+    if (!last)
+      pp.send(std::span<const float>(model_->output_activation(0).raw_as<float>(), n),
+              pp.rank() + 1, b);
   }
   if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0, "eval data status") > 0) {
     if (!status.is_ok()) return status;

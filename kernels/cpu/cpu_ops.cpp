@@ -1,103 +1,295 @@
 // CpuOps: the Ops interface over the free functions of kernels/cpu/cpu_kernels.h.
-// Every call first sets this thread's OpenMP thread count to the object's own, so two
-// CpuOps objects with different counts can be used alternately from one thread (the
-// OpenMP build of OpenBLAS follows omp_get_max_threads()).
+//
+// Every entry point runs inside a Call: it sets this thread's OpenMP thread count to the
+// object's own (so two CpuOps objects with different counts can be used alternately from
+// one thread; the OpenMP build of OpenBLAS follows omp_get_max_threads()), opens a
+// DeviceAccessScope (the checked backend makes device memory accessible only inside one),
+// and checks every argument's dtype (kernels/ops.h), CHECK-failing with the op and the
+// argument's name.
+//
+// bf16 storage: the kernels are fp32 only. An F argument that is f32 reaches them as its
+// own pointer (so all-f32 calls are bitwise the fp32 kernels); a bf16 one goes through an
+// F32In (widened exactly into scratch before the kernel) or an F32Out (scratch the kernel
+// writes, rounded to nearest even into the bf16 buffer once, when the F32Out goes out of
+// scope; an updating output is widened first). Inputs are widened before any output is
+// stored, so outputs that alias inputs (add, cross-entropy backward) stay correct. The
+// scratch is grow-only and owned by the object: no allocation per call once warm.
 #include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "core/check.h"
+#include "core/device_access.h"
+#include "core/tensor.h"
+#include "kernels/cpu/checked_memory.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_util.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "kernels/ops.h"
 
 namespace trident {
 namespace {
 
+void widen(float* dst, const bf16_t* src, size_t n) {
+  cpu::parallel_blocks(n, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) dst[i] = bf16_to_float(src[i]);
+  });
+}
+
+void round_to_bf16(bf16_t* dst, const float* src, size_t n) {
+  cpu::parallel_blocks(n, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) dst[i] = float_to_bf16(src[i]);
+  });
+}
+
+// Grow-only fp32 buffers handed out in order within one call (reset by each Call).
+class Scratch {
+ public:
+  void reset() { next_ = 0; }
+  float* take(size_t n) {
+    if (next_ == buffers_.size()) buffers_.emplace_back();
+    std::vector<float>& b = buffers_[next_++];
+    if (b.size() < n) b.resize(n);
+    return b.data();
+  }
+
+ private:
+  std::vector<std::vector<float>> buffers_;  // moved on growth; their data stays put
+  size_t next_ = 0;
+};
+
+// One entry point's context: thread count, device access, dtype checks, scratch.
+class Call {
+ public:
+  Call(int threads, Scratch& scratch, const char* op) : scratch_(scratch), op_(op) {
+    omp_set_num_threads(threads);
+    scratch_.reset();
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  // A null pointer is "absent" and passes any check.
+  void expect(DevPtr p, DType want, const char* arg) const {
+    if (!p.is_null() && p.dtype() != want) wrong_dtype(p, dtype_name(want), arg);
+  }
+  void expect_float(DevPtr p, const char* arg) const {
+    if (!p.is_null() && !is_float_dtype(p.dtype())) wrong_dtype(p, "f32 or bf16", arg);
+  }
+  float* f32(DevPtr p, const char* arg) const {
+    expect(p, DType::kF32, arg);
+    return static_cast<float*>(p.raw());
+  }
+  const int32_t* i32(DevPtr p, const char* arg) const {
+    expect(p, DType::kI32, arg);
+    return static_cast<const int32_t*>(p.raw());
+  }
+  double* f64(DevPtr p, const char* arg) const {
+    expect(p, DType::kF64, arg);
+    return static_cast<double*>(p.raw());
+  }
+  void* bytes(DevPtr p, const char* arg) const {
+    expect(p, DType::kU8, arg);
+    return p.raw();
+  }
+  float* take(size_t n) { return scratch_.take(n); }
+
+ private:
+  [[noreturn]] void wrong_dtype(DevPtr p, const char* want, const char* arg) const {
+    check_failed("argument dtype",
+                 std::string("cpu ") + op_ + ": argument " + arg + " has dtype " +
+                     dtype_name(p.dtype()) + ", want " + want,
+                 __FILE__, __LINE__);
+  }
+
+  Scratch& scratch_;
+  const char* op_;
+  DeviceAccessScope scope_;  // open for the whole call, outputs' rounding included
+};
+
+// An F input of n elements as const float*: the buffer itself (f32) or a widened copy.
+class F32In {
+ public:
+  F32In(Call& call, DevPtr p, size_t n, const char* arg) {
+    call.expect_float(p, arg);
+    if (p.is_null() || p.dtype() == DType::kF32) {
+      ptr_ = static_cast<const float*>(p.raw());
+    } else {
+      float* w = call.take(n);
+      widen(w, static_cast<const bf16_t*>(p.raw()), n);
+      ptr_ = w;
+    }
+  }
+  F32In(const F32In&) = delete;
+  F32In& operator=(const F32In&) = delete;
+  operator const float*() const { return ptr_; }
+
+ private:
+  const float* ptr_ = nullptr;
+};
+
+// How an F output is written: overwritten, or read-modify-written (accumulating
+// gradients, in-place ops).
+enum class Store { kOverwrite, kUpdate };
+
+// An F output of n elements as float*: the buffer itself (f32), or scratch rounded into
+// the bf16 buffer once, at destruction (widened first for kUpdate).
+class F32Out {
+ public:
+  F32Out(Call& call, DevPtr p, size_t n, const char* arg, Store store) : n_(n) {
+    call.expect_float(p, arg);
+    if (p.is_null() || p.dtype() == DType::kF32) {
+      ptr_ = static_cast<float*>(p.raw());
+    } else {
+      bf16_ = static_cast<bf16_t*>(p.raw());
+      ptr_ = call.take(n);
+      if (store == Store::kUpdate) widen(ptr_, bf16_, n);
+    }
+  }
+  ~F32Out() {
+    if (bf16_ != nullptr) round_to_bf16(bf16_, ptr_, n_);
+  }
+  F32Out(const F32Out&) = delete;
+  F32Out& operator=(const F32Out&) = delete;
+  operator float*() const { return ptr_; }
+
+ private:
+  float* ptr_ = nullptr;
+  bf16_t* bf16_ = nullptr;  // non-null: round ptr_ into it at the end
+  size_t n_;
+};
+
+size_t elems(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
+size_t elems(int a, int b, int c, int d) { return elems(a, b) * elems(c, d); }
+
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {
+  CpuOps(int threads, bool checked)
+      : threads_(threads > 0 ? threads : omp_get_num_procs()), checked_(checked) {
     omp_set_num_threads(threads_);
   }
   const char* name() const override { return "cpu"; }
   double peak_flops() const override {
     if (peak_flops_ == 0) {  // measured once, at this object's thread count
-      bind();
+      omp_set_num_threads(threads_);
       peak_flops_ = measure_sgemm_peak_gflops() * 1e9;
     }
     return peak_flops_;
   }
 
-  void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
-    void* p = std::aligned_alloc(64, rounded);
-    TRIDENT_CHECK_MSG(p != nullptr, "cpu allocate of " + std::to_string(bytes) + " bytes failed");
-    std::memset(p, 0, rounded);
-    return p;
+  void zero(DevPtr dst, size_t bytes) override {
+    Call c = call("zero");
+    if (bytes > 0) std::memset(dst.raw(), 0, bytes);
   }
-  void deallocate(void* ptr) override { std::free(ptr); }
-  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes > 0) std::memmove(dst, src, bytes);
+  void copy(DevPtr dst, DevPtr src, size_t bytes) override {
+    Call c = call("copy");
+    if (bytes > 0) std::memmove(dst.raw(), src.raw(), bytes);
   }
-
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int B, int T, int C, int vocab_begin, int vocab_local) override {
-    bind();
-    cpu::embedding_forward(out, tokens, wte, wpe, B, T, C, vocab_begin, vocab_local);
-  }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int B, int T, int C, int vocab_begin, int vocab_local) override {
-    bind();
-    cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, vocab_begin, vocab_local);
+  void cast(DevPtr dst, DevPtr src, size_t n) override {
+    Call c = call("cast");
+    c.expect_float(dst, "dst");
+    c.expect_float(src, "src");
+    if (n == 0) return;
+    if (dst.dtype() == src.dtype()) {
+      std::memmove(dst.raw(), src.raw(), n * dtype_size(dst.dtype()));
+    } else if (dst.dtype() == DType::kBF16) {
+      round_to_bf16(static_cast<bf16_t*>(dst.raw()), static_cast<const float*>(src.raw()), n);
+    } else {
+      widen(static_cast<float*>(dst.raw()), static_cast<const bf16_t*>(src.raw()), n);
+    }
   }
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int N, int C,
-                         float eps) override {
-    bind();
-    cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  void embedding_forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T, int C,
+                         int vocab_begin, int vocab_local) override {
+    Call c = call("embedding_forward");
+    F32In wte_f(c, wte, elems(vocab_local, C), "wte");
+    F32In wpe_f(c, wpe, elems(T, C), "wpe");
+    F32Out out_f(c, out, elems(B * T, C), "out", Store::kOverwrite);
+    cpu::embedding_forward(out_f, c.i32(tokens, "tokens"), wte_f, wpe_f, B, T, C, vocab_begin,
+                           vocab_local);
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
-    bind();
-    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-  }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
-                       int C, float eps) override {
-    bind();
-    cpu::rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
-  }
-  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                        const float* weight, const float* rstd, int N, int C) override {
-    bind();
-    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  void embedding_backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B, int T, int C,
+                          int vocab_begin, int vocab_local) override {
+    Call c = call("embedding_backward");
+    F32In dout_f(c, dout, elems(B * T, C), "dout");
+    cpu::embedding_backward(c.f32(dwte, "dwte"), c.f32(dwpe, "dwpe"), dout_f,
+                            c.i32(tokens, "tokens"), B, T, C, vocab_begin, vocab_local);
   }
 
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                      int N, int IC, int OC) override {
-    bind();
-    cpu::matmul_forward(out, inp, weight, bias, N, IC, OC);
+  void layernorm_forward(DevPtr out, DevPtr mean, DevPtr rstd, DevPtr inp, DevPtr weight,
+                         DevPtr bias, int N, int C, float eps) override {
+    Call c = call("layernorm_forward");
+    F32In inp_f(c, inp, elems(N, C), "inp");
+    F32In weight_f(c, weight, static_cast<size_t>(C), "weight");
+    F32In bias_f(c, bias, static_cast<size_t>(C), "bias");
+    F32Out out_f(c, out, elems(N, C), "out", Store::kOverwrite);
+    cpu::layernorm_forward(out_f, c.f32(mean, "mean"), c.f32(rstd, "rstd"), inp_f, weight_f, bias_f,
+                           N, C, eps);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int N, int IC, int OC) override {
-    bind();
-    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  void layernorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                          DevPtr weight, DevPtr mean, DevPtr rstd, int N, int C) override {
+    Call c = call("layernorm_backward");
+    F32In dout_f(c, dout, elems(N, C), "dout");
+    F32In inp_f(c, inp, elems(N, C), "inp");
+    F32In weight_f(c, weight, static_cast<size_t>(C), "weight");
+    F32Out dinp_f(c, dinp, elems(N, C), "dinp", Store::kUpdate);
+    cpu::layernorm_backward(dinp_f, c.f32(dweight, "dweight"), c.f32(dbias, "dbias"), dout_f, inp_f,
+                            weight_f, c.f32(mean, "mean"), c.f32(rstd, "rstd"), N, C);
+  }
+  void rmsnorm_forward(DevPtr out, DevPtr rstd, DevPtr inp, DevPtr weight, int N, int C,
+                       float eps) override {
+    Call c = call("rmsnorm_forward");
+    F32In inp_f(c, inp, elems(N, C), "inp");
+    F32In weight_f(c, weight, static_cast<size_t>(C), "weight");
+    F32Out out_f(c, out, elems(N, C), "out", Store::kOverwrite);
+    cpu::rmsnorm_forward(out_f, c.f32(rstd, "rstd"), inp_f, weight_f, N, C, eps);
+  }
+  void rmsnorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dout, DevPtr inp, DevPtr weight,
+                        DevPtr rstd, int N, int C) override {
+    Call c = call("rmsnorm_backward");
+    F32In dout_f(c, dout, elems(N, C), "dout");
+    F32In inp_f(c, inp, elems(N, C), "inp");
+    F32In weight_f(c, weight, static_cast<size_t>(C), "weight");
+    F32Out dinp_f(c, dinp, elems(N, C), "dinp", Store::kUpdate);
+    cpu::rmsnorm_backward(dinp_f, c.f32(dweight, "dweight"), dout_f, inp_f, weight_f,
+                          c.f32(rstd, "rstd"), N, C);
   }
 
-  void rope_forward(float* x, int B, int T, int H, int HD, float theta, int pos_offset) override {
-    bind();
-    cpu::rope_forward(x, B, T, H, HD, theta, pos_offset);
+  void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                      int OC) override {
+    Call c = call("matmul_forward");
+    F32In inp_f(c, inp, elems(N, IC), "inp");
+    F32In weight_f(c, weight, elems(OC, IC), "weight");
+    F32In bias_f(c, bias, static_cast<size_t>(OC), "bias");
+    F32Out out_f(c, out, elems(N, OC), "out", Store::kOverwrite);
+    cpu::matmul_forward(out_f, inp_f, weight_f, bias_f, N, IC, OC);
   }
-  void rope_backward(float* dx, int B, int T, int H, int HD, float theta,
-                     int pos_offset) override {
-    bind();
-    cpu::rope_backward(dx, B, T, H, HD, theta, pos_offset);
+  void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                       DevPtr weight, int N, int IC, int OC) override {
+    Call c = call("matmul_backward");
+    F32In dout_f(c, dout, elems(N, OC), "dout");
+    F32In inp_f(c, inp, elems(N, IC), "inp");
+    F32In weight_f(c, weight, elems(OC, IC), "weight");
+    F32Out dinp_f(c, dinp, elems(N, IC), "dinp", Store::kUpdate);
+    cpu::matmul_backward(dinp_f, c.f32(dweight, "dweight"), c.f32(dbias, "dbias"), dout_f, inp_f,
+                         weight_f, N, IC, OC);
   }
-  // The state is the softmax probabilities [B, NH, T, T] (upper triangle 0), the exact
-  // arithmetic of cpu::attention_forward / _backward; `out` is not needed by backward.
+
+  void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Call c = call("rope_forward");
+    F32Out x_f(c, x, elems(B, T, H, HD), "x", Store::kUpdate);
+    cpu::rope_forward(x_f, B, T, H, HD, theta, pos_offset);
+  }
+  void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Call c = call("rope_backward");
+    F32Out dx_f(c, dx, elems(B, T, H, HD), "dx", Store::kUpdate);
+    cpu::rope_backward(dx_f, B, T, H, HD, theta, pos_offset);
+  }
+  // The state is the softmax probabilities [B, NH, T, T] as fp32 (upper triangle 0), the
+  // exact arithmetic of cpu::attention_forward / _backward; `out` is not needed by
+  // backward.
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
     (void)NKV;
     (void)HD;
@@ -110,120 +302,189 @@ class CpuOps final : public Ops {
     }
     return floats;
   }
-  void attention_forward(float* out, void* state, const float* q, const float* k, const float* v,
-                         int B, int T, int NH, int NKV, int HD) override {
-    bind();
+  void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
+                         int NH, int NKV, int HD) override {
+    Call c = call("attention_forward");
     TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0,
                       "attention NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV));
-    cpu::attention_forward(out, static_cast<float*>(state), q, k, v, B, T, NH, NKV, HD);
+    F32In q_f(c, q, elems(B, T, NH, HD), "q");
+    F32In k_f(c, k, elems(B, T, NKV, HD), "k");
+    F32In v_f(c, v, elems(B, T, NKV, HD), "v");
+    F32Out out_f(c, out, elems(B, T, NH, HD), "out", Store::kOverwrite);
+    cpu::attention_forward(out_f, static_cast<float*>(c.bytes(state, "state")), q_f, k_f, v_f, B, T,
+                           NH, NKV, HD);
   }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const void* state, const float* q, const float* k, const float* v,
-                          int B, int T, int NH, int NKV, int HD) override {
-    (void)out;
-    bind();
+  void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out, DevPtr state,
+                          DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
+                          int HD) override {
+    Call c = call("attention_backward");
     TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0,
                       "attention NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV));
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, static_cast<const float*>(state), B, T,
-                            NH, NKV, HD);
+    c.expect_float(out, "out");  // not read: the state holds the probabilities
+    F32In dout_f(c, dout, elems(B, T, NH, HD), "dout");
+    F32In q_f(c, q, elems(B, T, NH, HD), "q");
+    F32In k_f(c, k, elems(B, T, NKV, HD), "k");
+    F32In v_f(c, v, elems(B, T, NKV, HD), "v");
+    F32Out dq_f(c, dq, elems(B, T, NH, HD), "dq", Store::kUpdate);
+    F32Out dk_f(c, dk, elems(B, T, NKV, HD), "dk", Store::kUpdate);
+    F32Out dv_f(c, dv, elems(B, T, NKV, HD), "dv", Store::kUpdate);
+    cpu::attention_backward(dq_f, dk_f, dv_f, dout_f, q_f, k_f, v_f,
+                            static_cast<const float*>(c.bytes(state, "state")), B, T, NH, NKV, HD);
   }
 
-  void gelu_forward(float* out, const float* inp, size_t n) override {
-    bind();
-    cpu::gelu_forward(out, inp, n);
+  void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
+    Call c = call("gelu_forward");
+    F32In inp_f(c, inp, n, "inp");
+    F32Out out_f(c, out, n, "out", Store::kOverwrite);
+    cpu::gelu_forward(out_f, inp_f, n);
   }
-  void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) override {
-    bind();
-    cpu::gelu_backward(dinp, dout, inp, n);
+  void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) override {
+    Call c = call("gelu_backward");
+    F32In dout_f(c, dout, n, "dout");
+    F32In inp_f(c, inp, n, "inp");
+    F32Out dinp_f(c, dinp, n, "dinp", Store::kUpdate);
+    cpu::gelu_backward(dinp_f, dout_f, inp_f, n);
   }
-  void swiglu_forward(float* out, const float* gate, const float* up, size_t n) override {
-    bind();
-    cpu::swiglu_forward(out, gate, up, n);
+  void swiglu_forward(DevPtr out, DevPtr gate, DevPtr up, size_t n) override {
+    Call c = call("swiglu_forward");
+    F32In gate_f(c, gate, n, "gate");
+    F32In up_f(c, up, n, "up");
+    F32Out out_f(c, out, n, "out", Store::kOverwrite);
+    cpu::swiglu_forward(out_f, gate_f, up_f, n);
   }
-  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                       const float* up, size_t n) override {
-    bind();
-    cpu::swiglu_backward(dgate, dup, dout, gate, up, n);
+  void swiglu_backward(DevPtr dgate, DevPtr dup, DevPtr dout, DevPtr gate, DevPtr up,
+                       size_t n) override {
+    Call c = call("swiglu_backward");
+    F32In dout_f(c, dout, n, "dout");
+    F32In gate_f(c, gate, n, "gate");
+    F32In up_f(c, up, n, "up");
+    F32Out dgate_f(c, dgate, n, "dgate", Store::kUpdate);
+    F32Out dup_f(c, dup, n, "dup", Store::kUpdate);
+    cpu::swiglu_backward(dgate_f, dup_f, dout_f, gate_f, up_f, n);
   }
-  void add(float* out, const float* a, const float* b, size_t n) override {
-    bind();
-    cpu::add(out, a, b, n);
+  void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
+    Call c = call("add");
+    F32In a_f(c, a, n, "a");
+    F32In b_f(c, b, n, "b");
+    F32Out out_f(c, out, n, "out", Store::kOverwrite);
+    cpu::add(out_f, a_f, b_f, n);
   }
-  void accumulate(float* dst, const float* src, size_t n) override {
-    bind();
-    cpu::accumulate(dst, src, n);
+  void accumulate(DevPtr dst, DevPtr src, size_t n) override {
+    Call c = call("accumulate");
+    F32In src_f(c, src, n, "src");
+    F32Out dst_f(c, dst, n, "dst", Store::kUpdate);
+    cpu::accumulate(dst_f, src_f, n);
   }
-  void scale(float* x, float s, size_t n) override {
-    bind();
-    cpu::scale(x, s, n);
+  void scale(DevPtr x, float s, size_t n) override {
+    Call c = call("scale");
+    F32Out x_f(c, x, n, "x", Store::kUpdate);
+    cpu::scale(x_f, s, n);
   }
 
-  void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                             int V, int Vp) override {
-    bind();
-    cpu::cross_entropy_forward(losses, logits, targets, N, V, Vp);
+  void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
+                             int Vp) override {
+    Call c = call("cross_entropy_forward");
+    F32In logits_f(c, logits, elems(N, Vp), "logits");
+    cpu::cross_entropy_forward(c.f32(losses, "losses"), logits_f, c.i32(targets, "targets"), N, V,
+                               Vp);
   }
-  void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                              float dloss, int N, int V, int Vp) override {
-    bind();
-    cpu::cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
+                              int V, int Vp) override {
+    Call c = call("cross_entropy_backward");
+    F32In logits_f(c, logits, elems(N, Vp), "logits");
+    F32Out dlogits_f(c, dlogits, elems(N, Vp), "dlogits", Store::kOverwrite);
+    cpu::cross_entropy_backward(dlogits_f, logits_f, c.i32(targets, "targets"), dloss, N, V, Vp);
   }
-  void xent_local_max(float* row_max, const float* logits, int N, int Vp_local, int vocab_begin,
+  void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
                       int V) override {
-    bind();
-    cpu::xent_local_max(row_max, logits, N, Vp_local, vocab_begin, V);
+    Call c = call("xent_local_max");
+    F32In logits_f(c, logits, elems(N, Vp_local), "logits");
+    cpu::xent_local_max(c.f32(row_max, "row_max"), logits_f, N, Vp_local, vocab_begin, V);
   }
-  void xent_local_sums(float* sum_exp, float* target_logit, const float* logits,
-                       const float* row_max, const int32_t* targets, int N, int Vp_local,
-                       int vocab_begin, int V) override {
-    bind();
-    cpu::xent_local_sums(sum_exp, target_logit, logits, row_max, targets, N, Vp_local,
+  void xent_local_sums(DevPtr sum_exp, DevPtr target_logit, DevPtr logits, DevPtr row_max,
+                       DevPtr targets, int N, int Vp_local, int vocab_begin, int V) override {
+    Call c = call("xent_local_sums");
+    F32In logits_f(c, logits, elems(N, Vp_local), "logits");
+    cpu::xent_local_sums(c.f32(sum_exp, "sum_exp"), c.f32(target_logit, "target_logit"), logits_f,
+                         c.f32(row_max, "row_max"), c.i32(targets, "targets"), N, Vp_local,
                          vocab_begin, V);
   }
-  void xent_local_backward(float* dlogits, const float* logits, const float* row_max,
-                           const float* sum_exp, const int32_t* targets, float dloss, int N,
-                           int Vp_local, int vocab_begin, int V) override {
-    bind();
-    cpu::xent_local_backward(dlogits, logits, row_max, sum_exp, targets, dloss, N, Vp_local,
-                             vocab_begin, V);
+  void xent_local_backward(DevPtr dlogits, DevPtr logits, DevPtr row_max, DevPtr sum_exp,
+                           DevPtr targets, float dloss, int N, int Vp_local, int vocab_begin,
+                           int V) override {
+    Call c = call("xent_local_backward");
+    F32In logits_f(c, logits, elems(N, Vp_local), "logits");
+    F32Out dlogits_f(c, dlogits, elems(N, Vp_local), "dlogits", Store::kOverwrite);
+    cpu::xent_local_backward(dlogits_f, logits_f, c.f32(row_max, "row_max"),
+                             c.f32(sum_exp, "sum_exp"), c.i32(targets, "targets"), dloss, N,
+                             Vp_local, vocab_begin, V);
+  }
+  void xent_finish(DevPtr losses, DevPtr row_max, DevPtr sum_exp, DevPtr target_logit,
+                   int N) override {
+    Call c = call("xent_finish");
+    cpu::xent_finish(c.f32(losses, "losses"), c.f32(row_max, "row_max"), c.f32(sum_exp, "sum_exp"),
+                     c.f32(target_logit, "target_logit"), N);
+  }
+  void loss_accumulate(DevPtr acc, DevPtr losses, int N) override {
+    Call c = call("loss_accumulate");
+    cpu::loss_accumulate(c.f64(acc, "acc"), c.f32(losses, "losses"), N);
   }
 
-  void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
+  void adamw_update(DevPtr param, DevPtr grad, DevPtr m, DevPtr v, DevPtr compute_copy, size_t n,
                     const AdamWParams& p) override {
-    bind();
-    cpu::adamw_update(param, grad, m, v, n, p);
+    Call c = call("adamw_update");
+    float* param_f = c.f32(param, "param");
+    c.expect(compute_copy, DType::kBF16, "compute_copy");
+    cpu::adamw_update(param_f, c.f32(grad, "grad"), c.f32(m, "m"), c.f32(v, "v"), n, p);
+    if (!compute_copy.is_null()) {
+      round_to_bf16(static_cast<bf16_t*>(compute_copy.raw()), param_f, n);
+    }
   }
-  void xent_finish(float* losses, const float* row_max, const float* sum_exp,
-                   const float* target_logit, int N) override {
-    bind();
-    cpu::xent_finish(losses, row_max, sum_exp, target_logit, N);
-  }
-  void loss_accumulate(double* acc, const float* losses, int N) override {
-    cpu::loss_accumulate(acc, losses, N);
-  }
-  void sum_squares_accumulate(double* acc, const float* x, size_t n) override {
-    bind();
-    *acc += cpu::sum_squares(x, n);
+  void sum_squares_accumulate(DevPtr acc, DevPtr x, size_t n) override {
+    Call c = call("sum_squares_accumulate");
+    double* acc_d = c.f64(acc, "acc");
+    F32In x_f(c, x, n, "x");
+    *acc_d += cpu::sum_squares(x_f, n);
   }
 
  protected:
-  void do_upload(void* dst, const void* host_src, size_t bytes) override {
-    copy(dst, host_src, bytes);
+  DevPtr do_allocate(size_t bytes) override {
+    if (checked_) return DevPtr::wrap(cpu::checked_allocate(bytes), DType::kU8);
+    const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
+    void* p = std::aligned_alloc(64, rounded);
+    TRIDENT_CHECK_MSG(p != nullptr, "cpu allocate of " + std::to_string(bytes) + " bytes failed");
+    std::memset(p, 0, rounded);
+    return DevPtr::wrap(p, DType::kU8);
   }
-  void do_download(void* host_dst, const void* src, size_t bytes) override {
-    copy(host_dst, src, bytes);
+  void do_deallocate(DevPtr ptr) override {
+    if (checked_) {
+      cpu::checked_free(ptr.raw());
+    } else {
+      std::free(ptr.raw());
+    }
+  }
+  void do_upload(DevPtr dst, const void* host_src, size_t bytes) override {
+    Call c = call("upload");
+    if (bytes > 0) std::memcpy(dst.raw(), host_src, bytes);
+  }
+  void do_download(void* host_dst, DevPtr src, size_t bytes) override {
+    Call c = call("download");
+    if (bytes > 0) std::memcpy(host_dst, src.raw(), bytes);
   }
 
  private:
-  // Cheap (sets an ICV); makes the thread count a property of this object.
-  void bind() const { omp_set_num_threads(threads_); }
+  Call call(const char* op) { return Call(threads_, scratch_, op); }
 
   int threads_;
+  bool checked_;
+  Scratch scratch_;                // widened / unrounded bf16 arguments of the current call
   mutable double peak_flops_ = 0;  // 0 = not measured yet (one thread per Ops: no lock)
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }
+std::unique_ptr<Ops> make_cpu_ops(int threads, bool checked) {
+  return std::make_unique<CpuOps>(threads, checked);
+}
 
 }  // namespace trident

@@ -89,7 +89,7 @@ TEST(CheckpointDtype, ReaderRefusesADestinationOfAnotherDtype) {
   auto ops = make_cpu_ops(1);
   DeviceBuffer dst(*ops, 8 * sizeof(float));
   st = ckpt->read_box("adam_m/w", std::vector<int64_t>{0}, std::vector<int64_t>{8},
-                      DevPtr::wrap(dst.get(), DType::kF32), *ops);
+                      dst.as(DType::kF32), *ops);
   EXPECT_EQ(st.exit_code(), 2);
   EXPECT_NE(st.message().find("'adam_m/w' is bf16 in the checkpoint, but the destination is f32"),
             std::string::npos) << st.message();
@@ -126,11 +126,11 @@ TEST(CheckpointDevice, SnapshotDownloadsEachDeviceBoxOnceAndRestoreUploadsOnce) 
   DeviceBuffer dw(*ops, w.size() * sizeof(float)), dh(*ops, h.size() * sizeof(bf16_t));
   ops->upload(dw.get(), w.data(), w.size() * sizeof(float));
   ops->upload(dh.get(), h.data(), h.size() * sizeof(bf16_t));
-  const DevPtr pw = DevPtr::wrap(dw.get(), DType::kF32);
+  const DevPtr pw = dw.as(DType::kF32);
   const std::vector<BoxRef> boxes = {{"param/w", {3, 4}, {0, 0}, {1, 4}, pw},
                                      {"param/w", {3, 4}, {1, 0}, {2, 4}, pw + 4},
                                      {"param/w", {3, 4}, {3, 0}, {0, 4}, pw + 12},
-                                     {"param/h", {5}, {0}, {5}, DevPtr::wrap(dh.get(), DType::kBF16)},
+                                     {"param/h", {5}, {0}, {5}, dh.as(DType::kBF16)},
                                      {"param/s", {1}, {0}, {1}, host.data()}};
   for (int64_t step = 1; step <= 2; ++step) {  // the second save reuses the staging buffer
     const TransferCounts before = ops->transfer_counts();
@@ -154,7 +154,7 @@ TEST(CheckpointDevice, SnapshotDownloadsEachDeviceBoxOnceAndRestoreUploadsOnce) 
   DeviceBuffer back(*ops, 8 * sizeof(float));
   const TransferCounts before = ops->transfer_counts();
   ASSERT_TRUE(ckpt->read_box("param/w", std::vector<int64_t>{1, 0}, std::vector<int64_t>{2, 4},
-                             DevPtr::wrap(back.get(), DType::kF32), *ops).is_ok());
+                             back.as(DType::kF32), *ops).is_ok());
   EXPECT_EQ(ops->transfer_counts().uploads - before.uploads, 1u);
   EXPECT_EQ(ops->transfer_counts().upload_bytes - before.upload_bytes, 8 * 4u);
   std::vector<float> got(8);

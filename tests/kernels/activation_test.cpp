@@ -29,15 +29,15 @@ TEST(CpuGelu, ForwardAndBackward) {
   auto ops = make_cpu_ops(2);
   VecF x = random_vec(kN, 61, -4, 4), g = random_vec(kN, 62);
   VecF y(kN);
-  ops->gelu_forward(y.data(), x.data(), kN);
+  ops->gelu_forward(dev(*ops, y), dev(*ops, x), kN);
   expect_close(y, ref_gelu(to_d(x)), kTolF32, "out");
   const VecD gd = to_d(g);
   VecD want = numeric_grad([&](const VecD& v) { return weighted_sum(ref_gelu(v), gd); }, to_d(x));
   VecF dx(kN);
-  ops->gelu_backward(dx.data(), g.data(), x.data(), kN);
+  ops->gelu_backward(dev(*ops, dx), dev(*ops, g), dev(*ops, x), kN);
   expect_close(dx, want, kTolF32, "dinp");
   VecF pre = random_vec(kN, 63), acc = pre;
-  ops->gelu_backward(acc.data(), g.data(), x.data(), kN);
+  ops->gelu_backward(dev(*ops, acc), dev(*ops, g), dev(*ops, x), kN);
   expect_accumulated(acc, pre, dx, "dinp");
 }
 
@@ -45,7 +45,7 @@ TEST(CpuGelu, LargeArrayTakesTheParallelPathCorrectly) {
   auto ops = make_cpu_ops(2);
   const size_t n = 100003;
   VecF x = random_vec(n, 64, -6, 6), y(n);
-  ops->gelu_forward(y.data(), x.data(), n);
+  ops->gelu_forward(dev(*ops, y), dev(*ops, x), n);
   expect_close(y, ref_gelu(to_d(x)), kTolF32, "out");
 }
 
@@ -53,7 +53,7 @@ TEST(CpuSwiGlu, ForwardAndBackward) {
   auto ops = make_cpu_ops(2);
   VecF gate = random_vec(kN, 65, -5, 5), up = random_vec(kN, 66), g = random_vec(kN, 67);
   VecF y(kN);
-  ops->swiglu_forward(y.data(), gate.data(), up.data(), kN);
+  ops->swiglu_forward(dev(*ops, y), dev(*ops, gate), dev(*ops, up), kN);
   const VecD gated = to_d(gate), upd = to_d(up), gd = to_d(g);
   expect_close(y, ref_swiglu(gated, upd), kTolF32, "out");
   VecD want_gate = numeric_grad([&](const VecD& v) { return weighted_sum(ref_swiglu(v, upd), gd); },
@@ -61,15 +61,18 @@ TEST(CpuSwiGlu, ForwardAndBackward) {
   VecD want_up = numeric_grad([&](const VecD& v) { return weighted_sum(ref_swiglu(gated, v), gd); },
                               upd);
   VecF dgate(kN), dup(kN);
-  ops->swiglu_backward(dgate.data(), dup.data(), g.data(), gate.data(), up.data(), kN);
+  ops->swiglu_backward(dev(*ops, dgate), dev(*ops, dup), dev(*ops, g), dev(*ops, gate),
+                       dev(*ops, up), kN);
   expect_close(dgate, want_gate, kTolF32, "dgate");
   expect_close(dup, want_up, kTolF32, "dup");
   VecF pg = random_vec(kN, 68), pu = random_vec(kN, 69), ag = pg, au = pu;
-  ops->swiglu_backward(ag.data(), au.data(), g.data(), gate.data(), up.data(), kN);
+  ops->swiglu_backward(dev(*ops, ag), dev(*ops, au), dev(*ops, g), dev(*ops, gate), dev(*ops, up),
+                       kN);
   expect_accumulated(ag, pg, dgate, "dgate");
   expect_accumulated(au, pu, dup, "dup");
   VecF only_up(kN);
-  ops->swiglu_backward(nullptr, only_up.data(), g.data(), gate.data(), up.data(), kN);
+  ops->swiglu_backward(DevPtr(), dev(*ops, only_up), dev(*ops, g), dev(*ops, gate), dev(*ops, up),
+                       kN);
   EXPECT_EQ(only_up, dup);
 }
 
@@ -78,16 +81,19 @@ TEST(CpuPointwise, AddAccumulateScale) {
   for (size_t n : {size_t{37}, size_t{70001}}) {
     VecF a = random_vec(n, 70), b = random_vec(n, 71);
     VecF out(n);
-    ops->add(out.data(), a.data(), b.data(), n);
+    ops->add(dev(*ops, out), dev(*ops, a), dev(*ops, b), n);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], a[i] + b[i]) << i;
     VecF alias = a;  // out aliasing a
-    ops->add(alias.data(), alias.data(), b.data(), n);
+    {
+      DevVec<float> d_alias(*ops, alias);  // one buffer passed twice; written back below
+      ops->add(d_alias, d_alias, dev(*ops, b), n);
+    }
     EXPECT_EQ(alias, out);
     VecF acc = a;
-    ops->accumulate(acc.data(), b.data(), n);
+    ops->accumulate(dev(*ops, acc), dev(*ops, b), n);
     EXPECT_EQ(acc, out);
     VecF s = a;
-    ops->scale(s.data(), -0.37f, n);
+    ops->scale(dev(*ops, s), -0.37f, n);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(s[i], a[i] * -0.37f) << i;
   }
 }

@@ -23,7 +23,8 @@ TEST(CpuAdamW, MatchesFloat64FormulaOverSteps) {
   for (int step = 1; step <= 4; ++step) {
     VecF grad = random_vec(n, 100 + step);
     p.step = step;
-    ops->adamw_update(param.data(), grad.data(), m.data(), v.data(), n, p);
+    ops->adamw_update(dev(*ops, param), dev(*ops, grad), dev(*ops, m), dev(*ops, v), DevPtr(), n,
+                      p);
     const double b1 = p.beta1, b2 = p.beta2;
     for (size_t i = 0; i < n; ++i) {
       md[i] = b1 * md[i] + (1 - b1) * grad[i];
@@ -44,7 +45,7 @@ TEST(CpuSumSquares, MatchesFloat64) {
     VecF x = random_vec(n, 92, -3, 3);
     double want = 0;
     for (float f : x) want += static_cast<double>(f) * f;
-    EXPECT_NEAR(ops->sum_squares(x.data(), n), want, 1e-12 * (want + 1)) << n;
+    EXPECT_NEAR(ops->sum_squares(dev(*ops, x), n), want, 1e-12 * (want + 1)) << n;
   }
 }
 

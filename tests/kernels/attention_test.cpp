@@ -92,8 +92,8 @@ TEST(CpuAttention, ForwardMatchesFloat64) {
   VecF v = random_vec(B * T * NKV * HD, 43);
   VecF out(q.size(), 7.0f);
   auto state = attention_state(*ops, B, T, NH, NKV, HD);
-  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
-                         HD);
+  ops->attention_forward(dev(*ops, out), dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v),
+                         B, T, NH, NKV, HD);
   expect_close(out, ref_attention(to_d(q), to_d(k), to_d(v)), kTolF32, "out");
 }
 
@@ -108,8 +108,8 @@ TEST(CpuAttention, StateIsTheProbabilities) {
   VecF v = random_vec(B * T * NKV * HD, 43);
   VecF out(q.size());
   auto state = attention_state(*ops, B, T, NH, NKV, HD);
-  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
-                         HD);
+  ops->attention_forward(dev(*ops, out), dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v),
+                         B, T, NH, NKV, HD);
   VecF att(state.size() / sizeof(float));
   std::memcpy(att.data(), state.data(), state.size());
   VecD probs;
@@ -139,25 +139,28 @@ TEST(CpuAttention, BackwardMatchesFiniteDifferencesAndFloat64) {
   auto ops = make_cpu_ops(2);
   VecF out(q.size());
   auto state = attention_state(*ops, B, T, NH, NKV, HD);
-  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
-                         HD);
+  ops->attention_forward(dev(*ops, out), dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v),
+                         B, T, NH, NKV, HD);
   VecF gq(q.size()), gk(k.size()), gv(v.size());
-  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), out.data(), state.data(),
-                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(dev(*ops, gq), dev(*ops, gk), dev(*ops, gv), dev(*ops, g), dev(*ops, out),
+                          dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v), B, T, NH, NKV,
+                          HD);
   expect_close(gq, dq, kTolF32, "dq");
   expect_close(gk, dk, kTolF32, "dk");
   expect_close(gv, dv, kTolF32, "dv");
 
   VecF pq = random_vec(q.size(), 48), pk = random_vec(k.size(), 49), pv = random_vec(v.size(), 50);
   VecF aq = pq, ak = pk, av = pv;
-  ops->attention_backward(aq.data(), ak.data(), av.data(), g.data(), out.data(), state.data(),
-                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(dev(*ops, aq), dev(*ops, ak), dev(*ops, av), dev(*ops, g), dev(*ops, out),
+                          dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v), B, T, NH, NKV,
+                          HD);
   expect_accumulated(aq, pq, gq, "dq");
   expect_accumulated(ak, pk, gk, "dk");
   expect_accumulated(av, pv, gv, "dv");
   VecF only_v(v.size());
-  ops->attention_backward(nullptr, nullptr, only_v.data(), g.data(), out.data(), state.data(),
-                          q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  ops->attention_backward(DevPtr(), DevPtr(), dev(*ops, only_v), dev(*ops, g), dev(*ops, out),
+                          dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v), B, T, NH, NKV,
+                          HD);
   EXPECT_EQ(only_v, gv);
 }
 
@@ -170,10 +173,12 @@ TEST(CpuAttention, MultiBlockSequenceMatchesFloat64) {
   VecF v = random_vec(b * t * nh * hd, 53), g = random_vec(b * t * nh * hd, 54);
   VecF out(q.size());
   auto state = attention_state(*ops, b, t, nh, nh, hd);
-  ops->attention_forward(out.data(), state.data(), q.data(), k.data(), v.data(), b, t, nh, nh, hd);
+  ops->attention_forward(dev(*ops, out), dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v),
+                         b, t, nh, nh, hd);
   VecF gq(q.size()), gk(k.size()), gv(v.size());
-  ops->attention_backward(gq.data(), gk.data(), gv.data(), g.data(), out.data(), state.data(),
-                          q.data(), k.data(), v.data(), b, t, nh, nh, hd);
+  ops->attention_backward(dev(*ops, gq), dev(*ops, gk), dev(*ops, gv), dev(*ops, g), dev(*ops, out),
+                          dev(*ops, state), dev(*ops, q), dev(*ops, k), dev(*ops, v), b, t, nh, nh,
+                          hd);
   // Naive float64 reference for this shape (row i attends to j <= i).
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   VecD want(out.size(), 0.0), dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
@@ -237,16 +242,16 @@ TEST(CpuRope, ForwardMatchesFloat64AndBackwardIsTheTranspose) {
   const size_t n = static_cast<size_t>(B) * T * kRopeH * HD;
   VecF x = random_vec(n, 55), g = random_vec(n, 56);
   VecF y = x;
-  ops->rope_forward(y.data(), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
+  ops->rope_forward(dev(*ops, y), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
   expect_close(y, ref_rope(to_d(x)), kTolF32, "out");
   // The rotation is linear, so the gradient of sum(rope(x) * g) is the backward of g.
   const VecD gd = to_d(g);
   VecD want = numeric_grad([&](const VecD& v) { return weighted_sum(ref_rope(v), gd); }, to_d(x));
   VecF dx = g;
-  ops->rope_backward(dx.data(), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
+  ops->rope_backward(dev(*ops, dx), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
   expect_close(dx, want, kTolF32, "dx");
   // backward(forward(x)) == x: the rotation is orthogonal.
-  ops->rope_backward(y.data(), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
+  ops->rope_backward(dev(*ops, y), B, T, kRopeH, HD, static_cast<float>(kTheta), kPosOffset);
   expect_close(y, to_d(x), kTolF32, "roundtrip");
 }
 

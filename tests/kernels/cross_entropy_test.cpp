@@ -39,7 +39,7 @@ TEST(CpuCrossEntropy, ForwardIgnoresPaddedColumns) {
   auto ops = make_cpu_ops(2);
   auto tgt = targets();
   VecF logits = make_logits(), losses(N);
-  ops->cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, Vp);
+  ops->cross_entropy_forward(dev(*ops, losses), dev(*ops, logits), dev(*ops, tgt), N, V, Vp);
   expect_close(losses, ref_losses(to_d(logits), tgt), kTolF32, "losses");
 }
 
@@ -56,12 +56,15 @@ TEST(CpuCrossEntropy, BackwardMatchesFiniteDifferencesAndMayAlias) {
     return dloss * s;
   }, to_d(logits));
   VecF d(N * Vp, 9.0f);  // overwritten, not accumulated
-  ops->cross_entropy_backward(d.data(), logits.data(), tgt.data(), dloss, N, V, Vp);
+  ops->cross_entropy_backward(dev(*ops, d), dev(*ops, logits), dev(*ops, tgt), dloss, N, V, Vp);
   expect_close(d, want, kTolF32, "dlogits");
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) ASSERT_EQ(d[n * Vp + v], 0.0f);
   VecF inplace = logits;
-  ops->cross_entropy_backward(inplace.data(), inplace.data(), tgt.data(), dloss, N, V, Vp);
+  {
+    DevVec<float> d_inplace(*ops, inplace);  // one buffer passed twice; written back below
+    ops->cross_entropy_backward(d_inplace, d_inplace, dev(*ops, tgt), dloss, N, V, Vp);
+  }
   EXPECT_EQ(inplace, d);
 }
 

@@ -29,57 +29,63 @@ Results run_all_ops(Ops& ops) {
     for (int i = 0; i < B * T; ++i) tok[i] = (i * 13) % vocab;
     VecF wte = rnd(vocab * C), wpe = rnd(T * C), out(B * T * C), g = rnd(B * T * C);
     VecF dwte = rnd(vocab * C), dwpe = rnd(T * C);
-    ops.embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, vocab);
-    ops.embedding_backward(dwte.data(), dwpe.data(), g.data(), tok.data(), B, T, C, 0, vocab);
+    ops.embedding_forward(dev(ops, out), dev(ops, tok), dev(ops, wte), dev(ops, wpe), B, T, C, 0,
+                          vocab);
+    ops.embedding_backward(dev(ops, dwte), dev(ops, dwpe), dev(ops, g), dev(ops, tok), B, T, C, 0,
+                           vocab);
     keep(out), keep(dwte), keep(dwpe);
   }
   {  // norms
     const int N = 300, C = 200;
     VecF x = rnd(N * C), w = rnd(C), b = rnd(C), g = rnd(N * C);
     VecF out(N * C), mean(N), rstd(N), dx = rnd(N * C), dw = rnd(C), db = rnd(C);
-    ops.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                          C, 1e-5f);
-    ops.layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
-                           mean.data(), rstd.data(), N, C);
+    ops.layernorm_forward(dev(ops, out), dev(ops, mean), dev(ops, rstd), dev(ops, x), dev(ops, w),
+                          dev(ops, b), N, C, 1e-5f);
+    ops.layernorm_backward(dev(ops, dx), dev(ops, dw), dev(ops, db), dev(ops, g), dev(ops, x),
+                           dev(ops, w), dev(ops, mean), dev(ops, rstd), N, C);
     keep(out), keep(mean), keep(rstd), keep(dx), keep(dw), keep(db);
-    ops.rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-    ops.rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+    ops.rmsnorm_forward(dev(ops, out), dev(ops, rstd), dev(ops, x), dev(ops, w), N, C, 1e-5f);
+    ops.rmsnorm_backward(dev(ops, dx), dev(ops, dw), dev(ops, g), dev(ops, x), dev(ops, w),
+                         dev(ops, rstd), N, C);
     keep(out), keep(rstd), keep(dx), keep(dw);
   }
   {  // matmul
     const int N = 300, IC = 200, OC = 160;
     VecF x = rnd(N * IC), w = rnd(OC * IC), b = rnd(OC), g = rnd(N * OC), out(N * OC);
     VecF dx = rnd(N * IC), dw = rnd(OC * IC), db = rnd(OC);
-    ops.matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC);
-    ops.matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, IC, OC);
+    ops.matmul_forward(dev(ops, out), dev(ops, x), dev(ops, w), dev(ops, b), N, IC, OC);
+    ops.matmul_backward(dev(ops, dx), dev(ops, dw), dev(ops, db), dev(ops, g), dev(ops, x),
+                        dev(ops, w), N, IC, OC);
     keep(out), keep(dx), keep(dw), keep(db);
   }
   {  // rope + attention (GQA, several row blocks)
     const int B = 2, T = 150, NH = 4, NKV = 2, HD = 16;
     VecF q = rnd(B * T * NH * HD), k = rnd(B * T * NKV * HD), v = rnd(B * T * NKV * HD);
-    ops.rope_forward(q.data(), B, T, NH, HD, 10000.0f, 0);
-    ops.rope_forward(k.data(), B, T, NKV, HD, 10000.0f, 0);
+    ops.rope_forward(dev(ops, q), B, T, NH, HD, 10000.0f, 0);
+    ops.rope_forward(dev(ops, k), B, T, NKV, HD, 10000.0f, 0);
     VecF out(q.size()), g = rnd(q.size());
     VecF att(ops.attention_state_bytes(B, T, NH, NKV, HD) / sizeof(float));  // CPU: floats
     VecF dq = rnd(q.size()), dk = rnd(k.size()), dv = rnd(v.size());
-    ops.attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
-    ops.attention_backward(dq.data(), dk.data(), dv.data(), g.data(), out.data(), att.data(),
-                           q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
-    ops.rope_backward(dq.data(), B, T, NH, HD, 10000.0f, 0);
+    ops.attention_forward(dev(ops, out), dev(ops, att).as(DType::kU8), dev(ops, q), dev(ops, k),
+                          dev(ops, v), B, T, NH, NKV, HD);
+    ops.attention_backward(dev(ops, dq), dev(ops, dk), dev(ops, dv), dev(ops, g), dev(ops, out),
+                           dev(ops, att).as(DType::kU8), dev(ops, q), dev(ops, k), dev(ops, v), B,
+                           T, NH, NKV, HD);
+    ops.rope_backward(dev(ops, dq), B, T, NH, HD, 10000.0f, 0);
     keep(q), keep(out), keep(att), keep(dq), keep(dk), keep(dv);
   }
   {  // pointwise
     const size_t n = 70001;
     VecF x = rnd(n), u = rnd(n), g = rnd(n), y(n), dx = rnd(n), du = rnd(n);
-    ops.gelu_forward(y.data(), x.data(), n);
-    ops.gelu_backward(dx.data(), g.data(), x.data(), n);
+    ops.gelu_forward(dev(ops, y), dev(ops, x), n);
+    ops.gelu_backward(dev(ops, dx), dev(ops, g), dev(ops, x), n);
     keep(y), keep(dx);
-    ops.swiglu_forward(y.data(), x.data(), u.data(), n);
-    ops.swiglu_backward(dx.data(), du.data(), g.data(), x.data(), u.data(), n);
+    ops.swiglu_forward(dev(ops, y), dev(ops, x), dev(ops, u), n);
+    ops.swiglu_backward(dev(ops, dx), dev(ops, du), dev(ops, g), dev(ops, x), dev(ops, u), n);
     keep(y), keep(dx), keep(du);
-    ops.add(y.data(), x.data(), u.data(), n);
-    ops.accumulate(y.data(), g.data(), n);
-    ops.scale(y.data(), 0.3f, n);
+    ops.add(dev(ops, y), dev(ops, x), dev(ops, u), n);
+    ops.accumulate(dev(ops, y), dev(ops, g), n);
+    ops.scale(dev(ops, y), 0.3f, n);
     keep(y);
   }
   {  // loss
@@ -87,8 +93,11 @@ Results run_all_ops(Ops& ops) {
     VecF logits = rnd(N * Vp), losses(N);
     std::vector<int32_t> tgt(N);
     for (int n = 0; n < N; ++n) tgt[n] = (n * 37) % V;
-    ops.cross_entropy_forward(losses.data(), logits.data(), tgt.data(), N, V, Vp);
-    ops.cross_entropy_backward(logits.data(), logits.data(), tgt.data(), 1.0f / N, N, V, Vp);
+    ops.cross_entropy_forward(dev(ops, losses), dev(ops, logits), dev(ops, tgt), N, V, Vp);
+    {
+      DevVec<float> d_logits(ops, logits);  // in place, as the model calls it
+      ops.cross_entropy_backward(d_logits, d_logits, dev(ops, tgt), 1.0f / N, N, V, Vp);
+    }
     keep(losses), keep(logits);
   }
   {  // optimizer
@@ -99,10 +108,10 @@ Results run_all_ops(Ops& ops) {
     p.weight_decay = 0.1f;
     for (int step = 1; step <= 2; ++step) {
       p.step = step;
-      ops.adamw_update(param.data(), grad.data(), m.data(), v.data(), n, p);
+      ops.adamw_update(dev(ops, param), dev(ops, grad), dev(ops, m), dev(ops, v), DevPtr(), n, p);
     }
     keep(param), keep(m), keep(v);
-    const double ss = ops.sum_squares(param.data(), n);
+    const double ss = ops.sum_squares(dev(ops, param), n);
     VecF bits(2);
     std::memcpy(bits.data(), &ss, sizeof ss);
     keep(bits);
@@ -138,9 +147,11 @@ TEST(CpuOps, MemoryIsAlignedZeroedAndCopies) {
   EXPECT_STREQ(ops->name(), "cpu");
   for (size_t bytes : {size_t{1}, size_t{100}, size_t{4096 + 3}}) {
     DeviceBuffer buf(*ops, bytes);
-    ASSERT_NE(buf.get(), nullptr);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.get()) % 64, 0u);
-    const auto* p = buf.as<unsigned char>();
+    ASSERT_FALSE(buf.get().is_null());
+    EXPECT_EQ(buf.get().dtype(), DType::kU8);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.get().raw()) % 64, 0u);
+    std::vector<unsigned char> p(bytes, 1);
+    ops->download(p.data(), buf.get(), bytes);
     for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(p[i], 0) << i;
   }
   VecF host = random_vec(33, 7), back(33);

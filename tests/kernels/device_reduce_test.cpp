@@ -31,7 +31,7 @@ TEST(CpuDeviceReduce, XentFinishEqualsTheHostCombineOnAnyThreadCount) {
   for (int threads : {1, 2, 3}) {
     auto ops = make_cpu_ops(threads);
     VecF got(N, 123.0f);
-    ops->xent_finish(got.data(), row_max.data(), sum_exp.data(), target.data(), N);
+    ops->xent_finish(dev(*ops, got), dev(*ops, row_max), dev(*ops, sum_exp), dev(*ops, target), N);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), N * sizeof(float)), 0) << threads;
   }
 }
@@ -42,17 +42,19 @@ TEST(CpuDeviceReduce, LossAccumulateEqualsTheHostLoopBitwise) {
   auto ops = make_cpu_ops(2);
   const int N = 37;
   double want = 0.0;
-  double* acc = static_cast<double*>(ops->allocate(sizeof(double)));
+  DeviceBuffer acc_buf(*ops, sizeof(double));  // zero-filled
+  const DevPtr acc = acc_buf.as(DType::kF64);
   for (int micro = 0; micro < 4; ++micro) {
     const VecF losses = random_vec(N, 10 + micro, 0, 11);
     double sum = 0.0;
     for (float v : losses) sum += v;
     want += static_cast<float>(sum / N);
-    ops->loss_accumulate(acc, losses.data(), N);
+    ops->loss_accumulate(acc, dev(*ops, losses), N);
   }
-  EXPECT_EQ(bits(*acc), bits(want)) << *acc << " vs " << want;
+  double got = 0.0;
+  ops->download(&got, acc, sizeof got);
+  EXPECT_EQ(bits(got), bits(want)) << got << " vs " << want;
   EXPECT_GT(want, 0.0);  // not a vacuous 0 == 0
-  ops->deallocate(acc);
 }
 
 TEST(CpuDeviceReduce, SumSquaresAccumulateAddsTheSumOfSquaresOnAnyThreadCount) {
@@ -60,18 +62,20 @@ TEST(CpuDeviceReduce, SumSquaresAccumulateAddsTheSumOfSquaresOnAnyThreadCount) {
   auto one = make_cpu_ops(1);
   for (int threads : {1, 2, 3}) {
     auto ops = make_cpu_ops(threads);
-    double* acc = static_cast<double*>(ops->allocate(sizeof(double)));  // zero-filled
+    DeviceBuffer acc_buf(*ops, sizeof(double));  // zero-filled
+    const DevPtr acc = acc_buf.as(DType::kF64);
     double want = 0.0;
     for (size_t n : sizes) {
       const VecF x = random_vec(n, static_cast<uint32_t>(n), -2, 2);
-      want += one->sum_squares(x.data(), n);
-      ops->sum_squares_accumulate(acc, x.data(), n);
+      want += one->sum_squares(dev(*one, x), n);
+      ops->sum_squares_accumulate(acc, dev(*ops, x), n);
       double ref = 0.0;
       for (float v : x) ref += static_cast<double>(v) * v;
-      EXPECT_NEAR(ops->sum_squares(x.data(), n), ref, 1e-12 * ref) << n;
+      EXPECT_NEAR(ops->sum_squares(dev(*ops, x), n), ref, 1e-12 * ref) << n;
     }
-    EXPECT_EQ(bits(*acc), bits(want)) << threads;
-    ops->deallocate(acc);
+    double got = 0.0;
+    ops->download(&got, acc, sizeof got);
+    EXPECT_EQ(bits(got), bits(want)) << threads;
   }
 }
 
@@ -93,7 +97,7 @@ TEST(CpuOps, CountsEveryUploadAndDownload) {
   EXPECT_EQ(ops->transfer_counts().downloads, 2u);
   EXPECT_EQ(ops->transfer_counts().download_bytes, 16u);
   // The host convenience sum_squares is one read.
-  (void)ops->sum_squares(buf.as<float>(), 16);
+  (void)ops->sum_squares(buf.as(DType::kF32), 16);
   EXPECT_EQ(ops->transfer_counts().downloads, 3u);
 }
 

@@ -34,10 +34,12 @@ TEST(CpuEmbedding, ForwardFullAndVocabParallel) {
   VecF wte = random_vec(kVocab * C, 31), wpe = random_vec(T * C, 32);
   const VecD wted = to_d(wte), wped = to_d(wpe);
   VecF out(B * T * C, 5.0f);
-  ops->embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, kVocab);
+  ops->embedding_forward(dev(*ops, out), dev(*ops, tok), dev(*ops, wte), dev(*ops, wpe), B, T, C, 0,
+                         kVocab);
   expect_close(out, ref_forward(tok, wted, &wped, 0, kVocab), 1e-7, "out");  // one rounding
   // Rows [4, 9) of the table only, no position embedding.
-  ops->embedding_forward(out.data(), tok.data(), wte.data() + 4 * C, nullptr, B, T, C, 4, 5);
+  ops->embedding_forward(dev(*ops, out), dev(*ops, tok), dev(*ops, wte).ptr() + 4 * C, DevPtr(), B,
+                         T, C, 4, 5);
   VecD local(wted.begin() + 4 * C, wted.begin() + 9 * C);
   expect_close(out, ref_forward(tok, local, nullptr, 4, 5), 0, "out(shard)");
 }
@@ -55,17 +57,20 @@ TEST(CpuEmbedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
     return weighted_sum(ref_forward(tok, wted, &v, 4, 5), gd);
   }, wped);
   VecF dwte(5 * C), dwpe(T * C);
-  ops->embedding_backward(dwte.data(), dwpe.data(), g.data(), tok.data(), B, T, C, 4, 5);
+  ops->embedding_backward(dev(*ops, dwte), dev(*ops, dwpe), dev(*ops, g), dev(*ops, tok), B, T, C,
+                          4, 5);
   expect_close(dwte, want_wte, kTolF32, "dwte");
   expect_close(dwpe, want_wpe, kTolF32, "dwpe");
 
   VecF pte = random_vec(5 * C, 36), ppe = random_vec(T * C, 37);
   VecF ate = pte, ape = ppe;
-  ops->embedding_backward(ate.data(), ape.data(), g.data(), tok.data(), B, T, C, 4, 5);
+  ops->embedding_backward(dev(*ops, ate), dev(*ops, ape), dev(*ops, g), dev(*ops, tok), B, T, C, 4,
+                          5);
   expect_accumulated(ate, pte, dwte, "dwte");
   expect_accumulated(ape, ppe, dwpe, "dwpe");
   VecF only_te(5 * C);
-  ops->embedding_backward(only_te.data(), nullptr, g.data(), tok.data(), B, T, C, 4, 5);
+  ops->embedding_backward(dev(*ops, only_te), DevPtr(), dev(*ops, g), dev(*ops, tok), B, T, C, 4,
+                          5);
   EXPECT_EQ(only_te, dwte);
 }
 

@@ -1,5 +1,6 @@
-// Helpers for the CPU kernel tests: seeded random data, float <-> double conversion,
-// tolerance checks against float64 references, and central finite differences.
+// Helpers for the CPU kernel tests: device copies of host vectors for one Ops call, seeded
+// random data, float <-> double conversion, tolerance checks against float64 references,
+// and central finite differences.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,7 +12,53 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
 namespace trident::testing {
+
+// A device copy of a host vector: uploaded on construction and, for a non-const vector,
+// downloaded back into it on destruction. As a temporary argument it lives until the end
+// of the full expression, so one Ops call reads and writes host vectors:
+//   ops->gelu_forward(dev(*ops, out), dev(*ops, inp), n);
+// Two dev() of one vector are two buffers: a test of aliasing names one DevVec and
+// passes it twice.
+template <class T>
+class DevVec {
+ public:
+  DevVec(Ops& ops, std::vector<T>& host) : DevVec(ops, host.data(), host.size()) {
+    writeback_ = host.data();
+  }
+  DevVec(Ops& ops, const std::vector<T>& host) : DevVec(ops, host.data(), host.size()) {}
+  DevVec(Ops& ops, const T* host, size_t n) : ops_(ops), buf_(ops, n * sizeof(T)), n_(n) {
+    if (n > 0) ops_.upload(buf_.get(), host, n * sizeof(T));
+  }
+  ~DevVec() {
+    if (writeback_ != nullptr && n_ > 0) ops_.download(writeback_, buf_.get(), n_ * sizeof(T));
+  }
+  DevVec(const DevVec&) = delete;
+  DevVec& operator=(const DevVec&) = delete;
+  DevPtr ptr() const { return buf_.as(dtype_of<T>()); }
+  operator DevPtr() const { return ptr(); }
+  // The same buffer seen as another dtype (an opaque attention state as u8).
+  DevPtr as(DType dtype) const { return buf_.as(dtype); }
+
+ private:
+  Ops& ops_;
+  DeviceBuffer buf_;
+  size_t n_;
+  T* writeback_ = nullptr;
+};
+
+template <class T>
+DevVec<T> dev(Ops& ops, std::vector<T>& host) {
+  return DevVec<T>(ops, host);
+}
+template <class T>
+DevVec<T> dev(Ops& ops, const std::vector<T>& host) {
+  return DevVec<T>(ops, host);
+}
 
 using VecF = std::vector<float>;
 using VecD = std::vector<double>;

@@ -39,9 +39,9 @@ TEST(CpuMatmul, ForwardMatchesFloat64) {
   auto ops = make_cpu_ops(2);
   VecF x = random_vec(N * IC, 1), w = random_vec(OC * IC, 2), b = random_vec(OC, 3);
   VecF out(N * OC, 123.0f);  // overwritten, not accumulated
-  ops->matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC);
+  ops->matmul_forward(dev(*ops, out), dev(*ops, x), dev(*ops, w), dev(*ops, b), N, IC, OC);
   expect_close(out, ref_forward(to_d(x), to_d(w), to_d(b), true), kTolF32, "out(bias)");
-  ops->matmul_forward(out.data(), x.data(), w.data(), nullptr, N, IC, OC);
+  ops->matmul_forward(dev(*ops, out), dev(*ops, x), dev(*ops, w), DevPtr(), N, IC, OC);
   expect_close(out, ref_forward(to_d(x), to_d(w), to_d(b), false), kTolF32, "out(no bias)");
 }
 
@@ -64,21 +64,24 @@ TEST(CpuMatmul, BackwardMatchesFiniteDifferencesAndFloat64) {
 
   auto ops = make_cpu_ops(2);
   VecF gx(N * IC), gw(OC * IC), gb(OC);
-  ops->matmul_backward(gx.data(), gw.data(), gb.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+  ops->matmul_backward(dev(*ops, gx), dev(*ops, gw), dev(*ops, gb), dev(*ops, dout), dev(*ops, x),
+                       dev(*ops, w), N, IC, OC);
   expect_close(gx, dx, kTolF32, "dinp");
   expect_close(gw, dw, kTolF32, "dweight");
   expect_close(gb, db, kTolF32, "dbias");
 
   VecF px = random_vec(N * IC, 8), pw = random_vec(OC * IC, 9), pb = random_vec(OC, 10);
   VecF ax = px, aw = pw, ab = pb;
-  ops->matmul_backward(ax.data(), aw.data(), ab.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+  ops->matmul_backward(dev(*ops, ax), dev(*ops, aw), dev(*ops, ab), dev(*ops, dout), dev(*ops, x),
+                       dev(*ops, w), N, IC, OC);
   expect_accumulated(ax, px, gx, "dinp");
   expect_accumulated(aw, pw, gw, "dweight");
   expect_accumulated(ab, pb, gb, "dbias");
 
   // Null gradients are skipped; the others are unchanged by that.
   VecF only_w(OC * IC);
-  ops->matmul_backward(nullptr, only_w.data(), nullptr, dout.data(), x.data(), w.data(), N, IC, OC);
+  ops->matmul_backward(DevPtr(), dev(*ops, only_w), DevPtr(), dev(*ops, dout), dev(*ops, x),
+                       dev(*ops, w), N, IC, OC);
   EXPECT_EQ(only_w, gw);
 }
 

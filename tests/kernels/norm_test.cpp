@@ -84,11 +84,11 @@ TEST(CpuLayerNorm, ForwardMatchesFloat64) {
   auto ops = make_cpu_ops(2);
   VecF x = random_vec(N * C, 11, -2, 3), w = random_vec(C, 12), b = random_vec(C, 13);
   VecF out(N * C), mean(N), rstd(N);
-  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                         C, static_cast<float>(kEps));
+  ops->layernorm_forward(dev(*ops, out), dev(*ops, mean), dev(*ops, rstd), dev(*ops, x),
+                         dev(*ops, w), dev(*ops, b), N, C, static_cast<float>(kEps));
   expect_close(out, ref_layernorm(to_d(x), to_d(w), to_d(b), true), kTolF32, "out");
-  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N,
-                         C, static_cast<float>(kEps));
+  ops->layernorm_forward(dev(*ops, out), dev(*ops, mean), dev(*ops, rstd), dev(*ops, x),
+                         dev(*ops, w), DevPtr(), N, C, static_cast<float>(kEps));
   expect_close(out, ref_layernorm(to_d(x), to_d(w), to_d(b), false), kTolF32, "out(no bias)");
   VecD want_mean(N), want_rstd(N);
   for (int n = 0; n < N; ++n) {
@@ -121,26 +121,26 @@ TEST(CpuLayerNorm, BackwardMatchesFiniteDifferencesAndFloat64) {
 
   auto ops = make_cpu_ops(2);
   VecF out(N * C), mean(N), rstd(N);
-  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                         C, static_cast<float>(kEps));
+  ops->layernorm_forward(dev(*ops, out), dev(*ops, mean), dev(*ops, rstd), dev(*ops, x),
+                         dev(*ops, w), dev(*ops, b), N, C, static_cast<float>(kEps));
   VecF gx(N * C), gw(C), gb(C);
-  ops->layernorm_backward(gx.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), N, C);
+  ops->layernorm_backward(dev(*ops, gx), dev(*ops, gw), dev(*ops, gb), dev(*ops, g), dev(*ops, x),
+                          dev(*ops, w), dev(*ops, mean), dev(*ops, rstd), N, C);
   expect_close(gx, dx, kTolF32, "dinp");
   expect_close(gw, dw, kTolF32, "dweight");
   expect_close(gb, db, kTolF32, "dbias");
 
   VecF px = random_vec(N * C, 18), pw = random_vec(C, 19), pb = random_vec(C, 20);
   VecF ax = px, aw = pw, ab = pb;
-  ops->layernorm_backward(ax.data(), aw.data(), ab.data(), g.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), N, C);
+  ops->layernorm_backward(dev(*ops, ax), dev(*ops, aw), dev(*ops, ab), dev(*ops, g), dev(*ops, x),
+                          dev(*ops, w), dev(*ops, mean), dev(*ops, rstd), N, C);
   expect_accumulated(ax, px, gx, "dinp");
   expect_accumulated(aw, pw, gw, "dweight");
   expect_accumulated(ab, pb, gb, "dbias");
 
   VecF only_x(N * C);
-  ops->layernorm_backward(only_x.data(), nullptr, nullptr, g.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), N, C);
+  ops->layernorm_backward(dev(*ops, only_x), DevPtr(), DevPtr(), dev(*ops, g), dev(*ops, x),
+                          dev(*ops, w), dev(*ops, mean), dev(*ops, rstd), N, C);
   EXPECT_EQ(only_x, gx);
 }
 
@@ -148,7 +148,8 @@ TEST(CpuRmsNorm, ForwardMatchesFloat64) {
   auto ops = make_cpu_ops(2);
   VecF x = random_vec(N * C, 21, -2, 3), w = random_vec(C, 22);
   VecF out(N * C), rstd(N);
-  ops->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, static_cast<float>(kEps));
+  ops->rmsnorm_forward(dev(*ops, out), dev(*ops, rstd), dev(*ops, x), dev(*ops, w), N, C,
+                       static_cast<float>(kEps));
   expect_close(out, ref_rmsnorm(to_d(x), to_d(w)), kTolF32, "out");
   VecD want_rstd(N);
   for (int n = 0; n < N; ++n) {
@@ -173,19 +174,23 @@ TEST(CpuRmsNorm, BackwardMatchesFiniteDifferencesAndFloat64) {
 
   auto ops = make_cpu_ops(2);
   VecF out(N * C), rstd(N);
-  ops->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, static_cast<float>(kEps));
+  ops->rmsnorm_forward(dev(*ops, out), dev(*ops, rstd), dev(*ops, x), dev(*ops, w), N, C,
+                       static_cast<float>(kEps));
   VecF gx(N * C), gw(C);
-  ops->rmsnorm_backward(gx.data(), gw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  ops->rmsnorm_backward(dev(*ops, gx), dev(*ops, gw), dev(*ops, g), dev(*ops, x), dev(*ops, w),
+                        dev(*ops, rstd), N, C);
   expect_close(gx, dx, kTolF32, "dinp");
   expect_close(gw, dw, kTolF32, "dweight");
 
   VecF px = random_vec(N * C, 26), pw = random_vec(C, 27);
   VecF ax = px, aw = pw;
-  ops->rmsnorm_backward(ax.data(), aw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  ops->rmsnorm_backward(dev(*ops, ax), dev(*ops, aw), dev(*ops, g), dev(*ops, x), dev(*ops, w),
+                        dev(*ops, rstd), N, C);
   expect_accumulated(ax, px, gx, "dinp");
   expect_accumulated(aw, pw, gw, "dweight");
   VecF only_w(C);
-  ops->rmsnorm_backward(nullptr, only_w.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  ops->rmsnorm_backward(DevPtr(), dev(*ops, only_w), dev(*ops, g), dev(*ops, x), dev(*ops, w),
+                        dev(*ops, rstd), N, C);
   EXPECT_EQ(only_w, gw);
 }
 

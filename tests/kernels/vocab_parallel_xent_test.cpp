@@ -53,26 +53,30 @@ Result run_sliced(Ops& ops, const Problem& p, int S, bool in_place) {
 
   VecF row_max(N, -FLT_MAX), local(N);
   for (int r = 0; r < S; ++r) {
-    ops.xent_local_max(local.data(), slice[r].data(), N, Vl, r * Vl, p.V);
+    ops.xent_local_max(dev(ops, local), dev(ops, slice[r]), N, Vl, r * Vl, p.V);
     for (int n = 0; n < N; ++n) row_max[n] = std::max(row_max[n], local[n]);
   }
   VecF sum_exp(N, 0.0f), target_logit(N, 0.0f), local_t(N);
   for (int r = 0; r < S; ++r) {
     std::fill(local.begin(), local.end(), 123.0f);  // must be overwritten
     std::fill(local_t.begin(), local_t.end(), 123.0f);
-    ops.xent_local_sums(local.data(), local_t.data(), slice[r].data(), row_max.data(),
-                        p.targets.data(), N, Vl, r * Vl, p.V);
+    ops.xent_local_sums(dev(ops, local), dev(ops, local_t), dev(ops, slice[r]), dev(ops, row_max),
+                        dev(ops, p.targets), N, Vl, r * Vl, p.V);
     for (int n = 0; n < N; ++n) sum_exp[n] += local[n], target_logit[n] += local_t[n];
   }
   Result out{VecF(N), VecF(static_cast<size_t>(N) * p.Vp)};
   std::fill(out.losses.begin(), out.losses.end(), 123.0f);  // must be overwritten
-  ops.xent_finish(out.losses.data(), row_max.data(), sum_exp.data(), target_logit.data(), N);
+  ops.xent_finish(dev(ops, out.losses), dev(ops, row_max), dev(ops, sum_exp),
+                  dev(ops, target_logit), N);
 
   for (int r = 0; r < S; ++r) {
     VecF d(slice[r].size(), 9.0f);  // overwritten, not accumulated
-    float* dst = in_place ? slice[r].data() : d.data();
-    ops.xent_local_backward(dst, slice[r].data(), row_max.data(), sum_exp.data(),
-                            p.targets.data(), p.dloss, N, Vl, r * Vl, p.V);
+    {
+      DevVec<float> logits_r(ops, slice[r]), d_r(ops, d);  // written back at the block's end
+      ops.xent_local_backward(in_place ? logits_r.ptr() : d_r.ptr(), logits_r, dev(ops, row_max),
+                              dev(ops, sum_exp), dev(ops, p.targets), p.dloss, N, Vl, r * Vl, p.V);
+    }
+    const float* dst = in_place ? slice[r].data() : d.data();
     for (int n = 0; n < N; ++n)
       std::memcpy(&out.dlogits[static_cast<size_t>(n) * p.Vp + r * Vl],
                   dst + static_cast<size_t>(n) * Vl, Vl * sizeof(float));
@@ -98,9 +102,10 @@ void reference(const Problem& p, VecD* losses, VecD* dlogits) {
 
 Result run_fused(Ops& ops, const Problem& p) {
   Result out{VecF(p.N), VecF(static_cast<size_t>(p.N) * p.Vp)};
-  ops.cross_entropy_forward(out.losses.data(), p.logits.data(), p.targets.data(), p.N, p.V, p.Vp);
-  ops.cross_entropy_backward(out.dlogits.data(), p.logits.data(), p.targets.data(), p.dloss, p.N,
-                             p.V, p.Vp);
+  ops.cross_entropy_forward(dev(ops, out.losses), dev(ops, p.logits), dev(ops, p.targets), p.N, p.V,
+                            p.Vp);
+  ops.cross_entropy_backward(dev(ops, out.dlogits), dev(ops, p.logits), dev(ops, p.targets),
+                             p.dloss, p.N, p.V, p.Vp);
   return out;
 }
 
@@ -153,15 +158,15 @@ TEST(CpuVocabParallelXent, PaddingOnlySliceContributesNothing) {
   const VecF logits = random_vec(N * Vl, 7, -4, 4);
   for (int vocab_begin : {27, 32}) {  // == V and > V
     VecF row_max(N, 0.0f), sum_exp(N, 5.0f), tl(N, 5.0f), d(N * Vl, 9.0f);
-    ops->xent_local_max(row_max.data(), logits.data(), N, Vl, vocab_begin, V);
+    ops->xent_local_max(dev(*ops, row_max), dev(*ops, logits), N, Vl, vocab_begin, V);
     for (float m : row_max) EXPECT_EQ(m, -FLT_MAX);
     const VecF global_max(N, 1.5f), global_sum(N, 3.0f);
-    ops->xent_local_sums(sum_exp.data(), tl.data(), logits.data(), global_max.data(), tgt.data(),
-                         N, Vl, vocab_begin, V);
+    ops->xent_local_sums(dev(*ops, sum_exp), dev(*ops, tl), dev(*ops, logits),
+                         dev(*ops, global_max), dev(*ops, tgt), N, Vl, vocab_begin, V);
     EXPECT_EQ(sum_exp, VecF(N, 0.0f));
     EXPECT_EQ(tl, VecF(N, 0.0f));
-    ops->xent_local_backward(d.data(), logits.data(), global_max.data(), global_sum.data(),
-                             tgt.data(), 0.5f, N, Vl, vocab_begin, V);
+    ops->xent_local_backward(dev(*ops, d), dev(*ops, logits), dev(*ops, global_max),
+                             dev(*ops, global_sum), dev(*ops, tgt), 0.5f, N, Vl, vocab_begin, V);
     EXPECT_EQ(d, VecF(N * Vl, 0.0f));
   }
 }
@@ -176,10 +181,10 @@ TEST(CpuVocabParallelXent, LocalValuesOnPartlyPaddedSlice) {
     for (int v = 3; v < Vl; ++v) logits[n * Vl + v] = 60.0f;
   const std::vector<int32_t> tgt = {24, 26, 23};  // first, last real column; another rank's
   VecF row_max(N), sum_exp(N), tl(N);
-  ops->xent_local_max(row_max.data(), logits.data(), N, Vl, vocab_begin, V);
+  ops->xent_local_max(dev(*ops, row_max), dev(*ops, logits), N, Vl, vocab_begin, V);
   const VecF m(N, 2.5f);
-  ops->xent_local_sums(sum_exp.data(), tl.data(), logits.data(), m.data(), tgt.data(), N, Vl,
-                       vocab_begin, V);
+  ops->xent_local_sums(dev(*ops, sum_exp), dev(*ops, tl), dev(*ops, logits), dev(*ops, m),
+                       dev(*ops, tgt), N, Vl, vocab_begin, V);
   for (int n = 0; n < N; ++n) {
     const float* x = &logits[n * Vl];
     EXPECT_EQ(row_max[n], std::max({x[0], x[1], x[2]})) << n;

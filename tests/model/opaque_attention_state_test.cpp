@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_access.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/transformer.h"
@@ -33,29 +34,35 @@ class ScramblingOps : public testing::ForwardingOps {
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
     return kHead + inner_.attention_state_bytes(B, T, NH, NKV, HD) + kTail;
   }
-  void attention_forward(float* out, void* state, const float* q, const float* k, const float* v,
-                         int B, int T, int NH, int NKV, int HD) override {
+  // This wrapper is a backend: it reads and writes the state's bytes inside a
+  // DeviceAccessScope, as device code does.
+  void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
+                         int NH, int NKV, int HD) override {
     ++forwards;
-    if (reinterpret_cast<uintptr_t>(state) % 64 != 0) ++misaligned;
+    if (reinterpret_cast<uintptr_t>(state.raw()) % 64 != 0) ++misaligned;
     const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD);
-    auto* bytes = static_cast<unsigned char*>(state);
-    inner_.attention_forward(out, bytes + kHead, q, k, v, B, T, NH, NKV, HD);
+    inner_.attention_forward(out, state.byte_offset(kHead), q, k, v, B, T, NH, NKV, HD);
+    DeviceAccessScope device;
+    auto* bytes = static_cast<unsigned char*>(state.raw());
     for (size_t i = 0; i < n; ++i) bytes[kHead + i] ^= key(i);
     for (size_t i = 0; i < kHead; ++i) bytes[i] = garbage(i);
     for (size_t i = 0; i < kTail; ++i) bytes[kHead + n + i] = garbage(i + 1);
   }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const void* state, const float* q, const float* k, const float* v,
-                          int B, int T, int NH, int NKV, int HD) override {
+  void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out, DevPtr state,
+                          DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
+                          int HD) override {
     ++backwards;
     const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD);
-    const auto* bytes = static_cast<const unsigned char*>(state);
-    for (size_t i = 0; i < kHead; ++i) tampered += bytes[i] != garbage(i);
-    for (size_t i = 0; i < kTail; ++i) tampered += bytes[kHead + n + i] != garbage(i + 1);
-    plain_.resize(n / sizeof(float) + 1);
-    auto* p = reinterpret_cast<unsigned char*>(plain_.data());
-    for (size_t i = 0; i < n; ++i) p[i] = bytes[kHead + i] ^ (unscramble_ ? key(i) : 0);
-    inner_.attention_backward(dq, dk, dv, dout, out, plain_.data(), q, k, v, B, T, NH, NKV, HD);
+    if (plain_.bytes() < n) plain_ = DeviceBuffer(inner_, n);
+    {
+      DeviceAccessScope device;
+      const auto* bytes = static_cast<const unsigned char*>(state.raw());
+      for (size_t i = 0; i < kHead; ++i) tampered += bytes[i] != garbage(i);
+      for (size_t i = 0; i < kTail; ++i) tampered += bytes[kHead + n + i] != garbage(i + 1);
+      auto* p = static_cast<unsigned char*>(plain_.get().raw());
+      for (size_t i = 0; i < n; ++i) p[i] = bytes[kHead + i] ^ (unscramble_ ? key(i) : 0);
+    }
+    inner_.attention_backward(dq, dk, dv, dout, out, plain_.get(), q, k, v, B, T, NH, NKV, HD);
   }
 
   int forwards = 0, backwards = 0, misaligned = 0;
@@ -65,7 +72,7 @@ class ScramblingOps : public testing::ForwardingOps {
   static unsigned char key(size_t i) { return static_cast<unsigned char>(0xA5 ^ (i * 131)); }
   static unsigned char garbage(size_t i) { return static_cast<unsigned char>(i * 37 + 11); }
   bool unscramble_;
-  std::vector<float> plain_;
+  DeviceBuffer plain_;  // the unscrambled state, in the inner Ops' memory
 };
 
 struct TrainRun {
@@ -95,7 +102,8 @@ TrainRun train(const TransformerConfig& config, Ops& ops) {
     AdamWParams p;
     p.lr = 1e-2f;
     p.step = step;
-    ops.adamw_update(model.param_data(), model.grad_data(), m.as<float>(), v.as<float>(), n, p);
+    ops.adamw_update(model.param_data(), model.grad_data(), m.as(DType::kF32), v.as(DType::kF32),
+                     DevPtr(), n, p);
   }
   run.params = model.params_to_host();
   return run;

@@ -247,7 +247,7 @@ TEST_P(ReferenceTest, AdamWStepsMatchReference) {
     for (const ParamInfo& p : model.params()) {
       ap.weight_decay = p.decay ? static_cast<float>(fx.scalar("adamw.weight_decay")) : 0.0f;
       ops.adamw_update(model.param_data() + p.offset, model.grad_data() + p.offset,
-                       m.as<float>() + p.offset, v.as<float>() + p.offset,
+                       m.as(DType::kF32) + p.offset, v.as(DType::kF32) + p.offset, DevPtr(),
                        static_cast<size_t>(p.numel()), ap);
     }
   }

@@ -220,7 +220,7 @@ void run_case(const Case& c) {
         }
         for (int k : group.params) {
           const ParamInfo& info = layout.params[static_cast<size_t>(k)];
-          float* dst = store.grads(gi) + (info.offset - group.offset);
+          const DevPtr dst = store.grads(gi) + (info.offset - group.offset);
           std::vector<float> acc(static_cast<size_t>(info.numel()));
           ops->download(acc.data(), dst, acc.size() * F);
           for (size_t i = 0; i < acc.size(); ++i) acc[i] += grad_value(step, micro, rank, k, i);
@@ -332,12 +332,12 @@ void run_case(const Case& c) {
       ops->download(buf.data(), st.exp_avg_sq, st.floats * F);
       state_wrong += mismatches(buf, slice(ref.v[k]), 1e-6);
       // The reduced gradient this rank holds: (clipped) mean over ranks.
-      const std::span<float> rg = ddp.reduced_grad(static_cast<int>(k));
+      const DataParallel::GradSlice rg = ddp.reduced_grad(static_cast<int>(k));
       const size_t rg_first = c.stage <= 1 ? 0 : split.begin_float(rank);
-      state_wrong += rg.size() != (c.stage <= 1 ? static_cast<size_t>(layout.params[k].numel())
+      state_wrong += rg.floats != (c.stage <= 1 ? static_cast<size_t>(layout.params[k].numel())
                                                 : split.owned_floats(rank));
-      std::vector<float> g(rg.size());
-      ops->download(g.data(), rg.data(), g.size() * F);
+      std::vector<float> g(rg.floats);
+      ops->download(g.data(), rg.data, g.size() * F);
       std::vector<double> want(g.size());
       for (size_t i = 0; i < g.size(); ++i)
         want[i] = clip * Reference::mean_grad(step, static_cast<int>(k), rg_first + i, n);

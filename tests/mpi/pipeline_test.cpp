@@ -117,10 +117,13 @@ class AffineStage final : public PipelineStageModel {
         input_grads(m) {}
 
   std::size_t boundary_floats() const override { return kWidth; }
-  float* input_activation(int slot) override { return in_.at(slot).data(); }
-  const float* output_activation(int slot) override { return out_.at(slot).data(); }
-  float* output_grad(int slot) override { return out_grad_.at(slot).data(); }
-  const float* input_grad(int slot) override { return in_grad_.at(slot).data(); }
+  // Host vectors seen as device buffers: the executor only hands them to the pp
+  // communicator, which (for now) moves raw f32 memory.
+  DevPtr input_activation(int slot) override { return wrap(in_.at(slot)); }
+  DevPtr output_activation(int slot) override { return wrap(out_.at(slot)); }
+  DevPtr output_grad(int slot) override { return wrap(out_grad_.at(slot)); }
+  DevPtr input_grad(int slot) override { return wrap(in_grad_.at(slot)); }
+  static DevPtr wrap(std::vector<float>& v) { return DevPtr::wrap(v.data(), DType::kF32); }
 
   void forward(int micro, int slot) override {
     order.push_back({PipeAction::kForward, micro});

@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "mpi_test_util.h"
 #include "parallel/sharded_param_store.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace trident::test {
 namespace {
@@ -112,7 +113,10 @@ TEST(ShardGeometry, PackUnpackRoundTrip) {
     const ParamGroup& group = layout.groups[static_cast<size_t>(chunk.group)];
     std::vector<float> full(group.num_floats), packed(dp * chunk.chunk_floats, -7.0f);
     for (size_t i = 0; i < full.size(); ++i) full[i] = seeded_value(3, chunk.group, i);
-    pack_chunk(*ops, chunk, dp, full.data(), packed.data());
+    {
+      testing::DevVec<float> d_full(*ops, full), d_packed(*ops, packed);  // written back after
+      pack_chunk(*ops, chunk, dp, d_full, d_packed);
+    }
     // Rank r's segment holds rows [r*rpr, ...) of each tensor, then zero padding.
     for (int r = 0; r < dp; ++r) {
       for (const TensorShard& t : chunk.tensors) {
@@ -127,7 +131,7 @@ TEST(ShardGeometry, PackUnpackRoundTrip) {
       }
     }
     std::vector<float> back(full.size(), 0.0f);
-    unpack_chunk(*ops, chunk, dp, packed.data(), back.data());
+    unpack_chunk(*ops, chunk, dp, testing::dev(*ops, packed), testing::dev(*ops, back));
     for (const TensorShard& t : chunk.tensors)
       for (size_t i = 0; i < static_cast<size_t>(t.split.rows * t.split.row_elems); ++i)
         EXPECT_EQ(back[t.full_offset + i], full[t.full_offset + i]);
@@ -297,7 +301,7 @@ TEST(GradShardedStore, ReducesEachBackwardPairIntoTheShard) {
     EXPECT_EQ(store.held_grad_bytes(), (g0.num_floats + g2.num_floats) * F);
     EXPECT_TRUE(all_zero(0));
     EXPECT_TRUE(all_zero(2));
-    float* outer = store.grads(0);
+    const DevPtr outer = store.grads(0);
     store.acquire(0, Phase::kBackward);  // nested: the same buffer, nothing new held
     EXPECT_EQ(store.grads(0), outer);
     EXPECT_EQ(store.held_grad_bytes(), (g0.num_floats + g2.num_floats) * F);
