@@ -159,7 +159,7 @@ Status CheckpointWriter::poll(bool* committed) {
   if (committed) *committed = false;
   if (!in_flight_) return Status::ok();
   int64_t not_done = done_.load(std::memory_order_acquire) ? 0 : 1;
-  world_->all_reduce(std::span<int64_t>(&not_done, 1), ReduceOp::kMax,
+  world_->all_reduce(CommBuf::host(std::span<int64_t>(&not_done, 1)), ReduceOp::kMax,
                      {std::chrono::milliseconds(0), "checkpoint poll"});
   if (not_done) return Status::ok();
   if (committed) *committed = true;

@@ -1,12 +1,15 @@
 #include "comm/communicator.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
+#include "core/device_access.h"
 
 namespace trident {
 
@@ -42,6 +45,24 @@ class WatchedCall {
   std::uint64_t token_ = 0;
 };
 
+// The DeviceAccessScope of a call whose buffers are in `space`: open for device memory
+// only, so host calls never touch the hook.
+class DeviceWork {
+ public:
+  explicit DeviceWork(MemSpace space) {
+    if (space == MemSpace::kDevice) scope_.emplace();
+  }
+
+ private:
+  std::optional<DeviceAccessScope> scope_;
+};
+
+std::string address_text(const CommBuf& buf) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%p, %zu bytes", buf.data, buf.bytes());
+  return text;
+}
+
 }  // namespace
 
 void set_call_observer(CallObserver* observer) {
@@ -71,20 +92,6 @@ const char* collective_name(CollectiveKind kind) {
       break;
   }
   return "?";
-}
-
-std::size_t comm_dtype_size(CommDtype dtype) {
-  switch (dtype) {
-    case CommDtype::kF32:
-      return 4;
-    case CommDtype::kF64:
-      return 8;
-    case CommDtype::kI64:
-      return 8;
-    case CommDtype::kByte:
-      return 1;
-  }
-  return 1;
 }
 
 double bus_factor(CollectiveKind kind, int group_size) {
@@ -124,102 +131,125 @@ void Communicator::count(CollectiveKind kind, std::size_t bytes) {
   traffic_.calls[k] += 1;
 }
 
-void Communicator::all_reduce_any(void* data, std::size_t count_elems, CommDtype dtype, ReduceOp op,
-                                  const CollectiveOptions& opts) {
-  count(CollectiveKind::kAllReduce, count_elems * comm_dtype_size(dtype));
-  if (count_elems == 0) return;  // every rank has the same size, so every rank skips
+void Communicator::check_space(const CommBuf& buf, CollectiveKind kind,
+                               const CollectiveOptions& opts) const {
+  TRIDENT_COMM_CHECK(*this, buf.space == space_, kind, opts,
+                     std::string(mem_space_name(buf.space)) + " buffer passed to a " +
+                         mem_space_name(space_) + " communicator");
+  const DeviceAccessHook* hook = device_access_hook();
+  if (hook == nullptr || buf.bytes() == 0) return;
+  const bool is_device = hook->is_device_range(buf.data, buf.bytes());
+  TRIDENT_COMM_CHECK(*this, is_device == (buf.space == MemSpace::kDevice), kind, opts,
+                     std::string("buffer claimed as ") + mem_space_name(buf.space) +
+                         " memory is " + (is_device ? "" : "not ") + "device memory (" +
+                         address_text(buf) + ")");
+}
+
+void Communicator::check_same_dtype(const CommBuf& a, const CommBuf& b, CollectiveKind kind,
+                                    const CollectiveOptions& opts) const {
+  TRIDENT_COMM_CHECK(*this, a.dtype == b.dtype, kind, opts,
+                     std::string("input is ") + dtype_name(a.dtype) + ", output " +
+                         dtype_name(b.dtype) + "; they must match");
+}
+
+void Communicator::check_peer(int peer, int tag, CollectiveKind kind,
+                              const CollectiveOptions& opts) const {
+  const bool sending = kind == CollectiveKind::kSend;
+  TRIDENT_COMM_CHECK(*this, peer >= 0 && peer < size() && peer != rank(), kind, opts,
+                     std::string(sending ? "destination " : "source ") + rank_range(peer, size()) +
+                         (sending ? " from rank " : " at rank ") + std::to_string(rank()));
+  TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, kind, opts,
+                     "tag " + std::to_string(tag) + " outside [0, 32767]");
+}
+
+void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
+  check_space(data, kind, opts);
+  const DType t = data.dtype;
+  TRIDENT_COMM_CHECK(*this,
+                     t == DType::kF32 || t == DType::kBF16 || t == DType::kF64 || t == DType::kI64,
+                     kind, opts,
+                     std::string("dtype ") + dtype_name(t) +
+                         " cannot be reduced (f32, bf16, f64 and i64 can)");
+  count(kind, data.bytes());
+  if (data.count == 0) return;  // every rank has the same size, so every rank skips
   WatchedCall watched(*this, "all_reduce", -1, opts);
-  do_all_reduce(data, count_elems, dtype, op, opts);
+  DeviceWork device(data.space);
+  do_all_reduce(data, op, opts);
 }
 
-void Communicator::all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts) {
-  all_reduce_any(data.data(), data.size(), CommDtype::kF32, op, opts);
-}
-void Communicator::all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts) {
-  all_reduce_any(data.data(), data.size(), CommDtype::kF64, op, opts);
-}
-void Communicator::all_reduce(std::span<std::int64_t> data, ReduceOp op,
-                              const CollectiveOptions& opts) {
-  all_reduce_any(data.data(), data.size(), CommDtype::kI64, op, opts);
-}
-
-void Communicator::reduce_scatter(std::span<const float> input, std::span<float> output,
-                                  const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(*this, input.size() == output.size() * static_cast<std::size_t>(size()),
-                     CollectiveKind::kReduceScatter, opts,
-                     "input has " + std::to_string(input.size()) + " floats, output " +
-                         std::to_string(output.size()) + "; need input = size * output");
-  count(CollectiveKind::kReduceScatter, input.size_bytes());
-  if (output.empty()) return;
+void Communicator::reduce_scatter(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+  constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
+  check_space(input, kind, opts);
+  check_space(output, kind, opts);
+  check_same_dtype(input, output, kind, opts);
+  TRIDENT_COMM_CHECK(*this, input.dtype == DType::kF32 || input.dtype == DType::kBF16, kind, opts,
+                     std::string("dtype ") + dtype_name(input.dtype) +
+                         " cannot be reduce-scattered (f32 and bf16 can)");
+  TRIDENT_COMM_CHECK(*this, input.count == output.count * static_cast<std::size_t>(size()), kind,
+                     opts,
+                     "input has " + std::to_string(input.count) + " elements, output " +
+                         std::to_string(output.count) + "; need input = size * output");
+  count(kind, input.bytes());
+  if (output.count == 0) return;
   WatchedCall watched(*this, "reduce_scatter", -1, opts);
-  do_reduce_scatter(input.data(), output.data(), output.size(), opts);
+  DeviceWork device(input.space);
+  do_reduce_scatter(input, output, opts);
 }
 
-void Communicator::all_gather(std::span<const float> input, std::span<float> output,
-                              const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(*this, output.size() == input.size() * static_cast<std::size_t>(size()),
-                     CollectiveKind::kAllGather, opts,
-                     "input has " + std::to_string(input.size()) + " floats, output " +
-                         std::to_string(output.size()) + "; need output = size * input");
-  count(CollectiveKind::kAllGather, output.size_bytes());
-  if (input.empty()) return;
+void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllGather;
+  check_space(input, kind, opts);
+  check_space(output, kind, opts);
+  check_same_dtype(input, output, kind, opts);
+  TRIDENT_COMM_CHECK(*this, output.count == input.count * static_cast<std::size_t>(size()), kind,
+                     opts,
+                     "input has " + std::to_string(input.count) + " elements, output " +
+                         std::to_string(output.count) + "; need output = size * input");
+  count(kind, output.bytes());
+  if (input.count == 0) return;
   WatchedCall watched(*this, "all_gather", -1, opts);
-  do_all_gather(input.data(), output.data(), input.size_bytes(), CommDtype::kF32, opts);
+  DeviceWork device(input.space);
+  do_all_gather(input, output, opts);
 }
 
-void Communicator::all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
-                                    const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(*this, output.size() == input.size() * static_cast<std::size_t>(size()),
-                     CollectiveKind::kAllGather, opts,
-                     "input has " + std::to_string(input.size()) + " bytes, output " +
-                         std::to_string(output.size()) + "; need output = size * input");
-  count(CollectiveKind::kAllGather, output.size_bytes());
-  if (input.empty()) return;
-  WatchedCall watched(*this, "all_gather", -1, opts);
-  do_all_gather(input.data(), output.data(), input.size(), CommDtype::kByte, opts);
-}
-
-void Communicator::broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(*this, root >= 0 && root < size(), CollectiveKind::kBroadcast, opts,
+void Communicator::broadcast(CommBuf data, int root, const CollectiveOptions& opts) {
+  constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
+  check_space(data, kind, opts);
+  TRIDENT_COMM_CHECK(*this, root >= 0 && root < size(), kind, opts,
                      "root " + rank_range(root, size()));
-  count(CollectiveKind::kBroadcast, data.size());
-  if (data.empty()) return;
+  count(kind, data.bytes());
+  if (data.count == 0) return;
   WatchedCall watched(*this, "broadcast", -1, opts);
-  do_broadcast(data.data(), data.size(), root, opts);
+  DeviceWork device(data.space);
+  do_broadcast(data, root, opts);
 }
 
-void Communicator::send(std::span<const float> data, int dst, int tag,
-                        const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(
-      *this, dst >= 0 && dst < size() && dst != rank(), CollectiveKind::kSend, opts,
-      "destination " + rank_range(dst, size()) + " from rank " + std::to_string(rank()));
-  TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kSend, opts,
-                     "tag " + std::to_string(tag) + " outside [0, 32767]");
-  count(CollectiveKind::kSend, data.size_bytes());
+void Communicator::send(CommBuf data, int dst, int tag, const CollectiveOptions& opts) {
+  check_space(data, CollectiveKind::kSend, opts);
+  check_peer(dst, tag, CollectiveKind::kSend, opts);
+  count(CollectiveKind::kSend, data.bytes());
   WatchedCall watched(*this, "send", dst, opts);
-  do_send(data.data(), data.size(), dst, tag, opts);
+  DeviceWork device(data.space);
+  do_send(data, dst, tag, opts);
 }
 
-void Communicator::recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(*this, src >= 0 && src < size() && src != rank(), CollectiveKind::kRecv, opts,
-                     "source " + rank_range(src, size()) + " at rank " + std::to_string(rank()));
-  TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kRecv, opts,
-                     "tag " + std::to_string(tag) + " outside [0, 32767]");
-  count(CollectiveKind::kRecv, data.size_bytes());
+void Communicator::recv(CommBuf data, int src, int tag, const CollectiveOptions& opts) {
+  check_space(data, CollectiveKind::kRecv, opts);
+  check_peer(src, tag, CollectiveKind::kRecv, opts);
+  count(CollectiveKind::kRecv, data.bytes());
   WatchedCall watched(*this, "recv", src, opts);
-  do_recv(data.data(), data.size(), src, tag, opts);
+  DeviceWork device(data.space);
+  do_recv(data, src, tag, opts);
 }
 
-void Communicator::isend(std::span<const float> data, int dst, int tag,
-                         const CollectiveOptions& opts) {
-  TRIDENT_COMM_CHECK(
-      *this, dst >= 0 && dst < size() && dst != rank(), CollectiveKind::kSend, opts,
-      "destination " + rank_range(dst, size()) + " from rank " + std::to_string(rank()));
-  TRIDENT_COMM_CHECK(*this, tag >= 0 && tag <= kMaxPortableTag, CollectiveKind::kSend, opts,
-                     "tag " + std::to_string(tag) + " outside [0, 32767]");
-  count(CollectiveKind::kSend, data.size_bytes());
+void Communicator::isend(CommBuf data, int dst, int tag, const CollectiveOptions& opts) {
+  check_space(data, CollectiveKind::kSend, opts);
+  check_peer(dst, tag, CollectiveKind::kSend, opts);
+  count(CollectiveKind::kSend, data.bytes());
   WatchedCall watched(*this, "isend", dst, opts);  // blocking where a backend falls back
-  do_isend(data.data(), data.size(), dst, tag, opts);
+  DeviceWork device(data.space);                   // covers the staging copy
+  do_isend(data, dst, tag, opts);
 }
 
 void Communicator::wait_sends(const CollectiveOptions& opts) {
@@ -235,45 +265,92 @@ void Communicator::barrier(const CollectiveOptions& opts) {
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name,
                                                   const CollectiveOptions& opts) {
+  return split(color, key, std::move(name), space_, opts);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name,
+                                                  MemSpace space, const CollectiveOptions& opts) {
   TRIDENT_COMM_CHECK(*this, color >= 0 || color == kNoGroup, CollectiveKind::kSplit, opts,
                      "color " + std::to_string(color) + " (use kNoGroup to join no group)");
   count(CollectiveKind::kSplit, 0);
   std::unique_ptr<Communicator> child;
   {
     WatchedCall watched(*this, "split", -1, opts);
-    child = do_split(color, key, std::move(name), opts);
+    child = do_split(color, key, std::move(name), space, opts);
   }
   if (child) child->set_default_timeout(default_timeout_);
   return child;
 }
 
-// ---- SelfCommunicator ---------------------------------------------------------------
+// ---- legacy span overloads: buffers in this communicator's own space ------------------
 
-void SelfCommunicator::do_reduce_scatter(const float* input, float* output, std::size_t chunk,
-                                         const CollectiveOptions&) {
-  if (input != output) std::memmove(output, input, chunk * sizeof(float));
+void Communicator::all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts) {
+  all_reduce(own(data.data(), data.size(), DType::kF32), op, opts);
+}
+void Communicator::all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts) {
+  all_reduce(own(data.data(), data.size(), DType::kF64), op, opts);
+}
+void Communicator::all_reduce(std::span<std::int64_t> data, ReduceOp op,
+                              const CollectiveOptions& opts) {
+  all_reduce(own(data.data(), data.size(), DType::kI64), op, opts);
+}
+void Communicator::reduce_scatter(std::span<const float> input, std::span<float> output,
+                                  const CollectiveOptions& opts) {
+  reduce_scatter(own(const_cast<float*>(input.data()), input.size(), DType::kF32),
+                 own(output.data(), output.size(), DType::kF32), opts);
+}
+void Communicator::all_gather(std::span<const float> input, std::span<float> output,
+                              const CollectiveOptions& opts) {
+  all_gather(own(const_cast<float*>(input.data()), input.size(), DType::kF32),
+             own(output.data(), output.size(), DType::kF32), opts);
+}
+void Communicator::all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
+                                    const CollectiveOptions& opts) {
+  all_gather(own(const_cast<std::byte*>(input.data()), input.size(), DType::kU8),
+             own(output.data(), output.size(), DType::kU8), opts);
+}
+void Communicator::broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts) {
+  broadcast(own(data.data(), data.size(), DType::kU8), root, opts);
+}
+void Communicator::send(std::span<const float> data, int dst, int tag,
+                        const CollectiveOptions& opts) {
+  send(own(const_cast<float*>(data.data()), data.size(), DType::kF32), dst, tag, opts);
+}
+void Communicator::recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts) {
+  recv(own(data.data(), data.size(), DType::kF32), src, tag, opts);
+}
+void Communicator::isend(std::span<const float> data, int dst, int tag,
+                         const CollectiveOptions& opts) {
+  isend(own(const_cast<float*>(data.data()), data.size(), DType::kF32), dst, tag, opts);
 }
 
-void SelfCommunicator::do_all_gather(const void* input, void* output, std::size_t chunk_bytes,
-                                     CommDtype, const CollectiveOptions&) {
-  if (input != output) std::memmove(output, input, chunk_bytes);
+// ---- SelfCommunicator ---------------------------------------------------------------
+
+void SelfCommunicator::do_reduce_scatter(const CommBuf& input, const CommBuf& output,
+                                         const CollectiveOptions&) {
+  if (input.data != output.data) std::memmove(output.data, input.data, output.bytes());
+}
+
+void SelfCommunicator::do_all_gather(const CommBuf& input, const CommBuf& output,
+                                     const CollectiveOptions&) {
+  if (input.data != output.data) std::memmove(output.data, input.data, input.bytes());
 }
 
 // Unreachable: the public send/recv reject peer == rank() and size() is 1.
-void SelfCommunicator::do_send(const float*, std::size_t, int dst, int,
-                               const CollectiveOptions& opts) {
+void SelfCommunicator::do_send(const CommBuf&, int dst, int, const CollectiveOptions& opts) {
   fail("send in a single-process run", CollectiveKind::kSend, opts,
        "no peer " + std::to_string(dst), __FILE__, __LINE__);
 }
-void SelfCommunicator::do_recv(float*, std::size_t, int src, int, const CollectiveOptions& opts) {
+void SelfCommunicator::do_recv(const CommBuf&, int src, int, const CollectiveOptions& opts) {
   fail("recv in a single-process run", CollectiveKind::kRecv, opts,
        "no peer " + std::to_string(src), __FILE__, __LINE__);
 }
 
 std::unique_ptr<Communicator> SelfCommunicator::do_split(int color, int, std::string name,
+                                                         MemSpace space,
                                                          const CollectiveOptions&) {
   if (color == kNoGroup) return nullptr;
-  return std::make_unique<SelfCommunicator>(std::move(name));
+  return std::make_unique<SelfCommunicator>(std::move(name), space);
 }
 
 // ---- launcher detection and the world ---------------------------------------------------

@@ -14,10 +14,23 @@
 // - Threads. A process calls into its communicators from one thread at a time (MPI runs
 //   at MPI_THREAD_SERIALIZED); in practice the training thread. The traffic counters are
 //   plain integers owned by that thread.
-// - Buffers. Collectives are in place or write to caller-owned spans; chunked collectives
-//   (reduce_scatter, all_gather) take equal chunks: input/output size = size() * chunk.
-//   Ranks are group ranks (0..size()-1), not world ranks.
-// - Errors. Misuse (wrong buffer sizes, a bad root or peer, send to self) and transport
+// - Buffers. Every call takes CommBuf values (address, count, dtype, memory space; see
+//   below). Collectives are in place or write to caller-owned buffers; chunked
+//   collectives (reduce_scatter, all_gather) take equal chunks: input/output count =
+//   size() * chunk. Input and output of one call share dtype and space. Ranks are group
+//   ranks (0..size()-1), not world ranks.
+// - Memory space (DESIGN.md "Memory, dtypes and streams"). Every communicator serves one
+//   space, space(): world and its host twins carry host values (flags, losses, agreement,
+//   stats, strings); dp, tp, pp and embedding carry device memory (comm/topology.h). A
+//   buffer of the other space aborts the call ("host buffer passed to a device
+//   communicator", or the reverse). When a DeviceAccessHook is installed
+//   (core/device_access.h: the checked backend) the claim is verified too: a device buffer
+//   must lie in one device allocation, a host buffer must not. A call on device memory
+//   runs its backend work (MPI call, copy, isend staging copy) inside a
+//   DeviceAccessScope: a communicator serving device memory is device code, like NCCL.
+//   On CPU both spaces are host RAM, so the MPI and self backends serve either.
+// - Errors. Misuse (wrong buffer sizes, an unsupported dtype, a buffer of the other memory
+//   space, a bad root or peer, send to self) and transport
 //   errors are programming or system errors, not expected failures: they abort through
 //   check_failed (core/check.h) with a message naming rank, group, collective and label,
 //   e.g. "[rank 3 on host] CHECK failed: MPI_Allreduce ... group 'tp' (rank 1/2)
@@ -36,9 +49,18 @@
 //   all_gather      size() * chunk bytes (the output)
 //   broadcast       n bytes, counted on every rank, root included
 //   send            n bytes sent;  recv: n bytes received (counted apart, under kRecv)
-// Counted even when size() == 1. Bytes on the wire for a ring algorithm are payload *
+// Bytes are those of the payload in its dtype (a bf16 buffer counts 2 per element, half
+// of f32). Counted even when size() == 1. Bytes on the wire for a ring algorithm are payload *
 // bus_factor(kind, size()): 2(p-1)/p for all_reduce, (p-1)/p for reduce_scatter and
 // all_gather, 1 for broadcast and send (nccl-tests' busbw convention).
+//
+// Reductions: all_reduce takes f32, bf16, f64 and i64 (sum, max); reduce_scatter f32 and
+// bf16 (sum). A bf16 sum is computed in fp32 and rounded to bf16 (nearest even) once per
+// combining step: the backend combines two bf16 vectors at a time (MPI: a user-defined
+// commutative op on a 2-byte type; the wire carries bf16), so a p-rank sum rounds p-1
+// times, in the backend's order. That is NOT fp32-sum-then-round-once (for 2 ranks the two
+// agree exactly; for more they differ within bf16 rounding per step), and it is as
+// deterministic as any reduction here (fixed by group size and count). A bf16 max is exact.
 #pragma once
 
 #include <array>
@@ -48,6 +70,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+
+#include "core/memory.h"
 
 namespace trident {
 
@@ -67,9 +92,30 @@ enum class CollectiveKind {
 };
 const char* collective_name(CollectiveKind kind);  // "all_reduce", "send", ...
 
-// Element types that cross the wire, for the backends.
-enum class CommDtype { kF32, kF64, kI64, kByte };
-std::size_t comm_dtype_size(CommDtype dtype);
+// A buffer handed to a communicator: address, element count, dtype, memory space. Does
+// not own the memory. Not an aggregate on purpose: a braced {pointer, size} argument keeps
+// meaning a std::span for the legacy overloads below.
+struct CommBuf {
+  void* data = nullptr;  // (count) elements of dtype
+  std::size_t count = 0;
+  DType dtype = DType::kU8;
+  MemSpace space = MemSpace::kHost;
+
+  CommBuf() = default;
+  CommBuf(void* data_, std::size_t count_, DType dtype_, MemSpace space_)
+      : data(data_), count(count_), dtype(dtype_), space(space_) {}
+  std::size_t bytes() const { return count * dtype_size(dtype); }
+  // count elements of p's dtype, in device memory.
+  static CommBuf device(DevPtr p, std::size_t count) {
+    return CommBuf(p.raw(), count, p.dtype(), MemSpace::kDevice);
+  }
+  // Host memory; dtype_of<T> (std::byte and uint8_t: u8). Inputs may be spans of const.
+  template <class T>
+  static CommBuf host(std::span<T> s) {
+    using E = std::remove_cv_t<T>;
+    return CommBuf(const_cast<E*>(s.data()), s.size(), dtype_of<E>(), MemSpace::kHost);
+  }
+};
 
 // Per-call options. A default-constructed value means "communicator defaults".
 struct CollectiveOptions {
@@ -117,13 +163,15 @@ class CallObserver {
 void set_call_observer(CallObserver* observer);
 CallObserver* call_observer();
 
-// The public calls check arguments and count traffic, then call the backend's do_*
-// (non-virtual interface: counting and checking are the same for every backend).
+// The public calls check arguments (sizes, dtypes, memory space), count traffic, open a
+// DeviceAccessScope for device buffers, then call the backend's do_* (non-virtual
+// interface: checking, counting and scoping are the same for every backend).
 class Communicator {
  public:
   static constexpr std::chrono::milliseconds kDefaultTimeout{10 * 60 * 1000};
 
-  explicit Communicator(std::string name) : name_(std::move(name)) {}
+  explicit Communicator(std::string name, MemSpace space = MemSpace::kHost)
+      : name_(std::move(name)), space_(space) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -134,6 +182,8 @@ class Communicator {
   const std::string& name() const { return name_; }
   // "mpi" or "self".
   virtual const char* backend() const = 0;
+  // The memory space of every buffer this communicator accepts (see the contract).
+  MemSpace space() const { return space_; }
 
   // The watchdog timeout of calls whose opts.timeout is 0. split() children copy it, so
   // set it on the world before splitting (the trainer sets it from the config).
@@ -143,50 +193,75 @@ class Communicator {
   std::chrono::milliseconds effective_timeout(const CollectiveOptions& opts) const;
 
   // In place; every rank ends with the element-wise reduction over the group.
-  void all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts = {});
-  void all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts = {});
-  void all_reduce(std::span<std::int64_t> data, ReduceOp op, const CollectiveOptions& opts = {});
+  // f32, bf16, f64, i64; sum or max (bf16 sum: see "Reductions" above).
+  void all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts = {});
 
-  // Sum. input: (size() * chunk), output: (chunk) = this rank's chunk of the sum.
-  void reduce_scatter(std::span<const float> input, std::span<float> output,
-                      const CollectiveOptions& opts = {});
+  // Sum; f32 or bf16. input: (size() * chunk), output: (chunk) = this rank's chunk of
+  // the sum.
+  void reduce_scatter(CommBuf input, CommBuf output, const CollectiveOptions& opts = {});
 
-  // input: (chunk), output: (size() * chunk), rank r's input lands at [r*chunk, (r+1)*chunk).
-  void all_gather(std::span<const float> input, std::span<float> output,
-                  const CollectiveOptions& opts = {});
-  void all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
-                        const CollectiveOptions& opts = {});
+  // Any dtype. input: (chunk), output: (size() * chunk); rank r's input lands at
+  // [r*chunk, (r+1)*chunk).
+  void all_gather(CommBuf input, CommBuf output, const CollectiveOptions& opts = {});
 
-  // In place: every rank ends with root's bytes.
-  void broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts = {});
+  // Any dtype, in place: every rank ends with root's elements.
+  void broadcast(CommBuf data, int root, const CollectiveOptions& opts = {});
 
-  // Blocking point-to-point; peer != rank(). A recv must match a send's (peer, tag, size).
-  // A large send may wait until its recv is posted: order pairs so no cycle of ranks all
-  // send first (e.g. even stages send first, odd stages receive first).
-  void send(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
-  void recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts = {});
+  // Blocking point-to-point, any dtype; peer != rank(). A recv must match a send's
+  // (peer, tag, dtype, count). A large send may wait until its recv is posted: order
+  // pairs so no cycle of ranks all send first (e.g. even stages send first, odd stages
+  // receive first).
+  void send(CommBuf data, int dst, int tag, const CollectiveOptions& opts = {});
+  void recv(CommBuf data, int src, int tag, const CollectiveOptions& opts = {});
 
-  // Non-blocking send with copy semantics: data is copied into a buffer the communicator
-  // owns and the call returns at once, so the caller may reuse data immediately and a
-  // send never waits for its recv (pipeline stages send with this and block only in
-  // recv). Same checks and pairing rules as send; counted under kSend like send. Sends
-  // to one peer with one tag arrive in call order (MPI's non-overtaking rule). The send
-  // completes, and its buffer is freed, in wait_sends() or when the communicator is
-  // destroyed (which blocks until the peers have received; so post every matching recv).
-  // Backends without a non-blocking path fall back to the blocking send.
-  void isend(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
+  // Non-blocking send with copy semantics: data is copied into a staging buffer the
+  // communicator owns and the call returns at once, so the caller may reuse data
+  // immediately and a send never waits for its recv (pipeline stages send with this and
+  // block only in recv). Same checks and pairing rules as send; counted under kSend like
+  // send. Sends to one peer with one tag arrive in call order (MPI's non-overtaking
+  // rule). The send completes in wait_sends() or when the communicator is destroyed
+  // (which blocks until the peers have received; so post every matching recv); its
+  // staging buffer is then reused by a later isend (a grow-only pool: once warm, an
+  // isend allocates nothing). Backends without a non-blocking path fall back to the
+  // blocking send.
+  void isend(CommBuf data, int dst, int tag, const CollectiveOptions& opts = {});
   // Blocks until every isend of this communicator has completed.
   void wait_sends(const CollectiveOptions& opts = {});
   // isends not yet known to be complete (completed ones are reaped on the next isend).
   virtual std::size_t pending_sends() const { return 0; }
+  // Bytes held by isend staging buffers: grow-only, so constant once the sizes and the
+  // depth of in-flight isends repeat (tests check that a warm isend allocates nothing).
+  virtual std::size_t isend_staging_bytes() const { return 0; }
 
   void barrier(const CollectiveOptions& opts = {});
 
   // Collective over this group. Ranks with the same color form a new group named
-  // `name`, ordered by (key, parent rank). color == kNoGroup: this rank joins none and
-  // gets nullptr. The child inherits the default timeout.
+  // `name`, ordered by (key, parent rank), serving `space` (default: this group's).
+  // color == kNoGroup: this rank joins none and gets nullptr. The child inherits the
+  // default timeout.
   std::unique_ptr<Communicator> split(int color, int key, std::string name,
                                       const CollectiveOptions& opts = {});
+  std::unique_ptr<Communicator> split(int color, int key, std::string name, MemSpace space,
+                                      const CollectiveOptions& opts = {});
+
+  // ---- legacy, removed when the device callers move to CommBuf -----------------------
+  // Spans of plain host types, taken as buffers in this communicator's OWN space (so a
+  // span over device memory on a device group, or over host memory on a host group,
+  // keeps working unchanged). New code passes CommBuf.
+  void all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts = {});
+  void all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts = {});
+  void all_reduce(std::span<std::int64_t> data, ReduceOp op, const CollectiveOptions& opts = {});
+  void reduce_scatter(std::span<const float> input, std::span<float> output,
+                      const CollectiveOptions& opts = {});
+  void all_gather(std::span<const float> input, std::span<float> output,
+                  const CollectiveOptions& opts = {});
+  void all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
+                        const CollectiveOptions& opts = {});
+  void broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts = {});
+  void send(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
+  void recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts = {});
+  void isend(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
+  // ------------------------------------------------------------------------------------
 
   const TrafficCounters& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = {}; }
@@ -196,35 +271,42 @@ class Communicator {
                          const std::string& detail, const char* file, int line) const;
 
  protected:
-  // Backend hooks. Arguments are already checked; count is in elements of dtype.
-  virtual void do_all_reduce(void* data, std::size_t count, CommDtype dtype, ReduceOp op,
-                             const CollectiveOptions& opts) = 0;
-  virtual void do_reduce_scatter(const float* input, float* output, std::size_t chunk,
+  // Backend hooks. Arguments are already checked (sizes, dtype, space: every buffer has
+  // space()); counts are in elements of the buffer's dtype; a device buffer's call runs
+  // inside a DeviceAccessScope. reduce_scatter: output.count is the chunk.
+  virtual void do_all_reduce(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts) = 0;
+  virtual void do_reduce_scatter(const CommBuf& input, const CommBuf& output,
                                  const CollectiveOptions& opts) = 0;
-  virtual void do_all_gather(const void* input, void* output, std::size_t chunk_bytes,
-                             CommDtype dtype, const CollectiveOptions& opts) = 0;
-  virtual void do_broadcast(void* data, std::size_t bytes, int root,
-                            const CollectiveOptions& opts) = 0;
-  virtual void do_send(const float* data, std::size_t count, int dst, int tag,
-                       const CollectiveOptions& opts) = 0;
-  virtual void do_recv(float* data, std::size_t count, int src, int tag,
-                       const CollectiveOptions& opts) = 0;
+  virtual void do_all_gather(const CommBuf& input, const CommBuf& output,
+                             const CollectiveOptions& opts) = 0;
+  virtual void do_broadcast(const CommBuf& data, int root, const CollectiveOptions& opts) = 0;
+  virtual void do_send(const CommBuf& data, int dst, int tag, const CollectiveOptions& opts) = 0;
+  virtual void do_recv(const CommBuf& data, int src, int tag, const CollectiveOptions& opts) = 0;
   // Must copy data before returning. Default: the blocking do_send.
-  virtual void do_isend(const float* data, std::size_t count, int dst, int tag,
-                        const CollectiveOptions& opts) {
-    do_send(data, count, dst, tag, opts);
+  virtual void do_isend(const CommBuf& data, int dst, int tag, const CollectiveOptions& opts) {
+    do_send(data, dst, tag, opts);
   }
   virtual void do_wait_sends(const CollectiveOptions& opts) {}
   virtual void do_barrier(const CollectiveOptions& opts) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
+                                                 MemSpace space,
                                                  const CollectiveOptions& opts) = 0;
 
  private:
   void count(CollectiveKind kind, std::size_t bytes);
-  void all_reduce_any(void* data, std::size_t count, CommDtype dtype, ReduceOp op,
-                      const CollectiveOptions& opts);
+  // Aborts unless buf is in space() (and, with a hook installed, really is).
+  void check_space(const CommBuf& buf, CollectiveKind kind, const CollectiveOptions& opts) const;
+  // Aborts unless a and b share dtype (space is checked by check_space).
+  void check_same_dtype(const CommBuf& a, const CommBuf& b, CollectiveKind kind,
+                        const CollectiveOptions& opts) const;
+  // Aborts unless dst/src is another rank of the group and tag is portable.
+  void check_peer(int peer, int tag, CollectiveKind kind, const CollectiveOptions& opts) const;
+  CommBuf own(void* data, std::size_t count, DType dtype) const {
+    return CommBuf(data, count, dtype, space_);
+  }
 
   std::string name_;
+  MemSpace space_;
   std::chrono::milliseconds default_timeout_ = kDefaultTimeout;
   TrafficCounters traffic_;
 };
@@ -236,27 +318,27 @@ class Communicator {
   } while (0)
 
 // One process, no launcher: size 1, collectives are copies or no-ops, send/recv abort
-// (there is no peer).
+// (there is no peer). Serves either space (on CPU both are host RAM; a device buffer's
+// copies run inside the DeviceAccessScope the public call opens).
 class SelfCommunicator final : public Communicator {
  public:
-  explicit SelfCommunicator(std::string name = "world") : Communicator(std::move(name)) {}
+  explicit SelfCommunicator(std::string name = "world", MemSpace space = MemSpace::kHost)
+      : Communicator(std::move(name), space) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }
 
  protected:
-  void do_all_reduce(void*, std::size_t, CommDtype, ReduceOp, const CollectiveOptions&) override {}
-  void do_reduce_scatter(const float* input, float* output, std::size_t chunk,
+  void do_all_reduce(const CommBuf&, ReduceOp, const CollectiveOptions&) override {}
+  void do_reduce_scatter(const CommBuf& input, const CommBuf& output,
                          const CollectiveOptions& opts) override;
-  void do_all_gather(const void* input, void* output, std::size_t chunk_bytes, CommDtype dtype,
+  void do_all_gather(const CommBuf& input, const CommBuf& output,
                      const CollectiveOptions& opts) override;
-  void do_broadcast(void*, std::size_t, int, const CollectiveOptions&) override {}
-  void do_send(const float* data, std::size_t count, int dst, int tag,
-               const CollectiveOptions& opts) override;
-  void do_recv(float* data, std::size_t count, int src, int tag,
-               const CollectiveOptions& opts) override;
+  void do_broadcast(const CommBuf&, int, const CollectiveOptions&) override {}
+  void do_send(const CommBuf& data, int dst, int tag, const CollectiveOptions& opts) override;
+  void do_recv(const CommBuf& data, int src, int tag, const CollectiveOptions& opts) override;
   void do_barrier(const CollectiveOptions&) override {}
-  std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
+  std::unique_ptr<Communicator> do_split(int color, int key, std::string name, MemSpace space,
                                          const CollectiveOptions& opts) override;
 };
 
@@ -269,14 +351,15 @@ class SelfCommunicator final : public Communicator {
 using EnvLookup = const char* (*)(const char*);
 std::string detect_launcher(EnvLookup env = nullptr);
 
-// The world communicator: MPI when detect_launcher() finds a launcher, else a
-// SelfCommunicator. Collective over all processes of the launch. Initializes MPI if
-// nobody has; MPI_Finalize then runs when the last
-// MPI communicator of this process (world or split child, in any order) is destroyed, so
-// destroy them all before exit (one leaked communicator means no MPI_Finalize, and
-// mpirun reports the rank as failed). When the caller initialized MPI itself, finalizing
-// stays the caller's job. Also records rank and size for CHECK messages (core/check.h).
-// argc/argv may be null.
+// The world communicator, serving HOST memory (the trainer's flags, losses, agreement,
+// stats and strings; device groups are split from it with MemSpace::kDevice): MPI when
+// detect_launcher() finds a launcher, else a SelfCommunicator. Collective over all
+// processes of the launch. Initializes MPI if nobody has; MPI_Finalize then runs when the
+// last MPI communicator of this process (world or split child, in any order) is
+// destroyed, so destroy them all before exit (one leaked communicator means no
+// MPI_Finalize, and mpirun reports the rank as failed). When the caller initialized MPI
+// itself, finalizing stays the caller's job. Also records rank and size for CHECK
+// messages (core/check.h). argc/argv may be null.
 std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv);
 
 }  // namespace trident

@@ -83,6 +83,9 @@ std::vector<int> Topology::embedding_group(int rank, bool tied_embeddings) const
 Result<ProcessGroups> make_process_groups(Communicator& world, const Layout& layout,
                                           bool tied_embeddings) {
   TRIDENT_RETURN_IF_ERROR(validate_layout(layout, world.size()));
+  TRIDENT_CHECK_MSG(world.space() == MemSpace::kHost,
+                    "make_process_groups: world '" + world.name() + "' serves " +
+                        mem_space_name(world.space()) + " memory; it must serve host memory");
   ProcessGroups groups;
   groups.topology = Topology(layout);
   groups.world = &world;
@@ -91,14 +94,18 @@ Result<ProcessGroups> make_process_groups(Communicator& world, const Layout& lay
   const int tp = layout.tp;
   const int dp = layout.dp;
 
+  constexpr MemSpace kDevice = MemSpace::kDevice;
   // Colors number the groups of each kind; keys order a group by its own coordinate.
   // Every rank runs the same four splits in the same order (communicator contract).
-  groups.tp = world.split(c.pp_rank * dp + c.dp_rank, c.tp_rank, "tp", {.label = "tp group"});
-  groups.dp = world.split(c.pp_rank * tp + c.tp_rank, c.dp_rank, "dp", {.label = "dp group"});
-  groups.pp = world.split(c.dp_rank * tp + c.tp_rank, c.pp_rank, "pp", {.label = "pp group"});
+  groups.tp =
+      world.split(c.pp_rank * dp + c.dp_rank, c.tp_rank, "tp", kDevice, {.label = "tp group"});
+  groups.dp =
+      world.split(c.pp_rank * tp + c.tp_rank, c.dp_rank, "dp", kDevice, {.label = "dp group"});
+  groups.pp =
+      world.split(c.dp_rank * tp + c.tp_rank, c.pp_rank, "pp", kDevice, {.label = "pp group"});
   const bool in_embedding = !groups.topology.embedding_group(world.rank(), tied_embeddings).empty();
   groups.embedding = world.split(in_embedding ? c.dp_rank * tp + c.tp_rank : kNoGroup, c.pp_rank,
-                                 "embedding", {.label = "embedding group"});
+                                 "embedding", kDevice, {.label = "embedding group"});
 
   // The splits must agree with the formula; a mismatch is a bug here, not bad input.
   TRIDENT_CHECK(groups.tp && groups.tp->size() == tp && groups.tp->rank() == c.tp_rank);

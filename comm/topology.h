@@ -11,6 +11,12 @@
 //              stage 0, rank 1 is stage pp-1. Only when pp > 1 and embeddings are tied
 //              (the two stages all-reduce the tied weight's gradient); middle stages and
 //              untied or pp == 1 layouts have none.
+// Memory spaces (communicator.h): tp, dp, pp and embedding serve DEVICE memory (they carry
+// activations, gradients and parameters). Host values (stop flags, losses, the grad-norm
+// and status scalars, agreement on a checkpoint, stats, strings) go over the host-space
+// world only: the trainer reduces no host scalar over a smaller group today, so no host
+// twin of dp, tp or pp exists; add one here (split with MemSpace::kHost) when a host
+// value must travel within a group.
 // Topology is a pure function of the layout (no communication, cheap to copy).
 // make_process_groups is a collective over `world` (four splits, in a fixed order).
 // A layout that does not match the world is an expected failure: Status, exit 2.
@@ -68,8 +74,9 @@ class Topology {
   Layout layout_;
 };
 
-// This rank's communicators. world is borrowed (it must outlive the groups); the others
-// are owned. embedding is null where this rank is in no embedding group.
+// This rank's communicators. world is borrowed (it must outlive the groups) and serves
+// host memory; the others are owned and serve device memory. embedding is null where
+// this rank is in no embedding group.
 struct ProcessGroups {
   Topology topology{Layout{}};
   RankCoords coords;
@@ -80,9 +87,10 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> embedding;
 };
 
-// Splits world into the dp, tp, pp and embedding groups of `layout`. Collective over
-// world. Fails with invalid_config ("parallel: dp*tp*pp = X but the world size is Y")
-// before any communication when the layout does not fit, so every rank fails alike.
+// Splits world into the device-space dp, tp, pp and embedding groups of `layout`.
+// Collective over world, which must serve host memory (CHECK). Fails with invalid_config
+// ("parallel: dp*tp*pp = X but the world size is Y") before any communication when the
+// layout does not fit, so every rank fails alike.
 Result<ProcessGroups> make_process_groups(Communicator& world, const Layout& layout,
                                           bool tied_embeddings);
 

@@ -88,7 +88,7 @@ int fail(const Status& status) {
 int check_checkpoint_dir(Communicator& world, const std::string& dir) {
   Status st = check_checkpoint_dir_writable(dir);
   std::int64_t failed = st.is_ok() ? 0 : 1;
-  world.all_reduce(std::span<std::int64_t>(&failed, 1), ReduceOp::kSum,
+  world.all_reduce(CommBuf::host(std::span<std::int64_t>(&failed, 1)), ReduceOp::kSum,
                    {.label = "checkpoint.dir check"});
   if (failed == 0) return 0;
   if (!st.is_ok()) {

@@ -451,9 +451,9 @@ Status plan_and_check_memory(const Config& config, const ModelPartition& part, i
   mine.available = host.is_ok() ? host->bytes : std::numeric_limits<double>::infinity();
   mine.need = estimate_rank_memory(config, part, dp_rank, ops);
   std::vector<RankMemoryReport> all(static_cast<size_t>(world.size()));
-  world.all_gather_bytes(std::as_bytes(std::span<const RankMemoryReport>(&mine, 1)),
-                         std::as_writable_bytes(std::span<RankMemoryReport>(all)),
-                         {.label = "memory plan"});
+  world.all_gather(CommBuf::host(std::as_bytes(std::span<const RankMemoryReport>(&mine, 1))),
+                   CommBuf::host(std::as_writable_bytes(std::span<RankMemoryReport>(all))),
+                   {.label = "memory plan"});
   if (!host.is_ok()) return host.status();
   const std::string source = host->source;
   if (world.rank() == 0 && !quiet) {

@@ -30,12 +30,13 @@ namespace trident {
 
 namespace {
 
-// Rank 0's text, sent to every rank.
+// Rank 0's text, sent to every rank (over the host-space world).
 std::string broadcast_string(Communicator& world, std::string text) {
-  std::vector<std::int64_t> size = {world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0};
-  world.all_reduce(std::span<std::int64_t>(size), ReduceOp::kSum);
-  text.resize(static_cast<size_t>(size[0]));
-  world.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), 0);
+  std::int64_t size = world.rank() == 0 ? static_cast<std::int64_t>(text.size()) : 0;
+  world.all_reduce(CommBuf::host(std::span<std::int64_t>(&size, 1)), ReduceOp::kSum);
+  text.resize(static_cast<size_t>(size));
+  world.broadcast(CommBuf::host(std::as_writable_bytes(std::span<char>(text.data(), text.size()))),
+                  0);
   return text;
 }
 
@@ -278,7 +279,7 @@ double Trainer::all_reduce_scalar(double local, const char* label) {
   double v = local;
   CollectiveOptions opts;
   opts.label = label;  // names the call if the watchdog ever reports it
-  world_->all_reduce(std::span<double>(&v, 1), ReduceOp::kSum, opts);
+  world_->all_reduce(CommBuf::host(std::span<double>(&v, 1)), ReduceOp::kSum, opts);
   return v;
 }
 
@@ -632,7 +633,9 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   std::map<std::string, std::vector<float>> out;
   const Topology& topo = groups_.topology;
   if (world_->rank() != 0) {
-    if (groups_.coords.dp_rank == 0) world_->send(std::span<const float>(mine), 0, 7001);
+    if (groups_.coords.dp_rank == 0) {
+      world_->send(CommBuf::host(std::span<const float>(mine)), 0, 7001);
+    }
     return out;
   }
   for (int r = 0; r < world_->size(); ++r) {
@@ -648,7 +651,7 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
         if (!p.tied_copy) total += static_cast<size_t>(p.numel());
       }
       blob.resize(total);
-      world_->recv(std::span<float>(blob), r, 7001);
+      world_->recv(CommBuf::host(std::span<float>(blob)), r, 7001);
     }
     size_t cursor = 0;
     for (const ParamInfo& p : layout.params) {
@@ -698,7 +701,8 @@ void Trainer::print_summary() {
   // Every rank's instrumentation, gathered to all (small), printed by rank 0.
   const int n = world_->size();
   std::vector<std::byte> all(sizeof(RankStats) * static_cast<size_t>(n));
-  world_->all_gather_bytes(std::as_bytes(std::span<const RankStats>(&stats_, 1)), all);
+  world_->all_gather(CommBuf::host(std::as_bytes(std::span<const RankStats>(&stats_, 1))),
+                     CommBuf::host(std::span<std::byte>(all)));
   if (world_->rank() != 0) return;
   const auto* s = reinterpret_cast<const RankStats*>(all.data());
   metrics_.write_summary(summary_json(s, n, groups_.topology));

@@ -1,6 +1,7 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <climits>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,15 +22,44 @@ std::string mpi_error_string(int code) {
 
 namespace {
 
+// The bf16 reductions (communicator.h "Reductions"): inout[i] = round(in[i] + inout[i])
+// with the sum in fp32 and one round to nearest even per combining step. MPI calls these
+// with len elements of the committed 2-byte type.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16_t*>(in);
+  auto* b = static_cast<bf16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16_t*>(in);
+  auto* b = static_cast<bf16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    if (bf16_to_float(a[i]) > bf16_to_float(b[i])) b[i] = a[i];
+  }
+}
+
 // MPI_Init / MPI_Finalize as RAII. One per process, shared by every communicator, so
-// MPI_Finalize runs after the last MPI_Comm_free whatever the destruction order.
+// MPI_Finalize runs after the last MPI_Comm_free whatever the destruction order. Also
+// owns what the communicators share: the bf16 datatype and its reduction ops, created
+// once when the runtime is acquired and freed before MPI_Finalize.
 class MpiRuntime {
  public:
-  explicit MpiRuntime(bool owns_mpi) : owns_mpi_(owns_mpi) {}
+  explicit MpiRuntime(bool owns_mpi) : owns_mpi_(owns_mpi) {
+    int rc = MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&bf16_type_);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(&bf16_max, /*commute=*/1, &bf16_max_);
+    TRIDENT_CHECK_MSG(rc == MPI_SUCCESS, "creating the bf16 MPI type and ops: " +
+                                             mpi_error_string(rc));
+  }
   ~MpiRuntime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_mpi_ && !finalized) MPI_Finalize();
+    if (finalized) return;  // the caller finalized MPI first: nothing left to free
+    MPI_Op_free(&bf16_max_);
+    MPI_Op_free(&bf16_sum_);
+    MPI_Type_free(&bf16_type_);
+    if (owns_mpi_) MPI_Finalize();
   }
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
@@ -60,31 +90,41 @@ class MpiRuntime {
     return runtime;
   }
 
+  MPI_Datatype type_of(DType dtype) const {
+    switch (dtype) {
+      case DType::kF32:
+        return MPI_FLOAT;
+      case DType::kBF16:
+        return bf16_type_;
+      case DType::kI32:
+        return MPI_INT32_T;
+      case DType::kF64:
+        return MPI_DOUBLE;
+      case DType::kI64:
+        return MPI_INT64_T;
+      case DType::kU8:
+        return MPI_BYTE;
+    }
+    return MPI_BYTE;
+  }
+  MPI_Op op_of(ReduceOp op, DType dtype) const {
+    if (dtype == DType::kBF16) return op == ReduceOp::kSum ? bf16_sum_ : bf16_max_;
+    return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
+  }
+
  private:
   bool owns_mpi_;
+  MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_max_ = MPI_OP_NULL;
 };
-
-MPI_Datatype mpi_type(CommDtype dtype) {
-  switch (dtype) {
-    case CommDtype::kF32:
-      return MPI_FLOAT;
-    case CommDtype::kF64:
-      return MPI_DOUBLE;
-    case CommDtype::kI64:
-      return MPI_INT64_T;
-    case CommDtype::kByte:
-      return MPI_BYTE;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
 
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of comm (freed on destruction).
-  MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, std::string name)
-      : Communicator(std::move(name)), runtime_(std::move(runtime)), comm_(comm) {
+  MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, std::string name,
+                  MemSpace space)
+      : Communicator(std::move(name), space), runtime_(std::move(runtime)), comm_(comm) {
     const CollectiveOptions opts{.label = "setup"};
     TRIDENT_MPI_CHECK(*this, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
                       CollectiveKind::kSplit, opts);
@@ -93,7 +133,7 @@ class MpiCommunicator final : public Communicator {
   }
   ~MpiCommunicator() override {
     // An isend's buffer must outlive its request, and MPI_Comm_free does not cancel it.
-    if (!pending_.empty()) do_wait_sends({.label = "pending isends at destruction"});
+    if (!pending_requests_.empty()) do_wait_sends({.label = "pending isends at destruction"});
     MPI_Comm_free(&comm_);
   }
 
@@ -102,95 +142,107 @@ class MpiCommunicator final : public Communicator {
   const char* backend() const override { return "mpi"; }
 
  protected:
-  void do_all_reduce(void* data, std::size_t count, CommDtype dtype, ReduceOp op,
-                     const CollectiveOptions& opts) override {
-    const int n = to_int(count, CollectiveKind::kAllReduce, opts);
+  void do_all_reduce(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts) override {
+    const int n = to_int(data.count, CollectiveKind::kAllReduce, opts);
     TRIDENT_MPI_CHECK(*this,
-                      MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op), comm_),
+                      MPI_Allreduce(MPI_IN_PLACE, data.data, n, runtime_->type_of(data.dtype),
+                                    runtime_->op_of(op, data.dtype), comm_),
                       CollectiveKind::kAllReduce, opts);
   }
 
-  void do_reduce_scatter(const float* input, float* output, std::size_t chunk,
+  void do_reduce_scatter(const CommBuf& input, const CommBuf& output,
                          const CollectiveOptions& opts) override {
-    const int n = to_int(chunk, CollectiveKind::kReduceScatter, opts);
-    TRIDENT_MPI_CHECK(*this, MPI_Reduce_scatter_block(input, output, n, MPI_FLOAT, MPI_SUM, comm_),
+    const int n = to_int(output.count, CollectiveKind::kReduceScatter, opts);
+    TRIDENT_MPI_CHECK(*this,
+                      MPI_Reduce_scatter_block(input.data, output.data, n,
+                                               runtime_->type_of(input.dtype),
+                                               runtime_->op_of(ReduceOp::kSum, input.dtype),
+                                               comm_),
                       CollectiveKind::kReduceScatter, opts);
   }
 
-  void do_all_gather(const void* input, void* output, std::size_t chunk_bytes, CommDtype dtype,
+  void do_all_gather(const CommBuf& input, const CommBuf& output,
                      const CollectiveOptions& opts) override {
-    const int n = to_int(chunk_bytes / comm_dtype_size(dtype), CollectiveKind::kAllGather, opts);
-    const MPI_Datatype type = mpi_type(dtype);
-    TRIDENT_MPI_CHECK(*this, MPI_Allgather(input, n, type, output, n, type, comm_),
+    const int n = to_int(input.count, CollectiveKind::kAllGather, opts);
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    TRIDENT_MPI_CHECK(*this, MPI_Allgather(input.data, n, type, output.data, n, type, comm_),
                       CollectiveKind::kAllGather, opts);
   }
 
-  void do_broadcast(void* data, std::size_t bytes, int root,
-                    const CollectiveOptions& opts) override {
-    const int n = to_int(bytes, CollectiveKind::kBroadcast, opts);
-    TRIDENT_MPI_CHECK(*this, MPI_Bcast(data, n, MPI_BYTE, root, comm_), CollectiveKind::kBroadcast,
-                      opts);
+  void do_broadcast(const CommBuf& data, int root, const CollectiveOptions& opts) override {
+    const int n = to_int(data.count, CollectiveKind::kBroadcast, opts);
+    TRIDENT_MPI_CHECK(*this, MPI_Bcast(data.data, n, runtime_->type_of(data.dtype), root, comm_),
+                      CollectiveKind::kBroadcast, opts);
   }
 
-  void do_send(const float* data, std::size_t count, int dst, int tag,
-               const CollectiveOptions& opts) override {
-    const int n = to_int(count, CollectiveKind::kSend, opts);
-    TRIDENT_MPI_CHECK(*this, MPI_Send(data, n, MPI_FLOAT, dst, tag, comm_), CollectiveKind::kSend,
-                      opts);
+  void do_send(const CommBuf& data, int dst, int tag, const CollectiveOptions& opts) override {
+    const int n = to_int(data.count, CollectiveKind::kSend, opts);
+    TRIDENT_MPI_CHECK(*this, MPI_Send(data.data, n, runtime_->type_of(data.dtype), dst, tag, comm_),
+                      CollectiveKind::kSend, opts);
   }
 
-  void do_recv(float* data, std::size_t count, int src, int tag,
-               const CollectiveOptions& opts) override {
-    const int n = to_int(count, CollectiveKind::kRecv, opts);
+  void do_recv(const CommBuf& data, int src, int tag, const CollectiveOptions& opts) override {
+    const int n = to_int(data.count, CollectiveKind::kRecv, opts);
+    const MPI_Datatype type = runtime_->type_of(data.dtype);
     MPI_Status status;
-    TRIDENT_MPI_CHECK(*this, MPI_Recv(data, n, MPI_FLOAT, src, tag, comm_, &status),
+    TRIDENT_MPI_CHECK(*this, MPI_Recv(data.data, n, type, src, tag, comm_, &status),
                       CollectiveKind::kRecv, opts);
     // A shorter message than expected is not an MPI error, but it is a broken pairing.
     int received = 0;
-    MPI_Get_count(&status, MPI_FLOAT, &received);
+    MPI_Get_count(&status, type, &received);
     TRIDENT_COMM_CHECK(*this, received == n, CollectiveKind::kRecv, opts,
-                       "received " + std::to_string(received) + " floats from rank " +
-                           std::to_string(src) + ", expected " + std::to_string(n));
+                       "received " + std::to_string(received) + " " + dtype_name(data.dtype) +
+                           " elements from rank " + std::to_string(src) + ", expected " +
+                           std::to_string(n));
   }
 
-  void do_isend(const float* data, std::size_t count, int dst, int tag,
-                const CollectiveOptions& opts) override {
-    const int n = to_int(count, CollectiveKind::kSend, opts);
+  // The payload copy reads the caller's memory: for a device buffer it is device work,
+  // inside the DeviceAccessScope the public isend opened (a device-to-device copy on a
+  // GPU backend). It goes to a pooled staging buffer, so a warm isend allocates nothing.
+  void do_isend(const CommBuf& data, int dst, int tag, const CollectiveOptions& opts) override {
+    const int n = to_int(data.count, CollectiveKind::kSend, opts);
     reap_completed_sends(opts);
-    // The vector's heap block stays put when pending_ grows, so MPI may keep pointing at it.
-    PendingSend& pending = pending_.emplace_back();
-    pending.payload.assign(data, data + count);
+    const std::size_t slot = take_staging(data.bytes());
+    std::memcpy(staging_[slot].data.get(), data.data, data.bytes());
+    MPI_Request request = MPI_REQUEST_NULL;
     TRIDENT_MPI_CHECK(*this,
-                      MPI_Isend(pending.payload.data(), n, MPI_FLOAT, dst, tag, comm_,
-                                &pending.request),
+                      MPI_Isend(staging_[slot].data.get(), n, runtime_->type_of(data.dtype), dst,
+                                tag, comm_, &request),
                       CollectiveKind::kSend, opts);
+    pending_requests_.push_back(request);
+    pending_staging_.push_back(slot);
   }
 
   void do_wait_sends(const CollectiveOptions& opts) override {
-    std::vector<MPI_Request> requests;
-    requests.reserve(pending_.size());
-    for (const PendingSend& p : pending_) requests.push_back(p.request);
     TRIDENT_MPI_CHECK(*this,
-                      MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                                  MPI_STATUSES_IGNORE),
+                      MPI_Waitall(static_cast<int>(pending_requests_.size()),
+                                  pending_requests_.data(), MPI_STATUSES_IGNORE),
                       CollectiveKind::kSend, opts);
-    pending_.clear();
+    for (std::size_t slot : pending_staging_) free_staging_.push_back(slot);
+    pending_requests_.clear();
+    pending_staging_.clear();
   }
 
-  std::size_t pending_sends() const override { return pending_.size(); }
+  std::size_t pending_sends() const override { return pending_requests_.size(); }
+
+  std::size_t isend_staging_bytes() const override {
+    std::size_t total = 0;
+    for (const StagingBuffer& b : staging_) total += b.capacity;
+    return total;
+  }
 
   void do_barrier(const CollectiveOptions& opts) override {
     TRIDENT_MPI_CHECK(*this, MPI_Barrier(comm_), CollectiveKind::kBarrier, opts);
   }
 
-  std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
+  std::unique_ptr<Communicator> do_split(int color, int key, std::string name, MemSpace space,
                                          const CollectiveOptions& opts) override {
     MPI_Comm child = MPI_COMM_NULL;
     TRIDENT_MPI_CHECK(*this,
                       MPI_Comm_split(comm_, color == kNoGroup ? MPI_UNDEFINED : color, key, &child),
                       CollectiveKind::kSplit, opts);
     if (child == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(runtime_, child, std::move(name));
+    return std::make_unique<MpiCommunicator>(runtime_, child, std::move(name), space);
   }
 
  private:
@@ -200,31 +252,73 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(count);
   }
 
-  // Frees the buffers of completed isends, so a long pipeline does not hold them all.
+  // Returns the staging buffers of completed isends to the pool, keeping call order for
+  // the rest (in place: no allocation).
   void reap_completed_sends(const CollectiveOptions& opts) {
     std::size_t kept = 0;
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
+    for (std::size_t i = 0; i < pending_requests_.size(); ++i) {
       int done = 0;
-      TRIDENT_MPI_CHECK(*this, MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE),
+      TRIDENT_MPI_CHECK(*this, MPI_Test(&pending_requests_[i], &done, MPI_STATUS_IGNORE),
                         CollectiveKind::kSend, opts);
-      if (!done) {
-        if (kept != i) pending_[kept] = std::move(pending_[i]);
+      if (done) {
+        free_staging_.push_back(pending_staging_[i]);
+      } else {
+        pending_requests_[kept] = pending_requests_[i];
+        pending_staging_[kept] = pending_staging_[i];
         ++kept;
       }
     }
-    pending_.resize(kept);
+    pending_requests_.resize(kept);
+    pending_staging_.resize(kept);
   }
 
-  struct PendingSend {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<float> payload;  // (count) the copy MPI sends from
+  // A free staging buffer of at least `bytes`: the smallest free one that fits; else the
+  // largest free one, grown; else a new one. Buffers never shrink, so once the sizes and
+  // the number in flight repeat, this allocates nothing.
+  std::size_t take_staging(std::size_t bytes) {
+    const std::size_t none = free_staging_.size();
+    std::size_t fitting = none, largest = none;  // indices into free_staging_
+    for (std::size_t i = 0; i < free_staging_.size(); ++i) {
+      const std::size_t cap = staging_[free_staging_[i]].capacity;
+      if (cap >= bytes && (fitting == none || cap < staging_[free_staging_[fitting]].capacity)) {
+        fitting = i;
+      }
+      if (largest == none || cap > staging_[free_staging_[largest]].capacity) largest = i;
+    }
+    const std::size_t best = fitting != none ? fitting : largest;
+    std::size_t slot;
+    if (best == free_staging_.size()) {
+      slot = staging_.size();
+      staging_.emplace_back();
+      free_staging_.reserve(staging_.size());  // every slot may be free at once
+    } else {
+      slot = free_staging_[best];
+      free_staging_[best] = free_staging_.back();
+      free_staging_.pop_back();
+    }
+    StagingBuffer& buffer = staging_[slot];
+    if (buffer.capacity < bytes) {
+      buffer.data = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      buffer.capacity = bytes;
+    }
+    return slot;
+  }
+
+  // Grow-only isend payload storage; the heap block stays put when staging_ grows, so MPI
+  // may keep pointing at it.
+  struct StagingBuffer {
+    std::unique_ptr<std::byte[]> data;  // (capacity)
+    std::size_t capacity = 0;
   };
 
   std::shared_ptr<MpiRuntime> runtime_;  // first member: outlives comm_'s MPI_Comm_free
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<PendingSend> pending_;  // isends in flight, in call order
+  std::vector<MPI_Request> pending_requests_;  // isends in flight, in call order
+  std::vector<std::size_t> pending_staging_;   // (pending_requests_) their staging slots
+  std::vector<StagingBuffer> staging_;          // the pool
+  std::vector<std::size_t> free_staging_;       // slots not in flight
 };
 
 }  // namespace
@@ -236,7 +330,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
   MPI_Comm world = MPI_COMM_NULL;
   const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &world);
   TRIDENT_CHECK_MSG(rc == MPI_SUCCESS, "MPI_Comm_dup(MPI_COMM_WORLD): " + mpi_error_string(rc));
-  return std::make_unique<MpiCommunicator>(std::move(runtime), world, "world");
+  return std::make_unique<MpiCommunicator>(std::move(runtime), world, "world", MemSpace::kHost);
 }
 
 }  // namespace trident

@@ -8,9 +8,17 @@
 // - Every communicator (world and split children) shares one runtime handle; the last
 //   one destroyed calls MPI_Finalize when this file did the MPI_Init. Children free their
 //   MPI_Comm on destruction.
-// - isend is MPI_Isend from a private copy of the payload; finished requests are reaped
-//   (MPI_Test) on each isend, the rest complete in wait_sends (MPI_Waitall) or, at the
-//   latest, in the destructor before MPI_Comm_free.
+// - isend is MPI_Isend from a copy of the payload in a staging buffer of the
+//   communicator's grow-only pool (the copy runs inside the call's DeviceAccessScope for
+//   device memory); finished requests are reaped (MPI_Test) on each isend and their
+//   buffers reused, the rest complete in wait_sends (MPI_Waitall) or, at the latest, in
+//   the destructor before MPI_Comm_free. A warm isend allocates nothing.
+// - bf16 travels as a committed 2-byte contiguous type; its sum and max are user-defined
+//   commutative MPI_Ops (fp32 add, one round to nearest even per combining step; see
+//   communicator.h "Reductions"), created once with the runtime and freed before
+//   MPI_Finalize.
+// - Either memory space: on CPU both are host RAM, so MPI reads and writes device
+//   buffers directly (inside the scope the public call opens).
 // - Communicators use MPI_ERRORS_RETURN, and every MPI call goes through TRIDENT_MPI_CHECK
 //   (mpi_check.h), which aborts naming rank, group, collective, label and MPI's error
 //   string, instead of MPI's default handler, which names none of them.

@@ -60,6 +60,11 @@ TEST(SelfCommunicator, SplitAndProcessGroups) {
   EXPECT_EQ(groups->dp->name(), "dp");
   EXPECT_EQ(groups->pp->name(), "pp");
   EXPECT_EQ(groups->embedding, nullptr);  // pp == 1: no embedding group
+  // The world carries host values; the groups, device memory.
+  EXPECT_EQ(groups->world->space(), MemSpace::kHost);
+  EXPECT_EQ(groups->dp->space(), MemSpace::kDevice);
+  EXPECT_EQ(groups->tp->space(), MemSpace::kDevice);
+  EXPECT_EQ(groups->pp->space(), MemSpace::kDevice);
 
   auto mismatch = make_process_groups(self, Layout{2, 1, 1}, false);
   ASSERT_FALSE(mismatch.is_ok());

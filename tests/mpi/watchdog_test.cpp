@@ -52,25 +52,22 @@ class StuckCommunicator final : public Communicator {
     cv_.wait_for(lock, kSafety, [this] { return released_; });
     released_ = false;
   }
-  void do_all_reduce(void*, std::size_t, CommDtype, ReduceOp, const CollectiveOptions&) override {
-    block();
-  }
-  void do_reduce_scatter(const float*, float*, std::size_t, const CollectiveOptions&) override {
+  void do_all_reduce(const CommBuf&, ReduceOp, const CollectiveOptions&) override { block(); }
+  void do_reduce_scatter(const CommBuf&, const CommBuf&, const CollectiveOptions&) override {
     std::this_thread::sleep_for(delay);
   }
-  void do_all_gather(const void*, void*, std::size_t, CommDtype,
-                     const CollectiveOptions&) override {
+  void do_all_gather(const CommBuf&, const CommBuf&, const CollectiveOptions&) override {
     std::this_thread::sleep_for(delay);
   }
-  void do_broadcast(void*, std::size_t, int, const CollectiveOptions&) override {
+  void do_broadcast(const CommBuf&, int, const CollectiveOptions&) override {
     std::this_thread::sleep_for(delay);
   }
-  void do_send(const float*, std::size_t, int, int, const CollectiveOptions&) override {
+  void do_send(const CommBuf&, int, int, const CollectiveOptions&) override {
     std::this_thread::sleep_for(delay);
   }
-  void do_recv(float*, std::size_t, int, int, const CollectiveOptions&) override { block(); }
+  void do_recv(const CommBuf&, int, int, const CollectiveOptions&) override { block(); }
   void do_barrier(const CollectiveOptions&) override { block(); }
-  std::unique_ptr<Communicator> do_split(int, int, std::string,
+  std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
                                          const CollectiveOptions&) override {
     return nullptr;
   }
