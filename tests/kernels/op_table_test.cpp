@@ -1,0 +1,1109 @@
+// The op table: every Ops compute op x {f32, bf16} x odd shapes, each against a float64
+// reference, and each backward also against central differences of the backend's own
+// forward (harness and tolerances: tests/kernels/op_table.h). Every backend of the build
+// runs the same table: today the CPU backend and the checked CPU backend (device memory
+// inaccessible to host code outside Ops calls); a CUDA backend adds one TEST_P below, and
+// then a comparison against the CPU backend.
+//
+// Test names: OpTable.<backend>/<op>[_forward|_backward|_gradcheck]_<dtype>_<shape>, e.g.
+// OpTable.cpu/matmul_forward_bf16_N7_IC13_OC5; --gtest_filter='OpTable.cpu/*' runs one
+// backend. "bf16" means every F argument of the op is bf16 (kernels/ops.h says which
+// arguments are F; the rest keep their fixed dtypes); "mixed" entries pick F per argument.
+#include "tests/kernels/op_table.h"
+
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "kernels/ops.h"
+#include "tests/kernels/forwarding_ops.h"
+
+namespace trident::testing::op_table {
+namespace {
+
+constexpr DType kF32 = DType::kF32, kBF16 = DType::kBF16, kI32 = DType::kI32, kF64 = DType::kF64,
+                kU8 = DType::kU8;
+
+Arg arg(std::string name, DType dtype, size_t count, Role role, double lo = -1.0, double hi = 1.0) {
+  Arg a;
+  a.name = std::move(name);
+  a.dtype = dtype;
+  a.count = count;
+  a.role = role;
+  a.lo = lo;
+  a.hi = hi;
+  return a;
+}
+Arg given(std::string name, DType dtype, VecD values, Role role = Role::kIn) {
+  Arg a = arg(std::move(name), dtype, values.size(), role);
+  a.values = std::move(values);
+  return a;
+}
+Arg aliased(std::string name, std::string of, DType dtype, size_t count, Role role) {
+  Arg a = arg(std::move(name), dtype, count, role);
+  a.alias = std::move(of);
+  return a;
+}
+Arg exact(Arg a) {  // an output the op determines exactly (a max, a picked element)
+  a.tol = 0.0;
+  return a;
+}
+
+std::string dims(std::initializer_list<std::pair<const char*, long>> ds) {
+  std::string s;
+  for (const auto& [k, v] : ds) s += (s.empty() ? "" : "_") + std::string(k) + std::to_string(v);
+  return s;
+}
+
+// Token / target ids in [0, V), spread so that a vocab-parallel rank sees some of its
+// own ids and some of others'.
+VecD ids(int n, int V, int salt) {
+  VecD v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (i * 7 + salt) % V;
+  return v;
+}
+
+size_t sz(long n) { return static_cast<size_t>(n); }
+using Def = std::shared_ptr<OpDef>;
+Def make(std::string op, std::string dtype, std::string shape) {
+  auto d = std::make_shared<OpDef>();
+  d->op = std::move(op);
+  d->dtype = std::move(dtype);
+  d->shape = std::move(shape);
+  return d;
+}
+
+// ---- embedding ------------------------------------------------------------------
+// wte holds rows [vb, vb + vl) of a V-row table (vocab-parallel); vb >= V is a rank that
+// holds padding rows only, whose output is wpe alone and whose dwte stays untouched.
+Def embedding(DType F, int B, int T, int C, int V, int vb, int vl, bool wpe) {
+  auto d = make("embedding", dtype_name(F),
+                dims({{"B", B}, {"T", T}, {"C", C}, {"V", V}, {"vb", vb}, {"vl", vl}}) +
+                    (wpe ? "" : "_nowpe"));
+  const int N = B * T;
+  d->args = {arg("out", F, sz(N) * C, Role::kOut), given("tokens", kI32, ids(N, V, 3)),
+             arg("wte", F, sz(vl) * C, Role::kIn)};
+  if (wpe) d->args.push_back(arg("wpe", F, sz(T) * C, Role::kIn));
+  d->args.push_back(arg("dout", F, sz(N) * C, Role::kGradIn));
+  d->args.push_back(arg("dwte", kF32, sz(vl) * C, Role::kGradOut));
+  if (wpe) d->args.push_back(arg("dwpe", kF32, sz(T) * C, Role::kGradOut));
+  d->reduction = sz(N);
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.embedding_forward(b["out"], b["tokens"], b["wte"], wpe ? b["wpe"] : DevPtr(), B, T, C, vb,
+                          vl);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.embedding_backward(b["dwte"], wpe ? b["dwpe"] : DevPtr(), b["dout"], b["tokens"], B, T, C,
+                           vb, vl);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int n = 0; n < N; ++n) {
+      const int r = static_cast<int>(h.at("tokens")[sz(n)]) - vb;
+      for (int c = 0; c < C; ++c) {
+        double x = r >= 0 && r < vl ? h.at("wte")[sz(r) * C + c] : 0.0;
+        if (wpe) x += h.at("wpe")[sz(n % T) * C + c];
+        h.at("out")[sz(n) * C + c] = x;
+      }
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    for (int n = 0; n < N; ++n) {
+      const int r = static_cast<int>(h.at("tokens")[sz(n)]) - vb;
+      for (int c = 0; c < C; ++c) {
+        const double g = h.at("dout")[sz(n) * C + c];
+        if (r >= 0 && r < vl) h.at("dwte")[sz(r) * C + c] += g;
+        if (wpe) h.at("dwpe")[sz(n % T) * C + c] += g;
+      }
+    }
+  };
+  d->wrt = {{"wte", "dwte"}};
+  if (wpe) d->wrt.push_back({"wpe", "dwpe"});
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+// ---- normalisation --------------------------------------------------------------
+constexpr float kNormEps = 1e-5f;
+
+Def layernorm(DType F, int N, int C, bool bias) {
+  auto d = make("layernorm", dtype_name(F), dims({{"N", N}, {"C", C}}) + (bias ? "" : "_nobias"));
+  d->args = {arg("out", F, sz(N) * C, Role::kOut), arg("mean", kF32, sz(N), Role::kOut),
+             arg("rstd", kF32, sz(N), Role::kOut), arg("inp", F, sz(N) * C, Role::kIn),
+             arg("weight", F, sz(C), Role::kIn, 0.5, 1.5)};
+  if (bias) d->args.push_back(arg("bias", F, sz(C), Role::kIn));
+  d->args.push_back(arg("dout", F, sz(N) * C, Role::kGradIn));
+  d->args.push_back(arg("dinp", F, sz(N) * C, Role::kGradOut));
+  d->args.push_back(arg("dweight", kF32, sz(C), Role::kGradOut));
+  if (bias) d->args.push_back(arg("dbias", kF32, sz(C), Role::kGradOut));
+  d->reduction = sz(std::max(N, C));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.layernorm_forward(b["out"], b["mean"], b["rstd"], b["inp"], b["weight"],
+                          bias ? b["bias"] : DevPtr(), N, C, kNormEps);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.layernorm_backward(b["dinp"], b["dweight"], bias ? b["dbias"] : DevPtr(), b["dout"],
+                           b["inp"], b["weight"], b["mean"], b["rstd"], N, C);
+  };
+  d->ref_forward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight");
+    for (int n = 0; n < N; ++n) {
+      const double* xr = &x[sz(n) * C];
+      double mean = 0, var = 0;
+      for (int c = 0; c < C; ++c) mean += xr[c];
+      mean /= C;
+      for (int c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+      var /= C;
+      const double rstd = 1.0 / std::sqrt(var + static_cast<double>(kNormEps));
+      h.at("mean")[sz(n)] = mean;
+      h.at("rstd")[sz(n)] = rstd;
+      for (int c = 0; c < C; ++c)
+        h.at("out")[sz(n) * C + c] =
+            (xr[c] - mean) * rstd * w[sz(c)] + (bias ? h.at("bias")[sz(c)] : 0.0);
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight"), &g = h.at("dout");
+    for (int n = 0; n < N; ++n) {
+      const double mean = h.at("mean")[sz(n)], rstd = h.at("rstd")[sz(n)];
+      double m1 = 0, m2 = 0;
+      for (int c = 0; c < C; ++c) {
+        const size_t i = sz(n) * C + c;
+        const double xhat = (x[i] - mean) * rstd, dxhat = g[i] * w[sz(c)];
+        m1 += dxhat;
+        m2 += dxhat * xhat;
+      }
+      m1 /= C;
+      m2 /= C;
+      for (int c = 0; c < C; ++c) {
+        const size_t i = sz(n) * C + c;
+        const double xhat = (x[i] - mean) * rstd, dxhat = g[i] * w[sz(c)];
+        h.at("dinp")[i] += rstd * (dxhat - m1 - xhat * m2);
+        h.at("dweight")[sz(c)] += g[i] * xhat;
+        if (bias) h.at("dbias")[sz(c)] += g[i];
+      }
+    }
+  };
+  d->wrt = {{"inp", "dinp"}, {"weight", "dweight"}};
+  if (bias) d->wrt.push_back({"bias", "dbias"});
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+Def rmsnorm(DType F, int N, int C) {
+  auto d = make("rmsnorm", dtype_name(F), dims({{"N", N}, {"C", C}}));
+  d->args = {
+      arg("out", F, sz(N) * C, Role::kOut),       arg("rstd", kF32, sz(N), Role::kOut),
+      arg("inp", F, sz(N) * C, Role::kIn),        arg("weight", F, sz(C), Role::kIn, 0.5, 1.5),
+      arg("dout", F, sz(N) * C, Role::kGradIn),   arg("dinp", F, sz(N) * C, Role::kGradOut),
+      arg("dweight", kF32, sz(C), Role::kGradOut)};
+  d->reduction = sz(std::max(N, C));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.rmsnorm_forward(b["out"], b["rstd"], b["inp"], b["weight"], N, C, kNormEps);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.rmsnorm_backward(b["dinp"], b["dweight"], b["dout"], b["inp"], b["weight"], b["rstd"], N,
+                         C);
+  };
+  d->ref_forward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight");
+    for (int n = 0; n < N; ++n) {
+      double ms = 0;
+      for (int c = 0; c < C; ++c) ms += x[sz(n) * C + c] * x[sz(n) * C + c];
+      const double rstd = 1.0 / std::sqrt(ms / C + static_cast<double>(kNormEps));
+      h.at("rstd")[sz(n)] = rstd;
+      for (int c = 0; c < C; ++c) h.at("out")[sz(n) * C + c] = x[sz(n) * C + c] * rstd * w[sz(c)];
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight"), &g = h.at("dout");
+    for (int n = 0; n < N; ++n) {
+      const double rstd = h.at("rstd")[sz(n)];
+      double m2 = 0;
+      for (int c = 0; c < C; ++c) {
+        const size_t i = sz(n) * C + c;
+        m2 += g[i] * w[sz(c)] * x[i] * rstd;
+      }
+      m2 /= C;
+      for (int c = 0; c < C; ++c) {
+        const size_t i = sz(n) * C + c;
+        const double xhat = x[i] * rstd;
+        h.at("dinp")[i] += rstd * (g[i] * w[sz(c)] - xhat * m2);
+        h.at("dweight")[sz(c)] += g[i] * xhat;
+      }
+    }
+  };
+  d->wrt = {{"inp", "dinp"}, {"weight", "dweight"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+// ---- linear ---------------------------------------------------------------------
+// F: the activations (inp, out, dout, dinp); W: the weights (weight, bias).
+Def matmul(DType F, DType W, int N, int IC, int OC, bool bias) {
+  const std::string tag =
+      F == W ? dtype_name(F) : std::string("mixed_act") + dtype_name(F) + "_w" + dtype_name(W);
+  auto d = make("matmul", tag, dims({{"N", N}, {"IC", IC}, {"OC", OC}}) + (bias ? "" : "_nobias"));
+  d->args = {arg("out", F, sz(N) * OC, Role::kOut), arg("inp", F, sz(N) * IC, Role::kIn),
+             arg("weight", W, sz(OC) * IC, Role::kIn)};
+  if (bias) d->args.push_back(arg("bias", W, sz(OC), Role::kIn));
+  d->args.push_back(arg("dout", F, sz(N) * OC, Role::kGradIn));
+  d->args.push_back(arg("dinp", F, sz(N) * IC, Role::kGradOut));
+  d->args.push_back(arg("dweight", kF32, sz(OC) * IC, Role::kGradOut));
+  if (bias) d->args.push_back(arg("dbias", kF32, sz(OC), Role::kGradOut));
+  d->reduction = sz(std::max({N, IC, OC}));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.matmul_forward(b["out"], b["inp"], b["weight"], bias ? b["bias"] : DevPtr(), N, IC, OC);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.matmul_backward(b["dinp"], b["dweight"], bias ? b["dbias"] : DevPtr(), b["dout"], b["inp"],
+                        b["weight"], N, IC, OC);
+  };
+  d->ref_forward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight");
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < OC; ++o) {
+        double s = bias ? h.at("bias")[sz(o)] : 0.0;
+        for (int i = 0; i < IC; ++i) s += x[sz(n) * IC + i] * w[sz(o) * IC + i];
+        h.at("out")[sz(n) * OC + o] = s;
+      }
+  };
+  d->ref_backward = [=](Host& h) {
+    const VecD &x = h.at("inp"), &w = h.at("weight"), &g = h.at("dout");
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < OC; ++o) {
+        const double go = g[sz(n) * OC + o];
+        for (int i = 0; i < IC; ++i) {
+          h.at("dinp")[sz(n) * IC + i] += go * w[sz(o) * IC + i];
+          h.at("dweight")[sz(o) * IC + i] += go * x[sz(n) * IC + i];
+        }
+        if (bias) h.at("dbias")[sz(o)] += go;
+      }
+  };
+  d->wrt = {{"inp", "dinp"}, {"weight", "dweight"}};
+  if (bias) d->wrt.push_back({"bias", "dbias"});
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+// ---- rope -----------------------------------------------------------------------
+void ref_rope(VecD& x, int B, int T, int H, int HD, double theta, int pos_offset, double sign) {
+  const int half = HD / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int hh = 0; hh < H; ++hh) {
+        double* v = &x[((sz(b) * T + t) * H + hh) * HD];
+        for (int i = 0; i < half; ++i) {
+          const double angle = (t + pos_offset) * std::pow(theta, -2.0 * i / HD);
+          const double c = std::cos(angle), s = sign * std::sin(angle);
+          const double x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * c - x2 * s;
+          v[i + half] = x2 * c + x1 * s;
+        }
+      }
+}
+
+Def rope(DType F, int B, int T, int H, int HD, int pos_offset) {
+  constexpr float theta = 10000.0f;
+  auto d = make("rope", dtype_name(F),
+                dims({{"B", B}, {"T", T}, {"H", H}, {"HD", HD}, {"pos", pos_offset}}));
+  const size_t n = sz(B) * T * H * HD;
+  d->args = {arg("x", F, n, Role::kInOut), arg("dx", F, n, Role::kGradInOut)};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.rope_forward(b["x"], B, T, H, HD, theta, pos_offset);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.rope_backward(b["dx"], B, T, H, HD, theta, pos_offset);
+  };
+  d->ref_forward = [=](Host& h) { ref_rope(h.at("x"), B, T, H, HD, theta, pos_offset, 1.0); };
+  d->ref_backward = [=](Host& h) { ref_rope(h.at("dx"), B, T, H, HD, theta, pos_offset, -1.0); };
+  d->wrt = {{"x", "dx"}};
+  d->project = {{"x", "dx"}};
+  return d;
+}
+
+// ---- attention ------------------------------------------------------------------
+struct AttnShape {
+  int B, T, NH, NKV, HD;
+  size_t qi(int b, int t, int h, int e) const { return ((sz(b) * T + t) * NH + h) * HD + e; }
+  size_t ki(int b, int t, int h, int e) const { return ((sz(b) * T + t) * NKV + h) * HD + e; }
+};
+
+// P[b, h, i, j] (causal softmax of q k^T / sqrt(HD)), and out = P v.
+void ref_attention(const AttnShape& s, const VecD& q, const VecD& k, const VecD& v, VecD& out,
+                   VecD& P) {
+  P.assign(sz(s.B) * s.NH * s.T * s.T, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HD));
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h) {
+      const int kv = h / (s.NH / s.NKV);
+      for (int i = 0; i < s.T; ++i) {
+        double* p = &P[((sz(b) * s.NH + h) * s.T + i) * s.T];
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int e = 0; e < s.HD; ++e) dot += q[s.qi(b, i, h, e)] * k[s.ki(b, j, kv, e)];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        for (int e = 0; e < s.HD; ++e) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) o += p[j] * v[s.ki(b, j, kv, e)];
+          out[s.qi(b, i, h, e)] = o;
+        }
+      }
+    }
+}
+
+Def attention(DType F, AttnShape s) {
+  auto d = make("attention", dtype_name(F),
+                dims({{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"NKV", s.NKV}, {"HD", s.HD}}));
+  const size_t nq = sz(s.B) * s.T * s.NH * s.HD, nkv = sz(s.B) * s.T * s.NKV * s.HD;
+  Arg state = arg("state", kU8, 0, Role::kState);
+  state.count_of = [=](const Ops& ops) {
+    return ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD);
+  };
+  d->args = {arg("out", F, nq, Role::kOut),     state,
+             arg("q", F, nq, Role::kIn, -2, 2), arg("k", F, nkv, Role::kIn, -2, 2),
+             arg("v", F, nkv, Role::kIn),       arg("dout", F, nq, Role::kGradIn),
+             arg("dq", F, nq, Role::kGradOut),  arg("dk", F, nkv, Role::kGradOut),
+             arg("dv", F, nkv, Role::kGradOut)};
+  d->reduction = sz(std::max(s.T, s.HD) * (s.NH / s.NKV));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.attention_forward(b["out"], b["state"], b["q"], b["k"], b["v"], s.B, s.T, s.NH, s.NKV,
+                          s.HD);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.attention_backward(b["dq"], b["dk"], b["dv"], b["dout"], b["out"], b["state"], b["q"],
+                           b["k"], b["v"], s.B, s.T, s.NH, s.NKV, s.HD);
+  };
+  d->ref_forward = [=](Host& h) {
+    VecD P;
+    ref_attention(s, h.at("q"), h.at("k"), h.at("v"), h.at("out"), P);
+  };
+  d->ref_backward = [=](Host& h) {
+    const VecD &q = h.at("q"), &k = h.at("k"), &v = h.at("v"), &g = h.at("dout");
+    VecD out(q.size()), P;
+    ref_attention(s, q, k, v, out, P);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.HD));
+    for (int b = 0; b < s.B; ++b)
+      for (int hh = 0; hh < s.NH; ++hh) {
+        const int kv = hh / (s.NH / s.NKV);
+        for (int i = 0; i < s.T; ++i) {
+          const double* p = &P[((sz(b) * s.NH + hh) * s.T + i) * s.T];
+          VecD dp(sz(i) + 1, 0.0);
+          double rowdot = 0;
+          for (int j = 0; j <= i; ++j) {
+            for (int e = 0; e < s.HD; ++e) {
+              dp[sz(j)] += g[s.qi(b, i, hh, e)] * v[s.ki(b, j, kv, e)];
+              h.at("dv")[s.ki(b, j, kv, e)] += p[j] * g[s.qi(b, i, hh, e)];
+            }
+            rowdot += p[j] * dp[sz(j)];
+          }
+          for (int j = 0; j <= i; ++j) {
+            const double ds = p[j] * (dp[sz(j)] - rowdot) * scale;
+            for (int e = 0; e < s.HD; ++e) {
+              h.at("dq")[s.qi(b, i, hh, e)] += ds * k[s.ki(b, j, kv, e)];
+              h.at("dk")[s.ki(b, j, kv, e)] += ds * q[s.qi(b, i, hh, e)];
+            }
+          }
+        }
+      }
+  };
+  d->wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+// ---- pointwise ------------------------------------------------------------------
+double gelu(double x) {
+  const double s = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad(double x) {
+  const double s = std::sqrt(2.0 / M_PI), u = s * (x + 0.044715 * x * x * x);
+  const double t = std::tanh(u);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+Def gelu_def(DType F, size_t n) {
+  auto d = make("gelu", dtype_name(F), "n" + std::to_string(n));
+  d->args = {arg("out", F, n, Role::kOut), arg("inp", F, n, Role::kIn, -3, 3),
+             arg("dout", F, n, Role::kGradIn), arg("dinp", F, n, Role::kGradOut)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.gelu_forward(b["out"], b["inp"], n); };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.gelu_backward(b["dinp"], b["dout"], b["inp"], n);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) h.at("out")[i] = gelu(h.at("inp")[i]);
+  };
+  d->ref_backward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) h.at("dinp")[i] += h.at("dout")[i] * gelu_grad(h.at("inp")[i]);
+  };
+  d->wrt = {{"inp", "dinp"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+Def swiglu(DType F, size_t n) {
+  auto d = make("swiglu", dtype_name(F), "n" + std::to_string(n));
+  d->args = {arg("out", F, n, Role::kOut),       arg("gate", F, n, Role::kIn, -3, 3),
+             arg("up", F, n, Role::kIn),         arg("dout", F, n, Role::kGradIn),
+             arg("dgate", F, n, Role::kGradOut), arg("dup", F, n, Role::kGradOut)};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.swiglu_forward(b["out"], b["gate"], b["up"], n);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.swiglu_backward(b["dgate"], b["dup"], b["dout"], b["gate"], b["up"], n);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) {
+      const double g = h.at("gate")[i];
+      h.at("out")[i] = g / (1.0 + std::exp(-g)) * h.at("up")[i];
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) {
+      const double g = h.at("gate")[i], u = h.at("up")[i], go = h.at("dout")[i];
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      h.at("dgate")[i] += go * u * sig * (1.0 + g * (1.0 - sig));
+      h.at("dup")[i] += go * g * sig;
+    }
+  };
+  d->wrt = {{"gate", "dgate"}, {"up", "dup"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+// out = a + b; `alias_a`: out is a's buffer.
+Def add(DType F, size_t n, bool alias_a) {
+  auto d = make("add", dtype_name(F), "n" + std::to_string(n) + (alias_a ? "_inplace" : ""));
+  d->args = {arg("a", F, n, Role::kIn), arg("b", F, n, Role::kIn),
+             alias_a ? aliased("out", "a", F, n, Role::kOut) : arg("out", F, n, Role::kOut)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.add(b["out"], b["a"], b["b"], n); };
+  d->ref_forward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) h.at("out")[i] = h.at("a")[i] + h.at("b")[i];
+  };
+  return d;
+}
+
+Def accumulate(DType dst, DType src, size_t n) {
+  auto d = make("accumulate",
+                dst == src ? dtype_name(dst)
+                           : std::string("mixed_dst") + dtype_name(dst) + "_src" + dtype_name(src),
+                "n" + std::to_string(n));
+  d->args = {arg("dst", dst, n, Role::kInOut), arg("src", src, n, Role::kIn)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.accumulate(b["dst"], b["src"], n); };
+  d->ref_forward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) h.at("dst")[i] += h.at("src")[i];
+  };
+  return d;
+}
+
+Def scale(DType F, size_t n, float s) {
+  auto d = make("scale", dtype_name(F), "n" + std::to_string(n));
+  d->args = {arg("x", F, n, Role::kInOut)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.scale(b["x"], s, n); };
+  d->ref_forward = [=](Host& h) {
+    for (auto& x : h.at("x")) x *= s;
+  };
+  return d;
+}
+
+// ---- loss -----------------------------------------------------------------------
+constexpr float kDloss = 0.7f;
+
+// dlogits[n, :] for the real columns of a row, from the full row of V real logits.
+void ref_softmax_grad(const double* x, int V, int target, double dloss, double* d) {
+  double mx = -1e300, sum = 0;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+  for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+  for (int v = 0; v < V; ++v)
+    d[v] = dloss * (std::exp(x[v] - mx) / sum - (v == target ? 1.0 : 0.0));
+}
+
+Def cross_entropy(DType F, int N, int V, int Vp, bool inplace) {
+  auto d = make("cross_entropy", dtype_name(F),
+                dims({{"N", N}, {"V", V}, {"Vp", Vp}}) + (inplace ? "_inplace" : ""));
+  d->args = {arg("losses", kF32, sz(N), Role::kOut), arg("logits", F, sz(N) * Vp, Role::kIn, -2, 2),
+             given("targets", kI32, ids(N, V, 1)),
+             inplace ? aliased("dlogits", "logits", F, sz(N) * Vp, Role::kGradSet)
+                     : arg("dlogits", F, sz(N) * Vp, Role::kGradSet)};
+  d->reduction = sz(V);
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.cross_entropy_forward(b["losses"], b["logits"], b["targets"], N, V, Vp);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.cross_entropy_backward(b["dlogits"], b["logits"], b["targets"], kDloss, N, V, Vp);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int n = 0; n < N; ++n) {
+      const double* x = &h.at("logits")[sz(n) * Vp];
+      double mx = -1e300, sum = 0;
+      for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+      for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+      h.at("losses")[sz(n)] = std::log(sum) + mx - x[static_cast<int>(h.at("targets")[sz(n)])];
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    for (int n = 0; n < N; ++n) {
+      double* dl = &h.at("dlogits")[sz(n) * Vp];
+      ref_softmax_grad(&h.at("logits")[sz(n) * Vp], V, static_cast<int>(h.at("targets")[sz(n)]),
+                       kDloss, dl);
+      for (int v = V; v < Vp; ++v) dl[v] = 0.0;
+    }
+  };
+  d->wrt = {{"logits", "dlogits"}};
+  d->project = {{"losses", ""}};
+  d->uniform_weight = kDloss;
+  return d;
+}
+
+// The vocab-parallel pieces on one rank holding global columns [vb, vb + Vpl).
+std::string rank_shape(int N, int Vpl, int vb, int V) {
+  return dims({{"N", N}, {"Vpl", Vpl}, {"vb", vb}, {"V", V}});
+}
+int real_columns(int Vpl, int vb, int V) { return std::clamp(V - vb, 0, Vpl); }
+
+Def xent_local_max(DType F, int N, int Vpl, int vb, int V) {
+  auto d = make("xent_local_max", dtype_name(F), rank_shape(N, Vpl, vb, V));
+  d->args = {exact(arg("row_max", kF32, sz(N), Role::kOut)),
+             arg("logits", F, sz(N) * Vpl, Role::kIn, -2, 2)};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.xent_local_max(b["row_max"], b["logits"], N, Vpl, vb, V);
+  };
+  d->ref_forward = [=](Host& h) {
+    const int real = real_columns(Vpl, vb, V);
+    for (int n = 0; n < N; ++n) {
+      double mx = -FLT_MAX;
+      for (int v = 0; v < real; ++v) mx = std::max(mx, h.at("logits")[sz(n) * Vpl + v]);
+      h.at("row_max")[sz(n)] = mx;
+    }
+  };
+  return d;
+}
+
+Def xent_local_sums(DType F, int N, int Vpl, int vb, int V) {
+  auto d = make("xent_local_sums", dtype_name(F), rank_shape(N, Vpl, vb, V));
+  d->args = {arg("sum_exp", kF32, sz(N), Role::kOut),
+             exact(arg("target_logit", kF32, sz(N), Role::kOut)),
+             arg("logits", F, sz(N) * Vpl, Role::kIn, -2, 2),
+             arg("row_max", kF32, sz(N), Role::kIn, 1, 2), given("targets", kI32, ids(N, V, 5))};
+  d->reduction = sz(Vpl);
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.xent_local_sums(b["sum_exp"], b["target_logit"], b["logits"], b["row_max"], b["targets"], N,
+                        Vpl, vb, V);
+  };
+  d->ref_forward = [=](Host& h) {
+    const int real = real_columns(Vpl, vb, V);
+    for (int n = 0; n < N; ++n) {
+      const double* x = &h.at("logits")[sz(n) * Vpl];
+      double s = 0;
+      for (int v = 0; v < real; ++v) s += std::exp(x[v] - h.at("row_max")[sz(n)]);
+      const int t = static_cast<int>(h.at("targets")[sz(n)]) - vb;
+      h.at("sum_exp")[sz(n)] = s;
+      h.at("target_logit")[sz(n)] = t >= 0 && t < real ? x[t] : 0.0;
+    }
+  };
+  return d;
+}
+
+Def xent_local_backward(DType F, int N, int Vpl, int vb, int V, bool inplace) {
+  auto d = make("xent_local_backward", dtype_name(F),
+                rank_shape(N, Vpl, vb, V) + (inplace ? "_inplace" : ""));
+  d->args = {arg("logits", F, sz(N) * Vpl, Role::kIn, -2, 2),
+             inplace ? aliased("dlogits", "logits", F, sz(N) * Vpl, Role::kOut)
+                     : arg("dlogits", F, sz(N) * Vpl, Role::kOut),
+             arg("row_max", kF32, sz(N), Role::kIn, 1, 2),
+             arg("sum_exp", kF32, sz(N), Role::kIn, 1, 8), given("targets", kI32, ids(N, V, 5))};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.xent_local_backward(b["dlogits"], b["logits"], b["row_max"], b["sum_exp"], b["targets"],
+                            kDloss, N, Vpl, vb, V);
+  };
+  d->ref_forward = [=](Host& h) {
+    const int real = real_columns(Vpl, vb, V);
+    const VecD x = h.at("logits");  // dlogits may be the same host copy's twin
+    for (int n = 0; n < N; ++n) {
+      const int t = static_cast<int>(h.at("targets")[sz(n)]) - vb;
+      for (int v = 0; v < Vpl; ++v) {
+        const size_t i = sz(n) * Vpl + v;
+        h.at("dlogits")[i] =
+            v < real ? kDloss * (std::exp(x[i] - h.at("row_max")[sz(n)]) / h.at("sum_exp")[sz(n)] -
+                                 (v == t ? 1.0 : 0.0))
+                     : 0.0;
+      }
+    }
+  };
+  return d;
+}
+
+Def xent_finish(int N) {
+  auto d = make("xent_finish", "f32", dims({{"N", N}}));
+  d->args = {arg("losses", kF32, sz(N), Role::kOut), arg("row_max", kF32, sz(N), Role::kIn),
+             arg("sum_exp", kF32, sz(N), Role::kIn, 0.5, 8),
+             arg("target_logit", kF32, sz(N), Role::kIn)};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.xent_finish(b["losses"], b["row_max"], b["sum_exp"], b["target_logit"], N);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (size_t n = 0; n < sz(N); ++n)
+      h.at("losses")[n] =
+          std::log(h.at("sum_exp")[n]) + h.at("row_max")[n] - h.at("target_logit")[n];
+  };
+  return d;
+}
+
+// The whole vocab-parallel cross-entropy over R ranks of Vpl columns each (global V real
+// columns), as the model runs it: local max, all-reduce max, local sums, all-reduce sum,
+// finish; backward per rank. The all-reduces are done here on the host, in rank order.
+// logits and dlogits hold rank r's [N, Vpl] block at r * N * Vpl.
+Def xent_parallel(DType F, int N, int R, int Vpl, int V) {
+  auto d = make("xent_parallel", dtype_name(F), dims({{"N", N}, {"R", R}, {"Vpl", Vpl}, {"V", V}}));
+  const size_t block = sz(N) * Vpl;
+  d->args = {arg("logits", F, block * R, Role::kIn, -2, 2),
+             given("targets", kI32, ids(N, V, 2)),
+             arg("part_max", kF32, sz(N) * R, Role::kState),
+             arg("part_sum", kF32, sz(N) * R, Role::kState),
+             arg("part_tl", kF32, sz(N) * R, Role::kState),
+             exact(arg("row_max", kF32, sz(N), Role::kOut)),
+             arg("sum_exp", kF32, sz(N), Role::kOut),
+             exact(arg("target_logit", kF32, sz(N), Role::kOut)),
+             arg("losses", kF32, sz(N), Role::kOut),
+             arg("dlogits", F, block * R, Role::kGradSet)};
+  d->reduction = sz(V);
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    std::vector<float> part(sz(N) * R), a(sz(N)), c(sz(N));
+    for (int r = 0; r < R; ++r)
+      ops.xent_local_max(b["part_max"] + sz(r) * N, b["logits"] + block * r, N, Vpl, r * Vpl, V);
+    ops.download(part.data(), b["part_max"], part.size() * sizeof(float));
+    for (int n = 0; n < N; ++n) {
+      a[sz(n)] = -FLT_MAX;
+      for (int r = 0; r < R; ++r) a[sz(n)] = std::max(a[sz(n)], part[sz(r) * N + n]);
+    }
+    ops.upload(b["row_max"], a.data(), a.size() * sizeof(float));
+    for (int r = 0; r < R; ++r)
+      ops.xent_local_sums(b["part_sum"] + sz(r) * N, b["part_tl"] + sz(r) * N,
+                          b["logits"] + block * r, b["row_max"], b["targets"], N, Vpl, r * Vpl, V);
+    std::vector<float> tl(part.size());
+    ops.download(part.data(), b["part_sum"], part.size() * sizeof(float));
+    ops.download(tl.data(), b["part_tl"], tl.size() * sizeof(float));
+    for (int n = 0; n < N; ++n) {
+      a[sz(n)] = c[sz(n)] = 0.0f;
+      for (int r = 0; r < R; ++r) {
+        a[sz(n)] += part[sz(r) * N + n];
+        c[sz(n)] += tl[sz(r) * N + n];
+      }
+    }
+    ops.upload(b["sum_exp"], a.data(), a.size() * sizeof(float));
+    ops.upload(b["target_logit"], c.data(), c.size() * sizeof(float));
+    ops.xent_finish(b["losses"], b["row_max"], b["sum_exp"], b["target_logit"], N);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    for (int r = 0; r < R; ++r)
+      ops.xent_local_backward(b["dlogits"] + block * r, b["logits"] + block * r, b["row_max"],
+                              b["sum_exp"], b["targets"], kDloss, N, Vpl, r * Vpl, V);
+  };
+  // The real row of n, gathered from the ranks.
+  auto row = [=](const VecD& logits, int n) {
+    VecD x(sz(V));
+    for (int g = 0; g < V; ++g) x[sz(g)] = logits[block * (g / Vpl) + sz(n) * Vpl + g % Vpl];
+    return x;
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int n = 0; n < N; ++n) {
+      const VecD x = row(h.at("logits"), n);
+      const int t = static_cast<int>(h.at("targets")[sz(n)]);
+      double mx = -1e300, sum = 0;
+      for (double e : x) mx = std::max(mx, e);
+      for (double e : x) sum += std::exp(e - mx);
+      h.at("row_max")[sz(n)] = mx;
+      h.at("sum_exp")[sz(n)] = sum;
+      h.at("target_logit")[sz(n)] = x[sz(t)];
+      h.at("losses")[sz(n)] = std::log(sum) + mx - x[sz(t)];
+    }
+  };
+  d->ref_backward = [=](Host& h) {
+    VecD& dl = h.at("dlogits");
+    std::fill(dl.begin(), dl.end(), 0.0);  // padded columns
+    for (int n = 0; n < N; ++n) {
+      const VecD x = row(h.at("logits"), n);
+      VecD g(sz(V));
+      ref_softmax_grad(x.data(), V, static_cast<int>(h.at("targets")[sz(n)]), kDloss, g.data());
+      for (int c = 0; c < V; ++c) dl[block * (c / Vpl) + sz(n) * Vpl + c % Vpl] = g[sz(c)];
+    }
+  };
+  d->wrt = {{"logits", "dlogits"}};
+  d->project = {{"losses", ""}};
+  d->uniform_weight = kDloss;
+  return d;
+}
+
+// acc (f64) += float(sum_n losses[n] / N), the sum in double in row order: the contract
+// fixes the arithmetic, so the result is exact.
+Def loss_accumulate(int N) {
+  auto d = make("loss_accumulate", "f32", dims({{"N", N}}));
+  d->args = {exact(arg("acc", kF64, 1, Role::kInOut, 0, 1)),
+             arg("losses", kF32, sz(N), Role::kIn, 0, 4)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.loss_accumulate(b["acc"], b["losses"], N); };
+  d->ref_forward = [=](Host& h) {
+    double s = 0;
+    for (double l : h.at("losses")) s += l;
+    h.at("acc")[0] += static_cast<float>(s / N);
+  };
+  return d;
+}
+
+// ---- optimizer ------------------------------------------------------------------
+Def adamw(size_t n, bool compute_copy) {
+  auto d = make("adamw_update", compute_copy ? "bf16copy" : "f32", "n" + std::to_string(n));
+  d->args = {arg("param", kF32, n, Role::kInOut), arg("grad", kF32, n, Role::kIn),
+             arg("m", kF32, n, Role::kInOut, -0.1, 0.1), arg("v", kF32, n, Role::kInOut, 0, 0.01)};
+  if (compute_copy) d->args.push_back(arg("copy", kBF16, n, Role::kOut));
+  AdamWParams p;
+  p.lr = 0.01f;
+  p.weight_decay = 0.1f;
+  p.step = 3;
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.adamw_update(b["param"], b["grad"], b["m"], b["v"], compute_copy ? b["copy"] : DevPtr(), n,
+                     p);
+  };
+  d->ref_forward = [=](Host& h) {
+    const double b1 = p.beta1, b2 = p.beta2;
+    const double bc1 = 1.0 - std::pow(b1, p.step), bc2 = 1.0 - std::pow(b2, p.step);
+    for (size_t i = 0; i < n; ++i) {
+      const double g = h.at("grad")[i];
+      double& m = h.at("m")[i];
+      double& v = h.at("v")[i];
+      double& w = h.at("param")[i];
+      m = b1 * m + (1.0 - b1) * g;
+      v = b2 * v + (1.0 - b2) * g * g;
+      w -=
+          static_cast<double>(p.lr) * (m / bc1 / (std::sqrt(v / bc2) + static_cast<double>(p.eps)) +
+                                       static_cast<double>(p.weight_decay) * w);
+      if (compute_copy) h.at("copy")[i] = w;  // rounded by the op: the bf16 tolerance
+    }
+  };
+  return d;
+}
+
+// acc (f64) += sum of x^2 in double: exact products, a sum of n doubles (relative 1e-16).
+Def sum_squares(DType F, size_t n) {
+  auto d = make("sum_squares_accumulate", dtype_name(F), "n" + std::to_string(n));
+  Arg acc = arg("acc", kF64, 1, Role::kInOut, 0, 1);
+  acc.tol = 1e-12;
+  d->args = {acc, arg("x", F, n, Role::kIn)};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.sum_squares_accumulate(b["acc"], b["x"], n); };
+  d->ref_forward = [=](Host& h) {
+    for (double x : h.at("x")) h.at("acc")[0] += x * x;
+  };
+  return d;
+}
+
+// ---- cast -----------------------------------------------------------------------
+// dst = src converted: round to nearest even (f32 -> bf16), exact otherwise; the edge
+// values (ties to even both ways, signed zero, infinities, NaN, a subnormal, overflow to
+// inf) come first, then random f32 values that bf16 cannot hold.
+Def cast(DType from, DType to) {
+  VecD src = {0.0,      -0.0,      1.0, 1.0 + 1.0 / 256, 1.0 + 3.0 / 256, -(1.0 + 1.0 / 256),
+              INFINITY, -INFINITY, NAN, 1e-40,           3.4e38,          1.0 / 3.0,
+              -2.5e-3,  65504.0};
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<double> dist(-4, 4);
+  while (src.size() < 37) src.push_back(dist(gen));
+  const size_t n = src.size();
+  auto d = make("cast", std::string(dtype_name(from)) + "_to_" + dtype_name(to),
+                "n" + std::to_string(n));
+  d->args = {given("src", from, src), exact(arg("dst", to, n, Role::kOut))};
+  d->forward = [=](Ops& ops, const Bufs& b) { ops.cast(b["dst"], b["src"], n); };
+  d->ref_forward = [=](Host& h) {
+    for (size_t i = 0; i < n; ++i) h.at("dst")[i] = detail::stored(h.at("src")[i], to);
+  };
+  return d;
+}
+
+// ---- the table ------------------------------------------------------------------
+std::vector<Def> table_defs() {
+  std::vector<Def> defs;
+  for (DType F : {kF32, kBF16}) {
+    // Vocabulary 13 padded to 15 rows: one rank holding the whole table; over 3 ranks of 5
+    // the last (rows 10..14, 3 real), without wpe; and a rank past V (rows 15..19) holding
+    // no real row, whose output is wpe alone.
+    defs.push_back(embedding(F, 2, 5, 7, 13, 0, 15, true));
+    defs.push_back(embedding(F, 2, 5, 7, 13, 10, 5, false));
+    defs.push_back(embedding(F, 2, 5, 7, 13, 15, 5, true));
+    defs.push_back(layernorm(F, 7, 13, true));
+    defs.push_back(layernorm(F, 5, 6, false));
+    defs.push_back(rmsnorm(F, 7, 13));
+    defs.push_back(matmul(F, F, 7, 13, 5, true));
+    defs.push_back(matmul(F, F, 5, 7, 13, false));
+    defs.push_back(rope(F, 2, 5, 3, 6, 0));
+    defs.push_back(rope(F, 1, 3, 2, 8, 7));
+    defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
+    defs.push_back(attention(F, {1, 7, 4, 2, 5}));  // GQA, odd T, odd head_dim
+    defs.push_back(attention(F, {2, 1, 2, 1, 3}));  // T = 1
+    defs.push_back(gelu_def(F, 37));
+    defs.push_back(swiglu(F, 29));
+    defs.push_back(add(F, 31, false));
+    defs.push_back(add(F, 31, true));
+    defs.push_back(accumulate(F, F, 31));
+    defs.push_back(scale(F, 31, -0.37f));
+    defs.push_back(cross_entropy(F, 5, 13, 16, false));  // padded vocabulary
+    defs.push_back(cross_entropy(F, 3, 7, 7, true));     // dlogits aliases logits
+    // Vocab-parallel: V = 13 over ranks of 6 columns (Vp 18): a whole rank, the rank
+    // with 1 real column and 5 padded, and over ranks of 5 (Vp 20) the rank holding
+    // columns 15..19, none of them real.
+    for (auto [Vpl, vb] : {std::pair{6, 0}, std::pair{6, 12}, std::pair{5, 15}}) {
+      defs.push_back(xent_local_max(F, 5, Vpl, vb, 13));
+      defs.push_back(xent_local_sums(F, 5, Vpl, vb, 13));
+      defs.push_back(xent_local_backward(F, 5, Vpl, vb, 13, false));
+    }
+    defs.push_back(xent_local_backward(F, 5, 6, 6, 13, true));
+    defs.push_back(xent_parallel(F, 5, 3, 6, 13));
+    defs.push_back(xent_parallel(F, 4, 4, 5, 13));
+    defs.push_back(sum_squares(F, 37));
+    // Past the kernels' parallel threshold (2^15 elements): threaded and chunked paths.
+    // (No gradcheck there: the small entries check the formulas.)
+    defs.push_back(sum_squares(F, 40001));
+    defs.push_back(add(F, 40001, false));
+    defs.push_back(gelu_def(F, 33001));
+    defs.back()->gradcheck = false;
+  }
+  // F chosen per argument: bf16 activations with f32 weights, and the reverse; a bf16
+  // gradient accumulated into an f32 one and vice versa.
+  defs.push_back(matmul(kBF16, kF32, 7, 13, 5, true));
+  defs.push_back(matmul(kF32, kBF16, 7, 13, 5, true));
+  defs.push_back(accumulate(kF32, kBF16, 31));
+  defs.push_back(accumulate(kBF16, kF32, 31));
+  defs.push_back(xent_finish(7));
+  defs.push_back(loss_accumulate(7));
+  defs.push_back(adamw(37, false));
+  defs.push_back(adamw(37, true));
+  defs.push_back(adamw(40001, true));
+  for (DType from : {kF32, kBF16})
+    for (DType to : {kF32, kBF16}) defs.push_back(cast(from, to));
+  return defs;
+}
+
+const std::vector<OpCase>& table() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> all;
+    for (const Def& d : table_defs())
+      for (OpCase& c : cases_of(d)) all.push_back(std::move(c));
+    return all;
+  }();
+  return cases;
+}
+
+// ---- the backends ---------------------------------------------------------------
+// Cases run per backend label, printed when the test program ends.
+std::map<std::string, int>& cases_run() {
+  static std::map<std::string, int> counts;
+  return counts;
+}
+
+class OpTableCount : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::printf("op table: %d cases on cpu, %d on cpu-checked\n", cases_run()["cpu"],
+                cases_run()["cpu-checked"]);
+    std::fflush(stdout);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kOpTableCount =
+    ::testing::AddGlobalTestEnvironment(new OpTableCount);
+
+// The CPU backends at 2 threads, so the threaded paths run; the gradcheck, which runs the
+// forward ~100 times, at 1: on a loaded machine every 2-thread parallel region can wait a
+// scheduler slice for its second thread (seconds per case), and the results do not depend
+// on the thread count (determinism_test.cpp).
+int threads_for(const OpCase& c) { return c.check == Check::kGradCheck ? 1 : 2; }
+
+class OpTable : public ::testing::TestWithParam<OpCase> {
+ protected:
+  void run_on(const char* backend, Ops& ops) {
+    ++cases_run()[backend];
+    const Report r = run_case(ops, GetParam());
+    EXPECT_TRUE(r.ok()) << backend << " " << GetParam().name << ":\n" << r.str();
+    // For calibrating a backend: how close each case came to its tolerance.
+    if (std::getenv("TRIDENT_OP_TABLE_VERBOSE") != nullptr)
+      std::printf("op table: %s %s worst %.3g of tolerance\n", backend, GetParam().name.c_str(),
+                  r.worst);
+  }
+};
+
+TEST_P(OpTable, cpu) {
+  auto ops = make_cpu_ops(threads_for(GetParam()));
+  run_on("cpu", *ops);
+}
+
+TEST_P(OpTable, cpu_checked) {
+  auto ops = make_cpu_ops(threads_for(GetParam()), /*checked=*/true);
+  run_on("cpu-checked", *ops);
+}
+
+INSTANTIATE_TEST_SUITE_P(, OpTable, ::testing::ValuesIn(table()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           return info.param.name;
+                         });
+
+// ---- the table's own checks -----------------------------------------------------
+
+// Every compute op of kernels/ops.h has an entry.
+TEST(OpTableCoverage, EveryComputeOpIsInTheTable) {
+  std::set<std::string> ops;
+  for (const OpCase& c : table()) ops.insert(c.def->op);
+  for (const char* op : {"embedding",
+                         "layernorm",
+                         "rmsnorm",
+                         "matmul",
+                         "rope",
+                         "attention",
+                         "gelu",
+                         "swiglu",
+                         "add",
+                         "accumulate",
+                         "scale",
+                         "cross_entropy",
+                         "xent_local_max",
+                         "xent_local_sums",
+                         "xent_local_backward",
+                         "xent_finish",
+                         "xent_parallel",
+                         "loss_accumulate",
+                         "adamw_update",
+                         "sum_squares_accumulate",
+                         "cast"})
+    EXPECT_TRUE(ops.count(op)) << op << " has no entry";
+}
+
+// The float64 references agree with themselves: each ref_backward is the gradient of its
+// ref_forward (central differences in float64), so a wrong reference cannot hide a wrong
+// kernel that shares its mistake with the differences of the backend.
+TEST(OpTableReference, BackwardIsTheGradientOfForward) {
+  int checked = 0;
+  for (const Def& d : table_defs()) {
+    if (d->wrt.empty() || d->dtype != "f32") continue;
+    const Report r = check_reference_gradient(*d);
+    EXPECT_TRUE(r.ok()) << d->op << "_" << d->shape << ":\n" << r.str();
+    ++checked;
+  }
+  EXPECT_GE(checked, 15);
+}
+
+// Every check can fail: a backend whose matmul is off by `delta` in one element of one
+// output is flagged by the check that reads that output.
+class PerturbedMatmulOps : public ForwardingOps {
+ public:
+  PerturbedMatmulOps(Ops& inner, size_t index, float delta, bool forward, bool backward)
+      : ForwardingOps(inner),
+        index_(index),
+        delta_(delta),
+        forward_(forward),
+        backward_(backward) {}
+  void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                      int OC) override {
+    inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
+    if (forward_) bump(out);
+  }
+  void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                       DevPtr weight, int N, int IC, int OC) override {
+    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (backward_) bump(dinp);
+  }
+
+ private:
+  void bump(DevPtr p) {  // one f32 element
+    float x;
+    inner_.download(&x, p + index_, sizeof x);
+    x += delta_;
+    inner_.upload(p + index_, &x, sizeof x);
+  }
+  size_t index_;
+  float delta_;
+  bool forward_, backward_;
+};
+
+const OpCase& case_named(const std::string& name) {
+  for (const OpCase& c : table())
+    if (c.name == name) return c;
+  ADD_FAILURE() << "no case " << name;
+  return table().front();
+}
+
+TEST(OpTableSelfTest, UnperturbedMatmulPasses) {
+  auto cpu = make_cpu_ops(2);
+  PerturbedMatmulOps ops(*cpu, 3, 0.0f, true, true);
+  for (const char* name : {"matmul_forward_f32_N7_IC13_OC5", "matmul_backward_f32_N7_IC13_OC5",
+                           "matmul_gradcheck_f32_N7_IC13_OC5"})
+    EXPECT_TRUE(run_case(ops, case_named(name)).ok()) << name;
+}
+
+TEST(OpTableSelfTest, FlagsAForwardOffBy1e3InOneElement) {
+  auto cpu = make_cpu_ops(2);
+  PerturbedMatmulOps ops(*cpu, 3, 1e-3f, true, false);
+  const Report r = run_case(ops, case_named("matmul_forward_f32_N7_IC13_OC5"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("out[3]"), std::string::npos) << r.str();
+  EXPECT_NE(r.str().find("1 of 35 elements"), std::string::npos) << r.str();
+}
+
+TEST(OpTableSelfTest, FlagsABackwardOffBy1e3InOneElement) {
+  auto cpu = make_cpu_ops(2);
+  PerturbedMatmulOps ops(*cpu, 3, 1e-3f, false, true);
+  const Report r = run_case(ops, case_named("matmul_backward_f32_N7_IC13_OC5"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("dinp[3]"), std::string::npos) << r.str();
+  EXPECT_NE(r.str().find("1 of 91 elements"), std::string::npos) << r.str();
+}
+
+// The differences see the backend's forward only, so they catch a backward that agrees
+// with nothing, without any reference.
+TEST(OpTableSelfTest, GradcheckFlagsABackwardOffInOneElement) {
+  const OpCase& c = case_named("matmul_gradcheck_f32_N7_IC13_OC5");
+  const size_t probed = detail::probes(7 * 13, detail::seed_of(c.name + "inp")).front();
+  auto cpu = make_cpu_ops(2);
+  PerturbedMatmulOps ops(*cpu, probed, 1e-2f, false, true);
+  const Report r = run_case(ops, c);
+  ASSERT_FALSE(r.ok());
+  const std::string want = "dinp (differences of the forward)[" + std::to_string(probed) + "]";
+  EXPECT_NE(r.str().find(want), std::string::npos) << r.str();
+}
+
+// The bf16 tolerance is tight enough to tell the rounding mode: a matmul that stores its
+// bf16 output rounded toward zero (up to one ulp off, where nearest-even is half) fails.
+class TruncatingMatmulOps : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                      int OC) override {
+    const size_t n = static_cast<size_t>(N) * OC;
+    DeviceBuffer f32(inner_, n * sizeof(float));
+    inner_.matmul_forward(f32.as(DType::kF32), inp, weight, bias, N, IC, OC);
+    std::vector<float> host(n);
+    inner_.download(host.data(), f32.get(), n * sizeof(float));
+    std::vector<bf16_t> truncated(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &host[i], 4);
+      truncated[i] = static_cast<bf16_t>(bits >> 16);
+    }
+    inner_.upload(out, truncated.data(), n * sizeof(bf16_t));
+  }
+};
+
+TEST(OpTableSelfTest, FlagsABf16OutputRoundedTowardZero) {
+  auto cpu = make_cpu_ops(2);
+  TruncatingMatmulOps ops(*cpu);
+  const Report r = run_case(ops, case_named("matmul_forward_bf16_N7_IC13_OC5"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("out: "), std::string::npos) << r.str();
+}
+
+}  // namespace
+}  // namespace trident::testing::op_table
