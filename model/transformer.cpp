@@ -378,7 +378,7 @@ void Transformer::all_reduce_tp(DevPtr data, size_t n, const char* label) {
   if (tp_ == nullptr) return;
   CollectiveOptions opts;
   opts.label = label;
-  tp_->all_reduce(std::span<float>(data.raw_as<float>(), n), ReduceOp::kSum, opts);
+  tp_->all_reduce(CommBuf::device(data, n), ReduceOp::kSum, opts);
 }
 
 size_t Transformer::boundary_floats() const {
@@ -589,7 +589,7 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   ops_.xent_local_max(row_max, logits, N, vocab_local_, vocab_begin_, c.vocab_size);
   CollectiveOptions opts;
   opts.label = "xent max";
-  tp_->all_reduce(std::span<float>(row_max.raw_as<float>(), static_cast<size_t>(N)), ReduceOp::kMax,
+  tp_->all_reduce(CommBuf::device(row_max, static_cast<size_t>(N)), ReduceOp::kMax,
                   opts);
   ops_.xent_local_sums(sums, sums + N, logits, row_max, targets, N, vocab_local_, vocab_begin_,
                        c.vocab_size);

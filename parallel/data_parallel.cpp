@@ -92,7 +92,7 @@ void DataParallel::reduce_gradients() {
     DevPtr grads = resident_->grad_data();
     for (size_t b = 0; b < plan_.chunks().size(); ++b) {
       const auto [begin, end] = bucket_range(b);
-      dp_.all_reduce(std::span<float>((grads + begin).raw_as<float>(), end - begin), ReduceOp::kSum,
+      dp_.all_reduce(CommBuf::device((grads + begin), end - begin), ReduceOp::kSum,
                      {.label = "grad bucket " + std::to_string(b)});
     }
     if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
@@ -181,8 +181,8 @@ void DataParallel::all_gather_params() {
   for (size_t b = 0; b < plan_.chunks().size(); ++b) {
     const ShardChunk& chunk = plan_.chunks()[b];
     pack_own(ops_, chunk, rank, params, segment_.as(DType::kF32));
-    dp_.all_gather(std::span<float>(segment_.as(DType::kF32).raw_as<float>(), chunk.chunk_floats),
-                   std::span<float>(pack_.as(DType::kF32).raw_as<float>(), dp * chunk.chunk_floats),
+    dp_.all_gather(CommBuf::device(segment_.as(DType::kF32), chunk.chunk_floats),
+                   CommBuf::device(pack_.as(DType::kF32), dp * chunk.chunk_floats),
                    {.label = "param bucket " + std::to_string(b)});
     unpack_chunk(ops_, chunk, dp, pack_.as(DType::kF32), params);
   }

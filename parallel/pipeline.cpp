@@ -108,7 +108,7 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
   auto timed_recv = [&](DevPtr dst, int peer, int micro, const char* what) {
     TRIDENT_CHECK_MSG(!dst.is_null(), std::string("pipeline: null ") + what + " buffer");
     const Timer t;
-    pp_group_.recv(std::span<float>(dst.raw_as<float>(), n), peer, tag_of(micro),
+    pp_group_.recv(CommBuf::device(dst, n), peer, tag_of(micro),
                    label(what, micro));
     stats.idle_seconds += t.elapsed_s();
     stats.recvs += 1;
@@ -116,7 +116,7 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
   };
   auto send = [&](DevPtr src, int peer, int micro, const char* what) {
     TRIDENT_CHECK_MSG(!src.is_null(), std::string("pipeline: null ") + what + " buffer");
-    pp_group_.isend(std::span<const float>(src.raw_as<float>(), n), peer, tag_of(micro),
+    pp_group_.isend(CommBuf::device(src, n), peer, tag_of(micro),
                     label(what, micro));
     stats.sends += 1;
     stats.bytes_sent += bytes;

@@ -121,8 +121,8 @@ void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, Dev
   DeviceBuffer mine(ops, chunk.chunk_floats * sizeof(float));
   pack_chunk(ops, chunk, n, full, packed.as(DType::kF32));
   dp.reduce_scatter(
-      std::span<float>(packed.as(DType::kF32).raw_as<float>(), n * chunk.chunk_floats),
-      std::span<float>(mine.as(DType::kF32).raw_as<float>(), chunk.chunk_floats), {.label = label});
+      CommBuf::device(packed.as(DType::kF32), n * chunk.chunk_floats),
+      CommBuf::device(mine.as(DType::kF32), chunk.chunk_floats), {.label = label});
   // Mean over dp ranks, then accumulate over micro-batches.
   if (n > 1) ops.scale(mine.as(DType::kF32), 1.0f / static_cast<float>(n), chunk.chunk_floats);
   ops.accumulate(shard + chunk.shard_offset, mine.as(DType::kF32), chunk.chunk_floats);
@@ -166,9 +166,8 @@ void ShardedParamStore::acquire(int group, Phase phase) {
       const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
       DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
       dp_.all_gather(
-          std::span<float>((param_shard() + chunk.shard_offset).raw_as<float>(),
-                           chunk.chunk_floats),
-          std::span<float>(packed.as(DType::kF32).raw_as<float>(), dp * chunk.chunk_floats),
+          CommBuf::device((param_shard() + chunk.shard_offset), chunk.chunk_floats),
+          CommBuf::device(packed.as(DType::kF32), dp * chunk.chunk_floats),
           {.label = "zero3 gather group " + std::to_string(group)});
       unpack_chunk(ops_, chunk, dp, packed.as(DType::kF32), g.params.as(DType::kF32));
     }
@@ -232,8 +231,8 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
   if (padded == 0) return out;
   const int dp = dp_.size();
   DeviceBuffer gathered(ops_, dp * padded * sizeof(float));
-  dp_.all_gather(std::span<float>((param_shard() + t.shard_offset).raw_as<float>(), padded),
-                 std::span<float>(gathered.as(DType::kF32).raw_as<float>(), dp * padded),
+  dp_.all_gather(CommBuf::device((param_shard() + t.shard_offset), padded),
+                 CommBuf::device(gathered.as(DType::kF32), dp * padded),
                  {.label = "gather " + layout_.params[static_cast<size_t>(param)].name});
   // Rank r's rows start at row r * rows_per_rank, so the padded segments laid end to end
   // are the tensor followed by padding.

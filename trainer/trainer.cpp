@@ -537,10 +537,9 @@ Result<StepMetrics> Trainer::train_step() {
     const ParamInfo* wte = layout_.find("wte");
     const DataParallel::GradSlice grad =
         dp_->reduced_grad(static_cast<int>(wte - layout_.params.data()));
-    std::span<float> g(grad.data.raw_as<float>(), grad.floats);
     CollectiveOptions opts;
     opts.label = "tied wte grad";
-    groups_.embedding->all_reduce(g, ReduceOp::kSum, opts);
+    groups_.embedding->all_reduce(CommBuf::device(grad.data, grad.floats), ReduceOp::kSum, opts);
   }
   const double norm =
       std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0), "grad norm"));
@@ -602,11 +601,11 @@ Result<double> Trainer::evaluate() {
     }
     // Forward only, stage after stage: receive, compute, pass on.
     if (!first)
-      pp.recv(std::span<float>(model_->input_activation(0).raw_as<float>(), n), pp.rank() - 1, b);
+      pp.recv(CommBuf::device(model_->input_activation(0), n), pp.rank() - 1, b);
     model_->forward_stage(0, first ? inputs_.data() : nullptr, last ? targets_.data() : nullptr,
                           mb, T);
     if (!last)
-      pp.send(std::span<const float>(model_->output_activation(0).raw_as<float>(), n),
+      pp.send(CommBuf::device(model_->output_activation(0), n),
               pp.rank() + 1, b);
   }
   if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0, "eval data status") > 0) {

@@ -153,7 +153,7 @@ struct Case {
 void run_case(const Case& c) {
   SCOPED_TRACE("zero_stage " + std::to_string(c.stage) + ", bucket_bytes " +
                std::to_string(c.bucket_bytes));
-  Communicator& dp = world();
+  Communicator& dp = device_world();
   const int n = dp.size();
   const int rank = dp.rank();
   const ParamLayout layout = make_layout();
@@ -288,7 +288,7 @@ void run_case(const Case& c) {
 
     // Every element counted once over dp.
     std::vector<double> sums = {owned_all, owned_split};
-    dp.all_reduce(std::span<double>(sums), ReduceOp::kSum);
+    world().all_reduce(std::span<double>(sums), ReduceOp::kSum);  // host values
     const double want_all = Reference::square_sum(layout, step, n, true);
     const double want_split = Reference::square_sum(layout, step, n, false);
     EXPECT_NEAR(sums[0], want_all, 1e-5 * want_all);
@@ -302,7 +302,7 @@ void run_case(const Case& c) {
       wrong += mismatches(got, ref.p[k], 1e-6);
       // Replicas agree bitwise.
       std::vector<float> rank0 = got;
-      dp.broadcast(std::as_writable_bytes(std::span<float>(rank0)), 0);
+      world().broadcast(std::as_writable_bytes(std::span<float>(rank0)), 0);  // host values
       for (size_t i = 0; i < got.size(); ++i) differs_from_rank0 += got[i] != rank0[i];
     }
     EXPECT_EQ(wrong, 0);
@@ -347,7 +347,7 @@ void run_case(const Case& c) {
     int64_t rows_total = 0;
     for (const ParamInfo& info : layout.params) rows_total += info.local_shape[0];
     std::vector<int64_t> kept = {rows_kept};
-    dp.all_reduce(std::span<int64_t>(kept), ReduceOp::kSum);
+    world().all_reduce(std::span<int64_t>(kept), ReduceOp::kSum);  // host values
     EXPECT_EQ(kept[0], c.stage == 0 ? n * rows_total : rows_total);  // shards tile the rows
   }
 }
@@ -373,7 +373,7 @@ TEST(DataParallel, Stage2MatchesSingleProcess) {
 TEST(DataParallel, Stage3MatchesSingleProcess) { run_case({3, 1 << 20, 2}); }
 
 TEST(DataParallel, ShardRowsFollowTheCeilSplit) {
-  Communicator& dp = world();
+  Communicator& dp = device_world();
   const ParamLayout layout = make_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
   DataParallel ddp(layout, *ops, dp, 1, 1 << 20, AdamWParams{});

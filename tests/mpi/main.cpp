@@ -37,6 +37,7 @@ namespace trident::test {
 
 namespace {
 Communicator* g_world = nullptr;  // set once in main before any test runs
+Communicator* g_device_world = nullptr;
 
 // Prints only failed assertions, with the rank, for ranks other than 0.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -60,6 +61,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Communicator& world() { return *g_world; }
+Communicator& device_world() { return *g_device_world; }
 
 }  // namespace trident::test
 
@@ -76,6 +78,9 @@ int main(int argc, char** argv) {
   {
     std::unique_ptr<trident::Communicator> world = trident::make_world_communicator(&argc, &argv);
     trident::test::g_world = world.get();
+    std::unique_ptr<trident::Communicator> device_world =
+        world->split(0, world->rank(), "world", trident::MemSpace::kDevice);
+    trident::test::g_device_world = device_world.get();
     const int rank = world->rank();
 
     if (!abort_demo.empty()) {
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
     }
     rc = any_failed ? 1 : 0;
     trident::test::g_world = nullptr;
+    trident::test::g_device_world = nullptr;
   }  // the world communicator is freed before MPI_Finalize
   MPI_Finalize();
   return rc;

@@ -18,8 +18,12 @@
 
 namespace trident::test {
 
-// The world communicator of this process (MPI under mpirun), alive for all tests.
+// The world communicator of this process (MPI under mpirun), alive for all tests. It
+// serves host memory, like the trainer's world.
 Communicator& world();
+// The same ranks as a device-space group (comm/communicator.h "memory space"), for tests
+// that hand a communicator device buffers the way dp, tp and pp groups get them.
+Communicator& device_world();
 
 // A reproducible value in [-1, 1) for (seed, rank, index): splitmix64 of the three.
 inline float seeded_value(std::uint64_t seed, int rank, std::uint64_t index) {

@@ -278,7 +278,7 @@ TEST(PipelineExecutor, SingleProcessWithoutLauncher) {
 // ---- bubble ----------------------------------------------------------------------
 
 TEST(PipelineExecutor, IdleShareApproximatesTheBubble) {
-  Communicator& w = world();
+  Communicator& w = device_world();
   if (w.size() < 2 || w.size() > 4) GTEST_SKIP() << "timing check runs at 2 and 4 ranks";
   const int pp = w.size();
   const int stage = w.rank();

@@ -139,7 +139,7 @@ TEST(ShardGeometry, PackUnpackRoundTrip) {
 }
 
 TEST(ShardedStore, AcquireGathersAndReleaseAccumulatesMeanGradients) {
-  Communicator& dp = world();
+  Communicator& dp = device_world();
   const int n = dp.size(), rank = dp.rank();
   const ParamLayout layout = store_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
@@ -240,7 +240,7 @@ TEST(ShardedStore, AcquireGathersAndReleaseAccumulatesMeanGradients) {
 // one-stage model: group 2 (head) and group 0 (wte) in backward together, then group 0
 // again on its own; plus a truly nested acquire of group 0, which shares the buffer.
 TEST(GradShardedStore, ReducesEachBackwardPairIntoTheShard) {
-  Communicator& dp = world();
+  Communicator& dp = device_world();
   const int n = dp.size(), rank = dp.rank();
   const ParamLayout layout = store_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
