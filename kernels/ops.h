@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <unordered_map>
 
 #include "core/memory.h"
@@ -232,6 +233,12 @@ class Ops {
   virtual void sum_squares_accumulate(DevPtr acc, DevPtr x, size_t n) = 0;
   // Convenience (tests, tools): the sum of squares of x on the host; one download.
   double sum_squares(DevPtr x, size_t n);
+  // Host f32 values to and from a device buffer of an F dtype: for bf16 the host rounds
+  // to nearest even (float_to_bf16, the rounding every bf16 store uses) before the
+  // upload, and widens exactly after the download. One transfer each; for loading,
+  // tests and tools, not for the step.
+  void upload_floats(DevPtr dst, const float* host, size_t n);
+  void download_floats(float* host, DevPtr src, size_t n);
 
  protected:
   virtual DevPtr do_allocate(size_t bytes) = 0;  // 64-byte aligned, zero-filled, u8
@@ -309,6 +316,26 @@ inline void Ops::deallocate(DevPtr ptr) {
   }
   ++allocs_.deallocations;
   do_deallocate(ptr);
+}
+
+inline void Ops::upload_floats(DevPtr dst, const float* host, size_t n) {
+  if (dst.dtype() == DType::kF32) {
+    upload(dst, host, n * sizeof(float));
+    return;
+  }
+  std::vector<bf16_t> narrow(n);
+  for (size_t i = 0; i < n; ++i) narrow[i] = float_to_bf16(host[i]);
+  upload(dst.as(DType::kBF16), narrow.data(), n * sizeof(bf16_t));
+}
+
+inline void Ops::download_floats(float* host, DevPtr src, size_t n) {
+  if (src.dtype() == DType::kF32) {
+    download(host, src, n * sizeof(float));
+    return;
+  }
+  std::vector<bf16_t> narrow(n);
+  download(narrow.data(), src.as(DType::kBF16), n * sizeof(bf16_t));
+  for (size_t i = 0; i < n; ++i) host[i] = bf16_to_float(narrow[i]);
 }
 
 inline double Ops::sum_squares(DevPtr x, size_t n) {

@@ -175,14 +175,16 @@ std::vector<float> Transformer::initial_value(const TransformerConfig& c, const 
 
 // ---- construction ----------------------------------------------------------------------
 
-Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size)
-    : config_(config), ops_(ops) {
+Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size,
+                         DType compute)
+    : config_(config), ops_(ops), compute_dtype_(compute) {
   init_partition(nullptr, nullptr, micro_batch_size, 1);
 }
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
-                         Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots)
-    : config_(config), ops_(ops), part_(part) {
+                         Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
+                         DType compute)
+    : config_(config), ops_(ops), part_(part), compute_dtype_(compute) {
   init_partition(tp, store, micro_batch_size, num_slots);
 }
 
@@ -208,11 +210,14 @@ void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_
 
   layout_ = plan_params(c, part_);
   if (store == nullptr) {
-    own_store_ = std::make_unique<ResidentParamStore>(layout_, ops_);
+    own_store_ = std::make_unique<ResidentParamStore>(layout_, ops_, compute_dtype_);
     store_ = own_store_.get();
   } else {
     store_ = store;
   }
+  TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
+                    std::string("model compute dtype ") + dtype_name(compute_dtype_) +
+                        ", parameter store " + dtype_name(store_->compute_dtype()));
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kNumLayerTensors, -1));
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
@@ -235,38 +240,46 @@ void Transformer::plan_activations() {
   const size_t N = static_cast<size_t>(micro_batch_size_) * c.seq_len;
   const size_t C = c.d_model, F = ff_, q_dim = static_cast<size_t>(heads_) * c.head_dim,
                kv_dim = static_cast<size_t>(kv_heads_) * c.head_dim;
-  // The attention state is opaque bytes sized by the backend (kernels/ops.h); every
-  // other slice is a float tensor.
+  // The attention state is opaque bytes sized by the backend (kernels/ops.h); compute
+  // tensors (activations and their gradients, logits) are of the compute dtype;
+  // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
   const size_t att_bytes =
       ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim);
   const bool llama = !c.is_gpt2();
   const bool last = part_.last_stage();
+  const DType cd = compute_dtype_, f32 = DType::kF32, i32 = DType::kI32;
   Arena slot_arena;
   slot_offsets_.clear();
-  auto reserve_bytes = [&](size_t bytes) {
+  slot_dtypes_.clear();
+  auto reserve_bytes = [&](size_t bytes, DType dtype) {
     slot_offsets_.push_back(bytes ? slot_arena.reserve(bytes) : kAbsent);
+    slot_dtypes_.push_back(dtype);
   };
-  auto reserve = [&](size_t floats) { reserve_bytes(floats * sizeof(float)); };
-  const size_t globals[kSlotGlobals] = {N,
-                                        last ? N : 0,
-                                        last ? N * C : 0,
-                                        last ? N : 0,
-                                        last ? N : 0,
-                                        last ? N * static_cast<size_t>(vocab_local_) : 0,
-                                        last ? N : 0,
-                                        last ? N : 0,
-                                        last ? 2 * N : 0};
-  for (size_t s : globals) reserve(s);
-  for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C);
+  auto reserve = [&](size_t elements, DType dtype) {
+    reserve_bytes(elements * dtype_size(dtype), dtype);
+  };
+  const std::pair<size_t, DType> globals[kSlotGlobals] = {
+      {N, i32},
+      {last ? N : 0, i32},
+      {last ? N * C : 0, cd},
+      {last ? N : 0, f32},
+      {last ? N : 0, f32},
+      {last ? N * static_cast<size_t>(vocab_local_) : 0, cd},
+      {last ? N : 0, f32},
+      {last ? N : 0, f32},
+      {last ? 2 * N : 0, f32}};
+  for (const auto& [n, dtype] : globals) reserve(n, dtype);
+  for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C, cd);
   for (int l = 0; l < n_local_layers_; ++l) {
-    const size_t sizes[kLayerActs] = {N * C, N, N, N * q_dim, N * kv_dim, N * kv_dim, 0,
-                                      N * q_dim, N * C, N * C, N, N, N * F,
-                                      llama ? N * F : 0, N * F};
+    const std::pair<size_t, DType> sizes[kLayerActs] = {
+        {N * C, cd},      {N, f32},      {N, f32},         {N * q_dim, cd},  {N * kv_dim, cd},
+        {N * kv_dim, cd}, {0, DType::kU8}, {N * q_dim, cd}, {N * C, cd},      {N * C, cd},
+        {N, f32},         {N, f32},      {N * F, cd},      {llama ? N * F : 0, cd}, {N * F, cd}};
     for (int i = 0; i < kLayerActs; ++i) {
       if (i == kAtt) {
-        reserve_bytes(att_bytes);
+        reserve_bytes(att_bytes, DType::kU8);
       } else {
-        reserve(sizes[i]);
+        reserve(sizes[i].first, sizes[i].second);
       }
     }
   }
@@ -279,7 +292,7 @@ void Transformer::plan_activations() {
   const size_t scratch_sizes[kScratchCount] = {N * C, N * C, N * q_dim, N * kv_dim, N * kv_dim,
                                                N * q_dim, N * F, llama ? N * F : 0, N * F};
   for (size_t s : scratch_sizes) {
-    scratch_offsets_.push_back(s ? scratch_arena.reserve(s * sizeof(float)) : kAbsent);
+    scratch_offsets_.push_back(s ? scratch_arena.reserve(s * dtype_size(cd)) : kAbsent);
   }
   scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
 }
@@ -289,12 +302,12 @@ DevPtr Transformer::act(int slot, int index) const {
   if (off == kAbsent) return DevPtr();
   return activations_.get()
       .byte_offset(act_bytes_per_slot_ * static_cast<size_t>(slot) + off)
-      .as(DType::kF32);
+      .as(slot_dtypes_[static_cast<size_t>(index)]);
 }
 
 DevPtr Transformer::scratch(int index) const {
   const size_t off = scratch_offsets_[static_cast<size_t>(index)];
-  return off == kAbsent ? DevPtr() : scratch_.get().byte_offset(off).as(DType::kF32);
+  return off == kAbsent ? DevPtr() : scratch_.get().byte_offset(off).as(compute_dtype_);
 }
 
 namespace {
@@ -408,19 +421,18 @@ void Transformer::init_weights(uint64_t seed) {
 }
 
 void Transformer::set_param(const ParamInfo& param, const float* host) {
-  ops_.upload(param_data() + param.offset, host, static_cast<size_t>(param.numel()) * sizeof(float));
+  ops_.upload_floats(param_data() + param.offset, host, static_cast<size_t>(param.numel()));
 }
 
 void Transformer::get_param(const ParamInfo& param, float* host) const {
   auto* self = const_cast<Transformer*>(this);
-  ops_.download(host, self->param_data() + param.offset,
-                static_cast<size_t>(param.numel()) * sizeof(float));
+  ops_.download_floats(host, self->param_data() + param.offset,
+                       static_cast<size_t>(param.numel()));
 }
 
 std::vector<float> Transformer::params_to_host() const {
   std::vector<float> host(num_param_floats());
-  ops_.download(host.data(), const_cast<Transformer*>(this)->param_data(),
-                host.size() * sizeof(float));
+  ops_.download_floats(host.data(), const_cast<Transformer*>(this)->param_data(), host.size());
   return host;
 }
 
@@ -433,16 +445,18 @@ std::vector<float> Transformer::grads_to_host() const {
 
 void Transformer::params_from_host(const std::vector<float>& host) {
   TRIDENT_CHECK(host.size() == num_param_floats());
-  ops_.upload(param_data(), host.data(), host.size() * sizeof(float));
+  ops_.upload_floats(param_data(), host.data(), host.size());
 }
 
-void Transformer::zero_grads() { ops_.zero(grad_data(), num_param_floats() * sizeof(float)); }
+void Transformer::zero_grads() { zero_elements(grad_data(), num_param_floats()); }
+
+void Transformer::zero_elements(DevPtr p, size_t n) { ops_.zero(p, n * dtype_size(p.dtype())); }
 
 std::vector<float> Transformer::logits_to_host() const {
   const SlotInfo& s = slot_info_[0];
   const size_t n = static_cast<size_t>(s.B) * s.T * static_cast<size_t>(vocab_local_);
   std::vector<float> host(n);
-  ops_.download(host.data(), act(0, kLogits), n * sizeof(float));
+  ops_.download_floats(host.data(), act(0, kLogits), n);
   return host;
 }
 
@@ -647,12 +661,12 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   const char* head_name = c.tied() ? "wte" : "lm_head.weight";
   const int group = head_in_embeddings ? 0 : head_group;
   DevPtr dln = scratch(kDln);
-  ops_.zero(dln, nC * sizeof(float));
+  zero_elements(dln, nC);
   ops_.matmul_backward(dln, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
                        group_param(group, head_name), N, C, vocab_local_);
   all_reduce_tp(dln, nC, "head dinput");
   DevPtr dx = scratch(kDx);
-  ops_.zero(dx, nC * sizeof(float));
+  zero_elements(dx, nC);
   DevPtr xL = act(slot, x_index(n_local_layers_));
   if (c.is_gpt2()) {
     ops_.layernorm_backward(dx, group_grad(head_group, "lnf.weight"),
@@ -689,15 +703,15 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
 
   // MLP: x_out = res2 + proj(act(ln2(res2))). Row-parallel bias gradients come from the
   // full (replicated) dx on every tp rank.
-  ops_.zero(dh_act, nF * sizeof(float));
+  zero_elements(dh_act, nF);
   ops_.matmul_backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, F, C);
-  ops_.zero(dh1, nF * sizeof(float));
-  ops_.zero(dln, nC * sizeof(float));
+  zero_elements(dh1, nF);
+  zero_elements(dln, nC);
   if (gpt2) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
     ops_.matmul_backward(dln, g.fc_w, g.fc_b, dh1, a.ln2, p.fc_w, N, C, F);
   } else {
-    ops_.zero(dh2, nF * sizeof(float));
+    zero_elements(dh2, nF);
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
     ops_.matmul_backward(dln, g.fc_w, DevPtr(), dh1, a.ln2, p.fc_w, N, C, F);
     ops_.matmul_backward(dln, g.up_w, DevPtr(), dh2, a.ln2, p.up_w, N, C, F);
@@ -712,18 +726,18 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
 
   // Attention: res2 = x_in + o(attn(q, k, v)), q/k/v = linear(ln1(x_in))
   const size_t nq = static_cast<size_t>(N) * q_dim, nkv = static_cast<size_t>(N) * kv_dim;
-  ops_.zero(datty, nq * sizeof(float));
+  zero_elements(datty, nq);
   ops_.matmul_backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N, q_dim, C);
-  ops_.zero(dq, nq * sizeof(float));
-  ops_.zero(dk, nkv * sizeof(float));
-  ops_.zero(dv, nkv * sizeof(float));
+  zero_elements(dq, nq);
+  zero_elements(dk, nkv);
+  zero_elements(dv, nkv);
   ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_,
                           kv_heads_, HD);
   if (!gpt2) {
     ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
-  ops_.zero(dln, nC * sizeof(float));
+  zero_elements(dln, nC);
   ops_.matmul_backward(dln, g.q_w, g.q_b, dq, a.ln1, p.q_w, N, C, q_dim);
   ops_.matmul_backward(dln, g.k_w, g.k_b, dk, a.ln1, p.k_w, N, C, kv_dim);
   ops_.matmul_backward(dln, g.v_w, g.v_b, dv, a.ln1, p.v_w, N, C, kv_dim);

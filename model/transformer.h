@@ -79,12 +79,17 @@ class Transformer {
   static std::vector<float> initial_value(const TransformerConfig& config, const ParamInfo& param,
                                           uint64_t seed);
 
-  // The whole model in one process with its own resident parameter store.
-  Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size);
+  // The whole model in one process with its own resident parameter store. `compute`:
+  // the dtype of the compute weights and activations (f32, or bf16 for
+  // training.precision bf16; gradients are f32 either way).
+  Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size,
+              DType compute = DType::kF32);
   // One rank's part. `tp` null means no tensor parallelism; `store` null means an own
-  // resident store (else it must outlive the model and follow plan_params(config, part)).
+  // resident store (else it must outlive the model, follow plan_params(config, part) and
+  // have compute_dtype() == compute).
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
-              Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
+              Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
+              DType compute = DType::kF32);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -94,12 +99,15 @@ class Transformer {
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
   size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
-  size_t boundary_floats() const;  // one micro-batch's activation between stages
+  size_t boundary_floats() const;  // elements (compute dtype) of one micro-batch's stage boundary
   ParamStore& store() { return *store_; }
+  DType compute_dtype() const { return compute_dtype_; }
 
   // ---- the resident store only (single process, ZeRO 0-2) ----------------------------
   size_t num_param_floats() const { return layout_.total_floats(); }
-  DevPtr param_data();  // device memory (f32), flat layout
+  DevPtr param_data();  // device memory (compute dtype), flat layout
+  // set_param/get_param/params_*: host f32 values (rounded to / widened from bf16 when the
+  // compute dtype is bf16: Ops::upload_floats).
   DevPtr grad_data();
   void init_weights(uint64_t seed);
   void set_param(const ParamInfo& param, const float* host);
@@ -153,6 +161,7 @@ class Transformer {
   DevPtr act(int slot, int index) const;
   DevPtr scratch(int index) const;
   void all_reduce_tp(DevPtr data, size_t n, const char* label);
+  void zero_elements(DevPtr p, size_t n);  // n elements of p's dtype
   void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
   void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
   void head_forward(int slot, int B, int T, bool with_loss);
@@ -163,6 +172,7 @@ class Transformer {
   TransformerConfig config_;
   Ops& ops_;
   ModelPartition part_;
+  DType compute_dtype_ = DType::kF32;
   Communicator* tp_ = nullptr;
   ParamLayout layout_;
   std::unique_ptr<ResidentParamStore> own_store_;
@@ -175,6 +185,7 @@ class Transformer {
   std::vector<std::vector<int>> layer_param_index_;  // per global layer: 17 slots, -1 absent
   size_t act_bytes_per_slot_ = 0;
   std::vector<size_t> slot_offsets_;     // per activation index, within one slot
+  std::vector<DType> slot_dtypes_;       // per activation index
   std::vector<size_t> scratch_offsets_;  // per scratch index
   DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
   DeviceBuffer scratch_;

@@ -11,21 +11,22 @@ constexpr size_t kF = sizeof(float);
 }  // namespace
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-                           size_t bucket_bytes, const AdamWParams& adamw)
-    : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw) {
+                           size_t bucket_bytes, const AdamWParams& adamw, DType compute)
+    : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw), compute_(compute) {
+  TRIDENT_CHECK_MSG(is_float_dtype(compute), "compute dtype must be f32 or bf16");
   TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
                     "zero_stage must be 0..3, got " + std::to_string(zero_stage));
   TRIDENT_CHECK(bucket_bytes > 0);
   if (stage_ == 3) {
-    sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp);
+    sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp, compute);
     plan_ = sharded_->plan();
   } else {
     // Stage 2 must not allocate a full gradient buffer: its store holds gradients only as
     // a shard plus the groups in backward.
     if (stage_ == 2) {
-      zero2_ = std::make_unique<GradShardedParamStore>(layout, ops, dp);
+      zero2_ = std::make_unique<GradShardedParamStore>(layout, ops, dp, compute);
     } else {
-      resident_ = std::make_unique<ResidentParamStore>(layout, ops);
+      resident_ = std::make_unique<ResidentParamStore>(layout, ops, compute);
     }
     const size_t bucket_floats = std::max<size_t>(1, bucket_bytes / kF);
     plan_ = ShardPlan(layout, dp.size(), std::vector<size_t>(layout.groups.size(), 0),
@@ -45,9 +46,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
   const size_t moment_floats = stage_ == 0 ? layout.total_floats() : plan_.shard_floats();
   exp_avg_ = DeviceBuffer(ops, moment_floats * kF);
   exp_avg_sq_ = DeviceBuffer(ops, moment_floats * kF);
+  // Mixed precision: the fp32 masters live beside the compute weights, laid out like the
+  // moments (stage 3's shard store keeps its own: its param_shard()).
+  if (mixed() && stage_ <= 2) master_ = DeviceBuffer(ops, moment_floats * kF);
   if (stage_ == 1 || stage_ == 2) {
-    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * kF);
-    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * kF);
+    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * dtype_size(compute));
+    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * dtype_size(compute));
   }
 }
 
@@ -152,10 +156,14 @@ void DataParallel::step(float lr) {
     for (const TensorShard& t : chunk.tensors) {
       const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
       p.weight_decay = info.decay ? adamw_.weight_decay : 0.0f;
+      // In mixed precision AdamW updates the fp32 master and writes the bf16 compute copy
+      // of the same elements (fp32: the parameters are the masters, no copy).
       if (stage_ == 0) {
         const size_t off = t.full_offset;
-        ops_.adamw_update(resident_->param_data() + off, resident_->grad_data() + off, m + off,
-                          v + off, DevPtr(), static_cast<size_t>(info.numel()), p);
+        const DevPtr compute = resident_->param_data() + off;
+        ops_.adamw_update(mixed() ? master() + off : compute, resident_->grad_data() + off,
+                          m + off, v + off, mixed() ? compute : DevPtr(),
+                          static_cast<size_t>(info.numel()), p);
         continue;
       }
       const size_t n = t.split.owned_floats(rank);
@@ -163,12 +171,14 @@ void DataParallel::step(float lr) {
       const size_t so = t.shard_offset;
       if (stage_ == 3) {
         ops_.adamw_update(sharded_->param_shard() + so, sharded_->grad_shard() + so, m + so, v + so,
-                          DevPtr(), n, p);
+                          mixed() ? sharded_->compute_shard() + so : DevPtr(), n, p);
         continue;
       }
       const size_t off = t.full_offset + t.split.begin_float(rank);
       DevPtr grad = stage_ == 1 ? resident_->grad_data() + off : grad_shard() + so;
-      ops_.adamw_update(param_data() + off, grad, m + so, v + so, DevPtr(), n, p);
+      const DevPtr compute = param_data() + off;
+      ops_.adamw_update(mixed() ? master() + so : compute, grad, m + so, v + so,
+                        mixed() ? compute : DevPtr(), n, p);
     }
   }
   if (stage_ == 1 || stage_ == 2) all_gather_params();
@@ -180,11 +190,12 @@ void DataParallel::all_gather_params() {
   DevPtr params = param_data();
   for (size_t b = 0; b < plan_.chunks().size(); ++b) {
     const ShardChunk& chunk = plan_.chunks()[b];
-    pack_own(ops_, chunk, rank, params, segment_.as(DType::kF32));
-    dp_.all_gather(CommBuf::device(segment_.as(DType::kF32), chunk.chunk_floats),
-                   CommBuf::device(pack_.as(DType::kF32), dp * chunk.chunk_floats),
+    // The compute weights travel (bf16 halves this all-gather).
+    pack_own(ops_, chunk, rank, params, segment_.as(compute_));
+    dp_.all_gather(CommBuf::device(segment_.as(compute_), chunk.chunk_floats),
+                   CommBuf::device(pack_.as(compute_), dp * chunk.chunk_floats),
                    {.label = "param bucket " + std::to_string(b)});
-    unpack_chunk(ops_, chunk, dp, pack_.as(DType::kF32), params);
+    unpack_chunk(ops_, chunk, dp, pack_.as(compute_), params);
   }
 }
 
@@ -192,7 +203,22 @@ std::vector<float> DataParallel::gather_param(int param) {
   if (sharded_) return sharded_->gather_param(param);
   const ParamInfo& info = layout_.params.at(static_cast<size_t>(param));
   std::vector<float> out(static_cast<size_t>(info.numel()));
-  ops_.download(out.data(), param_data() + info.offset, out.size() * kF);
+  if (!mixed()) {
+    ops_.download(out.data(), param_data() + info.offset, out.size() * kF);
+  } else if (stage_ == 0) {
+    ops_.download(out.data(), master() + info.offset, out.size() * kF);
+  } else {
+    // Stages 1-2 keep only the owned rows of the masters: all-gather the padded shards.
+    const TensorShard& t = plan_.tensor(param);
+    const size_t padded = t.split.padded_floats();
+    DeviceBuffer mine(ops_, padded * kF);
+    DeviceBuffer all(ops_, dp_.size() * padded * kF);
+    ops_.copy(mine.get(), master() + t.shard_offset, t.split.owned_floats(dp_.rank()) * kF);
+    dp_.all_gather(CommBuf::device(mine.as(DType::kF32), padded),
+                   CommBuf::device(all.as(DType::kF32), dp_.size() * padded),
+                   {.label = "gather master " + info.name});
+    ops_.download(out.data(), all.get(), out.size() * kF);  // padding sits at the end
+  }
   return out;
 }
 
@@ -203,9 +229,19 @@ void DataParallel::load_param(int param, std::span<const float> host_full) {
                         " floats for " + info.local_shape.str());
   if (sharded_) {
     sharded_->load_param(param, host_full.data());
-  } else {
-    ops_.upload(param_data() + info.offset, host_full.data(), host_full.size() * kF);
+    return;
   }
+  // The compute weights (rounded to bf16 in mixed precision), then the masters.
+  ops_.upload_floats(param_data() + info.offset, host_full.data(), host_full.size());
+  if (!mixed()) return;
+  if (stage_ == 0) {
+    ops_.upload(master() + info.offset, host_full.data(), host_full.size() * kF);
+    return;
+  }
+  const TensorShard& t = plan_.tensor(param);
+  const int rank = dp_.rank();
+  ops_.upload(master() + t.shard_offset, host_full.data() + t.split.begin_float(rank),
+              t.split.owned_floats(rank) * kF);
 }
 
 RowSplit DataParallel::shard_rows(int param) const { return plan_.tensor(param).split; }
@@ -229,7 +265,7 @@ DataParallel::OwnedState DataParallel::owned_state(int param) {
   if (stage_ == 0) {
     s.row_end = t.split.rows;
     s.floats = static_cast<size_t>(t.split.rows * t.split.row_elems);
-    s.param = resident_->param_data() + t.full_offset;
+    s.param = (mixed() ? master() : resident_->param_data()) + t.full_offset;
     s.exp_avg = m + t.full_offset;
     s.exp_avg_sq = v + t.full_offset;
     return s;
@@ -238,7 +274,8 @@ DataParallel::OwnedState DataParallel::owned_state(int param) {
   s.row_end = t.split.row_end(rank);
   s.floats = t.split.owned_floats(rank);
   s.param = stage_ == 3 ? sharded_->param_shard() + t.shard_offset
-                        : param_data() + t.full_offset + t.split.begin_float(rank);
+            : mixed()    ? master() + t.shard_offset
+                         : param_data() + t.full_offset + t.split.begin_float(rank);
   s.exp_avg = m + t.shard_offset;
   s.exp_avg_sq = v + t.shard_offset;
   return s;
@@ -248,6 +285,7 @@ DataParallel::Memory DataParallel::memory() const {
   Memory mem;
   const size_t shard = plan_.shard_floats() * kF;
   mem.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
+  mem.master = mixed() ? (stage_ == 3 ? plan_.shard_floats() * kF : master_.bytes()) : 0;
   mem.comm_scratch = pack_.bytes() + segment_.bytes();
   if (sharded_) {
     mem.params = shard + sharded_->held_param_bytes();

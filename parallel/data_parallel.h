@@ -22,6 +22,13 @@
 // reduce-scatter dp * (padded shards of the group) floats per group per backward
 // acquire/release pair: dp * (sum of padded shards) per micro-batch.
 //
+// Mixed precision (`compute` = bf16, training.precision bf16): the store holds bf16
+// compute weights, gradients stay fp32, and the fp32 masters sit beside the moments and
+// are sharded like them (stage 0 every element; stages 1-3 the owned rows; stage 3's
+// store keeps them as its param_shard()). step() updates the masters and writes the bf16
+// copy (Ops::adamw_update's compute_copy); stages 1-2 all-gather the bf16 copy. The
+// checkpoint state (owned_state().param, gather_param) is the fp32 masters.
+//
 // A step, on every dp rank in the same order (every call below that communicates is a
 // collective of the dp group):
 //   zero_grad(); for each micro-batch: model forward/backward through store();
@@ -49,7 +56,7 @@ class DataParallel {
   // weight_decay (applied to parameters with ParamInfo::decay); its lr and step are
   // ignored (step() takes the learning rate and counts the steps).
   DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-               size_t bucket_bytes, const AdamWParams& adamw);
+               size_t bucket_bytes, const AdamWParams& adamw, DType compute = DType::kF32);
   ~DataParallel();
 
   // What the model reads parameters and accumulates gradients through: a
@@ -57,6 +64,7 @@ class DataParallel {
   // ShardedParamStore (stage 3).
   ParamStore& store();
   int zero_stage() const { return stage_; }
+  DType compute_dtype() const { return compute_; }
   Communicator& dp() const { return dp_; }
 
   // Zeroes the gradients of the coming step (full buffer and/or shard).
@@ -79,10 +87,12 @@ class DataParallel {
   void set_steps_taken(int steps) { step_ = steps; }  // resume
 
   // The full (TP-local) value of parameter `param` (index into layout.params) on the
-  // host. Stage 3: a collective over dp (all ranks call it for the same param).
+  // host: the fp32 master. Stage 3, and stages 1-2 in mixed precision: a collective over
+  // dp (all ranks call it for the same param).
   std::vector<float> gather_param(int param);
-  // Sets parameter `param` from its full (TP-local) host value (numel floats); every dp
-  // rank passes the same values. Local.
+  // Sets parameter `param` from its full (TP-local) host value (numel floats): the master
+  // and the compute copy (rounded to bf16 in mixed precision); every dp rank passes the
+  // same values. Local.
   void load_param(int param, std::span<const float> host_full);
   // The dim-0 split of parameter `param` over this dp group.
   RowSplit shard_rows(int param) const;
@@ -118,6 +128,7 @@ class DataParallel {
   // counted.
   struct Memory {
     size_t params = 0, grads = 0, optimizer = 0, comm_scratch = 0;
+    size_t master = 0;  // fp32 masters in mixed precision (0 in fp32: params are the masters)
     size_t params_peak = 0, grads_peak = 0;
   };
   Memory memory() const;
@@ -134,7 +145,9 @@ class DataParallel {
   // [begin, end) of the flat gradient buffer that bucket b all-reduces (stages 0-1).
   std::pair<size_t, size_t> bucket_range(size_t b) const;
   void all_gather_params();  // stages 1-2
-  DevPtr param_data() const;  // stages 0-2: the resident flat parameter buffer
+  DevPtr param_data() const;  // stages 0-2: the resident flat parameter buffer (compute dtype)
+  bool mixed() const { return compute_ != DType::kF32; }
+  DevPtr master() const { return master_.as(DType::kF32); }  // stages 0-2, mixed
   DevPtr grad_shard() const;  // stages 2-3: this rank's gradient shard
 
   const ParamLayout& layout_;
@@ -149,6 +162,8 @@ class DataParallel {
   std::unique_ptr<GradShardedParamStore> zero2_;
   std::unique_ptr<ShardedParamStore> sharded_;
   ShardPlan plan_;
+  DType compute_ = DType::kF32;
+  DeviceBuffer master_;      // mixed, stages 0-2: fp32 masters, laid out like the moments
   DeviceBuffer exp_avg_;     // stage 0: total_floats (flat layout); else shard_floats
   DeviceBuffer exp_avg_sq_;
   DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()

@@ -136,7 +136,7 @@ std::vector<size_t> group_offsets(const ParamLayout& layout) {
 }
 }  // namespace
 
-ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp)
+ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
@@ -243,7 +243,7 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
 // ---- ZeRO-2 ------------------------------------------------------------------------------
 
 GradShardedParamStore::GradShardedParamStore(const ParamLayout& layout, Ops& ops,
-                                             Communicator& dp)
+                                             Communicator& dp, int)
     : layout_(layout),
       ops_(ops),
       dp_(dp),

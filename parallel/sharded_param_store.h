@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/check.h"
 #include "kernels/ops.h"
 #include "parallel/param_store.h"
 
@@ -130,7 +131,15 @@ void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, Dev
 class ShardedParamStore : public ParamStore {
  public:
   // Shards start zero; fill them with load_param or through param_shard().
-  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  // SHIM (lead, replaced by the store branch): f32 only.
+  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                    DType compute = DType::kF32)
+      : ShardedParamStore(layout, ops, dp, 0) {
+    TRIDENT_CHECK(compute == DType::kF32);
+  }
+  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int);
+  DType compute_dtype() const override { return DType::kF32; }
+  DevPtr compute_shard() { return param_shard(); }
   ~ShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;
@@ -187,7 +196,13 @@ class ShardedParamStore : public ParamStore {
 class GradShardedParamStore : public ParamStore {
  public:
   // Parameters and the gradient shard start zero; fill parameters through param_data().
-  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                        DType compute = DType::kF32)
+      : GradShardedParamStore(layout, ops, dp, 0) {
+    TRIDENT_CHECK(compute == DType::kF32);
+  }
+  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int);
+  DType compute_dtype() const override { return DType::kF32; }
   ~GradShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;

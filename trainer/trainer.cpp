@@ -218,13 +218,15 @@ Status Trainer::init() {
   adamw.beta2 = config_.training.beta2;
   adamw.eps = config_.training.eps;
   adamw.weight_decay = config_.training.weight_decay;
+  const DType compute =
+      config_.training.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
-                                       static_cast<size_t>(par.bucket_mb) << 20, adamw);
+                                       static_cast<size_t>(par.bucket_mb) << 20, adamw, compute);
   const int accum = config_.grad_accum_steps();
   const PipeSchedule schedule = par.pipeline_schedule;
   const int slots = PipelineExecutor::required_slots(schedule, par.pp, part_.pp_rank, accum);
   model_ = std::make_unique<Transformer>(mc, *ops_, part_, groups_.tp.get(), &dp_->store(),
-                                         par.micro_batch_size, slots);
+                                         par.micro_batch_size, slots, compute);
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots);
 
   if (init_ckpt || init_hf) {
@@ -303,6 +305,10 @@ void Trainer::print_banner() const {
             c.parallel.micro_batch_size, c.grad_accum_steps(), c.parallel.dp,
             c.training.global_batch_size,
             static_cast<long long>(c.training.global_batch_size) * m.seq_len);
+  log::info("precision: {}{}", precision_name(c.training.precision),
+            c.training.precision == Precision::kBf16
+                ? " (bf16 compute weights and activations; fp32 masters, gradients, moments)"
+                : "");
   log::info("optimizer: AdamW lr {:.2e} -> {:.2e} ({}, warmup {}), wd {}, betas ({}, {}), clip {}",
             c.training.lr, c.training.min_lr, lr_schedule_name(c.training.lr_schedule),
             c.training.warmup_steps, c.training.weight_decay, c.training.beta1, c.training.beta2,
@@ -341,6 +347,7 @@ void Trainer::collect_traffic() {
   stats_.analytic = analytic_traffic(config_, part_, layout_);
   const DataParallel::Memory mem = dp_->memory();
   stats_.param_bytes = static_cast<double>(mem.params);
+  stats_.master_bytes = static_cast<double>(mem.master);
   stats_.grad_bytes = static_cast<double>(mem.grads);
   stats_.optimizer_bytes = static_cast<double>(mem.optimizer);
   stats_.activation_bytes = static_cast<double>(model_->activation_bytes());
@@ -682,6 +689,7 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                      {"dp", rc.dp_rank},
                      {"tp", rc.tp_rank},
                      {"param_bytes", x.param_bytes},
+                     {"master_bytes", x.master_bytes},
                      {"grad_bytes", x.grad_bytes},
                      {"optimizer_bytes", x.optimizer_bytes},
                      {"activation_bytes", x.activation_bytes},
@@ -707,9 +715,9 @@ void Trainer::print_summary() {
   metrics_.write_summary(summary_json(s, n, groups_.topology));
   if (options_.quiet || n == 1) return;
   log::info("per-rank summary (MiB held; MiB sent in the last step, measured / analytic):");
-  log::info("{:>5} {:>9} {:>7} {:>7} {:>7} {:>7} {:>15} {:>15} {:>15} {:>13} {:>8}", "rank",
-            "pp/dp/tp", "params", "grads", "optim", "activ", "tp", "dp", "pp", "embedding",
-            "pp idle");
+  log::info("{:>5} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>15} {:>15} {:>15} {:>13} {:>8}", "rank",
+            "pp/dp/tp", "params", "master", "grads", "optim", "activ", "tp", "dp", "pp",
+            "embedding", "pp idle");
   const double mib = 1.0 / 1048576.0;
   auto pair = [&](double measured, double analytic) {
     return fmt::format("{:.3f}/{:.3f}", measured * mib, analytic * mib);
@@ -719,11 +727,13 @@ void Trainer::print_summary() {
     const RankStats& x = s[r];
     const double idle =
         x.pipeline_total_ms > 0 ? 100.0 * x.pipeline_idle_ms / x.pipeline_total_ms : 0;
-    log::info("{:>5} {:>9} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>15} {:>15} {:>15} {:>13} {:>7.1f}%",
+    log::info("{:>5} {:>9} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>15} {:>15} {:>15} {:>13} "
+              "{:>7.1f}%",
               r,
               std::to_string(rc.pp_rank) + "/" + std::to_string(rc.dp_rank) + "/" +
                   std::to_string(rc.tp_rank),
-              x.param_bytes * mib, x.grad_bytes * mib, x.optimizer_bytes * mib,
+              x.param_bytes * mib, x.master_bytes * mib, x.grad_bytes * mib,
+              x.optimizer_bytes * mib,
               x.activation_bytes * mib, pair(x.traffic.tp.total(), x.analytic.tp.total()),
               pair(x.traffic.dp.total(), x.analytic.dp.total()),
               pair(x.traffic.pp.total(), x.analytic.pp.total()),

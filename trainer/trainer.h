@@ -58,7 +58,9 @@ struct TrainerOptions {
 struct RankStats {
   RankTraffic traffic;   // measured by the communicators, last step
   RankTraffic analytic;  // trainer/traffic_model.h for this rank
-  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  // params: compute weights; master: fp32 masters (bf16 precision only).
+  double param_bytes = 0, master_bytes = 0, grad_bytes = 0, optimizer_bytes = 0,
+         activation_bytes = 0;
   double pipeline_idle_ms = 0, pipeline_total_ms = 0;
   int peak_live_micro_batches = 0;
 };

@@ -18,12 +18,13 @@ std::string traffic_data_file() {
 
 // Every tensor's rows divide by dp <= 4 and every tensor is a multiple of 16 floats, so
 // no shard padding or alignment gap enters the volumes (see traffic_model.h).
-std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
+std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch,
+                                      const char* precision = "fp32") {
   return test::make_world_trainer(
       std::string("model: {arch: ") + arch +
           ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n" +
           test::parallel_yaml(l, zero) + "data: {train: " + traffic_data_file() + "}\n"
-          "training: {global_batch_size: 8, max_steps: 2}\n",
+          "training: {global_batch_size: 8, max_steps: 2, precision: " + precision + "}\n",
       traffic_data_file());
 }
 
@@ -105,6 +106,71 @@ TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
     if (zero == 3) {  // between steps no group is gathered
       EXPECT_EQ(s.grad_bytes, P / n);
       EXPECT_EQ(s.param_bytes, P / n);
+    }
+  }
+}
+
+// bf16: the counters still equal the analytic volumes, and what moves compute-dtype
+// elements (TP activation all-reduces, pipeline activations, ZeRO parameter gathers)
+// counts half the fp32 bytes, while gradient reductions do not change.
+TEST(Instrumentation, Bf16HalvesActivationAndParameterTraffic) {
+  for (const Layout& l : layouts_for_world(test::world().size())) {
+    for (int zero : {0, 3}) {
+      if (zero > 0 && l.dp == 1) continue;
+      SCOPED_TRACE("llama dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
+                   std::to_string(l.pp) + " zero" + std::to_string(zero));
+      auto fp32 = make_trainer(l, zero, "llama", "fp32");
+      auto bf16 = make_trainer(l, zero, "llama", "bf16");
+      ASSERT_NE(fp32, nullptr);
+      ASSERT_NE(bf16, nullptr);
+      ASSERT_TRUE(fp32->train_step().is_ok());
+      ASSERT_TRUE(bf16->train_step().is_ok());
+      const RankStats& a = fp32->last_step_stats();
+      const RankStats& b = bf16->last_step_stats();
+      expect_group(b.traffic.tp, b.analytic.tp, "tp");
+      expect_group(b.traffic.dp, b.analytic.dp, "dp");
+      expect_group(b.traffic.pp, b.analytic.pp, "pp");
+      EXPECT_EQ(b.traffic.pp.send, a.traffic.pp.send / 2);
+      if (l.tp > 1) {
+        // All but the cross-entropy statistics (3N fp32 per micro-batch, last stage).
+        const auto& par = bf16->config().parallel;
+        const double N = par.micro_batch_size * bf16->config().model.seq_len;
+        const double micro = bf16->config().grad_accum_steps();
+        const double stats = bf16->partition().last_stage() ? 3 * N * 4 * micro : 0;
+        EXPECT_GT(a.traffic.tp.all_reduce, 0);
+        EXPECT_EQ(b.traffic.tp.all_reduce - stats, (a.traffic.tp.all_reduce - stats) / 2);
+      }
+      EXPECT_EQ(b.traffic.dp.all_reduce, a.traffic.dp.all_reduce);          // fp32 grads
+      EXPECT_EQ(b.traffic.dp.reduce_scatter, a.traffic.dp.reduce_scatter);  // fp32 grads
+      EXPECT_EQ(b.traffic.dp.all_gather, a.traffic.dp.all_gather / 2);      // bf16 params
+    }
+  }
+}
+
+// bf16 model state per rank: compute copy 2 B/param, fp32 master 4, gradient 4, moments
+// 8, each divided by dp from the ZeRO stage that shards it (master and moments from 1,
+// gradients from 2, the compute copy at 3).
+TEST(Instrumentation, Bf16ModelStateMemoryFollowsZeroFormulas) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs dp > 1";
+  const Layout l{n, 1, 1};
+  auto fp32 = make_trainer(l, 0, "gpt2", "fp32");
+  ASSERT_TRUE(fp32->train_step().is_ok());
+  const double P = fp32->last_step_stats().param_bytes / 4;  // elements (with alignment)
+  EXPECT_EQ(fp32->last_step_stats().master_bytes, 0);         // fp32 trains the masters
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    auto t = make_trainer(l, zero, "gpt2", "bf16");
+    ASSERT_TRUE(t->train_step().is_ok());
+    const RankStats& s = t->last_step_stats();
+    EXPECT_EQ(s.param_bytes, zero == 3 ? 2 * P / n : 2 * P);
+    EXPECT_EQ(s.master_bytes, zero == 0 ? 4 * P : 4 * P / n);
+    EXPECT_EQ(s.optimizer_bytes, zero == 0 ? 8 * P : 8 * P / n);
+    if (zero <= 1) {
+      EXPECT_EQ(s.grad_bytes, 4 * P);
+    }
+    if (zero == 3) {
+      EXPECT_EQ(s.grad_bytes, 4 * P / n);
     }
   }
 }
