@@ -26,12 +26,13 @@ CollectiveOptions label(const std::string& what, int64_t step) {
 // Rank 0's outcome, sent to every rank: code, message length, message.
 Status broadcast_status(Communicator& world, Status st, int64_t step) {
   int64_t head[2] = {static_cast<int64_t>(st.code()), static_cast<int64_t>(st.message().size())};
-  world.broadcast(std::as_writable_bytes(std::span<int64_t>(head, 2)), 0, label("outcome", step));
+  world.broadcast(CommBuf::host(std::span<int64_t>(head, 2)), 0, label("outcome", step));
   std::string message = st.message();
   message.resize(static_cast<size_t>(head[1]));
   if (head[1] > 0) {
-    world.broadcast(std::as_writable_bytes(std::span<char>(message.data(), message.size())), 0,
-                    label("outcome message", step));
+    world.broadcast(
+        CommBuf::host(std::as_writable_bytes(std::span<char>(message.data(), message.size()))), 0,
+        label("outcome message", step));
   }
   return Status(static_cast<StatusCode>(head[0]), message);
 }
@@ -63,13 +64,14 @@ Status CheckpointWriter::commit() {
   record["boxes"] = boxes;
   const std::string text = record.dump();
   int64_t max_len = static_cast<int64_t>(text.size());
-  world.all_reduce(std::span<int64_t>(&max_len, 1), ReduceOp::kMax, label("record size", step_));
+  world.all_reduce(CommBuf::host(std::span<int64_t>(&max_len, 1)), ReduceOp::kMax,
+                   label("record size", step_));
   std::string mine = text;
   mine.resize(static_cast<size_t>(max_len), ' ');
   std::string all(static_cast<size_t>(max_len) * static_cast<size_t>(world.size()), ' ');
-  world.all_gather_bytes(std::as_bytes(std::span<const char>(mine.data(), mine.size())),
-                         std::as_writable_bytes(std::span<char>(all.data(), all.size())),
-                         label("records", step_));
+  world.all_gather(CommBuf::host(std::as_bytes(std::span<const char>(mine.data(), mine.size()))),
+                   CommBuf::host(std::as_writable_bytes(std::span<char>(all.data(), all.size()))),
+                   label("records", step_));
 
   Status outcome;
   if (rank_ == 0) {

@@ -282,48 +282,6 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   return child;
 }
 
-// ---- legacy span overloads: buffers in this communicator's own space ------------------
-
-void Communicator::all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts) {
-  all_reduce(own(data.data(), data.size(), DType::kF32), op, opts);
-}
-void Communicator::all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts) {
-  all_reduce(own(data.data(), data.size(), DType::kF64), op, opts);
-}
-void Communicator::all_reduce(std::span<std::int64_t> data, ReduceOp op,
-                              const CollectiveOptions& opts) {
-  all_reduce(own(data.data(), data.size(), DType::kI64), op, opts);
-}
-void Communicator::reduce_scatter(std::span<const float> input, std::span<float> output,
-                                  const CollectiveOptions& opts) {
-  reduce_scatter(own(const_cast<float*>(input.data()), input.size(), DType::kF32),
-                 own(output.data(), output.size(), DType::kF32), opts);
-}
-void Communicator::all_gather(std::span<const float> input, std::span<float> output,
-                              const CollectiveOptions& opts) {
-  all_gather(own(const_cast<float*>(input.data()), input.size(), DType::kF32),
-             own(output.data(), output.size(), DType::kF32), opts);
-}
-void Communicator::all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
-                                    const CollectiveOptions& opts) {
-  all_gather(own(const_cast<std::byte*>(input.data()), input.size(), DType::kU8),
-             own(output.data(), output.size(), DType::kU8), opts);
-}
-void Communicator::broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts) {
-  broadcast(own(data.data(), data.size(), DType::kU8), root, opts);
-}
-void Communicator::send(std::span<const float> data, int dst, int tag,
-                        const CollectiveOptions& opts) {
-  send(own(const_cast<float*>(data.data()), data.size(), DType::kF32), dst, tag, opts);
-}
-void Communicator::recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts) {
-  recv(own(data.data(), data.size(), DType::kF32), src, tag, opts);
-}
-void Communicator::isend(std::span<const float> data, int dst, int tag,
-                         const CollectiveOptions& opts) {
-  isend(own(const_cast<float*>(data.data()), data.size(), DType::kF32), dst, tag, opts);
-}
-
 // ---- SelfCommunicator ---------------------------------------------------------------
 
 void SelfCommunicator::do_reduce_scatter(const CommBuf& input, const CommBuf& output,

@@ -93,8 +93,9 @@ enum class CollectiveKind {
 const char* collective_name(CollectiveKind kind);  // "all_reduce", "send", ...
 
 // A buffer handed to a communicator: address, element count, dtype, memory space. Does
-// not own the memory. Not an aggregate on purpose: a braced {pointer, size} argument keeps
-// meaning a std::span for the legacy overloads below.
+// not own the memory. Not an aggregate on purpose: a buffer is made by device() or host()
+// (or the four-value constructor), so every call states its dtype and memory space and a
+// braced {pointer, size} does not compile.
 struct CommBuf {
   void* data = nullptr;  // (count) elements of dtype
   std::size_t count = 0;
@@ -244,25 +245,6 @@ class Communicator {
   std::unique_ptr<Communicator> split(int color, int key, std::string name, MemSpace space,
                                       const CollectiveOptions& opts = {});
 
-  // ---- legacy, removed when the device callers move to CommBuf -----------------------
-  // Spans of plain host types, taken as buffers in this communicator's OWN space (so a
-  // span over device memory on a device group, or over host memory on a host group,
-  // keeps working unchanged). New code passes CommBuf.
-  void all_reduce(std::span<float> data, ReduceOp op, const CollectiveOptions& opts = {});
-  void all_reduce(std::span<double> data, ReduceOp op, const CollectiveOptions& opts = {});
-  void all_reduce(std::span<std::int64_t> data, ReduceOp op, const CollectiveOptions& opts = {});
-  void reduce_scatter(std::span<const float> input, std::span<float> output,
-                      const CollectiveOptions& opts = {});
-  void all_gather(std::span<const float> input, std::span<float> output,
-                  const CollectiveOptions& opts = {});
-  void all_gather_bytes(std::span<const std::byte> input, std::span<std::byte> output,
-                        const CollectiveOptions& opts = {});
-  void broadcast(std::span<std::byte> data, int root, const CollectiveOptions& opts = {});
-  void send(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
-  void recv(std::span<float> data, int src, int tag, const CollectiveOptions& opts = {});
-  void isend(std::span<const float> data, int dst, int tag, const CollectiveOptions& opts = {});
-  // ------------------------------------------------------------------------------------
-
   const TrafficCounters& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = {}; }
 
@@ -301,10 +283,6 @@ class Communicator {
                         const CollectiveOptions& opts) const;
   // Aborts unless dst/src is another rank of the group and tag is portable.
   void check_peer(int peer, int tag, CollectiveKind kind, const CollectiveOptions& opts) const;
-  CommBuf own(void* data, std::size_t count, DType dtype) const {
-    return CommBuf(data, count, dtype, space_);
-  }
-
   std::string name_;
   MemSpace space_;
   std::chrono::milliseconds default_timeout_ = kDefaultTimeout;

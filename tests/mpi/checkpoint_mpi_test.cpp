@@ -30,7 +30,7 @@ std::string shared_temp_dir(Communicator& w) {
     const char* made = ::mkdtemp(tmpl.data());
     if (made) std::strncpy(buf.data(), made, buf.size() - 1);
   }
-  w.broadcast(std::as_writable_bytes(std::span<char>(buf)), 0);
+  w.broadcast(CommBuf::host(std::as_writable_bytes(std::span<char>(buf))), 0);
   return std::string(buf.data());
 }
 

@@ -35,7 +35,7 @@ TEST(Collectives, AllReduceSumFloatMatchesLocalSum) {
   Communicator& w = world();
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4099}}) {
     std::vector<float> data = seeded(w.rank(), n);
-    w.all_reduce(data, ReduceOp::kSum, {.label = "sum float"});
+    w.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum, {.label = "sum float"});
     int wrong = 0;
     for (std::size_t i = 0; i < n; ++i) {
       double expected = 0;
@@ -51,7 +51,7 @@ TEST(Collectives, AllReduceSumOfSmallIntegersIsExact) {
   std::vector<float> data(513);
   for (std::size_t i = 0; i < data.size(); ++i)
     data[i] = static_cast<float>((w.rank() + 1) * (i % 11));
-  w.all_reduce(data, ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum);
   const int s = w.size();
   for (std::size_t i = 0; i < data.size(); ++i) {
     EXPECT_EQ(data[i], static_cast<float>(s * (s + 1) / 2 * (i % 11))) << i;
@@ -68,9 +68,9 @@ TEST(Collectives, AllReduceMaxFloatDoubleInt64) {
     d[i] = static_cast<double>(seeded_value(kSeed + 1, w.rank(), i)) * 1e10;
     k[i] = static_cast<std::int64_t>(seeded_value(kSeed + 2, w.rank(), i) * 1e9) * (1LL << 20);
   }
-  w.all_reduce(std::span<float>(f), ReduceOp::kMax);
-  w.all_reduce(std::span<double>(d), ReduceOp::kMax);
-  w.all_reduce(std::span<std::int64_t>(k), ReduceOp::kMax);
+  w.all_reduce(CommBuf::host(std::span<float>(f)), ReduceOp::kMax);
+  w.all_reduce(CommBuf::host(std::span<double>(d)), ReduceOp::kMax);
+  w.all_reduce(CommBuf::host(std::span<std::int64_t>(k)), ReduceOp::kMax);
   for (std::size_t i = 0; i < n; ++i) {
     float ef = -2;
     double ed = -1e300;
@@ -97,8 +97,8 @@ TEST(Collectives, AllReduceSumDoubleAndInt64) {
     // Beyond 2^53: int64 sums must not go through a double.
     k[i] = (std::int64_t{1} << 55) + w.rank() * 1000003LL + static_cast<std::int64_t>(i);
   }
-  w.all_reduce(std::span<double>(d), ReduceOp::kSum);
-  w.all_reduce(std::span<std::int64_t>(k), ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span<double>(d)), ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span<std::int64_t>(k)), ReduceOp::kSum);
   for (std::size_t i = 0; i < n; ++i) {
     double ed = 0;
     std::int64_t ek = 0;
@@ -118,12 +118,12 @@ TEST(Collectives, AllReduceIsBitwiseReproducibleAndIdenticalAcrossRanks) {
   const std::size_t n = 2053;
   std::vector<float> a = seeded(w.rank(), n, 99);
   std::vector<float> b = a;
-  w.all_reduce(a, ReduceOp::kSum);
-  w.all_reduce(b, ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span(a)), ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span(b)), ReduceOp::kSum);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0);
 
   std::vector<float> gathered(n * w.size());
-  w.all_gather(a, gathered);
+  w.all_gather(CommBuf::host(std::span(a)), CommBuf::host(std::span(gathered)));
   int differing_ranks = 0;
   for (int r = 0; r < w.size(); ++r) {
     differing_ranks += std::memcmp(gathered.data() + r * n, a.data(), n * sizeof(float)) != 0;
@@ -136,7 +136,8 @@ TEST(Collectives, ReduceScatterSumsThisRanksChunk) {
   const std::size_t chunk = 37;
   const std::vector<float> input = seeded(w.rank(), chunk * w.size(), 7);
   std::vector<float> output(chunk, -99.0f);
-  w.reduce_scatter(input, output, {.label = "rs"});
+  w.reduce_scatter(CommBuf::host(std::span(input)), CommBuf::host(std::span(output)),
+                   {.label = "rs"});
   int wrong = 0;
   for (std::size_t j = 0; j < chunk; ++j) {
     double expected = 0;
@@ -151,7 +152,7 @@ TEST(Collectives, AllGatherPlacesEachRanksChunk) {
   const std::size_t chunk = 29;
   const std::vector<float> input = seeded(w.rank(), chunk, 11);
   std::vector<float> output(chunk * w.size(), -99.0f);
-  w.all_gather(input, output);
+  w.all_gather(CommBuf::host(std::span(input)), CommBuf::host(std::span(output)));
   for (int r = 0; r < w.size(); ++r) {
     for (std::size_t j = 0; j < chunk; ++j) {
       EXPECT_EQ(output[r * chunk + j], seeded_value(11, r, j)) << "rank " << r << " j " << j;
@@ -161,7 +162,7 @@ TEST(Collectives, AllGatherPlacesEachRanksChunk) {
   std::vector<std::byte> in_bytes(13);
   for (std::size_t j = 0; j < in_bytes.size(); ++j) in_bytes[j] = std::byte(w.rank() * 16 + j);
   std::vector<std::byte> out_bytes(13 * w.size());
-  w.all_gather_bytes(in_bytes, out_bytes);
+  w.all_gather(CommBuf::host(std::span(in_bytes)), CommBuf::host(std::span(out_bytes)));
   for (int r = 0; r < w.size(); ++r) {
     for (std::size_t j = 0; j < 13; ++j) EXPECT_EQ(out_bytes[r * 13 + j], std::byte(r * 16 + j));
   }
@@ -174,7 +175,7 @@ TEST(Collectives, BroadcastFromEveryRoot) {
     if (w.rank() == root) {
       for (std::size_t j = 0; j < data.size(); ++j) data[j] = std::byte((root * 31 + j) & 0xFF);
     }
-    w.broadcast(data, root, {.label = "bcast"});
+    w.broadcast(CommBuf::host(std::span(data)), root, {.label = "bcast"});
     int wrong = 0;
     for (std::size_t j = 0; j < data.size(); ++j)
       wrong += data[j] != std::byte((root * 31 + j) & 0xFF);
@@ -195,12 +196,12 @@ TEST(Collectives, SendRecvRing) {
   const std::vector<float> out_b = seeded(w.rank(), n, 22);
   std::vector<float> in_a(n), in_b(n);
   auto do_send = [&] {
-    w.send(out_a, next, 1);
-    w.send(out_b, next, 2);
+    w.send(CommBuf::host(std::span(out_a)), next, 1);
+    w.send(CommBuf::host(std::span(out_b)), next, 2);
   };
   auto do_recv = [&] {
-    w.recv(in_b, prev, 2);
-    w.recv(in_a, prev, 1);
+    w.recv(CommBuf::host(std::span(in_b)), prev, 2);
+    w.recv(CommBuf::host(std::span(in_a)), prev, 1);
   };
   if (w.rank() % 2 == 0) {
     do_send();
@@ -220,20 +221,20 @@ TEST(Collectives, TrafficCountersFollowThePayloadConvention) {
   const std::int64_t p = w.size();
   w.reset_traffic();
   std::vector<float> a(100, 1.0f);
-  w.all_reduce(a, ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span(a)), ReduceOp::kSum);
   std::vector<double> d(10, 1.0);
-  w.all_reduce(std::span<double>(d), ReduceOp::kMax);
+  w.all_reduce(CommBuf::host(std::span<double>(d)), ReduceOp::kMax);
   std::vector<float> rs_in(10 * p, 1.0f), rs_out(10);
-  w.reduce_scatter(rs_in, rs_out);
+  w.reduce_scatter(CommBuf::host(std::span(rs_in)), CommBuf::host(std::span(rs_out)));
   std::vector<float> ag_in(6, 1.0f), ag_out(6 * p);
-  w.all_gather(ag_in, ag_out);
+  w.all_gather(CommBuf::host(std::span(ag_in)), CommBuf::host(std::span(ag_out)));
   std::vector<std::byte> bytes(64);
-  w.broadcast(bytes, 0);
+  w.broadcast(CommBuf::host(std::span(bytes)), 0);
   w.barrier();
   if (p > 1) {  // a pair (0 -> 1) of 25 floats
     std::vector<float> msg(25);
-    if (w.rank() == 0) w.send(msg, 1, 5);
-    if (w.rank() == 1) w.recv(msg, 0, 5);
+    if (w.rank() == 0) w.send(CommBuf::host(std::span(msg)), 1, 5);
+    if (w.rank() == 1) w.recv(CommBuf::host(std::span(msg)), 0, 5);
   }
 
   const TrafficCounters& t = w.traffic();
@@ -249,7 +250,7 @@ TEST(Collectives, TrafficCountersFollowThePayloadConvention) {
   // World totals add up across ranks as the analytic volume says.
   std::vector<std::int64_t> totals = {t.bytes_of(CollectiveKind::kAllReduce),
                                       t.bytes_of(CollectiveKind::kSend)};
-  w.all_reduce(std::span<std::int64_t>(totals), ReduceOp::kSum);
+  w.all_reduce(CommBuf::host(std::span<std::int64_t>(totals)), ReduceOp::kSum);
   EXPECT_EQ(totals[0], p * 480);
   EXPECT_EQ(totals[1], p > 1 ? 100 : 0);
 

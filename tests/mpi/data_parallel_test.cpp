@@ -288,7 +288,7 @@ void run_case(const Case& c) {
 
     // Every element counted once over dp.
     std::vector<double> sums = {owned_all, owned_split};
-    world().all_reduce(std::span<double>(sums), ReduceOp::kSum);  // host values
+    world().all_reduce(CommBuf::host(std::span<double>(sums)), ReduceOp::kSum);  // host values
     const double want_all = Reference::square_sum(layout, step, n, true);
     const double want_split = Reference::square_sum(layout, step, n, false);
     EXPECT_NEAR(sums[0], want_all, 1e-5 * want_all);
@@ -302,7 +302,8 @@ void run_case(const Case& c) {
       wrong += mismatches(got, ref.p[k], 1e-6);
       // Replicas agree bitwise.
       std::vector<float> rank0 = got;
-      world().broadcast(std::as_writable_bytes(std::span<float>(rank0)), 0);  // host values
+      // host values
+      world().broadcast(CommBuf::host(std::as_writable_bytes(std::span<float>(rank0))), 0);
       for (size_t i = 0; i < got.size(); ++i) differs_from_rank0 += got[i] != rank0[i];
     }
     EXPECT_EQ(wrong, 0);
@@ -347,7 +348,7 @@ void run_case(const Case& c) {
     int64_t rows_total = 0;
     for (const ParamInfo& info : layout.params) rows_total += info.local_shape[0];
     std::vector<int64_t> kept = {rows_kept};
-    world().all_reduce(std::span<int64_t>(kept), ReduceOp::kSum);  // host values
+    world().all_reduce(CommBuf::host(std::span<int64_t>(kept)), ReduceOp::kSum);  // host values
     EXPECT_EQ(kept[0], c.stage == 0 ? n * rows_total : rows_total);  // shards tile the rows
   }
 }

@@ -19,11 +19,12 @@ std::string layout_name(const Layout& l) {
          " pp=" + std::to_string(l.pp);
 }
 
-// World ranks of `group`'s members in group-rank order, by communication.
+// World ranks of `group`'s members in group-rank order, by communication. `group` is
+// the host twin of the group under test (check_group): these are host values.
 std::vector<int> members_of(Communicator& group) {
   const std::int64_t me = world().rank();
   std::vector<std::byte> out(sizeof(me) * group.size());
-  group.all_gather_bytes(std::as_bytes(std::span(&me, 1)), out);
+  group.all_gather(CommBuf::host(std::as_bytes(std::span(&me, 1))), CommBuf::host(std::span(out)));
   std::vector<int> members(group.size());
   for (int r = 0; r < group.size(); ++r) {
     std::int64_t v;
@@ -42,10 +43,14 @@ void check_group(Communicator* group, const char* name, const std::vector<int>& 
   ASSERT_NE(group, nullptr) << where << ": missing " << name << " group";
   EXPECT_EQ(group->name(), name) << where;
   EXPECT_EQ(group->size(), static_cast<int>(expected.size())) << where;
-  EXPECT_EQ(members_of(*group), expected) << where << " " << name << " members";
+  // make_process_groups' groups serve device memory; host values travel on a host twin,
+  // a split of the group that keeps every member at its group rank.
+  const std::unique_ptr<Communicator> twin =
+      group->split(0, group->rank(), group->name(), MemSpace::kHost);
+  EXPECT_EQ(members_of(*twin), expected) << where << " " << name << " members";
   // A reduction stays inside the group.
   std::vector<std::int64_t> v = {world().rank()};
-  group->all_reduce(std::span<std::int64_t>(v), ReduceOp::kSum);
+  twin->all_reduce(CommBuf::host(std::span<std::int64_t>(v)), ReduceOp::kSum);
   EXPECT_EQ(v[0], std::accumulate(expected.begin(), expected.end(), std::int64_t{0}))
       << where << " " << name << " sum";
 }

@@ -87,10 +87,16 @@ int main(int argc, char** argv) {
       std::vector<float> data(8, 1.0f);
       const int last = world->size() - 1;
       if (abort_demo == "self_send" && rank == last) {
-        world->send(data, rank, 7, {.label = "abort demo"});  // aborts: no send to self
+        // aborts: no send to self
+        world->send(trident::CommBuf::host(std::span(data)), rank, 7, {.label = "abort demo"});
       } else if (abort_demo == "truncate") {
-        if (rank == 0) world->send(data, last, 7, {.label = "abort demo"});
-        if (rank == last) world->recv(std::span(data).first(4), 0, 7, {.label = "abort demo"});
+        if (rank == 0) {
+          world->send(trident::CommBuf::host(std::span(data)), last, 7, {.label = "abort demo"});
+        }
+        if (rank == last) {
+          world->recv(trident::CommBuf::host(std::span(data).first(4)), 0, 7,
+                      {.label = "abort demo"});
+        }
       } else if (abort_demo == "hang") {
         trident::Watchdog watchdog({.poll_interval = std::chrono::milliseconds(100), .on_hang = {}});
         watchdog.set_step(17);
@@ -103,7 +109,7 @@ int main(int argc, char** argv) {
                      static_cast<long long>(
                          std::chrono::duration_cast<std::chrono::milliseconds>(epoch).count()));
         std::fflush(stderr);
-        world->all_reduce(data, trident::ReduceOp::kSum,
+        world->all_reduce(trident::CommBuf::host(std::span(data)), trident::ReduceOp::kSum,
                           {.timeout = std::chrono::milliseconds(2000), .label = "watchdog demo"});
       }
       world->barrier();  // the others wait here until mpirun takes the job down

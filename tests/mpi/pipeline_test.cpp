@@ -36,12 +36,13 @@ TEST(Isend, RingWithEveryRankSendingFirstCopiesAndCompletes) {
   std::vector<float> out(kCount), in(kCount, -1.0f);
   for (std::size_t i = 0; i < kCount; i += 4099) out[i] = seeded_value(11, w.rank(), i);
   w.reset_traffic();
-  w.isend(out, next, 5, {.label = "ring"});  // returns before prev's recv is posted
+  // Returns before prev's recv is posted.
+  w.isend(CommBuf::host(std::span(out)), next, 5, {.label = "ring"});
   std::fill(out.begin(), out.end(), 99.0f);  // the payload was copied
-  w.isend(std::span<const float>(out).first(3), next, 6);
-  w.recv(in, prev, 5, {.label = "ring"});
+  w.isend(CommBuf::host(std::span<const float>(out).first(3)), next, 6);
+  w.recv(CommBuf::host(std::span(in)), prev, 5, {.label = "ring"});
   std::vector<float> small(3);
-  w.recv(small, prev, 6);
+  w.recv(CommBuf::host(std::span(small)), prev, 6);
   w.wait_sends();
   EXPECT_EQ(w.pending_sends(), 0u);
   for (std::size_t i = 0; i < kCount; i += 4099) {

@@ -19,21 +19,21 @@ TEST(SelfCommunicator, CollectivesAreIdentities) {
   EXPECT_STREQ(self.backend(), "self");
 
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
-  self.all_reduce(f, ReduceOp::kSum);
+  self.all_reduce(CommBuf::host(std::span(f)), ReduceOp::kSum);
   EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
   std::vector<std::int64_t> k = {5, -7};
-  self.all_reduce(std::span<std::int64_t>(k), ReduceOp::kMax);
+  self.all_reduce(CommBuf::host(std::span<std::int64_t>(k)), ReduceOp::kMax);
   EXPECT_EQ(k, (std::vector<std::int64_t>{5, -7}));
 
   std::vector<float> out(3, 0.0f);
-  self.reduce_scatter(f, out);
+  self.reduce_scatter(CommBuf::host(std::span(f)), CommBuf::host(std::span(out)));
   EXPECT_EQ(out, f);
   std::vector<float> gathered(3, 0.0f);
-  self.all_gather(f, gathered);
+  self.all_gather(CommBuf::host(std::span(f)), CommBuf::host(std::span(gathered)));
   EXPECT_EQ(gathered, f);
 
   std::vector<std::byte> bytes = {std::byte{1}, std::byte{2}};
-  self.broadcast(bytes, 0);
+  self.broadcast(CommBuf::host(std::span(bytes)), 0);
   EXPECT_EQ(bytes[1], std::byte{2});
   self.barrier();
 

@@ -108,7 +108,8 @@ TEST(Watchdog, OffUnlessOneExists) {
   EXPECT_EQ(call_observer(), nullptr);
   StuckCommunicator comm("tp");
   std::vector<float> data(4, 1.0f);
-  comm.broadcast(std::as_writable_bytes(std::span(data)), 0);  // no observer: nothing to tell
+  // No observer: nothing to tell.
+  comm.broadcast(CommBuf::host(std::as_writable_bytes(std::span(data))), 0);
 }
 
 TEST(Watchdog, HungCollectiveIsReportedWithCallGroupLabelAndStep) {
@@ -119,7 +120,8 @@ TEST(Watchdog, HungCollectiveIsReportedWithCallGroupLabelAndStep) {
   watchdog.set_step(17);
   std::vector<float> data(8, 1.0f);
   const auto start = Clock::now();
-  comm.all_reduce(data, ReduceOp::kSum, {.timeout = milliseconds(200), .label = "attn.o"});
+  comm.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum,
+                  {.timeout = milliseconds(200), .label = "attn.o"});
   const double waited = seconds_since(start);
   // Released by the watchdog at its deadline, not by the fake's 5 s safety net.
   EXPECT_GE(waited, 0.2);
@@ -156,9 +158,10 @@ TEST(Watchdog, CallsThatCompleteInTimeDoNotFire) {
   // Each call takes 30 ms of a 150 ms timeout; together they outlast it, which must not
   // matter: the deadline is per call.
   for (int i = 0; i < 4; ++i) {
-    comm.reduce_scatter(in, out, opts);
-    comm.all_gather(out, std::span(gathered).first(8), opts);
-    comm.send(out, 0, 3, opts);
+    comm.reduce_scatter(CommBuf::host(std::span(in)), CommBuf::host(std::span(out)), opts);
+    comm.all_gather(CommBuf::host(std::span(out)), CommBuf::host(std::span(gathered).first(8)),
+                    opts);
+    comm.send(CommBuf::host(std::span(out)), 0, 3, opts);
   }
   EXPECT_EQ(watchdog.in_flight(), 0u);
   std::this_thread::sleep_for(milliseconds(300));  // past every deadline
@@ -191,7 +194,8 @@ TEST(Watchdog, RecvNamesThePeerItWaitsFor) {
   Watchdog watchdog(recorder.options(milliseconds(20)));
   watchdog.set_step(3);
   std::vector<float> data(4);
-  comm.recv(data, 0, 5, {.timeout = milliseconds(100), .label = "activations mb 2"});
+  comm.recv(CommBuf::host(std::span(data)), 0, 5,
+            {.timeout = milliseconds(100), .label = "activations mb 2"});
   const std::vector<HangReport> reports = recorder.snapshot();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].peer, 0);
@@ -210,11 +214,14 @@ TEST(Watchdog, ReportsEachHungCallOnceAmongHealthyOnes) {
   Watchdog watchdog(recorder.options(milliseconds(10)));
   std::thread hung([&] {
     std::vector<float> data(2);
-    stuck.all_reduce(data, ReduceOp::kMax, {.timeout = milliseconds(100), .label = "hung"});
+    stuck.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kMax,
+                     {.timeout = milliseconds(100), .label = "hung"});
   });
   std::vector<float> data(2);
-  for (int i = 0; i < 40; ++i) healthy.broadcast(std::as_writable_bytes(std::span(data)), 0,
-                                                 {.timeout = milliseconds(100), .label = "healthy"});
+  for (int i = 0; i < 40; ++i) {
+    healthy.broadcast(CommBuf::host(std::as_writable_bytes(std::span(data))), 0,
+                      {.timeout = milliseconds(100), .label = "healthy"});
+  }
   std::this_thread::sleep_for(milliseconds(200));
   std::vector<HangReport> reports = recorder.snapshot();
   ASSERT_EQ(reports.size(), 1u);
@@ -237,7 +244,7 @@ TEST(Watchdog, RealCollectivesThatCompleteDoNotFire) {
   for (int step = 0; step < 5; ++step) {
     watchdog.set_step(step);
     std::vector<double> data(64, comm.rank() + 1.0);
-    comm.all_reduce(data, ReduceOp::kSum, opts);
+    comm.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum, opts);
     const double expected = comm.size() * (comm.size() + 1) / 2.0;
     EXPECT_EQ(data[0], expected);
     EXPECT_EQ(data[63], expected);
