@@ -11,21 +11,21 @@ constexpr size_t kF = sizeof(float);
 }  // namespace
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-                           size_t bucket_bytes, const AdamWParams& adamw)
+                           size_t bucket_bytes, const AdamWParams& adamw, DType compute)
     : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw) {
   TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
                     "zero_stage must be 0..3, got " + std::to_string(zero_stage));
   TRIDENT_CHECK(bucket_bytes > 0);
   if (stage_ == 3) {
-    sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp);
+    sharded_ = std::make_unique<ShardedParamStore>(layout, ops, dp, compute);
     plan_ = sharded_->plan();
   } else {
     // Stage 2 must not allocate a full gradient buffer: its store holds gradients only as
     // a shard plus the groups in backward.
     if (stage_ == 2) {
-      zero2_ = std::make_unique<GradShardedParamStore>(layout, ops, dp);
+      zero2_ = std::make_unique<GradShardedParamStore>(layout, ops, dp, compute);
     } else {
-      resident_ = std::make_unique<ResidentParamStore>(layout, ops);
+      resident_ = std::make_unique<ResidentParamStore>(layout, ops, compute);
     }
     const size_t bucket_floats = std::max<size_t>(1, bucket_bytes / kF);
     plan_ = ShardPlan(layout, dp.size(), std::vector<size_t>(layout.groups.size(), 0),

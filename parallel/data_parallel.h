@@ -47,9 +47,10 @@ class DataParallel {
  public:
   // zero_stage in 0..3 (CHECK); bucket_bytes > 0. `adamw`: beta1, beta2, eps and
   // weight_decay (applied to parameters with ParamInfo::decay); its lr and step are
-  // ignored (step() takes the learning rate and counts the steps).
+  // ignored (step() takes the learning rate and counts the steps). `compute`: the
+  // stores' parameter dtype (f32, or bf16 for training.precision bf16).
   DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-               size_t bucket_bytes, const AdamWParams& adamw);
+               size_t bucket_bytes, const AdamWParams& adamw, DType compute = DType::kF32);
   ~DataParallel();
 
   // What the model reads parameters and accumulates gradients through: a

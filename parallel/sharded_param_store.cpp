@@ -90,12 +90,23 @@ const std::vector<int>& ShardPlan::group_chunks(int group) const {
   return group_chunks_[static_cast<size_t>(group)];
 }
 
+namespace {
+// Bytes per element of a pack/unpack pair; the two buffers must agree.
+size_t element_bytes(DevPtr a, DevPtr b) {
+  TRIDENT_CHECK_MSG(a.dtype() == b.dtype(), std::string("shard pack between ") +
+                                                dtype_name(a.dtype()) + " and " +
+                                                dtype_name(b.dtype()) + " buffers");
+  return dtype_size(a.dtype());
+}
+}  // namespace
+
 void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment) {
+  const size_t es = element_bytes(full, segment);
   for (const TensorShard& t : chunk.tensors) {
     DevPtr dst = segment + (t.shard_offset - chunk.shard_offset);
     const size_t n = t.split.owned_floats(rank);
-    ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * sizeof(float));
-    ops.zero(dst + n, (t.split.padded_floats() - n) * sizeof(float));
+    ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * es);
+    ops.zero(dst + n, (t.split.padded_floats() - n) * es);
   }
 }
 
@@ -104,12 +115,13 @@ void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr p
 }
 
 void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full) {
+  const size_t es = element_bytes(full, packed);
   for (int r = 0; r < dp; ++r) {
     DevPtr segment = packed + r * chunk.chunk_floats;
     for (const TensorShard& t : chunk.tensors) {
       ops.copy(full + t.full_offset + t.split.begin_float(r),
                segment + (t.shard_offset - chunk.shard_offset),
-               t.split.owned_floats(r) * sizeof(float));
+               t.split.owned_floats(r) * es);
     }
   }
 }
@@ -136,15 +148,26 @@ std::vector<size_t> group_offsets(const ParamLayout& layout) {
 }
 }  // namespace
 
-ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp)
+ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                                     DType compute)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
       // One chunk per group: a group moves in one collective.
       plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
+      compute_((check_compute_dtype(compute), compute)),
       param_shard_(ops, plan_.shard_floats() * sizeof(float)),
       grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
-      gathered_(layout.groups.size()) {}
+      gathered_(layout.groups.size()) {
+  if (compute_ != DType::kF32) {
+    compute_shard_ = DeviceBuffer(ops, plan_.shard_floats() * dtype_size(compute_));
+  }
+}
+
+void ShardedParamStore::refresh_compute_shard() {
+  if (compute_ == DType::kF32) return;
+  ops_.cast(compute_shard(), param_shard(), plan_.shard_floats());
+}
 
 void ShardedParamStore::note_held() {
   peak_ = std::max(peak_, held_params_ + held_grads_);
@@ -156,25 +179,27 @@ void ShardedParamStore::acquire(int group, Phase phase) {
   const std::vector<int>& chunks = plan_.group_chunks(group);
   if (chunks.empty()) return;
   Gathered& g = gathered_[static_cast<size_t>(group)];
-  const size_t bytes = layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
+  const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
   const int dp = dp_.size();
   if (g.refs++ == 0) {
+    const size_t bytes = floats * dtype_size(compute_);
     g.params = DeviceBuffer(ops_, bytes);
     held_params_ += bytes;
     note_held();
     for (int c : chunks) {
       const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
-      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
+      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * dtype_size(compute_));
       dp_.all_gather(
-          CommBuf::device((param_shard() + chunk.shard_offset), chunk.chunk_floats),
-          CommBuf::device(packed.as(DType::kF32), dp * chunk.chunk_floats),
+          CommBuf::device((compute_shard() + chunk.shard_offset), chunk.chunk_floats),
+          CommBuf::device(packed.as(compute_), dp * chunk.chunk_floats),
           {.label = "zero3 gather group " + std::to_string(group)});
-      unpack_chunk(ops_, chunk, dp, packed.as(DType::kF32), g.params.as(DType::kF32));
+      unpack_chunk(ops_, chunk, dp, packed.as(compute_), g.params.as(compute_));
     }
   }
   if (phase == Phase::kBackward) {
     TRIDENT_CHECK_MSG(g.grads.get().is_null(),
                       "group " + std::to_string(group) + " acquired twice for backward");
+    const size_t bytes = floats * sizeof(float);
     g.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
     held_grads_ += bytes;
     note_held();
@@ -206,7 +231,7 @@ DevPtr ShardedParamStore::params(int group) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0 || plan_.group_chunks(group).empty(),
                     "params of group " + std::to_string(group) + " read while not acquired");
-  return g.params.as(DType::kF32);
+  return g.params.as(compute_);
 }
 
 DevPtr ShardedParamStore::grads(int group) {
@@ -219,8 +244,12 @@ DevPtr ShardedParamStore::grads(int group) {
 void ShardedParamStore::load_param(int param, const float* host_full) {
   const TensorShard& t = plan_.tensor(param);
   const int rank = dp_.rank();
+  const size_t n = t.split.owned_floats(rank);
   ops_.upload(param_shard() + t.shard_offset, host_full + t.split.begin_float(rank),
-              t.split.owned_floats(rank) * sizeof(float));
+              n * sizeof(float));
+  if (compute_ != DType::kF32) {
+    ops_.cast(compute_shard() + t.shard_offset, param_shard() + t.shard_offset, n);
+  }
 }
 
 std::vector<float> ShardedParamStore::gather_param(int param) {
@@ -243,16 +272,17 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
 // ---- ZeRO-2 ------------------------------------------------------------------------------
 
 GradShardedParamStore::GradShardedParamStore(const ParamLayout& layout, Ops& ops,
-                                             Communicator& dp)
+                                             Communicator& dp, DType compute)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
       total_(layout.total_floats()),
+      compute_((check_compute_dtype(compute), compute)),
       // One chunk per group: a group's gradients move in one collective. The shard
       // buffer's layout does not depend on the chunking (padded shards in group, offset
       // order), so it matches any bucketed plan of the same layout and dp.
       plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
-      params_(ops, total_ * sizeof(float)),
+      params_(ops, total_ * dtype_size(compute_)),
       grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
       held_(layout.groups.size()) {}
 

@@ -15,8 +15,17 @@
 // every chunk, concatenated in chunk order: TensorShard::shard_offset is where a
 // tensor's (padded) shard starts in it. Padding rows are always zero there.
 //
-// ShardedParamStore (ZeRO-3): parameters and gradients live only as shards.
-// acquire(g, phase) all-gathers group g into a full group buffer (allocated then, and
+// Dtypes. pack/unpack move elements of the buffers' dtype (full and packed must agree);
+// chunk_floats, shard_offset and full_offset count elements whatever the dtype. Gradients
+// and their reductions are f32.
+//
+// ShardedParamStore (ZeRO-3): parameters and gradients live only as shards. The f32
+// master shard (param_shard(), what AdamW updates and checkpoints hold) and, for a bf16
+// compute dtype, a bf16 compute shard (compute_shard(), the master rounded to nearest
+// even; the optimizer writes it through adamw_update's compute_copy) with the same
+// element layout. With f32 compute they are one buffer.
+// acquire(g, phase) all-gathers group g's compute shard (so bf16 halves the traffic)
+// into a full group buffer of the compute dtype (allocated then, and
 // kept while any acquire of g is outstanding); acquire(g, kBackward) also allocates a
 // zeroed full gradient buffer. release(g, kBackward) reduce-scatters that buffer, scales
 // by 1/dp (the loss is the mean over dp ranks) and ADDS the result to the persistent
@@ -27,8 +36,8 @@
 // stages) are no-ops. Not thread-safe; the training thread only. The layout, ops and
 // communicator must outlive the store.
 //
-// GradShardedParamStore (ZeRO-2): parameters resident and replicated over dp in one
-// flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
+// GradShardedParamStore (ZeRO-2): parameters resident (in the compute dtype) and
+// replicated over dp in one flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
 // nothing), gradients only as a persistent shard plus, during backward, one full
 // gradient buffer per group held. acquire(g, kBackward) allocates group g's zeroed full
 // gradient buffer; the matching release reduce-scatters it into the shard exactly as
@@ -129,22 +138,35 @@ void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, Dev
 
 class ShardedParamStore : public ParamStore {
  public:
-  // Shards start zero; fill them with load_param or through param_shard().
-  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  // Shards start zero; fill them with load_param, or through param_shard() followed by
+  // refresh_compute_shard(). `compute`: f32 or bf16.
+  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                    DType compute = DType::kF32);
   ~ShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
   DevPtr params(int group) override;  // CHECK: acquired
   DevPtr grads(int group) override;   // CHECK: acquired for kBackward
+  DType compute_dtype() const override { return compute_; }
 
-  // This rank's shard buffers (plan().shard_floats() floats each).
+  // This rank's shard buffers (plan().shard_floats() elements each): the f32 master
+  // parameters, the compute-dtype parameters (== param_shard() for f32) and the f32
+  // gradients.
   DevPtr param_shard() { return param_shard_.as(DType::kF32); }
+  DevPtr compute_shard() {
+    return compute_ == DType::kF32 ? param_shard() : compute_shard_.as(compute_);
+  }
+  // compute_shard = cast(param_shard) (round to nearest even), after the masters were
+  // written directly (checkpoint restore). Nothing to do for f32.
+  void refresh_compute_shard();
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
-  // Writes this rank's rows of parameter `param` from the full (TP-local) host values.
+  // Writes this rank's rows of parameter `param` from the full (TP-local) host values:
+  // the master rows and the compute rows (cast).
   void load_param(int param, const float* host_full);
-  // Collective over dp: the full (TP-local) value of parameter `param`, on the host.
+  // Collective over dp: the full (TP-local) master value of parameter `param`, on the
+  // host (f32).
   std::vector<float> gather_param(int param);
 
   // Bytes of gathered group buffers (parameters + gradients) held now, and the most held
@@ -174,7 +196,9 @@ class ShardedParamStore : public ParamStore {
   Ops& ops_;
   Communicator& dp_;
   ShardPlan plan_;
+  DType compute_ = DType::kF32;
   DeviceBuffer param_shard_;
+  DeviceBuffer compute_shard_;  // bf16 compute only
   DeviceBuffer grad_shard_;
   std::vector<Gathered> gathered_;  // by group
   size_t held_params_ = 0;
@@ -187,18 +211,19 @@ class ShardedParamStore : public ParamStore {
 class GradShardedParamStore : public ParamStore {
  public:
   // Parameters and the gradient shard start zero; fill parameters through param_data().
-  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp);
+  // `compute`: the parameters' dtype, f32 or bf16.
+  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                        DType compute = DType::kF32);
   ~GradShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
-  DevPtr params(int group) override {
-    return params_.as(DType::kF32) + layout_.groups[group].offset;
-  }
+  DevPtr params(int group) override { return param_data() + layout_.groups[group].offset; }
   DevPtr grads(int group) override;  // CHECK: acquired for kBackward (non-empty group)
+  DType compute_dtype() const override { return compute_; }
 
-  // The resident flat parameter buffer (layout.total_floats() floats).
-  DevPtr param_data() { return params_.as(DType::kF32); }
+  // The resident flat parameter buffer (layout.total_floats() elements, compute dtype).
+  DevPtr param_data() { return params_.as(compute_); }
   size_t num_floats() const { return total_; }
   // This rank's gradient shard (plan().shard_floats() floats); one chunk per group.
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
@@ -220,6 +245,7 @@ class GradShardedParamStore : public ParamStore {
   Ops& ops_;
   Communicator& dp_;
   size_t total_ = 0;
+  DType compute_ = DType::kF32;
   ShardPlan plan_;
   DeviceBuffer params_;
   DeviceBuffer grad_shard_;
