@@ -25,11 +25,20 @@
 // even; the optimizer writes it through adamw_update's compute_copy) with the same
 // element layout. With f32 compute they are one buffer.
 // acquire(g, phase) all-gathers group g's compute shard (so bf16 halves the traffic)
-// into a full group buffer of the compute dtype (allocated then, and
-// kept while any acquire of g is outstanding); acquire(g, kBackward) also allocates a
-// zeroed full gradient buffer. release(g, kBackward) reduce-scatters that buffer, scales
-// by 1/dp (the loss is the mean over dp ranks) and ADDS the result to the persistent
-// gradient shard (accumulation over micro-batches), then frees it. Collectives: one
+// into a full group buffer of the compute dtype (taken then, and kept while any acquire
+// of g is outstanding); acquire(g, kBackward) also takes a zeroed full f32 gradient
+// buffer. release(g, kBackward) reduce-scatters that buffer, scales by 1/dp (the loss is
+// the mean over dp ranks) and ADDS the result to the persistent gradient shard
+// (accumulation over micro-batches), then gives it back.
+//
+// No allocation after construction. The group buffers come from BufferStacks
+// (parallel/buffer_stack.h) sized for the most held at once, max_held_group_floats()
+// elements: one group, or group 0 on top of the head group when a tied one-stage head
+// reads wte from group 0 (head_reads_embeddings). So acquisitions must nest (release in
+// the reverse order; the model's do), and holding more CHECK-fails naming the groups.
+// The transient buffers of the collectives (the packed [dp, chunk] all-gather output,
+// the reduce-scatter pack and result, gather_param's) share one scratch buffer of
+// collective_scratch_bytes(dp, plan().max_chunk_floats()), also allocated once. Collectives: one
 // all_gather per acquire that finds g not gathered, one reduce_scatter per
 // release(kBackward), all on the dp communicator, so every dp rank must acquire and
 // release the same groups in the same order. Groups without parameters (other pipeline
@@ -39,9 +48,10 @@
 // GradShardedParamStore (ZeRO-2): parameters resident (in the compute dtype) and
 // replicated over dp in one flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
 // nothing), gradients only as a persistent shard plus, during backward, one full
-// gradient buffer per group held. acquire(g, kBackward) allocates group g's zeroed full
-// gradient buffer; the matching release reduce-scatters it into the shard exactly as
-// ZeRO-3 does (sum, 1/dp, added), then frees it. A backward acquire of a group whose
+// gradient buffer per group held. acquire(g, kBackward) takes group g's zeroed full
+// gradient buffer (from a BufferStack planned as for ZeRO-3); the matching release
+// reduce-scatters it into the shard exactly as ZeRO-3 does (sum, 1/dp, added), then
+// gives it back. A backward acquire of a group whose
 // backward buffer is already held shares that buffer (the last release reduces it); a
 // later acquire after the release gets a fresh buffer, reduced separately, which is
 // correct because accumulation is additive. So gradient memory is the shard plus the
@@ -59,6 +69,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/ops.h"
+#include "parallel/buffer_stack.h"
 #include "parallel/param_store.h"
 
 namespace trident {
@@ -129,12 +140,24 @@ void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr p
 void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full);
 // Copies this rank's rows into segment[chunk_floats]; padding zeroed.
 void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment);
-// Collective over dp: reduce-scatters the chunk's full gradients (full[...], as for
+// Collective over dp: reduce-scatters the chunk's full gradients (full[...], f32, as for
 // pack_chunk) over the dp ranks, scales the sum by 1/dp (the loss is the mean over dp)
-// and ADDS this rank's segment to shard[chunk.shard_offset ...]. Uses a transient pack
-// buffer of (dp + 1) * chunk_floats floats.
+// and ADDS this rank's segment to shard[chunk.shard_offset ...]. `scratch`: at least
+// collective_scratch_bytes(dp.size(), chunk.chunk_floats) bytes, overwritten.
 void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
-                        DevPtr shard, const std::string& label);
+                        DevPtr shard, DevPtr scratch, const std::string& label);
+
+// Bytes of the scratch one collective of a store needs for chunks of at most
+// max_chunk_floats: (dp + 1) * max_chunk_floats f32 (a reduce-scatter's [dp, chunk] pack
+// and its result; an all-gather needs dp * chunk elements of at most 4 bytes).
+size_t collective_scratch_bytes(int dp, size_t max_chunk_floats);
+// Whether the model holds group 0 and the last group at once: both non-empty (a
+// one-stage layout) and no lm_head.weight (core/param_layout.h: a tied head has no
+// weight of its own and reads wte from group 0, inside its own acquire of the head).
+bool head_reads_embeddings(const ParamLayout& layout);
+// The most group-buffer elements a ZeRO-2/3 store holds at once: the largest group's
+// num_floats, or group 0's plus the last group's when head_reads_embeddings.
+size_t max_held_group_floats(const ParamLayout& layout);
 
 class ShardedParamStore : public ParamStore {
  public:
@@ -169,9 +192,14 @@ class ShardedParamStore : public ParamStore {
   // host (f32).
   std::vector<float> gather_param(int param);
 
-  // Bytes of gathered group buffers (parameters + gradients) held now, and the most held
-  // at once since construction / reset_peak(). The transient pack buffer of a collective
-  // (dp * chunk_floats floats) is not counted.
+  // Bytes allocated at construction: the two group-buffer pools (compute-dtype
+  // parameters, f32 gradients; max_held_group_floats() elements each) and the collective
+  // scratch.
+  size_t param_pool_bytes() const { return param_pool_.capacity(); }
+  size_t grad_pool_bytes() const { return grad_pool_.capacity(); }
+  size_t scratch_bytes() const { return scratch_.bytes(); }
+  // Bytes of the pools in use now (gathered groups), and the most in use at once since
+  // construction / reset_peak(): at most the pools' sizes.
   size_t held_param_bytes() const { return held_params_; }
   size_t held_grad_bytes() const { return held_grads_; }
   size_t peak_held_bytes() const { return peak_; }
@@ -187,8 +215,8 @@ class ShardedParamStore : public ParamStore {
  private:
   struct Gathered {
     int refs = 0;  // outstanding acquires
-    DeviceBuffer params;
-    DeviceBuffer grads;  // only between acquire(kBackward) and release(kBackward)
+    DevPtr params;  // a param_pool_ slice while refs > 0
+    DevPtr grads;   // a grad_pool_ slice between acquire(kBackward) and release(kBackward)
   };
   void note_held();
 
@@ -200,6 +228,9 @@ class ShardedParamStore : public ParamStore {
   DeviceBuffer param_shard_;
   DeviceBuffer compute_shard_;  // bf16 compute only
   DeviceBuffer grad_shard_;
+  BufferStack param_pool_;
+  BufferStack grad_pool_;
+  DeviceBuffer scratch_;
   std::vector<Gathered> gathered_;  // by group
   size_t held_params_ = 0;
   size_t held_grads_ = 0;
@@ -229,8 +260,12 @@ class GradShardedParamStore : public ParamStore {
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
 
-  // Bytes of full group gradient buffers held now, and the most held at once since
-  // construction / reset_peak(). Transient pack buffers are not counted.
+  // Bytes allocated at construction: the gradient pool (max_held_group_floats() f32)
+  // and the reduce-scatter scratch.
+  size_t grad_pool_bytes() const { return grad_pool_.capacity(); }
+  size_t scratch_bytes() const { return scratch_.bytes(); }
+  // Bytes of the pool in use now (full group gradient buffers), and the most in use at
+  // once since construction / reset_peak().
   size_t held_grad_bytes() const { return held_grads_; }
   size_t peak_held_grad_bytes() const { return peak_grads_; }
   void reset_peak() { peak_grads_ = held_grads_; }
@@ -238,7 +273,7 @@ class GradShardedParamStore : public ParamStore {
  private:
   struct Held {
     int refs = 0;  // outstanding backward acquires
-    DeviceBuffer grads;
+    DevPtr grads;  // a grad_pool_ slice while refs > 0
   };
 
   const ParamLayout& layout_;
@@ -249,6 +284,8 @@ class GradShardedParamStore : public ParamStore {
   ShardPlan plan_;
   DeviceBuffer params_;
   DeviceBuffer grad_shard_;
+  BufferStack grad_pool_;
+  DeviceBuffer scratch_;
   std::vector<Held> held_;  // by group
   size_t held_grads_ = 0;
   size_t peak_grads_ = 0;
