@@ -50,9 +50,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
   // moments (stage 3's shard store keeps its own: its param_shard()).
   if (mixed() && stage_ <= 2) master_ = DeviceBuffer(ops, moment_floats * kF);
   if (stage_ == 1 || stage_ == 2) {
-    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * dtype_size(compute));
-    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * dtype_size(compute));
+    // They all-gather the updated compute weights.
+    const size_t es = dtype_size(compute);
+    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * es);
+    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * es);
   }
+  square_sum_ = DeviceBuffer(ops, sizeof(double));
 }
 
 DataParallel::~DataParallel() = default;
@@ -108,7 +111,6 @@ double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const int rank = dp_.rank();
   DevPtr shard = stage_ >= 2 ? grad_shard() : DevPtr();
-  if (square_sum_.get().is_null()) square_sum_ = DeviceBuffer(ops_, sizeof(double));
   const DevPtr acc = square_sum_.as(DType::kF64);
   ops_.zero(acc, sizeof(double));
   // Tensor by tensor in plan order, as the host sum did: the same double result.
@@ -283,24 +285,26 @@ DataParallel::OwnedState DataParallel::owned_state(int param) {
 
 DataParallel::Memory DataParallel::memory() const {
   Memory mem;
-  const size_t shard = plan_.shard_floats() * kF;
+  const size_t shard = plan_.shard_floats();
   mem.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   mem.master = mixed() ? (stage_ == 3 ? plan_.shard_floats() * kF : master_.bytes()) : 0;
   mem.comm_scratch = pack_.bytes() + segment_.bytes();
   if (sharded_) {
-    mem.params = shard + sharded_->held_param_bytes();
-    mem.grads = shard + sharded_->held_grad_bytes();
-    mem.params_peak = shard + sharded_->peak_held_param_bytes();
-    mem.grads_peak = shard + sharded_->peak_held_grad_bytes();
-    return mem;
-  }
-  mem.params = mem.params_peak = layout_.total_floats() * kF;
-  if (zero2_) {
-    mem.grads = shard + zero2_->held_grad_bytes();
-    mem.grads_peak = shard + zero2_->peak_held_grad_bytes();
+    const DType compute = sharded_->compute_dtype();
+    mem.params = shard * dtype_size(compute) + sharded_->param_pool_bytes();
+    if (compute != DType::kF32) mem.master = shard * kF;
+    mem.grads = shard * kF + sharded_->grad_pool_bytes();
+    mem.comm_scratch += sharded_->scratch_bytes();
+  } else if (zero2_) {
+    mem.params = layout_.total_floats() * dtype_size(zero2_->compute_dtype());
+    mem.grads = shard * kF + zero2_->grad_pool_bytes();
+    mem.comm_scratch += zero2_->scratch_bytes();
   } else {
-    mem.grads = mem.grads_peak = resident_->num_floats() * kF;
+    mem.params = resident_->num_floats() * dtype_size(resident_->compute_dtype());
+    mem.grads = resident_->num_floats() * kF;
   }
+  mem.params_peak = mem.params;
+  mem.grads_peak = mem.grads;
   return mem;
 }
 

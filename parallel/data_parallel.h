@@ -54,7 +54,8 @@ class DataParallel {
  public:
   // zero_stage in 0..3 (CHECK); bucket_bytes > 0. `adamw`: beta1, beta2, eps and
   // weight_decay (applied to parameters with ParamInfo::decay); its lr and step are
-  // ignored (step() takes the learning rate and counts the steps).
+  // ignored (step() takes the learning rate and counts the steps). `compute`: the
+  // stores' parameter dtype (f32, or bf16 for training.precision bf16).
   DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
                size_t bucket_bytes, const AdamWParams& adamw, DType compute = DType::kF32);
   ~DataParallel();
@@ -119,19 +120,28 @@ class DataParallel {
   };
   OwnedState owned_state(int param);
 
-  // Bytes held now for parameters (stages 0-2: the full buffer; stage 3: shard +
-  // gathered groups), gradients (stages 0-1: the full buffer; stages 2-3: shard + the
-  // full group buffers held now), AdamW moments, and the persistent pack buffers of the
-  // bucketed collectives (stages 1-2). The *_peak figures are the most params / grads
-  // held at once since construction or reset_memory_peak() (equal to the current ones
-  // for what does not change during a step). Transient collective buffers are not
-  // counted.
+  // Bytes allocated, by kind. Everything is allocated at construction and nothing in a
+  // step (the stores take group buffers from pools planned then), so the figures do not
+  // change during training:
+  //   params       compute weights (the compute dtype): stages 0-2 the resident flat
+  //                buffer; stage 3 the compute shard plus the gathered-group pool
+  //                (max_held_group_floats elements). With f32 they are the masters too.
+  //   master       fp32 master weights kept apart from the compute weights (bf16 only):
+  //                stage 3 the store's master shard.
+  //   grads        f32: stages 0-1 the flat buffer; stages 2-3 the shard plus the group
+  //                gradient pool (max_held_group_floats elements).
+  //   optimizer    AdamW moments.
+  //   comm_scratch the buffers of the dp collectives: the bucketed parameter all-gather's
+  //                pack and segment (stages 1-2, compute dtype) and the store's collective
+  //                scratch (stages 2-3, collective_scratch_bytes).
+  // params_peak / grads_peak equal params / grads (kept for readers of peaks); what the
+  // pools have in use is the stores' held_*_bytes() / peak_held_*_bytes().
   struct Memory {
-    size_t params = 0, grads = 0, optimizer = 0, comm_scratch = 0;
-    size_t master = 0;  // fp32 masters in mixed precision (0 in fp32: params are the masters)
+    size_t params = 0, master = 0, grads = 0, optimizer = 0, comm_scratch = 0;
     size_t params_peak = 0, grads_peak = 0;
   };
   Memory memory() const;
+  // Resets the stores' peak_held_* figures.
   void reset_memory_peak();
   // Number of buckets (stages 0-1: gradient all-reduces; stages 1-2: parameter
   // all-gathers; stage 3: non-empty groups), for tests/logs.
@@ -168,9 +178,10 @@ class DataParallel {
   DeviceBuffer exp_avg_sq_;
   DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()
   DeviceBuffer segment_;     // stages 1-2: plan_.max_chunk_floats()
-  // (1) double: owned_grad_square_sum's device accumulator (mutable: scratch of a const
-  // query), so the norm costs one device -> host read however many tensors there are.
-  mutable DeviceBuffer square_sum_;
+  // (1) double: owned_grad_square_sum's device accumulator (allocated at construction,
+  // written by a const query), so the norm costs one device -> host read however many
+  // tensors there are.
+  DeviceBuffer square_sum_;
 };
 
 }  // namespace trident

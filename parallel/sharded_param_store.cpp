@@ -90,12 +90,23 @@ const std::vector<int>& ShardPlan::group_chunks(int group) const {
   return group_chunks_[static_cast<size_t>(group)];
 }
 
+namespace {
+// Bytes per element of a pack/unpack pair; the two buffers must agree.
+size_t element_bytes(DevPtr a, DevPtr b) {
+  TRIDENT_CHECK_MSG(a.dtype() == b.dtype(), std::string("shard pack between ") +
+                                                dtype_name(a.dtype()) + " and " +
+                                                dtype_name(b.dtype()) + " buffers");
+  return dtype_size(a.dtype());
+}
+}  // namespace
+
 void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment) {
+  const size_t es = element_bytes(full, segment);
   for (const TensorShard& t : chunk.tensors) {
     DevPtr dst = segment + (t.shard_offset - chunk.shard_offset);
     const size_t n = t.split.owned_floats(rank);
-    ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * sizeof(float));
-    ops.zero(dst + n, (t.split.padded_floats() - n) * sizeof(float));
+    ops.copy(dst, full + t.full_offset + t.split.begin_float(rank), n * es);
+    ops.zero(dst + n, (t.split.padded_floats() - n) * es);
   }
 }
 
@@ -104,28 +115,49 @@ void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr p
 }
 
 void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full) {
+  const size_t es = element_bytes(full, packed);
   for (int r = 0; r < dp; ++r) {
     DevPtr segment = packed + r * chunk.chunk_floats;
     for (const TensorShard& t : chunk.tensors) {
       ops.copy(full + t.full_offset + t.split.begin_float(r),
                segment + (t.shard_offset - chunk.shard_offset),
-               t.split.owned_floats(r) * sizeof(float));
+               t.split.owned_floats(r) * es);
     }
   }
 }
 
+size_t collective_scratch_bytes(int dp, size_t max_chunk_floats) {
+  return (static_cast<size_t>(dp) + 1) * max_chunk_floats * sizeof(float);
+}
+
 void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
-                        DevPtr shard, const std::string& label) {
-  const int n = dp.size();
-  DeviceBuffer packed(ops, n * chunk.chunk_floats * sizeof(float));
-  DeviceBuffer mine(ops, chunk.chunk_floats * sizeof(float));
-  pack_chunk(ops, chunk, n, full, packed.as(DType::kF32));
-  dp.reduce_scatter(
-      CommBuf::device(packed.as(DType::kF32), n * chunk.chunk_floats),
-      CommBuf::device(mine.as(DType::kF32), chunk.chunk_floats), {.label = label});
+                        DevPtr shard, DevPtr scratch, const std::string& label) {
+  const size_t n = static_cast<size_t>(dp.size());
+  const DevPtr packed = scratch.as(DType::kF32);
+  const DevPtr mine = packed + n * chunk.chunk_floats;
+  pack_chunk(ops, chunk, dp.size(), full, packed);
+  dp.reduce_scatter(CommBuf::device(packed, n * chunk.chunk_floats),
+                    CommBuf::device(mine, chunk.chunk_floats), {.label = label});
   // Mean over dp ranks, then accumulate over micro-batches.
-  if (n > 1) ops.scale(mine.as(DType::kF32), 1.0f / static_cast<float>(n), chunk.chunk_floats);
-  ops.accumulate(shard + chunk.shard_offset, mine.as(DType::kF32), chunk.chunk_floats);
+  if (n > 1) ops.scale(mine, 1.0f / static_cast<float>(n), chunk.chunk_floats);
+  ops.accumulate(shard + chunk.shard_offset, mine, chunk.chunk_floats);
+}
+
+bool head_reads_embeddings(const ParamLayout& layout) {
+  if (layout.groups.size() < 2) return false;
+  return !layout.groups.front().params.empty() && !layout.groups.back().params.empty() &&
+         layout.find("lm_head.weight") == nullptr;
+}
+
+size_t max_held_group_floats(const ParamLayout& layout) {
+  size_t most = 0;
+  for (const ParamGroup& g : layout.groups) {
+    if (!g.params.empty()) most = std::max(most, g.num_floats);
+  }
+  if (head_reads_embeddings(layout)) {
+    most = std::max(most, layout.groups.front().num_floats + layout.groups.back().num_floats);
+  }
+  return most;
 }
 
 namespace {
@@ -134,17 +166,36 @@ std::vector<size_t> group_offsets(const ParamLayout& layout) {
   for (const ParamGroup& g : layout.groups) base.push_back(g.offset);
   return base;
 }
+
+std::string group_name(const char* what, int group) {
+  return std::string(what) + " of group " + std::to_string(group);
+}
 }  // namespace
 
-ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int)
+ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
+                                     DType compute)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
       // One chunk per group: a group moves in one collective.
       plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
+      compute_((check_compute_dtype(compute), compute)),
       param_shard_(ops, plan_.shard_floats() * sizeof(float)),
       grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
-      gathered_(layout.groups.size()) {}
+      param_pool_(ops, max_held_group_floats(layout) * dtype_size(compute_),
+                  "zero3 gathered parameters"),
+      grad_pool_(ops, max_held_group_floats(layout) * sizeof(float), "zero3 group gradients"),
+      scratch_(ops, collective_scratch_bytes(dp.size(), plan_.max_chunk_floats())),
+      gathered_(layout.groups.size()) {
+  if (compute_ != DType::kF32) {
+    compute_shard_ = DeviceBuffer(ops, plan_.shard_floats() * dtype_size(compute_));
+  }
+}
+
+void ShardedParamStore::refresh_compute_shard() {
+  if (compute_ == DType::kF32) return;
+  ops_.cast(compute_shard(), param_shard(), plan_.shard_floats());
+}
 
 void ShardedParamStore::note_held() {
   peak_ = std::max(peak_, held_params_ + held_grads_);
@@ -156,26 +207,32 @@ void ShardedParamStore::acquire(int group, Phase phase) {
   const std::vector<int>& chunks = plan_.group_chunks(group);
   if (chunks.empty()) return;
   Gathered& g = gathered_[static_cast<size_t>(group)];
-  const size_t bytes = layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
+  const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
   const int dp = dp_.size();
   if (g.refs++ == 0) {
-    g.params = DeviceBuffer(ops_, bytes);
+    const size_t bytes = floats * dtype_size(compute_);
+    // Zeroed: the alignment gaps between tensors read zero, as in a resident buffer (the
+    // slice last held another group).
+    g.params = param_pool_.push(bytes, /*zeroed=*/true, group_name("parameters", group))
+                   .as(compute_);
     held_params_ += bytes;
     note_held();
+    const DevPtr packed = scratch_.as(compute_);
     for (int c : chunks) {
       const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
-      DeviceBuffer packed(ops_, dp * chunk.chunk_floats * sizeof(float));
       dp_.all_gather(
-          CommBuf::device((param_shard() + chunk.shard_offset), chunk.chunk_floats),
-          CommBuf::device(packed.as(DType::kF32), dp * chunk.chunk_floats),
+          CommBuf::device((compute_shard() + chunk.shard_offset), chunk.chunk_floats),
+          CommBuf::device(packed, dp * chunk.chunk_floats),
           {.label = "zero3 gather group " + std::to_string(group)});
-      unpack_chunk(ops_, chunk, dp, packed.as(DType::kF32), g.params.as(DType::kF32));
+      unpack_chunk(ops_, chunk, dp, packed, g.params);
     }
   }
   if (phase == Phase::kBackward) {
-    TRIDENT_CHECK_MSG(g.grads.get().is_null(),
+    TRIDENT_CHECK_MSG(g.grads.is_null(),
                       "group " + std::to_string(group) + " acquired twice for backward");
-    g.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
+    const size_t bytes = floats * sizeof(float);
+    g.grads = grad_pool_.push(bytes, /*zeroed=*/true, group_name("gradients", group))
+                  .as(DType::kF32);
     held_grads_ += bytes;
     note_held();
   }
@@ -187,18 +244,22 @@ void ShardedParamStore::release(int group, Phase phase) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0, "group " + std::to_string(group) + " released, not acquired");
   if (phase == Phase::kBackward) {
-    TRIDENT_CHECK_MSG(!g.grads.get().is_null(),
+    TRIDENT_CHECK_MSG(!g.grads.is_null(),
                       "group " + std::to_string(group) + " released for backward, not acquired");
     for (int c : chunks) {
-      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads.as(DType::kF32),
-                         grad_shard(), "zero3 reduce group " + std::to_string(group));
+      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads, grad_shard(),
+                         scratch_.get(), "zero3 reduce group " + std::to_string(group));
     }
-    held_grads_ -= g.grads.bytes();
-    g.grads.reset();
+    const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
+    grad_pool_.pop(g.grads);
+    held_grads_ -= floats * sizeof(float);
+    g.grads = DevPtr();
   }
   if (--g.refs == 0) {
-    held_params_ -= g.params.bytes();
-    g.params.reset();
+    const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
+    param_pool_.pop(g.params);
+    held_params_ -= floats * dtype_size(compute_);
+    g.params = DevPtr();
   }
 }
 
@@ -206,21 +267,25 @@ DevPtr ShardedParamStore::params(int group) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(g.refs > 0 || plan_.group_chunks(group).empty(),
                     "params of group " + std::to_string(group) + " read while not acquired");
-  return g.params.as(DType::kF32);
+  return g.params;
 }
 
 DevPtr ShardedParamStore::grads(int group) {
   Gathered& g = gathered_[static_cast<size_t>(group)];
-  TRIDENT_CHECK_MSG(!g.grads.get().is_null() || plan_.group_chunks(group).empty(),
+  TRIDENT_CHECK_MSG(!g.grads.is_null() || plan_.group_chunks(group).empty(),
                     "grads of group " + std::to_string(group) + " used outside backward");
-  return g.grads.as(DType::kF32);
+  return g.grads;
 }
 
 void ShardedParamStore::load_param(int param, const float* host_full) {
   const TensorShard& t = plan_.tensor(param);
   const int rank = dp_.rank();
+  const size_t n = t.split.owned_floats(rank);
   ops_.upload(param_shard() + t.shard_offset, host_full + t.split.begin_float(rank),
-              t.split.owned_floats(rank) * sizeof(float));
+              n * sizeof(float));
+  if (compute_ != DType::kF32) {
+    ops_.cast(compute_shard() + t.shard_offset, param_shard() + t.shard_offset, n);
+  }
 }
 
 std::vector<float> ShardedParamStore::gather_param(int param) {
@@ -230,30 +295,34 @@ std::vector<float> ShardedParamStore::gather_param(int param) {
   std::vector<float> out(numel);
   if (padded == 0) return out;
   const int dp = dp_.size();
-  DeviceBuffer gathered(ops_, dp * padded * sizeof(float));
+  // padded <= the chunk of its group, so the scratch holds dp of them.
+  const DevPtr gathered = scratch_.as(DType::kF32);
   dp_.all_gather(CommBuf::device((param_shard() + t.shard_offset), padded),
-                 CommBuf::device(gathered.as(DType::kF32), dp * padded),
+                 CommBuf::device(gathered, dp * padded),
                  {.label = "gather " + layout_.params[static_cast<size_t>(param)].name});
   // Rank r's rows start at row r * rows_per_rank, so the padded segments laid end to end
   // are the tensor followed by padding.
-  ops_.download(out.data(), gathered.as(DType::kF32), numel * sizeof(float));
+  ops_.download(out.data(), gathered, numel * sizeof(float));
   return out;
 }
 
 // ---- ZeRO-2 ------------------------------------------------------------------------------
 
 GradShardedParamStore::GradShardedParamStore(const ParamLayout& layout, Ops& ops,
-                                             Communicator& dp, int)
+                                             Communicator& dp, DType compute)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
       total_(layout.total_floats()),
+      compute_((check_compute_dtype(compute), compute)),
       // One chunk per group: a group's gradients move in one collective. The shard
       // buffer's layout does not depend on the chunking (padded shards in group, offset
       // order), so it matches any bucketed plan of the same layout and dp.
       plan_(layout, dp.size(), group_offsets(layout), static_cast<size_t>(-1)),
-      params_(ops, total_ * sizeof(float)),
+      params_(ops, total_ * dtype_size(compute_)),
       grad_shard_(ops, plan_.shard_floats() * sizeof(float)),
+      grad_pool_(ops, max_held_group_floats(layout) * sizeof(float), "zero2 group gradients"),
+      scratch_(ops, collective_scratch_bytes(dp.size(), plan_.max_chunk_floats())),
       held_(layout.groups.size()) {}
 
 void GradShardedParamStore::acquire(int group, Phase phase) {
@@ -261,7 +330,8 @@ void GradShardedParamStore::acquire(int group, Phase phase) {
   Held& h = held_[static_cast<size_t>(group)];
   if (h.refs++ > 0) return;  // nested: accumulate into the buffer already held
   const size_t bytes = layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
-  h.grads = DeviceBuffer(ops_, bytes);  // zero-filled (Ops::allocate)
+  h.grads = grad_pool_.push(bytes, /*zeroed=*/true, group_name("gradients", group))
+                .as(DType::kF32);
   held_grads_ += bytes;
   peak_grads_ = std::max(peak_grads_, held_grads_);
 }
@@ -273,18 +343,19 @@ void GradShardedParamStore::release(int group, Phase phase) {
                     "group " + std::to_string(group) + " released for backward, not acquired");
   if (--h.refs > 0) return;
   for (int c : plan_.group_chunks(group)) {
-    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads.as(DType::kF32),
-                       grad_shard(), "zero2 reduce group " + std::to_string(group));
+    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads, grad_shard(),
+                       scratch_.get(), "zero2 reduce group " + std::to_string(group));
   }
-  held_grads_ -= h.grads.bytes();
-  h.grads.reset();
+  grad_pool_.pop(h.grads);
+  held_grads_ -= layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
+  h.grads = DevPtr();
 }
 
 DevPtr GradShardedParamStore::grads(int group) {
   const Held& h = held_[static_cast<size_t>(group)];
   TRIDENT_CHECK_MSG(h.refs > 0 || plan_.group_chunks(group).empty(),
                     "grads of group " + std::to_string(group) + " used outside backward");
-  return h.grads.as(DType::kF32);
+  return h.grads;
 }
 
 }  // namespace trident

@@ -15,24 +15,43 @@
 // every chunk, concatenated in chunk order: TensorShard::shard_offset is where a
 // tensor's (padded) shard starts in it. Padding rows are always zero there.
 //
-// ShardedParamStore (ZeRO-3): parameters and gradients live only as shards.
-// acquire(g, phase) all-gathers group g into a full group buffer (allocated then, and
-// kept while any acquire of g is outstanding); acquire(g, kBackward) also allocates a
-// zeroed full gradient buffer. release(g, kBackward) reduce-scatters that buffer, scales
-// by 1/dp (the loss is the mean over dp ranks) and ADDS the result to the persistent
-// gradient shard (accumulation over micro-batches), then frees it. Collectives: one
+// Dtypes. pack/unpack move elements of the buffers' dtype (full and packed must agree);
+// chunk_floats, shard_offset and full_offset count elements whatever the dtype. Gradients
+// and their reductions are f32.
+//
+// ShardedParamStore (ZeRO-3): parameters and gradients live only as shards. The f32
+// master shard (param_shard(), what AdamW updates and checkpoints hold) and, for a bf16
+// compute dtype, a bf16 compute shard (compute_shard(), the master rounded to nearest
+// even; the optimizer writes it through adamw_update's compute_copy) with the same
+// element layout. With f32 compute they are one buffer.
+// acquire(g, phase) all-gathers group g's compute shard (so bf16 halves the traffic)
+// into a full group buffer of the compute dtype (taken then, and kept while any acquire
+// of g is outstanding); acquire(g, kBackward) also takes a zeroed full f32 gradient
+// buffer. release(g, kBackward) reduce-scatters that buffer, scales by 1/dp (the loss is
+// the mean over dp ranks) and ADDS the result to the persistent gradient shard
+// (accumulation over micro-batches), then gives it back.
+//
+// No allocation after construction. The group buffers come from BufferStacks
+// (parallel/buffer_stack.h) sized for the most held at once, max_held_group_floats()
+// elements: one group, or group 0 on top of the head group when a tied one-stage head
+// reads wte from group 0 (head_reads_embeddings). So acquisitions must nest (release in
+// the reverse order; the model's do), and holding more CHECK-fails naming the groups.
+// The transient buffers of the collectives (the packed [dp, chunk] all-gather output,
+// the reduce-scatter pack and result, gather_param's) share one scratch buffer of
+// collective_scratch_bytes(dp, plan().max_chunk_floats()), also allocated once. Collectives: one
 // all_gather per acquire that finds g not gathered, one reduce_scatter per
 // release(kBackward), all on the dp communicator, so every dp rank must acquire and
 // release the same groups in the same order. Groups without parameters (other pipeline
 // stages) are no-ops. Not thread-safe; the training thread only. The layout, ops and
 // communicator must outlive the store.
 //
-// GradShardedParamStore (ZeRO-2): parameters resident and replicated over dp in one
-// flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
+// GradShardedParamStore (ZeRO-2): parameters resident (in the compute dtype) and
+// replicated over dp in one flat buffer (as ResidentParamStore: group g at groups[g].offset; acquire gathers
 // nothing), gradients only as a persistent shard plus, during backward, one full
-// gradient buffer per group held. acquire(g, kBackward) allocates group g's zeroed full
-// gradient buffer; the matching release reduce-scatters it into the shard exactly as
-// ZeRO-3 does (sum, 1/dp, added), then frees it. A backward acquire of a group whose
+// gradient buffer per group held. acquire(g, kBackward) takes group g's zeroed full
+// gradient buffer (from a BufferStack planned as for ZeRO-3); the matching release
+// reduce-scatters it into the shard exactly as ZeRO-3 does (sum, 1/dp, added), then
+// gives it back. A backward acquire of a group whose
 // backward buffer is already held shares that buffer (the last release reduces it); a
 // later acquire after the release gets a fresh buffer, reduced separately, which is
 // correct because accumulation is additive. So gradient memory is the shard plus the
@@ -49,8 +68,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/check.h"
 #include "kernels/ops.h"
+#include "parallel/buffer_stack.h"
 #include "parallel/param_store.h"
 
 namespace trident {
@@ -121,44 +140,66 @@ void pack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr full, DevPtr p
 void unpack_chunk(Ops& ops, const ShardChunk& chunk, int dp, DevPtr packed, DevPtr full);
 // Copies this rank's rows into segment[chunk_floats]; padding zeroed.
 void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr segment);
-// Collective over dp: reduce-scatters the chunk's full gradients (full[...], as for
+// Collective over dp: reduce-scatters the chunk's full gradients (full[...], f32, as for
 // pack_chunk) over the dp ranks, scales the sum by 1/dp (the loss is the mean over dp)
-// and ADDS this rank's segment to shard[chunk.shard_offset ...]. Uses a transient pack
-// buffer of (dp + 1) * chunk_floats floats.
+// and ADDS this rank's segment to shard[chunk.shard_offset ...]. `scratch`: at least
+// collective_scratch_bytes(dp.size(), chunk.chunk_floats) bytes, overwritten.
 void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
-                        DevPtr shard, const std::string& label);
+                        DevPtr shard, DevPtr scratch, const std::string& label);
+
+// Bytes of the scratch one collective of a store needs for chunks of at most
+// max_chunk_floats: (dp + 1) * max_chunk_floats f32 (a reduce-scatter's [dp, chunk] pack
+// and its result; an all-gather needs dp * chunk elements of at most 4 bytes).
+size_t collective_scratch_bytes(int dp, size_t max_chunk_floats);
+// Whether the model holds group 0 and the last group at once: both non-empty (a
+// one-stage layout) and no lm_head.weight (core/param_layout.h: a tied head has no
+// weight of its own and reads wte from group 0, inside its own acquire of the head).
+bool head_reads_embeddings(const ParamLayout& layout);
+// The most group-buffer elements a ZeRO-2/3 store holds at once: the largest group's
+// num_floats, or group 0's plus the last group's when head_reads_embeddings.
+size_t max_held_group_floats(const ParamLayout& layout);
 
 class ShardedParamStore : public ParamStore {
  public:
-  // Shards start zero; fill them with load_param or through param_shard().
-  // SHIM (lead, replaced by the store branch): f32 only.
+  // Shards start zero; fill them with load_param, or through param_shard() followed by
+  // refresh_compute_shard(). `compute`: f32 or bf16.
   ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
-                    DType compute = DType::kF32)
-      : ShardedParamStore(layout, ops, dp, 0) {
-    TRIDENT_CHECK(compute == DType::kF32);
-  }
-  ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int);
-  DType compute_dtype() const override { return DType::kF32; }
-  DevPtr compute_shard() { return param_shard(); }
+                    DType compute = DType::kF32);
   ~ShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
   DevPtr params(int group) override;  // CHECK: acquired
   DevPtr grads(int group) override;   // CHECK: acquired for kBackward
+  DType compute_dtype() const override { return compute_; }
 
-  // This rank's shard buffers (plan().shard_floats() floats each).
+  // This rank's shard buffers (plan().shard_floats() elements each): the f32 master
+  // parameters, the compute-dtype parameters (== param_shard() for f32) and the f32
+  // gradients.
   DevPtr param_shard() { return param_shard_.as(DType::kF32); }
+  DevPtr compute_shard() {
+    return compute_ == DType::kF32 ? param_shard() : compute_shard_.as(compute_);
+  }
+  // compute_shard = cast(param_shard) (round to nearest even), after the masters were
+  // written directly (checkpoint restore). Nothing to do for f32.
+  void refresh_compute_shard();
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
-  // Writes this rank's rows of parameter `param` from the full (TP-local) host values.
+  // Writes this rank's rows of parameter `param` from the full (TP-local) host values:
+  // the master rows and the compute rows (cast).
   void load_param(int param, const float* host_full);
-  // Collective over dp: the full (TP-local) value of parameter `param`, on the host.
+  // Collective over dp: the full (TP-local) master value of parameter `param`, on the
+  // host (f32).
   std::vector<float> gather_param(int param);
 
-  // Bytes of gathered group buffers (parameters + gradients) held now, and the most held
-  // at once since construction / reset_peak(). The transient pack buffer of a collective
-  // (dp * chunk_floats floats) is not counted.
+  // Bytes allocated at construction: the two group-buffer pools (compute-dtype
+  // parameters, f32 gradients; max_held_group_floats() elements each) and the collective
+  // scratch.
+  size_t param_pool_bytes() const { return param_pool_.capacity(); }
+  size_t grad_pool_bytes() const { return grad_pool_.capacity(); }
+  size_t scratch_bytes() const { return scratch_.bytes(); }
+  // Bytes of the pools in use now (gathered groups), and the most in use at once since
+  // construction / reset_peak(): at most the pools' sizes.
   size_t held_param_bytes() const { return held_params_; }
   size_t held_grad_bytes() const { return held_grads_; }
   size_t peak_held_bytes() const { return peak_; }
@@ -174,8 +215,8 @@ class ShardedParamStore : public ParamStore {
  private:
   struct Gathered {
     int refs = 0;  // outstanding acquires
-    DeviceBuffer params;
-    DeviceBuffer grads;  // only between acquire(kBackward) and release(kBackward)
+    DevPtr params;  // a param_pool_ slice while refs > 0
+    DevPtr grads;   // a grad_pool_ slice between acquire(kBackward) and release(kBackward)
   };
   void note_held();
 
@@ -183,8 +224,13 @@ class ShardedParamStore : public ParamStore {
   Ops& ops_;
   Communicator& dp_;
   ShardPlan plan_;
+  DType compute_ = DType::kF32;
   DeviceBuffer param_shard_;
+  DeviceBuffer compute_shard_;  // bf16 compute only
   DeviceBuffer grad_shard_;
+  BufferStack param_pool_;
+  BufferStack grad_pool_;
+  DeviceBuffer scratch_;
   std::vector<Gathered> gathered_;  // by group
   size_t held_params_ = 0;
   size_t held_grads_ = 0;
@@ -196,31 +242,30 @@ class ShardedParamStore : public ParamStore {
 class GradShardedParamStore : public ParamStore {
  public:
   // Parameters and the gradient shard start zero; fill parameters through param_data().
+  // `compute`: the parameters' dtype, f32 or bf16.
   GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
-                        DType compute = DType::kF32)
-      : GradShardedParamStore(layout, ops, dp, 0) {
-    TRIDENT_CHECK(compute == DType::kF32);
-  }
-  GradShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp, int);
-  DType compute_dtype() const override { return DType::kF32; }
+                        DType compute = DType::kF32);
   ~GradShardedParamStore() override = default;
 
   void acquire(int group, Phase phase) override;
   void release(int group, Phase phase) override;
-  DevPtr params(int group) override {
-    return params_.as(DType::kF32) + layout_.groups[group].offset;
-  }
+  DevPtr params(int group) override { return param_data() + layout_.groups[group].offset; }
   DevPtr grads(int group) override;  // CHECK: acquired for kBackward (non-empty group)
+  DType compute_dtype() const override { return compute_; }
 
-  // The resident flat parameter buffer (layout.total_floats() floats).
-  DevPtr param_data() { return params_.as(DType::kF32); }
+  // The resident flat parameter buffer (layout.total_floats() elements, compute dtype).
+  DevPtr param_data() { return params_.as(compute_); }
   size_t num_floats() const { return total_; }
   // This rank's gradient shard (plan().shard_floats() floats); one chunk per group.
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
 
-  // Bytes of full group gradient buffers held now, and the most held at once since
-  // construction / reset_peak(). Transient pack buffers are not counted.
+  // Bytes allocated at construction: the gradient pool (max_held_group_floats() f32)
+  // and the reduce-scatter scratch.
+  size_t grad_pool_bytes() const { return grad_pool_.capacity(); }
+  size_t scratch_bytes() const { return scratch_.bytes(); }
+  // Bytes of the pool in use now (full group gradient buffers), and the most in use at
+  // once since construction / reset_peak().
   size_t held_grad_bytes() const { return held_grads_; }
   size_t peak_held_grad_bytes() const { return peak_grads_; }
   void reset_peak() { peak_grads_ = held_grads_; }
@@ -228,16 +273,19 @@ class GradShardedParamStore : public ParamStore {
  private:
   struct Held {
     int refs = 0;  // outstanding backward acquires
-    DeviceBuffer grads;
+    DevPtr grads;  // a grad_pool_ slice while refs > 0
   };
 
   const ParamLayout& layout_;
   Ops& ops_;
   Communicator& dp_;
   size_t total_ = 0;
+  DType compute_ = DType::kF32;
   ShardPlan plan_;
   DeviceBuffer params_;
   DeviceBuffer grad_shard_;
+  BufferStack grad_pool_;
+  DeviceBuffer scratch_;
   std::vector<Held> held_;  // by group
   size_t held_grads_ = 0;
   size_t peak_grads_ = 0;

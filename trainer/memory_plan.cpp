@@ -324,8 +324,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
       g.embedding.floats() + g.local_layers * g.layer.floats() + g.head.floats();
   const double shard_floats = g.embedding.shard_floats(dp) +
                               g.local_layers * g.layer.shard_floats(dp) + g.head.shard_floats(dp);
-  // The group buffers a ZeRO-2/3 store holds at once: one group, or the head together
-  // with the embeddings when a one-stage model's head is tied to wte.
+  // The group buffers a ZeRO-2/3 store's pools hold at once (max_held_group_floats): one
+  // group, or the head together with the embeddings when a one-stage model's head is tied
+  // to wte.
   double held = std::max(
       {g.embedding.floats(), g.local_layers > 0 ? g.layer.floats() : 0.0, g.head.floats()});
   if (c.tied() && part.first_stage() && part.last_stage()) {
@@ -357,16 +358,18 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
                   g.head.max_chunk_floats(dp, bucket)});
     m.comm_buffers = (dp + 1) * chunk * kA;  // they gather compute weights
   }
-  // Short-lived: the host copy of one tensor while initialising (or loading), and for
-  // ZeRO-2/3 the [dp + 1, chunk] packs of one group's gather / reduce-scatter.
+  if (stage >= 2) {
+    // The store's collective scratch (collective_scratch_bytes): the [dp + 1, chunk] f32
+    // pack of one group's reduce-scatter (a group is one chunk), which its all-gathers
+    // reuse.
+    const double group_chunk =
+        std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
+    m.comm_buffers += (dp + 1) * group_chunk * kF;
+  }
+  // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =
       std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.head.largest_tensor()}) *
       kF;
-  if (stage >= 2) {
-    const double group_chunk =
-        std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
-    m.transient = std::max(m.transient, (dp + 1) * group_chunk * kF);
-  }
   // A checkpoint copies the saved rows (parameter, two moments) to host memory: ZeRO-0
   // state is saved by dp rank 0 alone, sharded state by every rank.
   m.checkpoint = 3 * (stage == 0 ? (dp_rank == 0 ? total_floats : 0.0) : shard_floats) * kF;

@@ -9,16 +9,18 @@
 //   params, master, grads,    = DataParallel::memory() params_peak, master, grads_peak,
 //   optimizer                   optimizer
 //                               (parallel/data_parallel.h; ZeRO stage aware: stage 3
-//                               counts the shard plus the groups gathered at once, stages
-//                               2-3 the gradient shard plus the group buffers held in
-//                               backward)
+//                               counts the shard plus the pool of the groups gathered at
+//                               once, stages 2-3 the gradient shard plus the pool of the
+//                               group gradients held in backward; all allocated at start)
 //   activations               = Transformer::activation_bytes() with
 //                               PipelineExecutor::required_slots() slots (the attention
 //                               state is sized by the backend: Ops::attention_state_bytes)
 //   other.comm_buffers        = DataParallel::memory().comm_scratch
+//                               (bucketed parameter all-gather, stages 1-2, plus the ZeRO-2/3
+//                               store's collective scratch)
 // The rest of `other` is an estimate of what the trainer holds besides: the model's
-// backward scratch (exact), the largest transient buffer (ZeRO gather/reduce-scatter
-// packs, the host staging of one tensor at initialisation) and tables (parameter
+// backward scratch (exact), the largest transient buffer (the host staging of one tensor
+// at initialisation) and tables (parameter
 // layout, pipeline schedule, token buffers). `checkpoint` is the host snapshot every
 // save takes (checkpoint/writer.h): the parameters and both moments of the rows this
 // rank saves; a run that fits only without it would die at its first save.
@@ -54,7 +56,7 @@ struct RankMemory {
   double checkpoint = 0;    // host snapshot of a checkpoint (saved rows: param, 2 moments)
   double other = 0;         // = scratch + comm_buffers + transient + tables
   double scratch = 0;       // the model's backward scratch (shared by all slots)
-  double comm_buffers = 0;  // persistent pack buffers of the bucketed collectives
+  double comm_buffers = 0;  // persistent buffers of the dp collectives
   double transient = 0;     // the largest short-lived buffer
   double tables = 0;        // parameter tables, pipeline schedule, token buffers
   double total = 0;  // params + master + grads + optimizer + activations + checkpoint + other

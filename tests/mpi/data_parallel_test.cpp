@@ -182,15 +182,44 @@ void run_case(const Case& c) {
     EXPECT_EQ(ddp.num_buckets(), c.expected_buckets);
   }
 
-  // Memory at rest, from the formulas of parallel/data_parallel.h.
+  // Memory, from the formulas of parallel/data_parallel.h: everything is allocated at
+  // construction, the ZeRO-2/3 pools sized for one group (this layout's last group is
+  // empty: no head reads group 0), so the figures never change below.
   const size_t F = sizeof(float);
   const bool grads_sharded = c.stage >= 2;
-  const DataParallel::Memory mem = ddp.memory();
-  EXPECT_EQ(mem.params, (c.stage == 3 ? shard : total) * F);
-  EXPECT_EQ(mem.grads, (grads_sharded ? shard : total) * F);
+  EXPECT_EQ(max_held_group_floats(layout), max_group);
+  DataParallel::Memory mem = ddp.memory();
+  EXPECT_EQ(mem.params, (c.stage == 3 ? shard + max_group : total) * F);
+  EXPECT_EQ(mem.master, 0u);  // f32: the parameters are the masters
+  EXPECT_EQ(mem.grads, (grads_sharded ? shard + max_group : total) * F);
   EXPECT_EQ(mem.params_peak, mem.params);
   EXPECT_EQ(mem.grads_peak, mem.grads);
   EXPECT_EQ(mem.optimizer, 2 * (c.stage == 0 ? total : shard) * F);
+  // The largest group's padded shard: a ZeRO-2/3 store moves a group in one chunk.
+  size_t max_chunk = 0;
+  for (const ParamGroup& g : layout.groups) {
+    size_t chunk = 0;
+    for (int k : g.params) {
+      chunk += row_split(layout.params[static_cast<size_t>(k)].local_shape, n).padded_floats();
+    }
+    max_chunk = std::max(max_chunk, chunk);
+  }
+  // Stages 2-3: the store's collective scratch, (dp + 1) group chunks of f32.
+  if (c.stage == 2) {
+    EXPECT_EQ(ddp.grad_sharded()->scratch_bytes(), (n + 1) * max_chunk * F);
+  }
+  if (c.stage == 3) {
+    EXPECT_EQ(mem.comm_scratch, (n + 1) * max_chunk * F);
+  }
+  const auto held_params = [&] { return c.stage == 3 ? ddp.sharded()->held_param_bytes() : 0; };
+  const auto held_grads = [&] {
+    return c.stage == 3 ? ddp.sharded()->held_grad_bytes()
+                        : c.stage == 2 ? ddp.grad_sharded()->held_grad_bytes() : 0;
+  };
+  const auto peak_held_grads = [&] {
+    return c.stage == 3 ? ddp.sharded()->peak_held_grad_bytes()
+                        : c.stage == 2 ? ddp.grad_sharded()->peak_held_grad_bytes() : 0;
+  };
 
   ParamStore& store = ddp.store();
   for (int step = 1; step <= kSteps; ++step) {
@@ -214,9 +243,11 @@ void run_case(const Case& c) {
         store.release(gi, Phase::kForward);
         store.acquire(gi, Phase::kBackward);
         if (grads_sharded && !group.params.empty()) {
-          // One group's full gradient in flight on top of the shard.
-          EXPECT_EQ(ddp.memory().params, (c.stage == 3 ? shard + group.num_floats : total) * F);
-          EXPECT_EQ(ddp.memory().grads, (shard + group.num_floats) * F);
+          // One group's full gradient in flight, from the pool: nothing allocated.
+          EXPECT_EQ(held_params(), c.stage == 3 ? group.num_floats * F : 0);
+          EXPECT_EQ(held_grads(), group.num_floats * F);
+          EXPECT_EQ(ddp.memory().params, mem.params);
+          EXPECT_EQ(ddp.memory().grads, mem.grads);
         }
         for (int k : group.params) {
           const ParamInfo& info = layout.params[static_cast<size_t>(k)];
@@ -263,7 +294,7 @@ void run_case(const Case& c) {
         EXPECT_EQ(ag, sharded);
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), kMicroBatches * 2);
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), buckets);
-        EXPECT_EQ(ddp.memory().grads, shard * F);  // every group released
+        EXPECT_EQ(held_grads(), 0u);  // every group released
         break;
       case 3:
         EXPECT_EQ(ar, 0);
@@ -272,18 +303,21 @@ void run_case(const Case& c) {
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), 2 * kMicroBatches * 2);
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), kMicroBatches * 2);
         EXPECT_EQ(ddp.sharded()->peak_held_bytes(), 2 * max_group * F);
-        EXPECT_EQ(ddp.memory().params, shard * F);  // everything released
-        EXPECT_EQ(ddp.memory().params_peak, (shard + max_group) * F);
+        EXPECT_EQ(held_params(), 0u);  // everything released
+        EXPECT_EQ(ddp.sharded()->peak_held_param_bytes(), max_group * F);
+        EXPECT_EQ(ddp.memory().params, mem.params);
         break;
     }
     if (grads_sharded) {
       // Gradient memory is divided by dp up to padding (< one row per tensor) and one
-      // group's full gradient in flight.
+      // group's full gradient in flight, which the pool held at its peak.
       const DataParallel::Memory m = ddp.memory();
       EXPECT_EQ(m.grads_peak, (shard + max_group) * F);
       EXPECT_LE(m.grads_peak, (numel / n + row_elems + max_group) * F);
+      EXPECT_EQ(peak_held_grads(), max_group * F);
       ddp.reset_memory_peak();
-      EXPECT_EQ(ddp.memory().grads_peak, shard * F);
+      EXPECT_EQ(peak_held_grads(), 0u);
+      EXPECT_EQ(ddp.memory().grads, mem.grads);
     }
 
     // Every element counted once over dp.

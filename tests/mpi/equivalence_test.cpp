@@ -171,18 +171,6 @@ void check_case(Arch arch, const Case& c) {
   EXPECT_LT(std::sqrt(num / den), 1e-5) << "all parameters";
 }
 
-// Every layout of cases_for_world in bf16, each ZeRO stage, 1F1B (the schedule does not
-// change what is rounded where).
-std::vector<Case> bf16_cases_for_world(int n) {
-  std::vector<Case> cases;
-  for (Case c : cases_for_world(n)) {
-    if (c.schedule != PipeSchedule::kOneFOneB) continue;
-    c.bf16 = true;
-    cases.push_back(c);
-  }
-  return cases;
-}
-
 std::vector<Case> cases_for_world(int n) {
   std::vector<Layout> layouts;
   if (n == 2) layouts = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
@@ -197,6 +185,18 @@ std::vector<Case> cases_for_world(int n) {
         cases.push_back({l, z, s});
       }
     }
+  }
+  return cases;
+}
+
+// Every layout of cases_for_world in bf16, each ZeRO stage, 1F1B (the schedule does not
+// change what is rounded where).
+std::vector<Case> bf16_cases_for_world(int n) {
+  std::vector<Case> cases;
+  for (Case c : cases_for_world(n)) {
+    if (c.schedule != PipeSchedule::kOneFOneB) continue;
+    c.bf16 = true;
+    cases.push_back(c);
   }
   return cases;
 }

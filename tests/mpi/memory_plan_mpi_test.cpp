@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/mpi/mpi_test_util.h"
+#include "parallel/data_parallel.h"
 #include "trainer/memory_plan.h"
 #include "trainer/trainer.h"
 
@@ -76,6 +77,80 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
       }
     }
   }
+}
+
+// What a DataParallel allocates over a real dp group (the world) equals the plan, in both
+// precisions (bf16: 2-byte compute weights, the ZeRO-3 compute shard and gathered pool
+// too, f32 masters/gradients/moments), for every rank of tp x pp partitions of the
+// model (only the sizes matter: no tp or pp communicator is needed), and every byte
+// allocated is in one of DataParallel::Memory's kinds.
+TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
+  const int n = test::world().size();
+  int checked = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int tp : {1, 2}) {
+      for (int pp : {1, 2}) {
+        for (int zero = 0; zero <= 3; ++zero) {
+          for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+            Config c;
+            c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
+            c.model.vocab_size = 200;
+            c.model.seq_len = 12;
+            c.model.n_layers = 3;
+            c.model.n_heads = 4;
+            c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
+            c.model.d_model = 40;
+            c.model.finalize();
+            c.parallel.dp = n;
+            c.parallel.tp = tp;
+            c.parallel.pp = pp;
+            c.parallel.zero_stage = zero;
+            c.parallel.micro_batch_size = 1;
+            c.parallel.bucket_mb = 1;
+            c.training.global_batch_size = n;
+            c.training.precision = precision;
+            const DType compute = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+            const std::vector<int> counts = stage_layer_counts(c.model.n_layers, pp, {});
+            int layer = 0;
+            for (int pr = 0; pr < pp; ++pr) {
+              for (int tr = 0; tr < tp; ++tr) {
+                SCOPED_TRACE(arch + " dp" + std::to_string(n) + " tp" + std::to_string(tp) +
+                             " pp" + std::to_string(pp) + " zero" + std::to_string(zero) +
+                             " stage " + std::to_string(pr) + " " + dtype_name(compute));
+                ModelPartition part;
+                part.tp_rank = tr;
+                part.tp_size = tp;
+                part.pp_rank = pr;
+                part.pp_size = pp;
+                part.layer_begin = layer;
+                part.layer_end = layer + counts[static_cast<size_t>(pr)];
+                const ParamLayout layout = Transformer::plan_params(c.model, part);
+                const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+                DataParallel ddp(layout, *ops, test::device_world(), zero, size_t{1} << 20,
+                                 AdamWParams{}, compute);
+                const DataParallel::Memory real = ddp.memory();
+                const RankMemory m =
+                    estimate_rank_memory(c, part, test::world().rank(), *ops);
+                EXPECT_EQ(m.params, static_cast<double>(real.params));
+                EXPECT_EQ(m.grads, static_cast<double>(real.grads));
+                EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
+                EXPECT_EQ(m.comm_buffers, static_cast<double>(real.comm_scratch));
+                if (zero == 3) {
+                  EXPECT_EQ(m.master, static_cast<double>(real.master));
+                }
+                EXPECT_EQ(ops->allocation_counts().live_bytes,
+                          real.params + real.master + real.grads + real.optimizer +
+                              real.comm_scratch + sizeof(double));
+                ++checked;
+              }
+              layer += counts[static_cast<size_t>(pr)];
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * (1 + 2 + 2 + 4) * 4 * 2);
 }
 
 }  // namespace

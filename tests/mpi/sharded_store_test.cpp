@@ -362,5 +362,112 @@ TEST(GradShardedStore, ReducesEachBackwardPairIntoTheShard) {
   EXPECT_EQ(wrong, 0);
 }
 
+// ZeRO-3 in bf16: the store keeps the f32 master shard and a bf16 compute shard; a
+// gathered group is bf16(master) exactly (round to nearest even, alignment gaps zero),
+// the all-gather moves half the bytes of the f32 store's, gather_param returns the f32
+// masters, and refresh_compute_shard re-derives the compute shard after the masters
+// were written directly (a checkpoint restore).
+TEST(ShardedStore, Bf16GathersTheRoundedMastersAtHalfTheTraffic) {
+  Communicator& dp = device_world();
+  const ParamLayout layout = store_layout();
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ShardedParamStore f32(layout, *ops, dp);
+  ShardedParamStore bf16(layout, *ops, dp, DType::kBF16);
+  EXPECT_EQ(f32.compute_dtype(), DType::kF32);
+  EXPECT_EQ(bf16.compute_dtype(), DType::kBF16);
+  EXPECT_EQ(f32.compute_shard(), f32.param_shard());  // one buffer in f32
+  EXPECT_EQ(bf16.compute_shard().dtype(), DType::kBF16);
+  EXPECT_NE(bf16.compute_shard().raw(), bf16.param_shard().raw());
+  // Values whose bf16 rounding is visible (not representable in 8 mantissa bits).
+  auto value = [](int k, size_t i) { return 1.0f + seeded_value(17, k, i) / 3.0f; };
+  for (size_t k = 0; k < layout.params.size(); ++k) {
+    std::vector<float> full(static_cast<size_t>(layout.params[k].numel()));
+    for (size_t i = 0; i < full.size(); ++i) full[i] = value(static_cast<int>(k), i);
+    f32.load_param(static_cast<int>(k), full.data());
+    bf16.load_param(static_cast<int>(k), full.data());
+  }
+  auto gathered_wrong = [&](ShardedParamStore& store, float scale) {
+    int wrong = 0, rounded = 0;
+    for (int g = 0; g < 3; ++g) {
+      const ParamGroup& group = layout.groups[static_cast<size_t>(g)];
+      store.acquire(g, Phase::kForward);
+      if (!group.params.empty()) {
+        EXPECT_EQ(store.params(g).dtype(), DType::kBF16);
+        std::vector<bf16_t> got(group.num_floats, 0xFFFF);
+        ops->download(got.data(), store.params(g), got.size() * sizeof(bf16_t));
+        std::vector<bool> covered(group.num_floats, false);
+        for (int k : group.params) {
+          const ParamInfo& info = layout.params[static_cast<size_t>(k)];
+          const size_t at = info.offset - group.offset;
+          for (size_t i = 0; i < static_cast<size_t>(info.numel()); ++i) {
+            const float master = value(k, i) * scale;
+            wrong += got[at + i] != float_to_bf16(master);
+            rounded += bf16_to_float(got[at + i]) != master;
+            covered[at + i] = true;
+          }
+        }
+        for (size_t i = 0; i < got.size(); ++i) wrong += !covered[i] && got[i] != 0;
+      }
+      store.release(g, Phase::kForward);
+    }
+    EXPECT_GT(rounded, 0);  // not vacuous: bf16 really rounds these values
+    return wrong;
+  };
+  dp.reset_traffic();
+  for (int g = 0; g < 3; ++g) {
+    f32.acquire(g, Phase::kForward);
+    f32.release(g, Phase::kForward);
+  }
+  const int64_t f32_bytes = dp.traffic().bytes_of(CollectiveKind::kAllGather);
+  dp.reset_traffic();
+  EXPECT_EQ(gathered_wrong(bf16, 1.0f), 0);
+  const TrafficCounters traffic = dp.traffic();
+  EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), 2);  // two non-empty groups
+  EXPECT_EQ(f32_bytes, static_cast<int64_t>(dp.size() * bf16.plan().shard_floats() * 4));
+  EXPECT_EQ(2 * traffic.bytes_of(CollectiveKind::kAllGather), f32_bytes);
+
+  // gather_param: the f32 masters, not their rounding.
+  for (size_t k = 0; k < layout.params.size(); ++k) {
+    const std::vector<float> got = bf16.gather_param(static_cast<int>(k));
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != value(static_cast<int>(k), i);
+    EXPECT_EQ(bad, 0) << "param " << k;
+  }
+
+  // Masters written directly (as a checkpoint restore does): the compute shard follows
+  // only after refresh_compute_shard.
+  std::vector<float> master(bf16.plan().shard_floats());
+  ops->download(master.data(), bf16.param_shard(), master.size() * sizeof(float));
+  for (float& x : master) x *= 3.0f;
+  ops->upload(bf16.param_shard(), master.data(), master.size() * sizeof(float));
+  bf16.refresh_compute_shard();
+  EXPECT_EQ(gathered_wrong(bf16, 3.0f), 0);
+}
+
+// ZeRO-2 in bf16: parameters resident in bf16 (the flat layout's offsets, 2 bytes per
+// element), gradients f32; nothing else allocated beyond the shard, the pool and the
+// scratch.
+TEST(GradShardedStore, Bf16ParametersResidentGradientsF32) {
+  Communicator& dp = device_world();
+  const ParamLayout layout = store_layout();
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  const uint64_t live_before = ops->allocation_counts().live_bytes;
+  GradShardedParamStore store(layout, *ops, dp, DType::kBF16);
+  EXPECT_EQ(store.compute_dtype(), DType::kBF16);
+  EXPECT_EQ(store.param_data().dtype(), DType::kBF16);
+  EXPECT_EQ(ops->allocation_counts().live_bytes - live_before,
+            layout.total_floats() * 2 + store.plan().shard_floats() * 4 +
+                max_held_group_floats(layout) * 4 + store.scratch_bytes());
+  EXPECT_EQ(store.grad_pool_bytes(), max_held_group_floats(layout) * 4);
+  for (int g : {0, 2}) {
+    const size_t off = layout.groups[static_cast<size_t>(g)].offset;
+    EXPECT_EQ(store.params(g), store.param_data() + off);
+    EXPECT_EQ(store.params(g).raw(), store.param_data().byte_offset(off * 2).raw());
+    store.acquire(g, Phase::kBackward);
+    EXPECT_EQ(store.grads(g).dtype(), DType::kF32);
+    store.release(g, Phase::kBackward);
+  }
+}
+
 }  // namespace
 }  // namespace trident::test

@@ -131,20 +131,25 @@ TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
                     held = std::max(held, double(layout.groups.front().num_floats +
                                                  layout.groups.back().num_floats));
                   }
+                  // The stores' own rule (from the layout alone) agrees.
+                  EXPECT_EQ(held, static_cast<double>(max_held_group_floats(layout)));
                   held *= F;
                   const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
                   EXPECT_EQ(m.params, zero == 3 ? shard + held : total);
                   EXPECT_EQ(m.grads, zero >= 2 ? shard + held : total);
                   EXPECT_EQ(m.optimizer, 2 * (zero == 0 ? total : shard));
+                  double comm = 0;
                   if (zero == 1 || zero == 2) {
                     const ShardPlan buckets(layout, dp,
                                             std::vector<size_t>(layout.groups.size(), 0),
                                             (size_t{1} << 20) / sizeof(float));
-                    EXPECT_EQ(m.comm_buffers,
-                              static_cast<double>((dp + 1) * buckets.max_chunk_floats()) * F);
-                  } else {
-                    EXPECT_EQ(m.comm_buffers, 0);
+                    comm += static_cast<double>((dp + 1) * buckets.max_chunk_floats()) * F;
                   }
+                  if (zero >= 2) {  // the store's collective scratch
+                    comm += static_cast<double>(
+                        collective_scratch_bytes(dp, groups.max_chunk_floats()));
+                  }
+                  EXPECT_EQ(m.comm_buffers, comm);
                   EXPECT_GT(m.total, m.params + m.grads + m.optimizer);
                   ++checked;
                 }
@@ -175,6 +180,65 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
                           (size_t{1} << 20) / sizeof(float));
   EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).comm_buffers,
             static_cast<double>(3 * buckets.max_chunk_floats() * sizeof(float)));
+}
+
+// What a DataParallel really allocates (Ops::allocation_counts: every byte is in one
+// of the Memory kinds) equals the plan, for every rank of tp x pp partitions, every ZeRO
+// stage and both precisions (dp = 1 here; tests/mpi/memory_plan_mpi_test.cpp runs dp > 1).
+// bf16 stores 2-byte compute weights (the ZeRO-3 compute shard and gathered pool too) and
+// keeps f32 gradients.
+TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
+  SelfCommunicator self("dp", MemSpace::kDevice);
+  int checked = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (int tie : {0, 1}) {
+      for (int tp : {1, 2}) {
+        for (int pp : {1, 2}) {
+          for (int zero = 0; zero <= 3; ++zero) {
+            for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+              Config c = make_config(arch, tie, tp, pp, 1, zero, 1);
+              c.training.precision = precision;
+              const DType compute = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+              for (int pr = 0; pr < pp; ++pr) {
+                for (int tr = 0; tr < tp; ++tr) {
+                  SCOPED_TRACE(arch + " tie " + std::to_string(tie) + " tp " + std::to_string(tp) +
+                               " pp " + std::to_string(pp) + " zero " + std::to_string(zero) +
+                               " stage " + std::to_string(pr) + " " + dtype_name(compute));
+                  const ModelPartition part = partition(c, tr, pr);
+                  const ParamLayout layout = Transformer::plan_params(c.model, part);
+                  const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+                  DataParallel ddp(layout, *ops, self, zero, size_t{1} << 20, AdamWParams{},
+                                   compute);
+                  const DataParallel::Memory real = ddp.memory();
+                  const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
+                  EXPECT_EQ(m.params, static_cast<double>(real.params));
+                  EXPECT_EQ(m.grads, static_cast<double>(real.grads));
+                  EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
+                  EXPECT_EQ(m.comm_buffers, static_cast<double>(real.comm_scratch));
+                  if (zero == 3) {  // the store keeps the masters (stages 0-2: DataParallel)
+                    EXPECT_EQ(m.master, static_cast<double>(real.master));
+                  }
+                  if (compute == DType::kBF16) {
+                    EXPECT_EQ(ddp.store().compute_dtype(), DType::kBF16);
+                    EXPECT_EQ(zero == 3 ? ddp.sharded()->compute_shard().dtype()
+                                        : ddp.store().params(0).dtype(),
+                              DType::kBF16);
+                  }
+                  // Truthful: the kinds add up to every byte allocated (plus the norm's
+                  // 8-byte accumulator).
+                  EXPECT_EQ(ops->allocation_counts().live_bytes,
+                            real.params + real.master + real.grads + real.optimizer +
+                                real.comm_scratch + sizeof(double));
+                  ++checked;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 * (1 + 2) * (1 + 2) * 4 * 2);
 }
 
 // The model's own activation arenas: Transformer::activation_bytes() for each stage of
@@ -245,9 +309,13 @@ TEST_F(TrainerMemory, RealAllocationsEqualTheEstimate) {
       EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
       EXPECT_EQ(m.comm_buffers, static_cast<double>(real.comm_scratch));
       EXPECT_EQ(m.activations, static_cast<double>(trainer.value()->model().activation_bytes()));
-      // Not vacuous: ZeRO-2/3 did gather or hold a group beyond the shard.
-      if (zero >= 2) {
-        EXPECT_GT(real.grads_peak, real.grads);
+      // Not vacuous: ZeRO-2/3 held group buffers from their pools.
+      DataParallel& ddp = trainer.value()->data_parallel();
+      if (zero == 2) {
+        EXPECT_GT(ddp.grad_sharded()->peak_held_grad_bytes(), 0u);
+      }
+      if (zero == 3) {
+        EXPECT_GT(ddp.sharded()->peak_held_bytes(), 0u);
       }
     }
   }
