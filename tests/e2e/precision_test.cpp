@@ -5,11 +5,14 @@
 // The models are the architectures of configs/tiny.yaml (gpt2) and configs/tiny_llama.yaml
 // (llama: GQA, SwiGLU, RoPE, untied head) at their full size, trained for 200 steps as
 // the issue asks, but on 4 sequences of 64 tokens per step instead of 16 of 128, so that
-// the four runs fit the suite's time budget on 2 cores (the full-batch figures are in
-// docs/PERFORMANCE.md, from the same comparison at the configs' own batch).
+// the four runs fit the suite's time budget on 2 cores. At that batch the gpt2 config's
+// peak lr of 3e-3 is past the edge of stability in fp32 too (measured: fp32 spiked to
+// loss 6.8, grad norm 13 at step 35; bf16 at step 32), so both models run at the
+// llama config's lr 1e-3 -> 1e-4.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -25,8 +28,17 @@ using testing::run_command;
 class Precision : public ::testing::Test {
  public:
   void SetUp() override {
-    ASSERT_TRUE(
-        write_token_file(dir_.file("train.bin"), testing::english_bytes(60000), 1).is_ok());
+    // Varied English (the project's own documentation as bytes), so the models learn
+    // rather than memorise: repeated sentences would drive both losses towards 0, where a
+    // relative comparison means nothing.
+    std::vector<uint32_t> tokens;
+    for (const char* doc : {"README.md", "docs/CONFIG.md", "docs/CHECKPOINTS.md",
+                            "docs/SLURM.md", "docs/PERFORMANCE.md"}) {
+      std::ifstream in(std::string(TRIDENT_SOURCE_DIR) + "/" + doc, std::ios::binary);
+      for (char ch; in.get(ch);) tokens.push_back(static_cast<unsigned char>(ch));
+    }
+    ASSERT_GT(tokens.size(), 60000u);
+    ASSERT_TRUE(write_token_file(dir_.file("train.bin"), tokens, 1).is_ok());
   }
 
   // A run of `config` (a file under configs/) in `precision`; returns the exit status.
@@ -39,7 +51,8 @@ class Precision : public ::testing::Test {
         " --set data.train=" + dir_.file("train.bin") +
         " --set data.val= --set training.eval_interval=0"
         " --set model.seq_len=64 --set parallel.micro_batch_size=4"
-        " --set training.global_batch_size=4 --set training.max_steps=" +
+        " --set training.global_batch_size=4 --set training.lr=1e-3 --set training.min_lr=1e-4"
+        " --set training.max_steps=" +
         std::to_string(steps) + " --set training.precision=" + precision +
         " --set checkpoint.interval=" + std::to_string(interval) +
         " --set checkpoint.dir=" + dir_.file(name + ".ckpt") +

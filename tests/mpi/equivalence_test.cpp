@@ -22,9 +22,12 @@ constexpr int kSteps = 10;
 // full fp32 sum once; under dp the gradients are summed in another order, so the fp32
 // masters differ in their last bits and, near a rounding boundary, their bf16 copies by
 // one bf16 ulp. One bf16 rounding is a relative error of at most 2^-9 ~ 2e-3; the tested
-// models chain a few such roundings per layer for 10 steps. TOLERANCES: set from the
-// measured worst case (see docs/PERFORMANCE.md "bf16") with a margin.
-constexpr double kBf16LossTolerance = 1e-2;
+// models chain a few such roundings per layer for 10 steps. Measured (AMD EPYC, np 2):
+// the worst loss differs by 5.2e-5 relative (llama dp 2), the worst whole-model master
+// distance is 1.5e-3 (gpt2 tp 2: tp rounds partial sums); pp layouts round exactly where
+// one process does and match bitwise. The bounds keep a margin of about 20x and 7x and
+// still catch a misplaced shard or slice, which is off by O(1).
+constexpr double kBf16LossTolerance = 1e-3;
 constexpr double kBf16ParamTolerance = 1e-2;
 
 struct Case {
