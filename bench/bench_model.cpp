@@ -4,6 +4,7 @@
 // fixed-width table; bench/model_bench.sh runs it next to PyTorch eager.
 //
 //   build/bench/bench_model [--preset small|medium|all] [--steps N] [--threads N]
+//                           [--precision fp32|bf16]
 #include <omp.h>
 
 #include <cmath>
@@ -34,19 +35,29 @@ constexpr Preset kPresets[] = {
 int run(int argc, char** argv) {
   std::string preset = "all";
   int steps = 10, threads = 0;
+  std::string precision = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--preset")) preset = argv[i + 1];
     else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: %s [--preset small|medium|all] [--steps N] [--threads N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--preset small|medium|all] [--steps N] [--threads N] "
+                   "[--precision fp32|bf16]\n",
+                   argv[0]);
       return 2;
     }
   }
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "--precision: expected fp32 or bf16, got '%s'\n", precision.c_str());
+    return 2;
+  }
+  const DType compute = precision == "bf16" ? DType::kBF16 : DType::kF32;
   auto ops = make_cpu_ops(threads);
   const double peak = measure_sgemm_peak_gflops();
-  std::printf("# trident CPU training step (fwd + bwd + AdamW), fp32, %d threads, sgemm peak %.1f GFLOP/s\n",
-              omp_get_max_threads(), peak);
+  std::printf("# trident CPU training step (fwd + bwd + AdamW), %s, %d threads, sgemm peak %.1f GFLOP/s\n",
+              precision.c_str(), omp_get_max_threads(), peak);
   std::printf("# %-8s %10s %8s %10s %12s %10s %8s %10s %6s\n", "preset", "params", "tokens",
               "ms/step", "tokens/s", "GFLOP/s", "%peak", "loss0", "ok");
   for (const Preset& p : kPresets) {
@@ -61,13 +72,13 @@ int run(int argc, char** argv) {
     c.finalize();
     // The training step of `trident train` in one process: ZeRO stage 0 over a
     // single-rank data-parallel group (no communication).
-    SelfCommunicator self;
+    SelfCommunicator self("dp", MemSpace::kDevice);  // the dp group carries device buffers
     const ModelPartition whole;
     const ParamLayout layout = Transformer::plan_params(c, whole);
     AdamWParams adamw;
     adamw.weight_decay = 0.1f;
-    DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw);
-    Transformer model(c, *ops, whole, nullptr, &dp.store(), p.micro_batch, 1);
+    DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw, compute);
+    Transformer model(c, *ops, whole, nullptr, &dp.store(), p.micro_batch, 1, compute);
     for (size_t i = 0; i < layout.params.size(); ++i) {
       dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
     }

@@ -18,10 +18,7 @@ std::string host_sync_data_file() {
 
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
   return test::make_world_trainer(
-      std::string("model: {arch: ") + arch +
-          ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, n_kv_heads: " +
-          (std::string(arch) == "gpt2" ? "4" : "2") + ", d_model: 32}\n" +
-          test::parallel_yaml(l, zero) + "data: {train: " + host_sync_data_file() + "}\n"
+      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " + host_sync_data_file() + "}\n"
           "training: {global_batch_size: 8, max_steps: 4}\n",
       host_sync_data_file());
 }

@@ -22,6 +22,13 @@ inline std::string parallel_yaml(const Layout& l, int zero_stage) {
          ", micro_batch_size: 1}\n";
 }
 
+// The model section of the per-step budget tests: a 2-layer gpt2 (tied, MHA) or llama
+// (untied head, GQA 4:2) on 61 token ids.
+inline std::string small_model_yaml(const std::string& arch) {
+  return "model: {arch: " + arch + ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, " +
+         "n_kv_heads: " + (arch == "gpt2" ? "4" : "2") + ", d_model: 32}\n";
+}
+
 // `yaml` has no checkpoint or logging section; the checkpoint directory is
 // `<dir_base>.ckpt<k>`, k counting the trainers made (the same on every rank).
 inline std::unique_ptr<Trainer> make_world_trainer(const std::string& yaml,
