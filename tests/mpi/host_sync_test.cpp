@@ -18,7 +18,8 @@ std::string host_sync_data_file() {
 
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
   return test::make_world_trainer(
-      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " + host_sync_data_file() + "}\n"
+      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " +
+          host_sync_data_file() + "}\n"
           "training: {global_batch_size: 8, max_steps: 4}\n",
       host_sync_data_file());
 }
@@ -34,9 +35,7 @@ TEST(HostSync, AtMostTwoDownloadsPerStepOnEveryRank) {
     for (int zero : {0, 3}) {
       if (zero > 0 && l.dp == 1) continue;
       for (const char* arch : {"gpt2", "llama"}) {
-        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
-                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
-                     std::to_string(zero));
+        SCOPED_TRACE(test::case_name(arch, l, zero));
         auto trainer = make_trainer(l, zero, arch);
         ASSERT_NE(trainer, nullptr);
         const TransferCounts& counts = trainer->ops().transfer_counts();

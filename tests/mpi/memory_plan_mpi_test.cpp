@@ -4,7 +4,7 @@
 // world allows.
 #include <gtest/gtest.h>
 
-#include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/trainer_test_util.h"
 #include "parallel/data_parallel.h"
 #include "trainer/memory_plan.h"
 #include "trainer/trainer.h"
@@ -31,9 +31,7 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
   for (const Layout& l : layouts) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
-        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
-                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
-                     std::to_string(zero));
+        SCOPED_TRACE(test::case_name(arch, l, zero));
         // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
         // tensors that are not multiples of 16 floats.
         const std::string yaml =

@@ -21,7 +21,8 @@ std::string step_alloc_data_file() {
 
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
   return test::make_world_trainer(
-      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " + step_alloc_data_file() + "}\n"
+      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " +
+          step_alloc_data_file() + "}\n"
           "training: {global_batch_size: " + std::to_string(2 * l.dp) + ", max_steps: 4}\n",
       step_alloc_data_file());
 }
@@ -37,9 +38,7 @@ TEST(StepAllocations, NoneInTheStepLoop) {
   for (const Layout& l : layouts_for_world(test::world().size())) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
-        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
-                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
-                     std::to_string(zero));
+        SCOPED_TRACE(test::case_name(arch, l, zero));
         auto trainer = make_trainer(l, zero, arch);
         ASSERT_NE(trainer, nullptr);
         const Ops::AllocationCounts& counts = trainer->ops().allocation_counts();

@@ -47,9 +47,7 @@ TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
   for (const Layout& l : layouts_for_world(test::world().size())) {
     for (int zero = 0; zero <= (l.dp > 1 ? 3 : 0); ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
-        SCOPED_TRACE(std::string(arch) + " dp" + std::to_string(l.dp) + " tp" +
-                     std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " zero" +
-                     std::to_string(zero));
+        SCOPED_TRACE(test::case_name(arch, l, zero));
         auto trainer = make_trainer(l, zero, arch);
         ASSERT_NE(trainer, nullptr);
         ASSERT_TRUE(trainer->train_step().is_ok());
@@ -122,8 +120,7 @@ TEST(Instrumentation, Bf16HalvesActivationAndParameterTraffic) {
   for (const Layout& l : layouts_for_world(test::world().size())) {
     for (int zero : {0, 3}) {
       if (zero > 0 && l.dp == 1) continue;
-      SCOPED_TRACE("llama dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
-                   std::to_string(l.pp) + " zero" + std::to_string(zero));
+      SCOPED_TRACE(test::case_name("llama", l, zero));
       auto fp32 = make_trainer(l, zero, "llama", "fp32");
       auto bf16 = make_trainer(l, zero, "llama", "bf16");
       ASSERT_NE(fp32, nullptr);

@@ -22,6 +22,12 @@ inline std::string parallel_yaml(const Layout& l, int zero_stage) {
          ", micro_batch_size: 1}\n";
 }
 
+// "gpt2 dp2 tp1 pp1 zero3": a case's name in SCOPED_TRACE.
+inline std::string case_name(const std::string& arch, const Layout& l, int zero_stage) {
+  return arch + " dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
+         std::to_string(l.pp) + " zero" + std::to_string(zero_stage);
+}
+
 // The model section of the per-step budget tests: a 2-layer gpt2 (tied, MHA) or llama
 // (untied head, GQA 4:2) on 61 token ids.
 inline std::string small_model_yaml(const std::string& arch) {
