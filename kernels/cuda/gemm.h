@@ -1,0 +1,78 @@
+// GEMMs through cuBLASLt: every matmul of the CUDA backend (the linear layers, and the
+// plain attention path's batched QK^T and PV) is one GemmDesc run on one GemmEngine.
+//
+// Semantics, row-major (the col-major swap is the engine's business): for b < batch,
+//   D_b[M, N] = alpha * op(A_b)[M, K] @ op(B_b)[K, N] (+ beta * D_b) (+ bias[N] on every row)
+// op(X) = X, or X^T when trans_x. A and B: f32 or bf16, the same dtype. D: f32 or bf16
+// (bf16 inputs with an f32 D is the weight gradient). Arithmetic: fp32 accumulation
+// (CUBLAS_COMPUTE_32F; for f32 inputs no TF32, so the fp32 path is a tight reference).
+// accumulate: beta = 1, D is read and the product added in fp32, rounded once on store
+// (as Ops' accumulating outputs, kernels/ops.h). bias: only with !accumulate, dtype of
+// D, through the BIAS epilogue.
+//
+// Leading dimensions are row-major row strides in elements (0 = packed: the number of
+// columns of the stored matrix); batch strides in elements. Pointers must be 16-byte
+// aligned and leading dimensions multiples of 8 bytes' worth of elements, as cuBLASLt's
+// fast kernels require; describe() reports a violation instead of running.
+//
+// One engine per compute stream, one workspace (32 MiB: Hopper's need), the heuristic
+// algorithm chosen on a desc's first run and cached by desc: the same desc always runs
+// the same algorithm, so results are deterministic run to run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/memory.h"
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace trident::cuda {
+
+struct GemmDesc {
+  int M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  DType ab_dtype = DType::kF32;  // A and B
+  DType d_dtype = DType::kF32;   // D (and bias)
+  bool bias = false;
+  bool accumulate = false;       // beta = 1
+  float alpha = 1.0f;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  int batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0;
+  bool operator==(const GemmDesc&) const = default;
+  std::string str() const;  // "M=.. N=.. K=.. ta tb bf16->f32 bias acc batch=.." for messages
+};
+
+class GemmEngine {
+ public:
+  // Creates the cuBLASLt handle and the workspace (cudaMallocAsync on `stream`).
+  // Without a usable device: an error saying so (no crash).
+  static Result<std::unique_ptr<GemmEngine>> create(CUstream_st* stream,
+                                                    size_t workspace_bytes = size_t{32} << 20);
+  ~GemmEngine();
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+
+  // Runs desc on the engine's stream. a, b, d (and bias when desc.bias) must carry the
+  // desc's dtypes. A cuBLASLt failure (or no algorithm for the desc) CHECK-fails with
+  // desc.str() and the cuBLAS status name.
+  void run(const GemmDesc& desc, DevPtr a, DevPtr b, DevPtr d, DevPtr bias = DevPtr());
+
+  // Host only, no device needed: validates desc (shapes, dtypes, leading dimensions,
+  // alignment rules), then creates and destroys the cuBLASLt matmul descriptor with every
+  // attribute run() would set (transposes, epilogue, bias dtype, scale type) and the A,
+  // B, C/D layouts (with batch count and strides). The first failure names the attribute
+  // or rule and the desc.
+  static Status describe(const GemmDesc& desc);
+
+ private:
+  GemmEngine() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trident::cuda
