@@ -4,7 +4,6 @@
 #include <cstring>
 #include <limits>
 
-#include "comm/communicator.h"
 #include "core/check.h"
 #include "core/rng.h"
 
@@ -18,37 +17,121 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// The 17 per-layer tensors, in LayerParams order; gpt2 / llama name where they differ.
-struct LayerTensor {
-  const char* gpt2;
-  const char* llama;
-};
-constexpr LayerTensor kLayerTensors[] = {
-    {"ln1.weight", "ln1.weight"}, {"ln1.bias", nullptr},
-    {"attn.q.weight", "attn.q.weight"}, {"attn.q.bias", nullptr},
-    {"attn.k.weight", "attn.k.weight"}, {"attn.k.bias", nullptr},
-    {"attn.v.weight", "attn.v.weight"}, {"attn.v.bias", nullptr},
-    {"attn.o.weight", "attn.o.weight"}, {"attn.o.bias", nullptr},
-    {"ln2.weight", "ln2.weight"}, {"ln2.bias", nullptr},
-    {"mlp.fc.weight", "mlp.gate.weight"}, {"mlp.fc.bias", nullptr},
-    {nullptr, "mlp.up.weight"},
-    {"mlp.proj.weight", "mlp.down.weight"}, {"mlp.proj.bias", nullptr},
-};
-constexpr int kNumLayerTensors = 17;
-
-// Per-slot activation buffers: the globals, then x_0..x_nl, then kLayerActs per layer.
+// Per-slot activation buffers: the globals, then x_0..x_nl, then the layer buffers
+// (Transformer::layer_buffers()) of each local layer.
 enum SlotBuffer {
   kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses, kXentMax, kXentSums,
   kSlotGlobals
 };
-enum LayerAct {
-  kLn1, kLn1Mean, kLn1Rstd, kQ, kK, kV, kAtt, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd, kH1, kH2,
-  kHAct, kLayerActs
-};
 // Backward scratch shared by all slots.
 enum Scratch { kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kScratchCount };
 
+// Sizes in the model's dimensions: a parameter's rows and columns (kOne: a vector), an
+// activation's width per token row. Local sizes (the tp part) unless said otherwise.
+enum class Dim { kOne, kC, kQ, kKV, kF, kFLlama };
+
 }  // namespace
+
+// ---- the per-layer tables ----------------------------------------------------------------
+// One row per tensor of a layer: where the model finds it, its name, size and split. Adding
+// a tensor is one row here and one member in LayerParams / LayerActs.
+
+struct Transformer::LayerParams {
+  DevPtr ln1_w;   // (C)
+  DevPtr ln1_b;   // (C)
+  DevPtr q_w;     // (NH_local*HD, C)
+  DevPtr q_b;     // (NH_local*HD)
+  DevPtr k_w;     // (NKV_local*HD, C)
+  DevPtr k_b;     // (NKV_local*HD)
+  DevPtr v_w;     // (NKV_local*HD, C)
+  DevPtr v_b;     // (NKV_local*HD)
+  DevPtr o_w;     // (C, NH_local*HD)
+  DevPtr o_b;     // (C)
+  DevPtr ln2_w;   // (C)
+  DevPtr ln2_b;   // (C)
+  DevPtr fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
+  DevPtr fc_b;    // (F_local)
+  DevPtr up_w;    // (F_local, C)  llama mlp.up
+  DevPtr proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
+  DevPtr proj_b;  // (C)
+};
+
+struct Transformer::LayerTensor {
+  const char* gpt2;   // the name after "layers.{i}." in each family; null: absent there
+  const char* llama;
+  DevPtr LayerParams::*field;
+  Dim rows, cols;     // global shape
+  int split_dim;      // over tp, as the tensor-parallel layer using it splits it; -1 replicated
+};
+
+std::span<const Transformer::LayerTensor> Transformer::layer_tensors() {
+  using L = LayerParams;
+  constexpr int col = ColumnParallelLinear::kWeightSplitDim;
+  constexpr int col_bias = ColumnParallelLinear::kBiasSplitDim;
+  constexpr int row = RowParallelLinear::kWeightSplitDim;
+  constexpr int row_bias = RowParallelLinear::kBiasSplitDim;
+  // In parameter-layout order (offsets, shards and checkpoints follow it).
+  static const LayerTensor table[] = {
+      {"ln1.weight", "ln1.weight", &L::ln1_w, Dim::kC, Dim::kOne, -1},
+      {"ln1.bias", nullptr, &L::ln1_b, Dim::kC, Dim::kOne, -1},
+      {"attn.q.weight", "attn.q.weight", &L::q_w, Dim::kQ, Dim::kC, col},
+      {"attn.q.bias", nullptr, &L::q_b, Dim::kQ, Dim::kOne, col_bias},
+      {"attn.k.weight", "attn.k.weight", &L::k_w, Dim::kKV, Dim::kC, col},
+      {"attn.k.bias", nullptr, &L::k_b, Dim::kKV, Dim::kOne, col_bias},
+      {"attn.v.weight", "attn.v.weight", &L::v_w, Dim::kKV, Dim::kC, col},
+      {"attn.v.bias", nullptr, &L::v_b, Dim::kKV, Dim::kOne, col_bias},
+      {"attn.o.weight", "attn.o.weight", &L::o_w, Dim::kC, Dim::kQ, row},
+      {"attn.o.bias", nullptr, &L::o_b, Dim::kC, Dim::kOne, row_bias},
+      {"ln2.weight", "ln2.weight", &L::ln2_w, Dim::kC, Dim::kOne, -1},
+      {"ln2.bias", nullptr, &L::ln2_b, Dim::kC, Dim::kOne, -1},
+      {"mlp.fc.weight", "mlp.gate.weight", &L::fc_w, Dim::kF, Dim::kC, col},
+      {"mlp.fc.bias", nullptr, &L::fc_b, Dim::kF, Dim::kOne, col_bias},
+      {nullptr, "mlp.up.weight", &L::up_w, Dim::kF, Dim::kC, col},
+      {"mlp.proj.weight", "mlp.down.weight", &L::proj_w, Dim::kC, Dim::kF, row},
+      {"mlp.proj.bias", nullptr, &L::proj_b, Dim::kC, Dim::kOne, row_bias},
+  };
+  return table;
+}
+
+struct Transformer::LayerActs {
+  DevPtr ln1;        // (N, C)
+  DevPtr ln1_mean;   // (N)
+  DevPtr ln1_rstd;   // (N)
+  DevPtr q;          // (N, NH_local*HD)  after RoPE (llama)
+  DevPtr k;          // (N, NKV_local*HD) after RoPE (llama)
+  DevPtr v;          // (N, NKV_local*HD)
+  DevPtr att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
+  DevPtr atty;       // (N, NH_local*HD)
+  DevPtr res2;       // (N, C)  residual stream after attention
+  DevPtr ln2;        // (N, C)
+  DevPtr ln2_mean;   // (N)
+  DevPtr ln2_rstd;   // (N)
+  DevPtr h1;         // (N, F_local)  gpt2 fc output / llama gate output
+  DevPtr h2;         // (N, F_local)  llama up output
+  DevPtr h_act;      // (N, F_local)  gelu(h1) / silu(h1) * h2
+};
+
+struct Transformer::LayerBuffer {
+  DevPtr LayerActs::*field;
+  Dim width;     // elements per token row (local); kOne: one; the attention state is sized
+                 // by the backend instead
+  bool compute;  // compute dtype; else f32 (statistics)
+};
+
+std::span<const Transformer::LayerBuffer> Transformer::layer_buffers() {
+  using A = LayerActs;
+  static const LayerBuffer table[] = {
+      {&A::ln1, Dim::kC, true},       {&A::ln1_mean, Dim::kOne, false},
+      {&A::ln1_rstd, Dim::kOne, false}, {&A::q, Dim::kQ, true},
+      {&A::k, Dim::kKV, true},        {&A::v, Dim::kKV, true},
+      {&A::att_state, Dim::kOne, false}, {&A::atty, Dim::kQ, true},
+      {&A::res2, Dim::kC, true},      {&A::ln2, Dim::kC, true},
+      {&A::ln2_mean, Dim::kOne, false}, {&A::ln2_rstd, Dim::kOne, false},
+      {&A::h1, Dim::kF, true},        {&A::h2, Dim::kFLlama, true},
+      {&A::h_act, Dim::kF, true},
+  };
+  return table;
+}
 
 std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers) {
   if (!stage_layers.empty()) return stage_layers;
@@ -97,33 +180,29 @@ ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPart
     layout.params.push_back(std::move(p));
   };
   if (part.first_stage()) {
-    add(0, "wte", {c.padded_vocab, C}, 0);
+    add(0, "wte", {c.padded_vocab, C}, VocabParallelEmbedding::kTableSplitDim);
     if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
   }
+  auto global_size = [&](Dim d) -> int64_t {
+    switch (d) {
+      case Dim::kOne: return 1;
+      case Dim::kC: return C;
+      case Dim::kQ: return q_dim;
+      case Dim::kKV: return kv_dim;
+      case Dim::kF:
+      case Dim::kFLlama: return F;
+    }
+    return 0;
+  };
   for (int l = part.layer_begin; l < layer_end; ++l) {
-    const int g = 1 + l;
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(g, p + "ln1.weight", {C}, -1);
-    if (gpt2) add(g, p + "ln1.bias", {C}, -1);
-    add(g, p + "attn.q.weight", {q_dim, C}, 0);
-    if (gpt2) add(g, p + "attn.q.bias", {q_dim}, 0);
-    add(g, p + "attn.k.weight", {kv_dim, C}, 0);
-    if (gpt2) add(g, p + "attn.k.bias", {kv_dim}, 0);
-    add(g, p + "attn.v.weight", {kv_dim, C}, 0);
-    if (gpt2) add(g, p + "attn.v.bias", {kv_dim}, 0);
-    add(g, p + "attn.o.weight", {C, q_dim}, 1);
-    if (gpt2) add(g, p + "attn.o.bias", {C}, -1);
-    add(g, p + "ln2.weight", {C}, -1);
-    if (gpt2) add(g, p + "ln2.bias", {C}, -1);
-    if (gpt2) {
-      add(g, p + "mlp.fc.weight", {F, C}, 0);
-      add(g, p + "mlp.fc.bias", {F}, 0);
-      add(g, p + "mlp.proj.weight", {C, F}, 1);
-      add(g, p + "mlp.proj.bias", {C}, -1);
-    } else {
-      add(g, p + "mlp.gate.weight", {F, C}, 0);
-      add(g, p + "mlp.up.weight", {F, C}, 0);
-      add(g, p + "mlp.down.weight", {C, F}, 1);
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    for (const LayerTensor& t : layer_tensors()) {
+      const char* name = gpt2 ? t.gpt2 : t.llama;
+      if (name == nullptr) continue;
+      const Shape shape = t.cols == Dim::kOne
+                              ? Shape{global_size(t.rows)}
+                              : Shape{global_size(t.rows), global_size(t.cols)};
+      add(1 + l, prefix + name, shape, t.split_dim);
     }
   }
   if (part.last_stage()) {
@@ -131,9 +210,9 @@ ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPart
     add(g, "lnf.weight", {C}, -1);
     if (gpt2) add(g, "lnf.bias", {C}, -1);
     if (!c.tied()) {
-      add(g, "lm_head.weight", {c.padded_vocab, C}, 0);
+      add(g, "lm_head.weight", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
     } else if (!part.first_stage()) {
-      add(g, "wte", {c.padded_vocab, C}, 0);
+      add(g, "wte", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
       layout.params.back().tied_copy = true;
     }
   }
@@ -177,36 +256,49 @@ std::vector<float> Transformer::initial_value(const TransformerConfig& c, const 
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size,
                          DType compute)
-    : config_(config), ops_(ops), compute_dtype_(compute) {
-  init_partition(nullptr, nullptr, micro_batch_size, 1);
+    : config_(config), ops_(ops), compute_dtype_(compute), tp_(ops, nullptr, 0, 1) {
+  init_partition(nullptr, micro_batch_size, 1);
 }
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
                          Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
                          DType compute)
-    : config_(config), ops_(ops), part_(part), compute_dtype_(compute) {
-  init_partition(tp, store, micro_batch_size, num_slots);
+    : config_(config),
+      ops_(ops),
+      part_(part),
+      compute_dtype_(compute),
+      tp_(ops, tp, part.tp_rank, part.tp_size) {
+  init_partition(store, micro_batch_size, num_slots);
 }
 
 Transformer::~Transformer() = default;
 
-void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_batch_size,
-                                 int num_slots) {
+void Transformer::init_partition(ParamStore* store, int micro_batch_size, int num_slots) {
   const auto& c = config_;
   TRIDENT_CHECK_MSG(c.head_dim > 0 && c.padded_vocab >= c.vocab_size,
                     "TransformerConfig must be finalize()d");
   TRIDENT_CHECK(micro_batch_size > 0 && num_slots > 0);
   if (part_.layer_end < 0) part_.layer_end = c.n_layers;
-  TRIDENT_CHECK(tp == nullptr || tp->size() == part_.tp_size);
-  tp_ = part_.tp_size > 1 ? tp : nullptr;
   micro_batch_size_ = micro_batch_size;
   num_slots_ = num_slots;
   n_local_layers_ = part_.layer_end - part_.layer_begin;
-  heads_ = c.n_heads / part_.tp_size;
-  kv_heads_ = c.n_kv_heads / part_.tp_size;
-  ff_ = c.d_ff / part_.tp_size;
-  vocab_local_ = c.padded_vocab / part_.tp_size;
-  vocab_begin_ = vocab_local_ * part_.tp_rank;
+  // The tensor-parallel layers (parallel/tensor_parallel.h); with tp = 1 each is the plain
+  // Ops call.
+  const int C = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  heads_ = tp_.local(c.n_heads, "n_heads");
+  kv_heads_ = tp_.local(c.n_kv_heads, "n_kv_heads");
+  ff_ = tp_.local(c.d_ff, "d_ff");
+  q_ = ColumnParallelLinear(tp_, C, q_dim, "attn.q");
+  k_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.k");
+  v_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.v");
+  o_ = RowParallelLinear(tp_, q_dim, C, "attn.o");
+  fc_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.fc");  // gpt2 mlp.fc, llama mlp.gate
+  up_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.up");  // llama only
+  proj_ = RowParallelLinear(tp_, c.d_ff, C, "mlp.out");  // gpt2 mlp.proj, llama mlp.down
+  head_ = ColumnParallelLinear(tp_, C, c.padded_vocab, "lm_head");
+  embedding_ = VocabParallelEmbedding(tp_, c.padded_vocab, C);
+  xent_ = VocabParallelCrossEntropy(tp_, c.vocab_size, c.padded_vocab);
+  vocab_local_ = head_.out_local();
 
   layout_ = plan_params(c, part_);
   if (store == nullptr) {
@@ -218,15 +310,16 @@ void Transformer::init_partition(Communicator* tp, ParamStore* store, int micro_
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
-  layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kNumLayerTensors, -1));
+  const auto tensors = layer_tensors();
+  layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(tensors.size(), -1));
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
-    for (int t = 0; t < kNumLayerTensors; ++t) {
-      const char* suffix = c.is_gpt2() ? kLayerTensors[t].gpt2 : kLayerTensors[t].llama;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const char* suffix = c.is_gpt2() ? tensors[t].gpt2 : tensors[t].llama;
       if (!suffix) continue;
       const ParamInfo* p = layout_.find(prefix + suffix);
       TRIDENT_CHECK_MSG(p != nullptr, prefix + suffix);
-      layer_param_index_[static_cast<size_t>(l)][static_cast<size_t>(t)] =
+      layer_param_index_[static_cast<size_t>(l)][t] =
           static_cast<int>(p - layout_.params.data());
     }
   }
@@ -270,16 +363,23 @@ void Transformer::plan_activations() {
       {last ? 2 * N : 0, f32}};
   for (const auto& [n, dtype] : globals) reserve(n, dtype);
   for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C, cd);
+  auto width = [&](Dim d) -> size_t {
+    switch (d) {
+      case Dim::kOne: return 1;
+      case Dim::kC: return C;
+      case Dim::kQ: return q_dim;
+      case Dim::kKV: return kv_dim;
+      case Dim::kF: return F;
+      case Dim::kFLlama: return llama ? F : 0;
+    }
+    return 0;
+  };
   for (int l = 0; l < n_local_layers_; ++l) {
-    const std::pair<size_t, DType> sizes[kLayerActs] = {
-        {N * C, cd},      {N, f32},      {N, f32},         {N * q_dim, cd},  {N * kv_dim, cd},
-        {N * kv_dim, cd}, {0, DType::kU8}, {N * q_dim, cd}, {N * C, cd},      {N * C, cd},
-        {N, f32},         {N, f32},      {N * F, cd},      {llama ? N * F : 0, cd}, {N * F, cd}};
-    for (int i = 0; i < kLayerActs; ++i) {
-      if (i == kAtt) {
+    for (const LayerBuffer& b : layer_buffers()) {
+      if (b.field == &LayerActs::att_state) {
         reserve_bytes(att_bytes, DType::kU8);
       } else {
-        reserve(sizes[i].first, sizes[i].second);
+        reserve(N * width(b.width), b.compute ? cd : f32);
       }
     }
   }
@@ -314,65 +414,25 @@ namespace {
 inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 }  // namespace
 
-struct Transformer::LayerParams {
-  DevPtr ln1_w;   // (C)
-  DevPtr ln1_b;   // (C)
-  DevPtr q_w;     // (NH_local*HD, C)
-  DevPtr q_b;     // (NH_local*HD)
-  DevPtr k_w;     // (NKV_local*HD, C)
-  DevPtr k_b;     // (NKV_local*HD)
-  DevPtr v_w;     // (NKV_local*HD, C)
-  DevPtr v_b;     // (NKV_local*HD)
-  DevPtr o_w;     // (C, NH_local*HD)
-  DevPtr o_b;     // (C)
-  DevPtr ln2_w;   // (C)
-  DevPtr ln2_b;   // (C)
-  DevPtr fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
-  DevPtr fc_b;    // (F_local)
-  DevPtr up_w;    // (F_local, C)  llama mlp.up
-  DevPtr proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
-  DevPtr proj_b;  // (C)
-};
-
-struct Transformer::LayerActs {
-  DevPtr ln1;        // (N, C)
-  DevPtr ln1_mean;   // (N)
-  DevPtr ln1_rstd;   // (N)
-  DevPtr q;          // (N, NH_local*HD)  after RoPE (llama)
-  DevPtr k;          // (N, NKV_local*HD) after RoPE (llama)
-  DevPtr v;          // (N, NKV_local*HD)
-  DevPtr att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
-  DevPtr atty;       // (N, NH_local*HD)
-  DevPtr res2;       // (N, C)  residual stream after attention
-  DevPtr ln2;        // (N, C)
-  DevPtr ln2_mean;   // (N)
-  DevPtr ln2_rstd;   // (N)
-  DevPtr h1;         // (N, F_local)  gpt2 fc output / llama gate output
-  DevPtr h2;         // (N, F_local)  llama up output
-  DevPtr h_act;      // (N, F_local)  gelu(h1) / silu(h1) * h2
-};
-
 Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const {
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
   const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
-  DevPtr ptrs[kNumLayerTensors];
-  for (int t = 0; t < kNumLayerTensors; ++t) {
-    const int i = idx[static_cast<size_t>(t)];
-    ptrs[t] =
-        i < 0 ? DevPtr() : base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
+  const auto tensors = layer_tensors();
+  LayerParams p;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (idx[t] < 0) continue;  // absent in this family: stays null
+    p.*tensors[t].field = base + (layout_.params[static_cast<size_t>(idx[t])].offset - group_start);
   }
-  return LayerParams{ptrs[0], ptrs[1], ptrs[2],  ptrs[3],  ptrs[4],  ptrs[5],
-                     ptrs[6], ptrs[7], ptrs[8],  ptrs[9],  ptrs[10], ptrs[11],
-                     ptrs[12], ptrs[13], ptrs[14], ptrs[15], ptrs[16]};
+  return p;
 }
 
 Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const {
-  const int base = kSlotGlobals + n_local_layers_ + 1 + local_layer * kLayerActs;
-  auto a = [&](int i) { return act(slot, base + i); };
-  return LayerActs{
-      a(kLn1),  a(kLn1Mean), a(kLn1Rstd), a(kQ),       a(kK),       a(kV),  a(kAtt).as(DType::kU8),
-      a(kAtty), a(kRes2),    a(kLn2),     a(kLn2Mean), a(kLn2Rstd), a(kH1), a(kH2),
-      a(kHAct)};
+  const auto buffers = layer_buffers();
+  const int base =
+      kSlotGlobals + n_local_layers_ + 1 + local_layer * static_cast<int>(buffers.size());
+  LayerActs a;
+  for (size_t i = 0; i < buffers.size(); ++i) a.*buffers[i].field = act(slot, base + static_cast<int>(i));
+  return a;
 }
 
 DevPtr Transformer::group_param(int group, const char* name) {
@@ -385,13 +445,6 @@ DevPtr Transformer::group_grad(int group, const char* name) {
   const ParamInfo* p = layout_.find(name);
   TRIDENT_CHECK_MSG(p != nullptr && p->group == group, name);
   return store_->grads(group) + (p->offset - layout_.groups[static_cast<size_t>(group)].offset);
-}
-
-void Transformer::all_reduce_tp(DevPtr data, size_t n, const char* label) {
-  if (tp_ == nullptr) return;
-  CollectiveOptions opts;
-  opts.label = label;
-  tp_->all_reduce(CommBuf::device(data, n), ReduceOp::kSum, opts);
 }
 
 size_t Transformer::boundary_floats() const {
@@ -493,7 +546,7 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
                         T >= 1 && T <= c.seq_len,
                     "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
                         " T=" + std::to_string(T));
-  const int N = B * T, C = c.d_model;
+  const int N = B * T;
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
   info = SlotInfo{B, T, false};
   DevPtr x0 = act(slot, x_index(0));
@@ -502,11 +555,9 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
     ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
     store_->acquire(0, Phase::kForward);
     DevPtr wte = group_param(0, "wte");
-    // Positions are added once, on tp rank 0, before the vocab-parallel sum.
-    DevPtr wpe = c.is_gpt2() && part_.tp_rank == 0 ? group_param(0, "wpe") : DevPtr();
-    ops_.embedding_forward(x0, d_tokens, wte, wpe, B, T, C, vocab_begin_, vocab_local_);
+    DevPtr wpe = c.is_gpt2() ? group_param(0, "wpe") : DevPtr();
+    embedding_.forward(x0, d_tokens, wte, wpe, B, T);
     store_->release(0, Phase::kForward);
-    all_reduce_tp(x0, static_cast<size_t>(N) * C, "embedding");
   }
   for (int l = 0; l < n_local_layers_; ++l) {
     const int layer = part_.layer_begin + l;
@@ -528,41 +579,37 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
   const LayerParams p = layer_params(layer, store_->params(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
-  const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const bool gpt2 = c.is_gpt2();
-  const bool bias_here = part_.tp_rank == 0;  // row-parallel biases are added once
 
   if (gpt2) {
     ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, N, C, c.norm_eps);
   } else {
     ops_.rmsnorm_forward(a.ln1, a.ln1_rstd, x_in, p.ln1_w, N, C, c.norm_eps);
   }
-  ops_.matmul_forward(a.q, a.ln1, p.q_w, p.q_b, N, C, q_dim);
-  ops_.matmul_forward(a.k, a.ln1, p.k_w, p.k_b, N, C, kv_dim);
-  ops_.matmul_forward(a.v, a.ln1, p.v_w, p.v_b, N, C, kv_dim);
+  q_.forward(a.q, a.ln1, p.q_w, p.q_b, N);  // (biases: gpt2 only; null for llama)
+  k_.forward(a.k, a.ln1, p.k_w, p.k_b, N);
+  v_.forward(a.v, a.ln1, p.v_w, p.v_b, N);
   if (!gpt2) {
     ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
   ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
   // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
-  ops_.matmul_forward(a.res2, a.atty, p.o_w, bias_here ? p.o_b : DevPtr(), N, q_dim, C);
-  all_reduce_tp(a.res2, static_cast<size_t>(N) * C, "attn.o");
+  o_.forward(a.res2, a.atty, p.o_w, p.o_b, N);
   ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
 
   if (gpt2) {
     ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C,
                            c.norm_eps);
-    ops_.matmul_forward(a.h1, a.ln2, p.fc_w, p.fc_b, N, C, F);
+    fc_.forward(a.h1, a.ln2, p.fc_w, p.fc_b, N);
     ops_.gelu_forward(a.h_act, a.h1, static_cast<size_t>(N) * F);
   } else {
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, N, C, c.norm_eps);
-    ops_.matmul_forward(a.h1, a.ln2, p.fc_w, DevPtr(), N, C, F);
-    ops_.matmul_forward(a.h2, a.ln2, p.up_w, DevPtr(), N, C, F);
+    fc_.forward(a.h1, a.ln2, p.fc_w, DevPtr(), N);
+    up_.forward(a.h2, a.ln2, p.up_w, DevPtr(), N);
     ops_.swiglu_forward(a.h_act, a.h1, a.h2, static_cast<size_t>(N) * F);
   }
-  ops_.matmul_forward(x_out, a.h_act, p.proj_w, bias_here ? p.proj_b : DevPtr(), N, F, C);
-  all_reduce_tp(x_out, static_cast<size_t>(N) * C, "mlp.out");
+  proj_.forward(x_out, a.h_act, p.proj_w, p.proj_b, N);
   ops_.add(x_out, x_out, a.res2, static_cast<size_t>(N) * C);
 }
 
@@ -586,29 +633,13 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
                 : c.tied()         ? group_param(head_group, "wte")
                                    : group_param(head_group, "lm_head.weight");
   DevPtr logits = act(slot, kLogits);
-  ops_.matmul_forward(logits, lnf, head, DevPtr(), N, C, vocab_local_);
+  head_.forward(logits, lnf, head, DevPtr(), N);
   if (head_in_embeddings) store_->release(0, Phase::kForward);
   store_->release(head_group, Phase::kForward);
   if (!with_loss) return;
 
-  DevPtr targets = act(slot, kTargets).as(DType::kI32);
-  DevPtr losses = act(slot, kLosses);
-  if (tp_ == nullptr) {
-    ops_.cross_entropy_forward(losses, logits, targets, N, c.vocab_size, c.padded_vocab);
-    return;
-  }
-  // Vocab-parallel: global max, then global sum of exponentials and the target logit.
-  DevPtr row_max = act(slot, kXentMax);
-  DevPtr sums = act(slot, kXentSums);  // [sum_exp (N), target_logit (N)]
-  ops_.xent_local_max(row_max, logits, N, vocab_local_, vocab_begin_, c.vocab_size);
-  CollectiveOptions opts;
-  opts.label = "xent max";
-  tp_->all_reduce(CommBuf::device(row_max, static_cast<size_t>(N)), ReduceOp::kMax,
-                  opts);
-  ops_.xent_local_sums(sums, sums + N, logits, row_max, targets, N, vocab_local_, vocab_begin_,
-                       c.vocab_size);
-  all_reduce_tp(sums, 2 * static_cast<size_t>(N), "xent sums");
-  ops_.xent_finish(losses, row_max, sums, sums + N, N);
+  xent_.forward(act(slot, kLosses), act(slot, kXentMax), act(slot, kXentSums), logits,
+                act(slot, kTargets).as(DType::kI32), N);
 }
 
 // ---- backward ----------------------------------------------------------------------------
@@ -616,7 +647,7 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
 void Transformer::backward_stage(int slot, float loss_scale) {
   const auto& c = config_;
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
-  const int B = info.B, T = info.T, N = B * T, C = c.d_model;
+  const int B = info.B, T = info.T;
   TRIDENT_CHECK_MSG(B > 0, "backward_stage() needs a forward_stage() in slot " + std::to_string(slot));
   DevPtr dx = scratch(kDx);
   if (part_.last_stage()) {
@@ -634,11 +665,9 @@ void Transformer::backward_stage(int slot, float loss_scale) {
     store_->acquire(0, Phase::kBackward);
     DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
     DevPtr dwpe = c.is_gpt2() ? group_grad(0, "wpe") : DevPtr();
-    ops_.embedding_backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, C, vocab_begin_,
-                            vocab_local_);
+    embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T);
     store_->release(0, Phase::kBackward);
   }
-  (void)N;
 }
 
 void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
@@ -651,20 +680,14 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   DevPtr logits = act(slot, kLogits);
   DevPtr targets = act(slot, kTargets).as(DType::kI32);
   const float dloss = loss_scale / static_cast<float>(N);
-  if (tp_ == nullptr) {
-    ops_.cross_entropy_backward(logits, logits, targets, dloss, N, c.vocab_size, c.padded_vocab);
-  } else {
-    DevPtr sums = act(slot, kXentSums);
-    ops_.xent_local_backward(logits, logits, act(slot, kXentMax), sums, targets, dloss, N,
-                             vocab_local_, vocab_begin_, c.vocab_size);
-  }
+  xent_.backward(logits, logits, act(slot, kXentMax), act(slot, kXentSums), targets, dloss, N);
   const char* head_name = c.tied() ? "wte" : "lm_head.weight";
   const int group = head_in_embeddings ? 0 : head_group;
   DevPtr dln = scratch(kDln);
   zero_elements(dln, nC);
-  ops_.matmul_backward(dln, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
-                       group_param(group, head_name), N, C, vocab_local_);
-  all_reduce_tp(dln, nC, "head dinput");
+  head_.backward(dln, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
+                 group_param(group, head_name), N);
+  tp_.reduce_column_input_grad(dln, nC, "head dinput");
   DevPtr dx = scratch(kDx);
   zero_elements(dx, nC);
   DevPtr xL = act(slot, x_index(n_local_layers_));
@@ -701,22 +724,21 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   DevPtr dh2 = scratch(kDh2);
   DevPtr dh_act = scratch(kDhAct);
 
-  // MLP: x_out = res2 + proj(act(ln2(res2))). Row-parallel bias gradients come from the
-  // full (replicated) dx on every tp rank.
+  // MLP: x_out = res2 + proj(act(ln2(res2))).
   zero_elements(dh_act, nF);
-  ops_.matmul_backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, F, C);
+  proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N);
   zero_elements(dh1, nF);
   zero_elements(dln, nC);
   if (gpt2) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
-    ops_.matmul_backward(dln, g.fc_w, g.fc_b, dh1, a.ln2, p.fc_w, N, C, F);
+    fc_.backward(dln, g.fc_w, g.fc_b, dh1, a.ln2, p.fc_w, N);
   } else {
     zero_elements(dh2, nF);
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
-    ops_.matmul_backward(dln, g.fc_w, DevPtr(), dh1, a.ln2, p.fc_w, N, C, F);
-    ops_.matmul_backward(dln, g.up_w, DevPtr(), dh2, a.ln2, p.up_w, N, C, F);
+    fc_.backward(dln, g.fc_w, DevPtr(), dh1, a.ln2, p.fc_w, N);
+    up_.backward(dln, g.up_w, DevPtr(), dh2, a.ln2, p.up_w, N);
   }
-  all_reduce_tp(dln, nC, "mlp dinput");
+  tp_.reduce_column_input_grad(dln, nC, "mlp dinput");
   if (gpt2) {
     ops_.layernorm_backward(dx, g.ln2_w, g.ln2_b, dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
                             N, C);
@@ -727,7 +749,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   // Attention: res2 = x_in + o(attn(q, k, v)), q/k/v = linear(ln1(x_in))
   const size_t nq = static_cast<size_t>(N) * q_dim, nkv = static_cast<size_t>(N) * kv_dim;
   zero_elements(datty, nq);
-  ops_.matmul_backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N, q_dim, C);
+  o_.backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N);
   zero_elements(dq, nq);
   zero_elements(dk, nkv);
   zero_elements(dv, nkv);
@@ -738,10 +760,10 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
     ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
   zero_elements(dln, nC);
-  ops_.matmul_backward(dln, g.q_w, g.q_b, dq, a.ln1, p.q_w, N, C, q_dim);
-  ops_.matmul_backward(dln, g.k_w, g.k_b, dk, a.ln1, p.k_w, N, C, kv_dim);
-  ops_.matmul_backward(dln, g.v_w, g.v_b, dv, a.ln1, p.v_w, N, C, kv_dim);
-  all_reduce_tp(dln, nC, "attn dinput");
+  q_.backward(dln, g.q_w, g.q_b, dq, a.ln1, p.q_w, N);
+  k_.backward(dln, g.k_w, g.k_b, dk, a.ln1, p.k_w, N);
+  v_.backward(dln, g.v_w, g.v_b, dv, a.ln1, p.v_w, N);
+  tp_.reduce_column_input_grad(dln, nC, "attn dinput");
   if (gpt2) {
     ops_.layernorm_backward(dx, g.ln1_w, g.ln1_b, dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N,
                             C);

@@ -20,11 +20,12 @@
 //   lnf.weight (C), lnf.bias (C, gpt2 only)   final norm
 //   lm_head.weight          (Vp, C)      untied models only
 //
-// Tensor parallelism (Megatron): q/k/v, fc/gate/up and the vocabulary rows of wte and
-// lm_head are split along dim 0 over tp; attn.o, mlp.proj and mlp.down along dim 1;
-// everything else is replicated. Forward all-reduces after attn.o and the MLP output
-// (and the vocab-parallel embedding); backward all-reduces the input gradients of the
-// column-parallel layers. The cross-entropy is vocab-parallel: logits are never gathered.
+// Tensor parallelism (Megatron), composed from parallel/tensor_parallel.h: q/k/v,
+// fc/gate/up and the LM head are column-parallel linears (weights split along dim 0),
+// attn.o and mlp.proj/down row-parallel (dim 1), the embedding and the cross-entropy
+// vocab-parallel; everything else is replicated. The model makes no tp collective itself:
+// the layers' mapping points do (forward: after attn.o, the MLP output and the
+// embedding; backward: one all-reduce per column input: q/k/v, fc/gate/up, head).
 //
 // Pipeline parallelism: a rank holds layers [layer_begin, layer_end); the first stage
 // also the embeddings, the last the final norm and head (and, when tied and pp > 1, a
@@ -37,12 +38,13 @@
 // for every layout. Weight decay applies to 2-D parameters only.
 //
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
-// all communication through the tp Communicator (collectives in the same order on
-// every tp rank, as comm/communicator.h requires).
+// all communication through the tensor-parallel layers' tp Communicator (collectives in
+// the same order on every tp rank, as comm/communicator.h requires).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +53,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "parallel/param_store.h"
+#include "parallel/tensor_parallel.h"
 
 namespace trident {
 
@@ -151,8 +154,11 @@ class Transformer {
  private:
   struct LayerParams;
   struct LayerActs;
-  struct SlotState;
-  void init_partition(Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots);
+  struct LayerTensor;  // a row of the per-layer parameter table
+  struct LayerBuffer;  // a row of the per-layer activation table
+  static std::span<const LayerTensor> layer_tensors();
+  static std::span<const LayerBuffer> layer_buffers();
+  void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
   void plan_activations();
   LayerParams layer_params(int layer, DevPtr base) const;
   LayerActs layer_acts(int slot, int local_layer) const;
@@ -160,7 +166,6 @@ class Transformer {
   // opaque slices are re-typed at their use (.as(DType::kI32 / kU8)).
   DevPtr act(int slot, int index) const;
   DevPtr scratch(int index) const;
-  void all_reduce_tp(DevPtr data, size_t n, const char* label);
   void zero_elements(DevPtr p, size_t n);  // n elements of p's dtype
   void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
   void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
@@ -173,7 +178,12 @@ class Transformer {
   Ops& ops_;
   ModelPartition part_;
   DType compute_dtype_ = DType::kF32;
-  Communicator* tp_ = nullptr;
+  TensorParallel tp_;
+  // The tensor-parallel layers (stateless: local sizes and the group).
+  ColumnParallelLinear q_, k_, v_, fc_, up_, head_;
+  RowParallelLinear o_, proj_;
+  VocabParallelEmbedding embedding_;
+  VocabParallelCrossEntropy xent_;
   ParamLayout layout_;
   std::unique_ptr<ResidentParamStore> own_store_;
   ParamStore* store_ = nullptr;
@@ -181,8 +191,9 @@ class Transformer {
   int num_slots_ = 1;
   int n_local_layers_ = 0;
   // Local (tensor-parallel) sizes.
-  int heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab_local_ = 0, vocab_begin_ = 0;
-  std::vector<std::vector<int>> layer_param_index_;  // per global layer: 17 slots, -1 absent
+  int heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab_local_ = 0;
+  // Per global layer, per layer_tensors() row: the index in layout_.params, -1 absent.
+  std::vector<std::vector<int>> layer_param_index_;
   size_t act_bytes_per_slot_ = 0;
   std::vector<size_t> slot_offsets_;     // per activation index, within one slot
   std::vector<DType> slot_dtypes_;       // per activation index

@@ -18,7 +18,6 @@
 // then a newline; a summary goes to stderr. Exit 0 done, 2 bad usage or checkpoint
 // (the message names the flag or the file), 1 unreadable checkpoint data.
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "checkpoint/reader.h"
+#include "core/timer.h"
 #include "data/gpt2_tokenizer.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
@@ -267,11 +267,10 @@ int cmd_generate(const std::vector<std::string>& args) {
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
     std::fflush(stdout);
   };
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   GenerateResult result = generate(decoder, prompt_ids, max_new_tokens, sampling,
                                    /*keep_logits=*/false, print_token);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = timer.elapsed_s();
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (result.context_full) {

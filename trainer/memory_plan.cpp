@@ -148,12 +148,6 @@ double arena_slices_bytes(const std::vector<double>& bytes, bool pad_last) {
   return pad_last ? align(total, 64) : total;
 }
 
-// The same for slices of these float counts.
-double arena_bytes(std::vector<double> floats, bool pad_last) {
-  for (double& f : floats) f *= kF;
-  return arena_slices_bytes(floats, pad_last);
-}
-
 // Transformer::plan_activations, for one slot and for the backward scratch. The
 // attention state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX:
 // a size that would wrap still reads as far too big).

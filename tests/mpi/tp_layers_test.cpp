@@ -1,0 +1,224 @@
+// The tensor-parallel layers (parallel/tensor_parallel.h) over a tp group of every rank of
+// the world, against float64 host references of the whole (unsplit) layer: each rank's
+// outputs and its slices of the gradients. Biases and positions are non-zero, so a bias
+// or position added on every rank instead of once would show; the vocabulary has padding,
+// so padded columns must stay out of the softmax and get zero gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/tensor_parallel.h"
+#include "tests/mpi/mpi_test_util.h"
+
+namespace trident {
+namespace {
+
+using Mat = std::vector<double>;  // row-major host reference values
+
+Mat random_values(uint64_t seed, size_t n) {
+  Mat v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = test::seeded_value(seed, 0, i);  // same on every rank
+  return v;
+}
+
+// Rows [r0, r0 + nr) (cols = all) or columns [c0, c0 + nc) of a rows x cols matrix.
+std::vector<float> row_slice(const Mat& m, int cols, int r0, int nr) {
+  std::vector<float> out(static_cast<size_t>(nr) * cols);
+  for (int i = 0; i < nr; ++i)
+    for (int j = 0; j < cols; ++j) out[static_cast<size_t>(i) * cols + j] = static_cast<float>(m[static_cast<size_t>(r0 + i) * cols + j]);
+  return out;
+}
+std::vector<float> col_slice(const Mat& m, int rows, int cols, int c0, int nc) {
+  std::vector<float> out(static_cast<size_t>(rows) * nc);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < nc; ++j) out[static_cast<size_t>(i) * nc + j] = static_cast<float>(m[static_cast<size_t>(i) * cols + c0 + j]);
+  return out;
+}
+std::vector<float> to_float(const Mat& m) { return std::vector<float>(m.begin(), m.end()); }
+
+// Max |a - b| / (1 + |b|) over the elements.
+double max_err(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) /
+                                (1.0 + std::fabs(static_cast<double>(want[i]))));
+  }
+  return worst;
+}
+
+// Device buffers of f32 made from and read back to host vectors.
+struct Device {
+  Ops& ops;
+  std::vector<DeviceBuffer> owned;
+  DevPtr put(const std::vector<float>& host) {
+    owned.emplace_back(ops, std::max<size_t>(host.size(), 1) * sizeof(float));
+    DevPtr p = owned.back().as(DType::kF32);
+    if (!host.empty()) ops.upload_floats(p, host.data(), host.size());
+    return p;
+  }
+  DevPtr zeros(size_t n) { return put(std::vector<float>(n, 0.0f)); }
+  std::vector<float> get(DevPtr p, size_t n) {
+    std::vector<float> host(n);
+    ops.download_floats(host.data(), p, n);
+    return host;
+  }
+};
+
+constexpr double kTol = 1e-5;
+
+// An MLP block: y = row(column(x)), the Megatron pairing, against
+// h = x W1^T + b1, y = h W2^T + b2 and its backward from a given dy.
+TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
+  Communicator& comm = test::device_world();
+  const int tp = comm.size(), r = comm.rank();
+  const int N = 5, C = 6, F = 8 * 2;  // F splits over 1, 2, 4 and 8 ranks
+  auto ops = make_cpu_ops(1);
+  TensorParallel group(*ops, &comm, r, tp);
+  ColumnParallelLinear column(group, C, F, "test.fc");
+  RowParallelLinear row(group, F, C, "test.proj");
+  const int Fl = F / tp;
+  ASSERT_EQ(column.out_local(), Fl);
+  ASSERT_EQ(row.in_local(), Fl);
+
+  const Mat x = random_values(1, N * C), W1 = random_values(2, F * C), b1 = random_values(3, F),
+            W2 = random_values(4, C * F), b2 = random_values(5, C), dy = random_values(6, N * C);
+  // Reference, in double.
+  Mat h(N * F), y(N * C), dh(N * F, 0), dx(N * C, 0), dW1(F * C, 0), db1(F, 0), dW2(C * F, 0),
+      db2(C, 0);
+  for (int n = 0; n < N; ++n) {
+    for (int f = 0; f < F; ++f) {
+      double s = b1[f];
+      for (int c = 0; c < C; ++c) s += x[n * C + c] * W1[f * C + c];
+      h[n * F + f] = s;
+    }
+    for (int c = 0; c < C; ++c) {
+      double s = b2[c];
+      for (int f = 0; f < F; ++f) s += h[n * F + f] * W2[c * F + f];
+      y[n * C + c] = s;
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) {
+      db2[c] += dy[n * C + c];
+      for (int f = 0; f < F; ++f) {
+        dh[n * F + f] += dy[n * C + c] * W2[c * F + f];
+        dW2[c * F + f] += dy[n * C + c] * h[n * F + f];
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int f = 0; f < F; ++f) {
+      db1[f] += dh[n * F + f];
+      for (int c = 0; c < C; ++c) {
+        dx[n * C + c] += dh[n * F + f] * W1[f * C + c];
+        dW1[f * C + c] += dh[n * F + f] * x[n * C + c];
+      }
+    }
+  }
+
+  Device d{*ops, {}};
+  DevPtr dev_x = d.put(to_float(x)), w1 = d.put(row_slice(W1, C, r * Fl, Fl)),
+         bias1 = d.put(row_slice(b1, 1, r * Fl, Fl)), w2 = d.put(col_slice(W2, C, F, r * Fl, Fl)),
+         bias2 = d.put(to_float(b2)), dev_dy = d.put(to_float(dy));
+  DevPtr dev_h = d.zeros(N * Fl), dev_y = d.zeros(N * C);
+  column.forward(dev_h, dev_x, w1, bias1, N);
+  row.forward(dev_y, dev_h, w2, bias2, N);
+  EXPECT_LT(max_err(d.get(dev_h, N * Fl), col_slice(h, N, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(d.get(dev_y, N * C), to_float(y)), kTol) << "row-parallel output, rank " << r;
+
+  DevPtr dev_dh = d.zeros(N * Fl), dev_dx = d.zeros(N * C), dw1 = d.zeros(Fl * C),
+         db1_l = d.zeros(Fl), dw2 = d.zeros(C * Fl), db2_l = d.zeros(C);
+  row.backward(dev_dh, dw2, db2_l, dev_dy, dev_h, w2, N);
+  column.backward(dev_dx, dw1, db1_l, dev_dh, dev_x, w1, N);
+  group.reduce_column_input_grad(dev_dx, N * C, "test dinput");
+  EXPECT_LT(max_err(d.get(dev_dh, N * Fl), col_slice(dh, N, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(d.get(dw2, C * Fl), col_slice(dW2, C, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(d.get(db2_l, C), to_float(db2)), kTol) << "replicated bias: full gradient";
+  EXPECT_LT(max_err(d.get(dw1, Fl * C), row_slice(dW1, C, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(d.get(db1_l, Fl), row_slice(db1, 1, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(d.get(dev_dx, N * C), to_float(dx)), kTol) << "column input gradient";
+}
+
+TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheWholeTable) {
+  Communicator& comm = test::device_world();
+  const int tp = comm.size(), r = comm.rank();
+  const int B = 2, T = 5, N = B * T, C = 4, V = 27, Vp = 32;  // rows 27..31 are padding
+  auto ops = make_cpu_ops(1);
+  TensorParallel group(*ops, &comm, r, tp);
+  VocabParallelEmbedding embedding(group, Vp, C);
+  const int Vl = Vp / tp;
+  ASSERT_EQ(embedding.vocab_local(), Vl);
+  ASSERT_EQ(embedding.vocab_begin(), r * Vl);
+
+  std::vector<int32_t> tokens(N);
+  for (int i = 0; i < N; ++i) tokens[i] = (i * 7 + 3) % V;
+  tokens[3] = tokens[8];  // a repeated token accumulates twice
+  const Mat wte = random_values(7, Vp * C), wpe = random_values(8, T * C),
+            dout = random_values(9, N * C);
+  Mat out(N * C), dwte(Vp * C, 0), dwpe(T * C, 0);
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) {
+      out[n * C + c] = wte[tokens[n] * C + c] + wpe[(n % T) * C + c];
+      dwte[tokens[n] * C + c] += dout[n * C + c];
+      dwpe[(n % T) * C + c] += dout[n * C + c];
+    }
+  }
+
+  Device d{*ops, {}};
+  DeviceBuffer tok(*ops, N * sizeof(int32_t));
+  ops->upload(tok.as(DType::kI32), tokens.data(), N * sizeof(int32_t));
+  DevPtr table = d.put(row_slice(wte, C, r * Vl, Vl)), pos = d.put(to_float(wpe));
+  DevPtr dev_out = d.zeros(N * C);
+  embedding.forward(dev_out, tok.as(DType::kI32), table, pos, B, T);
+  EXPECT_LT(max_err(d.get(dev_out, N * C), to_float(out)), kTol) << "positions added once";
+
+  DevPtr dev_dout = d.put(to_float(dout)), dtable = d.zeros(Vl * C), dpos = d.zeros(T * C);
+  embedding.backward(dtable, dpos, dev_dout, tok.as(DType::kI32), B, T);
+  EXPECT_LT(max_err(d.get(dtable, Vl * C), row_slice(dwte, C, r * Vl, Vl)), kTol);
+  EXPECT_LT(max_err(d.get(dpos, T * C), to_float(dwpe)), kTol);
+}
+
+TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheWholeSoftmax) {
+  Communicator& comm = test::device_world();
+  const int tp = comm.size(), r = comm.rank();
+  const int N = 7, V = 27, Vp = 32;
+  const float dloss = 0.5f;
+  auto ops = make_cpu_ops(1);
+  TensorParallel group(*ops, &comm, r, tp);
+  VocabParallelCrossEntropy xent(group, V, Vp);
+  const int Vl = Vp / tp;
+
+  Mat logits = random_values(10, N * Vp);
+  for (double& v : logits) v *= 4.0;  // a peaked softmax: the max subtraction matters
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = (n * 11 + 5) % V;
+  Mat losses(N), dlogits(N * Vp, 0);
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[n * Vp + v]);
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[n * Vp + v] - mx);
+    losses[n] = std::log(sum) + mx - logits[n * Vp + targets[n]];
+    for (int v = 0; v < V; ++v) {
+      dlogits[n * Vp + v] =
+          dloss * (std::exp(logits[n * Vp + v] - mx) / sum - (v == targets[n] ? 1.0 : 0.0));
+    }
+  }
+
+  Device d{*ops, {}};
+  DeviceBuffer tgt(*ops, N * sizeof(int32_t));
+  ops->upload(tgt.as(DType::kI32), targets.data(), N * sizeof(int32_t));
+  DevPtr local = d.put(col_slice(logits, N, Vp, r * Vl, Vl));
+  DevPtr dev_losses = d.zeros(N), row_max = d.zeros(N), sums = d.zeros(2 * N);
+  xent.forward(dev_losses, row_max, sums, local, tgt.as(DType::kI32), N);
+  EXPECT_LT(max_err(d.get(dev_losses, N), to_float(losses)), kTol);
+  xent.backward(local, local, row_max, sums, tgt.as(DType::kI32), dloss, N);  // in place
+  EXPECT_LT(max_err(d.get(local, N * Vl), col_slice(dlogits, N, Vp, r * Vl, Vl)), kTol)
+      << "rank " << r << " (padded columns must be 0)";
+}
+
+}  // namespace
+}  // namespace trident
