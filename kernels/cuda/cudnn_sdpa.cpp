@@ -423,8 +423,9 @@ void build_backward(Graph& g, const Layout& L) {
     g.reduction("red_dK_head", CUDNN_REDUCE_TENSOR_ADD, "add", dk_full, dk);
   }
   // --- "dp_scaled @ K => dQ" chain ---
-  // "reshape_k": K^T back to K (dims and strides 2<->3).
-  auto k = virt("K", bf16, L.kv_dims(), L.kv_strides());
+  // "reshape_k": K^T back to K (dims and strides 2<->3). FE leaves its data type to the
+  // graph's intermediate type: fp32, as its trace shows.
+  auto k = virt("K", f32, L.kv_dims(), L.kv_strides());
   g.reshape("reshape_k", kt, k);
   // "matmul_dS_K": dQ = dS @ K, written directly (use_dp_workspace: deterministic).
   g.matmul("matmul_dS_K", ds, k, dq);
