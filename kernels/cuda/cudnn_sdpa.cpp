@@ -162,12 +162,14 @@ class Graph {
     if (b) {
       set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, what,
           "CUDNN_ATTR_OPERATION_POINTWISE_BDESC");
-      args += "," + name(b);
+      args += ',';
+      args += name(b);
     }
     if (t) {
       set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what,
           "CUDNN_ATTR_OPERATION_POINTWISE_TDESC");
-      args += "," + name(t);
+      args += ',';
+      args += name(t);
     }
     set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what,
         "CUDNN_ATTR_OPERATION_POINTWISE_YDESC");

@@ -1,11 +1,14 @@
 // The composite causal SDPA graphs of the cuDNN attention path finalize as cuDNN operation
 // graphs on the host (no device needed), with the op sequence cudnn-frontend builds.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/ops.h"
 
 namespace trident::cuda {
 namespace {
@@ -104,6 +107,30 @@ TEST(CudnnSdpaGraph, RejectsHeadDimsCudnnCannotRun) {
 
 TEST(CudnnSdpaGraph, RejectsF32) {
   expect_rejected({2, 7, 4, 2, 64, DType::kF32}, "dtype f32 is not bf16");
+}
+
+}  // namespace
+}  // namespace trident::cuda
+
+namespace trident::cuda {
+namespace {
+
+// make_cudnn_attention says why it cannot serve a shape, before touching a device for a
+// bad shape, and names cudnnCreate's failure without one. (A CPU Ops stands in: nothing is
+// allocated on these paths.)
+TEST(MakeCudnnAttention, SaysWhyNot) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  auto f32 = make_cudnn_attention(*ops, nullptr, {2, 7, 4, 2, 64, DType::kF32});
+  ASSERT_FALSE(f32.is_ok());
+  EXPECT_NE(f32.status().message().find("dtype f32 is not bf16"), std::string::npos) << f32.status().message();
+  auto hd = make_cudnn_attention(*ops, nullptr, {2, 7, 4, 2, 20, DType::kBF16});
+  ASSERT_FALSE(hd.is_ok());
+  EXPECT_NE(hd.status().message().find("head dim HD=20"), std::string::npos) << hd.status().message();
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return;  // the rest is about no device
+  auto none = make_cudnn_attention(*ops, nullptr, {2, 7, 4, 2, 64, DType::kBF16});
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("cudnnCreate failed"), std::string::npos) << none.status().message();
 }
 
 }  // namespace
