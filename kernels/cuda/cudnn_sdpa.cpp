@@ -288,6 +288,29 @@ Status validate_shape(const AttentionShape& s) {
   return Status::ok();
 }
 
+std::string version_str(size_t v) {  // 91900 -> "9.19.0"
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+}
+
+// What the loaded cuDNN can run of these graphs, from cudnn-frontend's checks for exactly
+// this configuration (CompositeSDPABackwardNode::pre_validate_node, sdpa_support_surface.h).
+// Only the execution paths ask: the graphs themselves build with any cuDNN 9.
+Status check_runtime_support(const AttentionShape& s, size_t version) {
+  const std::string where = "cuDNN SDPA (" + shape_str(s) + ", cuDNN " + version_str(version) + "): ";
+  if (version < 91002) {
+    // Older releases want -FLT_MAX as the mask value (FE get_negative_inf_value) and 9.10.0/1
+    // have backward bugs FE refuses.
+    return Status::invalid_config(where + "needs cuDNN 9.10.2 or newer (the graphs are cudnn-frontend's for it)");
+  }
+  if (version < 91600 && s.T % 128 != 0) {
+    // FE adds a "workaround padding mask" to the backward graph up to 9.15; not built here.
+    return Status::invalid_config(where + "cuDNN before 9.16 needs T to be a multiple of 128 (T=" +
+                                  std::to_string(s.T) + ")");
+  }
+  if (s.T == 1) return Status::invalid_config(where + "T=1 is not supported (s_q = s_kv = 1)");
+  return Status::ok();
+}
+
 void build_forward(Graph& g, const Layout& L) {
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   auto q = g.tensor("Q", bf16, L.q_dims(), L.q_strides(), false, kQ);
@@ -632,6 +655,7 @@ class CudnnAttention final : public AttentionPath {
     auto key = std::make_tuple(s.B, s.T, backward);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
+    TRIDENT_RETURN_IF_ERROR(check_runtime_support(s, cudnnGetVersion()));
     TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<Plan> made, make_plan(handle_, s, backward));
     return plans_.emplace(key, std::move(made)).first->second.get();
   }
@@ -698,6 +722,7 @@ Status build_cudnn_sdpa_graph(const AttentionShape& shape, bool backward, std::s
 Result<std::unique_ptr<AttentionPath>> make_cudnn_attention(Ops& ops, CUstream_st* stream,
                                                             const AttentionShape& max_shape) {
   TRIDENT_RETURN_IF_ERROR(validate_shape(max_shape));
+  TRIDENT_RETURN_IF_ERROR(check_runtime_support(max_shape, cudnnGetVersion()));
   cudnnHandle_t handle = nullptr;
   cudnnStatus_t st = cudnnCreate(&handle);
   if (st != CUDNN_STATUS_SUCCESS) {

@@ -126,6 +126,9 @@ TEST(MakeCudnnAttention, SaysWhyNot) {
   auto hd = make_cudnn_attention(*ops, nullptr, {2, 7, 4, 2, 20, DType::kBF16});
   ASSERT_FALSE(hd.is_ok());
   EXPECT_NE(hd.status().message().find("head dim HD=20"), std::string::npos) << hd.status().message();
+  auto t1 = make_cudnn_attention(*ops, nullptr, {2, 1, 4, 2, 64, DType::kBF16});
+  ASSERT_FALSE(t1.is_ok());
+  EXPECT_NE(t1.status().message().find("T=1 is not supported"), std::string::npos) << t1.status().message();
   int n = 0;
   if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return;  // the rest is about no device
   auto none = make_cudnn_attention(*ops, nullptr, {2, 7, 4, 2, 64, DType::kBF16});
