@@ -183,9 +183,6 @@ class PlainAttention final : public AttentionPath {
     DevPtr grad = grad_.get(ops_, d.q_elems * sizeof(float), DType::kF32);          // [B, H, T, HD]
     DevPtr grad_out = grad_out_.get(ops_, d.q_elems * sizeof(float), DType::kF32);  // [B, T, H, HD]
     permute_bthd_to_bhtd(dop.raw(), dout.raw(), dt, s.B, s.T, s.NH, s.HD, stream_);
-    if (!dk.is_null() || !dv.is_null()) {
-      permute_bthd_to_bhtd(vp.raw(), v.raw(), dt, s.B, s.T, s.NKV, s.HD, stream_);
-    }
     if (!dv.is_null()) {  // dVg[T, HD] = P^T dOg, summed over the group's G*T rows
       gemm_.run(grad_kv_desc(s, dt), probs, dop, grad);
       accumulate_from(dv, grad, grad_out, s.NKV, s);
@@ -193,6 +190,7 @@ class PlainAttention final : public AttentionPath {
     if (dq.is_null() && dk.is_null()) return;
     DevPtr dp = scores_.get(ops_, d.score_elems * sizeof(float), DType::kF32);
     DevPtr ds = ds_.get(ops_, d.score_elems * d.esize, dt);
+    permute_bthd_to_bhtd(vp.raw(), v.raw(), dt, s.B, s.T, s.NKV, s.HD, stream_);
     gemm_.run(scores_desc(s, dt), dop, vp, dp);  // dP = dOg Vg^T
     causal_softmax_backward(ds.raw(), probs.raw(), dt, dp.raw_as<float>(), d.rows, s.T, d.ld, d.scale, stream_);
     if (!dq.is_null()) {  // dQg = dS Kg

@@ -126,8 +126,9 @@ std::unique_ptr<Ops> cuda_ops_for(const char* path, std::string* why) {
   return std::move(ops).value();
 }
 
-// One forward and one backward through `ops`.
-Grads run_on_device(Ops& ops, const Shape& s, DType dt, const Problem& p) {
+// One forward and one backward through `ops`; with `only`, the backward asks for that
+// one gradient ('q', 'k' or 'v') and passes null for the others (they keep dq0..).
+Grads run_on_device(Ops& ops, const Shape& s, DType dt, const Problem& p, char only = 0) {
   auto buffer = [&](const std::vector<float>& host) {
     DeviceBuffer b(ops, host.size() * dtype_size(dt));
     ops.upload_floats(b.as(dt), host.data(), host.size());
@@ -138,8 +139,9 @@ Grads run_on_device(Ops& ops, const Shape& s, DType dt, const Problem& p) {
   DeviceBuffer out(ops, p.q.size() * dtype_size(dt));
   DeviceBuffer state(ops, ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD));
   ops.attention_forward(out.as(dt), state.get(), q.as(dt), k.as(dt), v.as(dt), s.B, s.T, s.NH, s.NKV, s.HD);
-  ops.attention_backward(dq.as(dt), dk.as(dt), dv.as(dt), dout.as(dt), out.as(dt), state.get(), q.as(dt),
-                         k.as(dt), v.as(dt), s.B, s.T, s.NH, s.NKV, s.HD);
+  auto wanted = [&](const DeviceBuffer& b, char which) { return only == 0 || only == which ? b.as(dt) : DevPtr(); };
+  ops.attention_backward(wanted(dq, 'q'), wanted(dk, 'k'), wanted(dv, 'v'), dout.as(dt), out.as(dt), state.get(),
+                         q.as(dt), k.as(dt), v.as(dt), s.B, s.T, s.NH, s.NKV, s.HD);
   Grads g;
   auto fetch = [&](const DeviceBuffer& b, size_t n) {
     std::vector<float> host(n);
@@ -185,6 +187,17 @@ TEST(AttentionGpu, PlainPathMatchesADoubleReference) {
       // f32: fp32 GEMMs (no TF32) and softmax; bf16: P, dS and the outputs rounded.
       expect_close(got, want, dt == DType::kF32 ? 1e-4 : 3e-2, "plain " + str(s, dt));
     }
+  }
+  // One gradient at a time (the others null): each is still right, the others untouched.
+  const Shape s = kShapes[1];
+  const Problem p = make_problem(s, false, 9);
+  const Grads want = reference(s, p);
+  for (char only : {'q', 'k', 'v'}) {
+    const Grads got = run_on_device(*ops, s, DType::kF32, p, only);
+    const std::string what = std::string("plain, only d") + only + " " + str(s, DType::kF32);
+    EXPECT_LT(rel_err(got.dq, only == 'q' ? want.dq : p.dq0), 1e-4) << what << ": dq";
+    EXPECT_LT(rel_err(got.dk, only == 'k' ? want.dk : p.dk0), 1e-4) << what << ": dk";
+    EXPECT_LT(rel_err(got.dv, only == 'v' ? want.dv : p.dv0), 1e-4) << what << ": dv";
   }
 }
 
