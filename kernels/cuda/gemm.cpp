@@ -1,0 +1,329 @@
+// GemmEngine over cuBLASLt (contract: gemm.h).
+//
+// Row-major to column-major: a row-major X[r, c] with row stride ld is, to cuBLAS, the
+// column-major X^T (c rows, r columns, leading dimension ld). So the row-major
+//   D[M, N] = op(A)[M, K] @ op(B)[K, N]
+// is the column-major D^T[N, M] = op(B)^T[N, K] @ op(A)^T[K, M]: cuBLAS's "A" is our B
+// and its "B" is our A, m = N, n = M (llm.c matmul_cublaslt makes the same swap).
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+#include "core/check.h"
+
+namespace trident::cuda {
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+int64_t rows_of_a(const GemmDesc& d) { return d.trans_a ? d.K : d.M; }  // stored A
+int64_t cols_of_a(const GemmDesc& d) { return d.trans_a ? d.M : d.K; }
+int64_t rows_of_b(const GemmDesc& d) { return d.trans_b ? d.N : d.K; }  // stored B
+int64_t cols_of_b(const GemmDesc& d) { return d.trans_b ? d.K : d.N; }
+int64_t eff_ld(int64_t ld, int64_t cols) { return ld == 0 ? cols : ld; }
+
+std::string status_text(cublasStatus_t s) {
+  return std::string(cublasLtGetStatusName(s)) + " (" + cublasLtGetStatusString(s) + ")";
+}
+
+// The descriptor and the three layouts one desc runs with; destroyed together.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // cuBLAS's A, B, and C = D
+  Descriptors() = default;
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+  ~Descriptors() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Status validate(const GemmDesc& d) {
+  auto fail = [&](const std::string& why) {
+    return Status::invalid_input("GEMM " + d.str() + ": " + why);
+  };
+  if (d.M <= 0 || d.N <= 0 || d.K <= 0) return fail("M, N and K must be positive");
+  if (d.batch <= 0) return fail("batch must be positive");
+  if (!is_float_dtype(d.ab_dtype)) return fail("A/B dtype must be f32 or bf16");
+  if (!is_float_dtype(d.d_dtype)) return fail("D dtype must be f32 or bf16");
+  if (d.ab_dtype == DType::kF32 && d.d_dtype != DType::kF32) {
+    return fail("f32 inputs need an f32 D (no f32->bf16 GEMM)");
+  }
+  if (d.bias && d.accumulate) return fail("bias is only allowed without accumulate");
+  const size_t ab = dtype_size(d.ab_dtype), dd = dtype_size(d.d_dtype);
+  struct Ld {
+    const char* name;
+    int64_t ld, cols, rows, stride;
+    size_t elem;
+  };
+  const Ld lds[] = {{"lda", eff_ld(d.lda, cols_of_a(d)), cols_of_a(d), rows_of_a(d), d.stride_a, ab},
+                    {"ldb", eff_ld(d.ldb, cols_of_b(d)), cols_of_b(d), rows_of_b(d), d.stride_b, ab},
+                    {"ldd", eff_ld(d.ldd, d.N), d.N, d.M, d.stride_d, dd}};
+  for (const Ld& l : lds) {
+    const std::string n = l.name;
+    if (l.ld < l.cols) {
+      return fail(n + "=" + std::to_string(l.ld) + " is smaller than the " +
+                  std::to_string(l.cols) + " columns of the stored matrix (mismatched leading dimension)");
+    }
+    if ((static_cast<size_t>(l.ld) * l.elem) % 8 != 0) {
+      return fail(n + "=" + std::to_string(l.ld) + " is not a multiple of 8 bytes (" +
+                  std::to_string(8 / l.elem) + " elements of " + std::to_string(l.elem) +
+                  " bytes): misaligned leading dimension");
+    }
+    if (d.batch > 1) {
+      if (l.stride < 0) return fail(n + " batch stride is negative");
+      if ((static_cast<size_t>(l.stride) * l.elem) % 16 != 0) {
+        return fail(n + " batch stride " + std::to_string(l.stride) +
+                    " elements is not a multiple of 16 bytes (misaligned batch pointers)");
+      }
+    }
+  }
+  if (d.batch > 1 && d.stride_d < static_cast<int64_t>(d.M) * lds[2].ld) {
+    return fail("stride_d=" + std::to_string(d.stride_d) + " is smaller than M*ldd=" +
+                std::to_string(static_cast<int64_t>(d.M) * lds[2].ld) +
+                " (batches of D would overlap)");
+  }
+  return Status::ok();
+}
+
+// Creates every descriptor run() uses, with every attribute but the bias pointer (set
+// per call). Returns a message naming the failed call, or "" on success.
+std::string make_descriptors(const GemmDesc& d, Descriptors& out) {
+  cublasStatus_t s;
+  auto failed = [&](const char* what) { return std::string(what) + " failed: " + status_text(s); };
+  if ((s = cublasLtMatmulDescCreate(&out.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) {
+    return failed("cublasLtMatmulDescCreate(CUBLAS_COMPUTE_32F, CUDA_R_32F)");
+  }
+  // cuBLAS's op(A) is our op(B)^T: stored B [K, N] (column-major N x K) needs no transpose.
+  cublasOperation_t op_a = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if ((s = cublasLtMatmulDescSetAttribute(out.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a))) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return failed("CUBLASLT_MATMUL_DESC_TRANSA");
+  }
+  if ((s = cublasLtMatmulDescSetAttribute(out.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b))) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return failed("CUBLASLT_MATMUL_DESC_TRANSB");
+  }
+  cublasLtEpilogue_t epilogue = d.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if ((s = cublasLtMatmulDescSetAttribute(out.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                          sizeof(epilogue))) != CUBLAS_STATUS_SUCCESS) {
+    return failed("CUBLASLT_MATMUL_DESC_EPILOGUE");
+  }
+  if (d.bias) {
+    cudaDataType_t bias_type = cuda_type(d.d_dtype);  // the bias has D's dtype
+    if ((s = cublasLtMatmulDescSetAttribute(out.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                            sizeof(bias_type))) != CUBLAS_STATUS_SUCCESS) {
+      return failed("CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE");
+    }
+    int64_t bias_stride = 0;  // one bias for every batch
+    if (d.batch > 1 &&
+        (s = cublasLtMatmulDescSetAttribute(out.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
+                                            sizeof(bias_stride))) != CUBLAS_STATUS_SUCCESS) {
+      return failed("CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE");
+    }
+  }
+  // Column-major views: cuBLAS A = stored B^T, B = stored A^T, D = D^T.
+  struct L {
+    cublasLtMatrixLayout_t* layout;
+    DType dtype;
+    int64_t rows, cols, ld, stride;
+    const char* name;
+  };
+  const L layouts[] = {
+      {&out.a, d.ab_dtype, cols_of_b(d), rows_of_b(d), eff_ld(d.ldb, cols_of_b(d)), d.stride_b, "B"},
+      {&out.b, d.ab_dtype, cols_of_a(d), rows_of_a(d), eff_ld(d.lda, cols_of_a(d)), d.stride_a, "A"},
+      {&out.d, d.d_dtype, d.N, d.M, eff_ld(d.ldd, d.N), d.stride_d, "D"}};
+  for (const L& l : layouts) {
+    if ((s = cublasLtMatrixLayoutCreate(l.layout, cuda_type(l.dtype), static_cast<uint64_t>(l.rows),
+                                        static_cast<uint64_t>(l.cols), l.ld)) != CUBLAS_STATUS_SUCCESS) {
+      return failed((std::string("cublasLtMatrixLayoutCreate(") + l.name + ")").c_str());
+    }
+    if (d.batch > 1) {
+      int32_t count = d.batch;
+      int64_t stride = l.stride;
+      if ((s = cublasLtMatrixLayoutSetAttribute(*l.layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                sizeof(count))) != CUBLAS_STATUS_SUCCESS) {
+        return failed((std::string("CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT(") + l.name + ")").c_str());
+      }
+      if ((s = cublasLtMatrixLayoutSetAttribute(*l.layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride, sizeof(stride))) != CUBLAS_STATUS_SUCCESS) {
+        return failed((std::string("CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET(") + l.name + ")").c_str());
+      }
+    }
+  }
+  return "";
+}
+
+struct DescHash {
+  size_t operator()(const GemmDesc& d) const {
+    size_t h = 0;
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    uint32_t alpha_bits;
+    std::memcpy(&alpha_bits, &d.alpha, 4);
+    for (uint64_t v : {uint64_t(d.M), uint64_t(d.N), uint64_t(d.K), uint64_t(d.trans_a), uint64_t(d.trans_b),
+                       uint64_t(d.ab_dtype), uint64_t(d.d_dtype), uint64_t(d.bias), uint64_t(d.accumulate),
+                       uint64_t(alpha_bits), uint64_t(d.lda), uint64_t(d.ldb), uint64_t(d.ldd),
+                       uint64_t(d.batch), uint64_t(d.stride_a), uint64_t(d.stride_b), uint64_t(d.stride_d)}) {
+      mix(v);
+    }
+    return h;
+  }
+};
+
+}  // namespace
+
+std::string GemmDesc::str() const {
+  std::string s = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+  if (trans_a) s += " ta";
+  if (trans_b) s += " tb";
+  s += std::string(" ") + dtype_name(ab_dtype) + "->" + dtype_name(d_dtype);
+  if (bias) s += " bias";
+  if (accumulate) s += " acc";
+  if (alpha != 1.0f) s += " alpha=" + std::to_string(alpha);
+  s += " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) + " ldd=" + std::to_string(ldd);
+  s += " batch=" + std::to_string(batch);
+  if (batch > 1) {
+    s += " strides=" + std::to_string(stride_a) + "," + std::to_string(stride_b) + "," +
+         std::to_string(stride_d);
+  }
+  return s;
+}
+
+struct GemmEngine::Impl {
+  cublasLtHandle_t handle = nullptr;
+  CUstream_st* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  struct Entry {
+    Descriptors descs;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::unordered_map<GemmDesc, std::unique_ptr<Entry>, DescHash> cache;
+
+  Entry& entry_for(const GemmDesc& desc);
+};
+
+Result<std::unique_ptr<GemmEngine>> GemmEngine::create(CUstream_st* stream, size_t workspace_bytes) {
+  std::unique_ptr<GemmEngine> engine(new GemmEngine());
+  engine->impl_ = std::make_unique<Impl>();
+  Impl& im = *engine->impl_;
+  im.stream = stream;
+  cublasStatus_t s = cublasLtCreate(&im.handle);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    im.handle = nullptr;
+    return Status::internal("cuBLASLt: cublasLtCreate failed: " + status_text(s) +
+                            " (no usable CUDA device or driver?)");
+  }
+  if (workspace_bytes > 0) {
+    cudaError_t e = cudaMallocAsync(&im.workspace, workspace_bytes, stream);
+    if (e != cudaSuccess) {
+      im.workspace = nullptr;
+      return Status::internal("cuBLASLt: workspace of " + std::to_string(workspace_bytes) +
+                              " bytes: cudaMallocAsync failed: " + cudaGetErrorString(e));
+    }
+  }
+  im.workspace_bytes = workspace_bytes;
+  return engine;
+}
+
+GemmEngine::~GemmEngine() {
+  if (!impl_) return;
+  impl_->cache.clear();
+  if (impl_->workspace) cudaFreeAsync(impl_->workspace, impl_->stream);
+  if (impl_->handle) cublasLtDestroy(impl_->handle);
+}
+
+Status GemmEngine::describe(const GemmDesc& desc) {
+  TRIDENT_RETURN_IF_ERROR(validate(desc));
+  Descriptors descs;
+  std::string err = make_descriptors(desc, descs);
+  if (!err.empty()) return Status::internal("GEMM " + desc.str() + ": " + err);
+  return Status::ok();
+}
+
+GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc) {
+  auto it = cache.find(desc);
+  if (it != cache.end()) return *it->second;
+  Status v = validate(desc);
+  TRIDENT_CHECK_MSG(v.is_ok(), v.message());
+  auto entry = std::make_unique<Entry>();
+  std::string err = make_descriptors(desc, entry->descs);
+  TRIDENT_CHECK_MSG(err.empty(), "GEMM " + desc.str() + ": " + err);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
+  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+                    "GEMM " + desc.str() + ": cublasLtMatmulPreferenceCreate: " + status_text(s));
+  uint64_t ws = workspace_bytes;
+  s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The heuristic otherwise assumes 256-byte aligned pointers; run() promises only 16
+  // (arena slices, batch offsets), so ask for algorithms that accept that.
+  uint32_t align = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+  }
+  if (s != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+                    "GEMM " + desc.str() + ": cublasLtMatmulPreferenceSetAttribute: " + status_text(s));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const Descriptors& d = entry->descs;
+  s = cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.d, d.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+                    "GEMM " + desc.str() + ": cublasLtMatmulAlgoGetHeuristic: " + status_text(s));
+  TRIDENT_CHECK_MSG(found > 0, "GEMM " + desc.str() + ": cuBLASLt has no algorithm for this desc (workspace " +
+                                   std::to_string(workspace_bytes) + " bytes)");
+  entry->algo = result.algo;
+  Entry& ref = *entry;
+  cache.emplace(desc, std::move(entry));
+  return ref;
+}
+
+void GemmEngine::run(const GemmDesc& desc, DevPtr a, DevPtr b, DevPtr d, DevPtr bias) {
+  TRIDENT_CHECK_MSG(a.dtype() == desc.ab_dtype && b.dtype() == desc.ab_dtype,
+                    "GEMM " + desc.str() + ": A is " + dtype_name(a.dtype()) + ", B is " +
+                        dtype_name(b.dtype()));
+  TRIDENT_CHECK_MSG(d.dtype() == desc.d_dtype, "GEMM " + desc.str() + ": D is " + dtype_name(d.dtype()));
+  TRIDENT_CHECK_MSG(!a.is_null() && !b.is_null() && !d.is_null(), "GEMM " + desc.str() + ": null A, B or D");
+  TRIDENT_CHECK_MSG(desc.bias == !bias.is_null(),
+                    "GEMM " + desc.str() + ": bias pointer " + (bias.is_null() ? "missing" : "given without desc.bias"));
+  if (desc.bias) {
+    TRIDENT_CHECK_MSG(bias.dtype() == desc.d_dtype,
+                      "GEMM " + desc.str() + ": bias is " + dtype_name(bias.dtype()));
+  }
+  for (DevPtr p : {a, b, d, bias}) {
+    TRIDENT_CHECK_MSG(reinterpret_cast<uintptr_t>(p.raw()) % 16 == 0,
+                      "GEMM " + desc.str() + ": a pointer is not 16-byte aligned");
+  }
+  Impl::Entry& e = impl_->entry_for(desc);
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (desc.bias) {
+    const void* bias_ptr = bias.raw();
+    s = cublasLtMatmulDescSetAttribute(e.descs.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                       sizeof(bias_ptr));
+    TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+                      "GEMM " + desc.str() + ": CUBLASLT_MATMUL_DESC_BIAS_POINTER: " + status_text(s));
+  }
+  const float alpha = desc.alpha;
+  const float beta = desc.accumulate ? 1.0f : 0.0f;
+  // Swapped operands (file comment): cuBLAS A = our B, cuBLAS B = our A; C = D.
+  s = cublasLtMatmul(impl_->handle, e.descs.op, &alpha, b.raw(), e.descs.a, a.raw(), e.descs.b, &beta, d.raw(),
+                     e.descs.d, d.raw(), e.descs.d, &e.algo, impl_->workspace, impl_->workspace_bytes,
+                     impl_->stream);
+  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS, "GEMM " + desc.str() + ": cublasLtMatmul: " + status_text(s));
+}
+
+}  // namespace trident::cuda
