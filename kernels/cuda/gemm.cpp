@@ -75,18 +75,7 @@ Status validate(const GemmDesc& d) {
       return fail(n + "=" + std::to_string(l.ld) + " is smaller than the " +
                   std::to_string(l.cols) + " columns of the stored matrix (mismatched leading dimension)");
     }
-    if ((static_cast<size_t>(l.ld) * l.elem) % 8 != 0) {
-      return fail(n + "=" + std::to_string(l.ld) + " is not a multiple of 8 bytes (" +
-                  std::to_string(8 / l.elem) + " elements of " + std::to_string(l.elem) +
-                  " bytes): misaligned leading dimension");
-    }
-    if (d.batch > 1) {
-      if (l.stride < 0) return fail(n + " batch stride is negative");
-      if ((static_cast<size_t>(l.stride) * l.elem) % 16 != 0) {
-        return fail(n + " batch stride " + std::to_string(l.stride) +
-                    " elements is not a multiple of 16 bytes (misaligned batch pointers)");
-      }
-    }
+    if (d.batch > 1 && l.stride < 0) return fail(n + " batch stride is negative");
   }
   if (d.batch > 1 && d.stride_d < static_cast<int64_t>(d.M) * lds[2].ld) {
     return fail("stride_d=" + std::to_string(d.stride_d) + " is smaller than M*ldd=" +
@@ -94,6 +83,26 @@ Status validate(const GemmDesc& d) {
                 " (batches of D would overlap)");
   }
   return Status::ok();
+}
+
+// The pointer alignment (bytes) every batch entry and row of the desc keeps when the base
+// pointers are 16-byte aligned: the largest power of two up to 16 dividing each leading
+// dimension and batch stride in bytes.
+uint32_t desc_alignment(const GemmDesc& d) {
+  uint64_t align = 16;
+  auto keep = [&](int64_t elements, DType dtype) {
+    const uint64_t bytes = static_cast<uint64_t>(elements) * dtype_size(dtype);
+    while (align > 1 && bytes % align != 0) align /= 2;
+  };
+  keep(eff_ld(d.lda, cols_of_a(d)), d.ab_dtype);
+  keep(eff_ld(d.ldb, cols_of_b(d)), d.ab_dtype);
+  keep(eff_ld(d.ldd, d.N), d.d_dtype);
+  if (d.batch > 1) {
+    keep(d.stride_a, d.ab_dtype);
+    keep(d.stride_b, d.ab_dtype);
+    keep(d.stride_d, d.d_dtype);
+  }
+  return static_cast<uint32_t>(align);
 }
 
 // Creates every descriptor run() uses, with every attribute but the bias pointer (set
@@ -267,9 +276,10 @@ GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc) {
                     "GEMM " + desc.str() + ": cublasLtMatmulPreferenceCreate: " + status_text(s));
   uint64_t ws = workspace_bytes;
   s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  // The heuristic otherwise assumes 256-byte aligned pointers; run() promises only 16
-  // (arena slices, batch offsets), so ask for algorithms that accept that.
-  uint32_t align = 16;
+  // The heuristic otherwise assumes 256-byte aligned pointers; run() promises only what
+  // desc_alignment says (arena slices are 16-byte aligned; odd leading dimensions and
+  // batch strides give less), so ask for algorithms that accept that.
+  uint32_t align = desc_alignment(desc);
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
@@ -304,9 +314,11 @@ void GemmEngine::run(const GemmDesc& desc, DevPtr a, DevPtr b, DevPtr d, DevPtr 
     TRIDENT_CHECK_MSG(bias.dtype() == desc.d_dtype,
                       "GEMM " + desc.str() + ": bias is " + dtype_name(bias.dtype()));
   }
+  const uint32_t align = desc_alignment(desc);
   for (DevPtr p : {a, b, d, bias}) {
-    TRIDENT_CHECK_MSG(reinterpret_cast<uintptr_t>(p.raw()) % 16 == 0,
-                      "GEMM " + desc.str() + ": a pointer is not 16-byte aligned");
+    TRIDENT_CHECK_MSG(reinterpret_cast<uintptr_t>(p.raw()) % align == 0,
+                      "GEMM " + desc.str() + ": a pointer is not " + std::to_string(align) +
+                          "-byte aligned");
   }
   Impl::Entry& e = impl_->entry_for(desc);
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;

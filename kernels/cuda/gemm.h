@@ -11,9 +11,11 @@
 // D, through the BIAS epilogue.
 //
 // Leading dimensions are row-major row strides in elements (0 = packed: the number of
-// columns of the stored matrix); batch strides in elements. Pointers must be 16-byte
-// aligned and leading dimensions multiples of 8 bytes' worth of elements, as cuBLASLt's
-// fast kernels require; describe() reports a violation instead of running.
+// columns of the stored matrix); batch strides in elements. Any leading dimension >= the
+// row works (odd shapes included): the algorithm is asked for the alignment the desc
+// guarantees (the largest power of two up to 16 bytes dividing every leading dimension
+// and batch stride in bytes), and run() CHECK-fails on a pointer aligned to less.
+// Model shapes (multiples of 8 elements) get the 16-byte tensor-core kernels.
 //
 // One engine per compute stream, one workspace (32 MiB: Hopper's need), the heuristic
 // algorithm chosen on a desc's first run and cached by desc: the same desc always runs
