@@ -4,7 +4,11 @@
 // fixed-width table; bench/model_bench.sh runs it next to PyTorch eager.
 //
 //   build/bench/bench_model [--preset small|medium|all] [--steps N] [--threads N]
-//                           [--precision fp32|bf16]
+//                           [--precision fp32|bf16] [--profile]
+//
+// --profile: then, per preset, `steps` more steps on a new model whose Ops time every
+// call (bench/profiling_ops.h), and a table of each op's share of the step, its time per
+// step and its GFLOP/s (GEMM-shaped ops) or GB/s (the rest), forward and backward.
 #include <omp.h>
 
 #include <cmath>
@@ -15,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "core/rng.h"
+#include "bench/profiling_ops.h"
 #include "core/timer.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/transformer.h"
@@ -22,6 +27,8 @@
 
 namespace trident {
 namespace {
+
+using bench::ProfilingOps;
 
 struct Preset {
   const char* name;
@@ -36,7 +43,16 @@ int run(int argc, char** argv) {
   std::string preset = "all";
   int steps = 10, threads = 0;
   std::string precision = "fp32";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--profile")) {
+      profile = true;
+      continue;
+    }
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "%s: %s needs a value\n", argv[0], argv[i]);
+      return 2;
+    }
     if (!std::strcmp(argv[i], "--preset")) preset = argv[i + 1];
     else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
@@ -44,10 +60,11 @@ int run(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--preset small|medium|all] [--steps N] [--threads N] "
-                   "[--precision fp32|bf16]\n",
+                   "[--precision fp32|bf16] [--profile]\n",
                    argv[0]);
       return 2;
     }
+    ++i;
   }
   if (precision != "fp32" && precision != "bf16") {
     std::fprintf(stderr, "--precision: expected fp32 or bf16, got '%s'\n", precision.c_str());
@@ -71,45 +88,60 @@ int run(int argc, char** argv) {
     c.d_model = p.d_model;
     c.finalize();
     // The training step of `trident train` in one process: ZeRO stage 0 over a
-    // single-rank data-parallel group (no communication).
-    SelfCommunicator self("dp", MemSpace::kDevice);  // the dp group carries device buffers
-    const ModelPartition whole;
-    const ParamLayout layout = Transformer::plan_params(c, whole);
-    AdamWParams adamw;
-    adamw.weight_decay = 0.1f;
-    DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw, compute);
-    Transformer model(c, *ops, whole, nullptr, &dp.store(), p.micro_batch, 1, compute);
-    for (size_t i = 0; i < layout.params.size(); ++i) {
-      dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
-    }
+    // single-rank data-parallel group (no communication), on `step_ops`; returns the
+    // first step's loss and the seconds of `steps` steps after two warm-up steps.
     const int N = p.micro_batch * p.seq_len;
-    std::vector<int32_t> tokens(N), targets(N);
-    const uint64_t key = rng_key(7, 7);
-    for (int i = 0; i < N; ++i) {
-      tokens[i] = static_cast<int32_t>(uniform_int_at(key, i, p.vocab));
-      targets[i] = static_cast<int32_t>(uniform_int_at(key, i + N, p.vocab));
-    }
-    auto step = [&]() {
-      dp.zero_grad();
-      float loss = model.forward(tokens.data(), targets.data(), p.micro_batch, p.seq_len);
-      model.backward(1.0f);
-      dp.reduce_gradients();
-      const double norm = std::sqrt(dp.owned_grad_square_sum(true));
-      if (norm > 1.0) dp.scale_gradients(static_cast<float>(1.0 / norm));
-      dp.step(1e-4f);
-      return loss;
+    auto measure = [&](Ops& step_ops, ProfilingOps* profiler, float* loss0) {
+      SelfCommunicator self("dp", MemSpace::kDevice);  // the dp group carries device buffers
+      const ModelPartition whole;
+      const ParamLayout layout = Transformer::plan_params(c, whole);
+      AdamWParams adamw;
+      adamw.weight_decay = 0.1f;
+      DataParallel dp(layout, step_ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw, compute);
+      Transformer model(c, step_ops, whole, nullptr, &dp.store(), p.micro_batch, 1, compute);
+      for (size_t i = 0; i < layout.params.size(); ++i) {
+        dp.load_param(static_cast<int>(i), Transformer::initial_value(c, layout.params[i], 1));
+      }
+      std::vector<int32_t> tokens(N), targets(N);
+      const uint64_t key = rng_key(7, 7);
+      for (int i = 0; i < N; ++i) {
+        tokens[i] = static_cast<int32_t>(uniform_int_at(key, i, p.vocab));
+        targets[i] = static_cast<int32_t>(uniform_int_at(key, i + N, p.vocab));
+      }
+      auto step = [&]() {
+        dp.zero_grad();
+        float loss = model.forward(tokens.data(), targets.data(), p.micro_batch, p.seq_len);
+        model.backward(1.0f);
+        dp.reduce_gradients();
+        const double norm = std::sqrt(dp.owned_grad_square_sum(true));
+        if (norm > 1.0) dp.scale_gradients(static_cast<float>(1.0 / norm));
+        dp.step(1e-4f);
+        return loss;
+      };
+      *loss0 = step();  // warm-up, and the correctness check
+      step();
+      if (profiler) profiler->reset();
+      Timer timer;
+      for (int s = 0; s < steps; ++s) step();
+      return timer.elapsed_s();
     };
-    const float loss0 = step();  // warm-up, and the correctness check
-    step();
-    Timer timer;
-    for (int s = 0; s < steps; ++s) step();
-    const double ms = timer.elapsed_ms() / steps;
+    float loss0 = 0;
+    const double seconds = measure(*ops, nullptr, &loss0);
+    const double ms = 1e3 * seconds / steps;
     const double tok_s = N / (ms / 1000.0);
     const double gflops = c.flops_per_token() * tok_s / 1e9;
     const bool ok = std::isfinite(loss0) && std::fabs(loss0 - std::log(p.vocab)) < 0.5;
     std::printf("  %-8s %10lld %8d %10.2f %12.0f %10.1f %7.1f%% %10.4f %6s\n", p.name,
                 static_cast<long long>(c.num_parameters()), N, ms, tok_s, gflops,
                 100.0 * gflops / peak, loss0, ok ? "yes" : "NO");
+    if (profile) {
+      ProfilingOps profiler(*ops);
+      float profiled_loss0 = 0;
+      const double profiled = measure(profiler, &profiler, &profiled_loss0);
+      std::printf("# profile: %s, %d steps of %.2f ms (%.2f ms unprofiled), %s\n", p.name, steps,
+                  1e3 * profiled / steps, ms, precision.c_str());
+      profiler.print(profiled, steps);
+    }
   }
   return 0;
 }

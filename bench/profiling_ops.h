@@ -1,0 +1,246 @@
+// ProfilingOps: an Ops that times every call of an inner, synchronous Ops (the CPU
+// backend) and keeps, per op: calls, wall time, and the work done — floating-point
+// operations for the GEMM-shaped ops, bytes read and written for the memory-bound ones —
+// so a benchmark can print where a training step's time goes (llm.c's kernel-by-kernel
+// habit). Host wall clock around each call: valid only for a backend whose calls return
+// when their work is done (the CPU; a CUDA profile needs events).
+//
+// Work conventions (per call): matmul forward 2*N*IC*OC; backward 2*N*IC*OC for each of
+// dinp and dweight that is asked for; attention 4*B*NH*T^2*HD forward and twice that
+// backward (the full T x T products, as model-FLOP counts do, though only the causal half
+// is needed); everything else counts its bytes: every buffer argument's elements read or
+// written once, in its dtype.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/timer.h"
+#include "tests/kernels/forwarding_ops.h"
+
+namespace trident::bench {
+
+class ProfilingOps : public testing::ForwardingOps {
+ public:
+  struct Entry {
+    long calls = 0;
+    double seconds = 0, flops = 0, bytes = 0;
+  };
+  explicit ProfilingOps(Ops& inner) : ForwardingOps(inner) {}
+
+  void reset() { entries_.clear(); }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  double total_seconds() const {
+    double s = 0;
+    for (const auto& [name, e] : entries_) s += e.seconds;
+    return s;
+  }
+  // The table: ops by time, each with its share of `step_seconds` (the measured step, so
+  // the rest of the step, outside any op, shows as the "(outside ops)" line), per-step
+  // milliseconds over `steps` steps, and GFLOP/s or GB/s.
+  void print(double step_seconds, int steps) const;
+
+  void zero(DevPtr dst, size_t bytes) override {
+    Scope s(this, "zero", 0, static_cast<double>(bytes));
+    inner_.zero(dst, bytes);
+  }
+  void copy(DevPtr dst, DevPtr src, size_t bytes) override {
+    Scope s(this, "copy", 0, 2.0 * static_cast<double>(bytes));
+    inner_.copy(dst, src, bytes);
+  }
+  void cast(DevPtr dst, DevPtr src, size_t n) override {
+    Scope s(this, "cast", 0, bytes_of(n, {dst, src}));
+    inner_.cast(dst, src, n);
+  }
+  void embedding_forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T, int C,
+                         int vocab_begin, int vocab_local) override {
+    const size_t nC = static_cast<size_t>(B) * T * C;
+    Scope s(this, "embedding_forward", 0, bytes_of(nC, {out, wte, wpe}));
+    inner_.embedding_forward(out, tokens, wte, wpe, B, T, C, vocab_begin, vocab_local);
+  }
+  void embedding_backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B, int T,
+                          int C, int vocab_begin, int vocab_local) override {
+    const size_t nC = static_cast<size_t>(B) * T * C;
+    Scope s(this, "embedding_backward", 0, bytes_of(nC, {dout, dwte, dwte, dwpe, dwpe}));
+    inner_.embedding_backward(dwte, dwpe, dout, tokens, B, T, C, vocab_begin, vocab_local);
+  }
+  void layernorm_forward(DevPtr out, DevPtr mean, DevPtr rstd, DevPtr inp, DevPtr weight,
+                         DevPtr bias, int N, int C, float eps) override {
+    Scope s(this, "layernorm_forward", 0, bytes_of(static_cast<size_t>(N) * C, {out, inp}));
+    inner_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  }
+  void layernorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                          DevPtr weight, DevPtr mean, DevPtr rstd, int N, int C) override {
+    Scope s(this, "layernorm_backward", 0,
+            bytes_of(static_cast<size_t>(N) * C, {dinp, dinp, dout, inp}));
+    inner_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(DevPtr out, DevPtr rstd, DevPtr inp, DevPtr weight, int N, int C,
+                       float eps) override {
+    Scope s(this, "rmsnorm_forward", 0, bytes_of(static_cast<size_t>(N) * C, {out, inp}));
+    inner_.rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dout, DevPtr inp, DevPtr weight,
+                        DevPtr rstd, int N, int C) override {
+    Scope s(this, "rmsnorm_backward", 0,
+            bytes_of(static_cast<size_t>(N) * C, {dinp, dinp, dout, inp}));
+    inner_.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                      int OC) override {
+    Scope s(this, "matmul_forward", 2.0 * N * IC * OC, 0);
+    inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
+  }
+  void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                       DevPtr weight, int N, int IC, int OC) override {
+    const double one = 2.0 * N * IC * OC;
+    Scope s(this, "matmul_backward", (dinp.is_null() ? 0 : one) + (dweight.is_null() ? 0 : one), 0);
+    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  }
+  void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Scope s(this, "rope_forward", 0, bytes_of(static_cast<size_t>(B) * T * H * HD, {x, x}));
+    inner_.rope_forward(x, B, T, H, HD, theta, pos_offset);
+  }
+  void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Scope s(this, "rope_backward", 0, bytes_of(static_cast<size_t>(B) * T * H * HD, {dx, dx}));
+    inner_.rope_backward(dx, B, T, H, HD, theta, pos_offset);
+  }
+  void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
+                         int NH, int NKV, int HD) override {
+    Scope s(this, "attention_forward", 4.0 * B * NH * static_cast<double>(T) * T * HD, 0);
+    inner_.attention_forward(out, state, q, k, v, B, T, NH, NKV, HD);
+  }
+  void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out, DevPtr state,
+                          DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
+                          int HD) override {
+    Scope s(this, "attention_backward", 8.0 * B * NH * static_cast<double>(T) * T * HD, 0);
+    inner_.attention_backward(dq, dk, dv, dout, out, state, q, k, v, B, T, NH, NKV, HD);
+  }
+  void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
+    Scope s(this, "gelu_forward", 0, bytes_of(n, {out, inp}));
+    inner_.gelu_forward(out, inp, n);
+  }
+  void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) override {
+    Scope s(this, "gelu_backward", 0, bytes_of(n, {dinp, dinp, dout, inp}));
+    inner_.gelu_backward(dinp, dout, inp, n);
+  }
+  void swiglu_forward(DevPtr out, DevPtr gate, DevPtr up, size_t n) override {
+    Scope s(this, "swiglu_forward", 0, bytes_of(n, {out, gate, up}));
+    inner_.swiglu_forward(out, gate, up, n);
+  }
+  void swiglu_backward(DevPtr dgate, DevPtr dup, DevPtr dout, DevPtr gate, DevPtr up,
+                       size_t n) override {
+    Scope s(this, "swiglu_backward", 0, bytes_of(n, {dgate, dgate, dup, dup, dout, gate, up}));
+    inner_.swiglu_backward(dgate, dup, dout, gate, up, n);
+  }
+  void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
+    Scope s(this, "add", 0, bytes_of(n, {out, a, b}));
+    inner_.add(out, a, b, n);
+  }
+  void accumulate(DevPtr dst, DevPtr src, size_t n) override {
+    Scope s(this, "accumulate", 0, bytes_of(n, {dst, dst, src}));
+    inner_.accumulate(dst, src, n);
+  }
+  void scale(DevPtr x, float f, size_t n) override {
+    Scope s(this, "scale", 0, bytes_of(n, {x, x}));
+    inner_.scale(x, f, n);
+  }
+  void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
+                             int Vp) override {
+    Scope s(this, "cross_entropy_forward", 0, bytes_of(static_cast<size_t>(N) * Vp, {logits}));
+    inner_.cross_entropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
+                              int V, int Vp) override {
+    Scope s(this, "cross_entropy_backward", 0,
+            bytes_of(static_cast<size_t>(N) * Vp, {dlogits, logits}));
+    inner_.cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+  void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
+                      int V) override {
+    Scope s(this, "xent_local_max", 0, bytes_of(static_cast<size_t>(N) * Vp_local, {logits}));
+    inner_.xent_local_max(row_max, logits, N, Vp_local, vocab_begin, V);
+  }
+  void xent_local_sums(DevPtr sum_exp, DevPtr target_logit, DevPtr logits, DevPtr row_max,
+                       DevPtr targets, int N, int Vp_local, int vocab_begin, int V) override {
+    Scope s(this, "xent_local_sums", 0, bytes_of(static_cast<size_t>(N) * Vp_local, {logits}));
+    inner_.xent_local_sums(sum_exp, target_logit, logits, row_max, targets, N, Vp_local,
+                           vocab_begin, V);
+  }
+  void xent_local_backward(DevPtr dlogits, DevPtr logits, DevPtr row_max, DevPtr sum_exp,
+                           DevPtr targets, float dloss, int N, int Vp_local, int vocab_begin,
+                           int V) override {
+    Scope s(this, "xent_local_backward", 0,
+            bytes_of(static_cast<size_t>(N) * Vp_local, {dlogits, logits}));
+    inner_.xent_local_backward(dlogits, logits, row_max, sum_exp, targets, dloss, N, Vp_local,
+                               vocab_begin, V);
+  }
+  void xent_finish(DevPtr losses, DevPtr row_max, DevPtr sum_exp, DevPtr target_logit,
+                   int N) override {
+    Scope s(this, "xent_finish", 0, bytes_of(static_cast<size_t>(N), {losses, row_max, sum_exp, target_logit}));
+    inner_.xent_finish(losses, row_max, sum_exp, target_logit, N);
+  }
+  void loss_accumulate(DevPtr acc, DevPtr losses, int N) override {
+    Scope s(this, "loss_accumulate", 0, bytes_of(static_cast<size_t>(N), {losses}));
+    inner_.loss_accumulate(acc, losses, N);
+  }
+  void adamw_update(DevPtr param, DevPtr grad, DevPtr m, DevPtr v, DevPtr compute_copy, size_t n,
+                    const AdamWParams& p) override {
+    Scope s(this, "adamw_update", 0,
+            bytes_of(n, {param, param, grad, m, m, v, v, compute_copy}));
+    inner_.adamw_update(param, grad, m, v, compute_copy, n, p);
+  }
+  void sum_squares_accumulate(DevPtr acc, DevPtr x, size_t n) override {
+    Scope s(this, "sum_squares_accumulate", 0, bytes_of(n, {x}));
+    inner_.sum_squares_accumulate(acc, x, n);
+  }
+
+ private:
+  // Times one call into entries_[name].
+  struct Scope {
+    Scope(ProfilingOps* ops, const char* name, double flops, double bytes)
+        : entry(ops->entries_[name]) {
+      entry.calls++;
+      entry.flops += flops;
+      entry.bytes += bytes;
+    }
+    ~Scope() { entry.seconds += timer.elapsed_s(); }
+    Entry& entry;
+    Timer timer;
+  };
+  // n elements of each buffer (null ones skipped), in its dtype.
+  static double bytes_of(size_t n, std::initializer_list<DevPtr> buffers) {
+    double total = 0;
+    for (DevPtr p : buffers) {
+      if (!p.is_null()) total += static_cast<double>(n) * dtype_size(p.dtype());
+    }
+    return total;
+  }
+
+  std::map<std::string, Entry> entries_;
+};
+
+inline void ProfilingOps::print(double step_seconds, int steps) const {
+  std::vector<std::pair<std::string, Entry>> rows(entries_.begin(), entries_.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  std::printf("#   %-24s %7s %9s %7s %12s\n", "op", "calls", "ms/step", "share", "rate");
+  for (const auto& [name, e] : rows) {
+    char rate[32];
+    if (e.flops > 0) {
+      std::snprintf(rate, sizeof(rate), "%7.1f GFLOP/s", e.flops / e.seconds / 1e9);
+    } else {
+      std::snprintf(rate, sizeof(rate), "%7.2f GB/s", e.bytes / e.seconds / 1e9);
+    }
+    std::printf("    %-24s %7ld %9.3f %6.1f%% %14s\n", name.c_str(), e.calls / steps,
+                1e3 * e.seconds / steps, 100.0 * e.seconds / step_seconds, rate);
+  }
+  const double outside = step_seconds - total_seconds();
+  std::printf("    %-24s %7s %9.3f %6.1f%%\n", "(outside ops)", "", 1e3 * outside / steps,
+              100.0 * outside / step_seconds);
+}
+
+}  // namespace trident::bench
