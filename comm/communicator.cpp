@@ -257,6 +257,32 @@ void Communicator::wait_sends(const CollectiveOptions& opts) {
   do_wait_sends(opts);
 }
 
+void Communicator::batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) {
+  if (ops.empty()) return;
+  bool device = false;
+  for (const P2POp& op : ops) {
+    const CollectiveKind kind =
+        op.kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+    check_space(op.buf, kind, opts);
+    check_peer(op.peer, op.tag, kind, opts);
+    count(kind, op.buf.bytes());
+    device = device || op.buf.space == MemSpace::kDevice;
+  }
+  // The watchdog names the first peer: a batch is one pipeline exchange with neighbours.
+  WatchedCall watched(*this, "batch_p2p", ops.front().peer, opts);
+  DeviceWork work(device ? MemSpace::kDevice : MemSpace::kHost);
+  do_batch_p2p(ops, opts);
+}
+
+void Communicator::do_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) {
+  for (const P2POp& op : ops) {
+    if (op.kind == P2POp::kSend) do_isend(op.buf, op.peer, op.tag, opts);
+  }
+  for (const P2POp& op : ops) {
+    if (op.kind == P2POp::kRecv) do_recv(op.buf, op.peer, op.tag, opts);
+  }
+}
+
 void Communicator::barrier(const CollectiveOptions& opts) {
   count(CollectiveKind::kBarrier, 0);
   WatchedCall watched(*this, "barrier", -1, opts);

@@ -118,6 +118,15 @@ struct CommBuf {
   }
 };
 
+// One point-to-point operation of a batch (Communicator::batch_p2p).
+struct P2POp {
+  enum Kind : std::uint8_t { kSend, kRecv };
+  Kind kind = kSend;
+  CommBuf buf;
+  int peer = -1;  // group rank at the other end
+  int tag = 0;
+};
+
 // Per-call options. A default-constructed value means "communicator defaults".
 struct CollectiveOptions {
   // How long this call may block before the hang watchdog (comm/watchdog.h), if one
@@ -228,6 +237,18 @@ class Communicator {
   void isend(CommBuf data, int dst, int tag, const CollectiveOptions& opts = {});
   // Blocks until every isend of this communicator has completed.
   void wait_sends(const CollectiveOptions& opts = {});
+
+  // Sends and receives issued as one group (NCCL's ncclGroupStart/End): they progress
+  // together, so ranks that send to each other at the same time cannot deadlock. A lone
+  // send can: on NCCL a send completes only once its receive is posted, and a
+  // communicator runs its operations in launch order, so two neighbours that both send
+  // first wait for each other forever. Returns when every receive has completed and every
+  // send's buffer may be reused: the send has completed, or (backends with isend's copy
+  // semantics, like MPI) its payload has been copied and it completes by wait_sends().
+  // Each operation has the pairing, checks and counting of send / recv. The default
+  // (MPI, self) copies the sends out as isends, then receives in order; a backend whose
+  // isend blocks must override it.
+  void batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts = {});
   // isends not yet known to be complete (completed ones are reaped on the next isend).
   virtual std::size_t pending_sends() const { return 0; }
   // Bytes held by isend staging buffers: grow-only, so constant once the sizes and the
@@ -269,6 +290,7 @@ class Communicator {
     do_send(data, dst, tag, opts);
   }
   virtual void do_wait_sends(const CollectiveOptions& opts) {}
+  virtual void do_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts);
   virtual void do_barrier(const CollectiveOptions& opts) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
                                                  MemSpace space,

@@ -102,27 +102,23 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
   int live = 0;
 
   auto label = [&](const char* what, int micro) {
-    return CollectiveOptions{.label = std::string("pipeline ") + what + " micro " +
-                                      std::to_string(micro) + " stage " + std::to_string(stage_)};
+    return std::string("pipeline ") + what + " micro " + std::to_string(micro) + " stage " +
+           std::to_string(stage_);
   };
-  auto timed_recv = [&](DevPtr dst, int peer, int micro, const char* what) {
-    TRIDENT_CHECK_MSG(!dst.is_null(), std::string("pipeline: null ") + what + " buffer");
-    const Timer t;
-    pp_group_.recv(CommBuf::device(dst, n), peer, tag_of(micro),
-                   label(what, micro));
-    stats.idle_seconds += t.elapsed_s();
-    stats.recvs += 1;
-    stats.bytes_received += bytes;
+  auto op = [&](P2POp::Kind kind, DevPtr buf, int peer, int micro, const char* what) {
+    TRIDENT_CHECK_MSG(!buf.is_null(), std::string("pipeline: null ") + what + " buffer");
+    if (kind == P2POp::kSend) {
+      stats.sends += 1;
+      stats.bytes_sent += bytes;
+    } else {
+      stats.recvs += 1;
+      stats.bytes_received += bytes;
+    }
+    return P2POp{kind, CommBuf::device(buf, n), peer, tag_of(micro)};
   };
-  auto send = [&](DevPtr src, int peer, int micro, const char* what) {
-    TRIDENT_CHECK_MSG(!src.is_null(), std::string("pipeline: null ") + what + " buffer");
-    pp_group_.isend(CommBuf::device(src, n), peer, tag_of(micro),
-                    label(what, micro));
-    stats.sends += 1;
-    stats.bytes_sent += bytes;
-  };
-
-  for (const PipeAction& a : schedule_) {
+  // The receive action `a` needs before it runs, if any. A forward's slot is taken here,
+  // when its input is posted.
+  auto add_recv = [&](const PipeAction& a, std::vector<P2POp>& ops, std::string& what) {
     if (a.kind == PipeAction::kForward) {
       const auto free_slot = std::find(slot_busy.begin(), slot_busy.end(), false);
       TRIDENT_CHECK(free_slot != slot_busy.end());  // required_slots was checked
@@ -130,24 +126,63 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
       *free_slot = true;
       slot_of[a.micro] = slot;
       stats.peak_live_slots = std::max(stats.peak_live_slots, ++live);
-
-      if (!first) timed_recv(model.input_activation(slot), stage_ - 1, a.micro, "activation");
-      const Timer t;
-      model.forward(a.micro, slot);
-      stats.compute_seconds += t.elapsed_s();
-      if (!last) send(model.output_activation(slot), stage_ + 1, a.micro, "activation");
+      if (first) return;
+      ops.push_back(op(P2POp::kRecv, model.input_activation(slot), stage_ - 1, a.micro,
+                       "activation"));
+      what += (what.empty() ? "" : ", ") + label("recv activation", a.micro);
     } else {
       const int slot = slot_of[a.micro];
       TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i)
-      if (!last) timed_recv(model.output_grad(slot), stage_ + 1, a.micro, "gradient");
+      if (last) return;
+      ops.push_back(op(P2POp::kRecv, model.output_grad(slot), stage_ + 1, a.micro, "gradient"));
+      what += (what.empty() ? "" : ", ") + label("recv gradient", a.micro);
+    }
+  };
+  auto exchange = [&](std::vector<P2POp>& ops, const std::string& what) {
+    if (!ops.empty()) {
       const Timer t;
+      pp_group_.batch_p2p(ops, {.label = what});
+      stats.idle_seconds += t.elapsed_s();
+    }
+    ops.clear();
+  };
+
+  // Megatron's p2p pattern (send_forward_recv_backward and its kin): the first action's
+  // receive alone, then after each action its send together with the next action's
+  // receive, in one batch_p2p, so neighbours that send to each other at the same time
+  // cannot deadlock on NCCL (comm/communicator.h).
+  std::vector<P2POp> ops;
+  std::string what;
+  add_recv(schedule_.front(), ops, what);
+  exchange(ops, what);
+  for (std::size_t k = 0; k < schedule_.size(); ++k) {
+    const PipeAction& a = schedule_[k];
+    const int slot = slot_of[a.micro];
+    what.clear();
+    const Timer t;
+    if (a.kind == PipeAction::kForward) {
+      model.forward(a.micro, slot);
+      stats.compute_seconds += t.elapsed_s();
+      if (!last) {
+        ops.push_back(op(P2POp::kSend, model.output_activation(slot), stage_ + 1, a.micro,
+                         "activation"));
+        what = label("send activation", a.micro);
+      }
+    } else {
       model.backward(a.micro, slot);
       stats.compute_seconds += t.elapsed_s();
-      if (!first) send(model.input_grad(slot), stage_ - 1, a.micro, "gradient");
+      if (!first) {
+        ops.push_back(op(P2POp::kSend, model.input_grad(slot), stage_ - 1, a.micro, "gradient"));
+        what = label("send gradient", a.micro);
+      }
+      // The slot is free for the next forward: its input (input_activation) and the
+      // gradient sent from input_grad are different buffers (PipelineStageModel).
       slot_busy[slot] = false;
       slot_of[a.micro] = -1;
       --live;
     }
+    if (k + 1 < schedule_.size()) add_recv(schedule_[k + 1], ops, what);
+    exchange(ops, what);
   }
 
   const Timer t;

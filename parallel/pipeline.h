@@ -18,16 +18,20 @@
 // Executor contract (PipelineExecutor::run):
 // - Collective over the pp group: every stage calls run() with the same schedule kind and
 //   number of micro-batches. Stage = pp_group.rank(); stage s talks to s-1 and s+1 only.
-// - Before F(i) on stage > 0: recv the activation of micro-batch i from stage-1 into
-//   input_activation(slot). After F(i) on stage < last: isend output_activation(slot) to
-//   stage+1. Before B(i) on stage < last: recv the gradient from stage+1 into
-//   output_grad(slot). After B(i) on stage > 0: isend input_grad(slot) to stage-1.
-//   Tag = i (mod 32768); the directions differ, and sends of one direction arrive in
-//   order, so tags never mix up.
-// - Sends copy and never block (Communicator::isend); only recvs block. Each stage's
-//   recvs follow its schedule and every schedule here is a valid order for the data
-//   dependencies, so no cycle of waits forms (tests simulate every (p, m) up to 8 to be
-//   sure). run() returns after all its sends have completed.
+// - Data: F(i) on stage > 0 needs the activation of micro-batch i from stage-1 in
+//   input_activation(slot); F(i) on stage < last sends output_activation(slot) to
+//   stage+1. B(i) on stage < last needs the gradient from stage+1 in output_grad(slot);
+//   B(i) on stage > 0 sends input_grad(slot) to stage-1. Tag = i (mod 32768); the
+//   directions differ, and sends of one direction arrive in order, so tags never mix up.
+// - Communication (Megatron's send_forward_recv_backward pattern): the first action's
+//   receive is posted alone; after each action, its send and the next action's receive
+//   go out together in one Communicator::batch_p2p. On NCCL, where a send completes only
+//   once its receive is posted and a communicator runs its operations in launch order,
+//   neighbours that send to each other in the same step would deadlock with lone sends;
+//   in one batch they cannot (tests/parallel/pipeline_nccl_model_test.cpp runs GPipe and
+//   1F1B for every p, m <= 8 against a model of those semantics, and shows the lone-send
+//   order deadlocking there). On MPI a batch's sends are copied out as isends and only
+//   receives block. run() returns after all its sends have completed.
 // - Slots: a micro-batch gets the lowest free slot at its forward and keeps it until its
 //   backward returns; the model holds num_slots copies of whatever it saves for backward
 //   and indexes them by slot. num_slots must be >= required_slots(kind, p, stage, m).
@@ -84,7 +88,9 @@ class PipelineStageModel {
   virtual DevPtr output_activation(int slot) = 0;
   // Stage < last: where the gradient received from stage+1 goes; backward reads it.
   virtual DevPtr output_grad(int slot) = 0;
-  // Stage > 0: the gradient w.r.t. the input that backward produced, sent to stage-1.
+  // Stage > 0: the gradient w.r.t. the input that backward produced, sent to stage-1. It
+  // must not alias any slot's input_activation: it is sent while the next forward's input
+  // is being received.
   virtual DevPtr input_grad(int slot) = 0;
   // Runs the stage's layers on micro-batch `micro`, saving what backward needs in
   // `slot`. Stage 0 embeds the micro-batch's tokens; the last stage computes the loss.
@@ -100,7 +106,7 @@ class PipelineExecutor {
     int peak_live_slots = 0;       // most micro-batches holding activations at once
     double total_seconds = 0;      // run() wall time, entry to return
     double compute_seconds = 0;    // inside forward()/backward()
-    double idle_seconds = 0;       // blocked in recv (waiting for a neighbour)
+    double idle_seconds = 0;       // in batch_p2p (waiting for a neighbour)
     double send_wait_seconds = 0;  // in the final wait for sends to complete
     std::int64_t sends = 0;
     std::int64_t recvs = 0;

@@ -45,7 +45,9 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
             memory_data_file() +
             "}\n"
             "training: {global_batch_size: 4, max_steps: 1}\n"
-            "checkpoint: {dir: /tmp/trident_memory_plan_mpi_unused}\n"
+            // Nothing is saved, but the directory is locked: one per process, so
+            // concurrent test jobs do not collide (checkpoint/dir_lock.h).
+            "checkpoint: {dir: " + memory_data_file() + ".ckpt}\n"
             "logging: {metrics: ''}\n";
         // gpt2 has no GQA: n_kv_heads must equal n_heads.
         std::vector<std::string> sets;
