@@ -26,6 +26,14 @@ const char* device_kind_name(DeviceKind kind) {
 
 bool build_has_cuda() { return TRIDENT_HAVE_CUDA != 0; }
 
+int visible_cuda_devices() {
+#if TRIDENT_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 namespace {
 
 bool checked_cpu_requested() {

@@ -17,6 +17,9 @@ const char* device_kind_name(DeviceKind kind);  // "auto", "cpu", "cuda"
 
 // Whether this build contains CUDA code (CMake found nvcc: TRIDENT_HAVE_CUDA).
 bool build_has_cuda();
+// The CUDA devices this process sees: 0 without CUDA in the build, without a driver or
+// without a GPU (tests that need, or need the absence of, a GPU ask this).
+int visible_cuda_devices();
 
 // Makes the Ops for `device`. `threads` > 0: CPU threads for this process; <= 0: the
 // machine's cores divided by `ranks_sharing_cores` (the ranks on this machine), at least

@@ -35,7 +35,9 @@ Result<int> local_rank_from_env(const std::function<const char*(const char*)>& g
     char* end = nullptr;
     errno = 0;
     const long v = std::strtol(value, &end, 10);
-    if (*value == '\0' || end == value || *end != '\0' || errno != 0 || v < 0 || v > INT_MAX) {
+    // Digits only: strtol alone would accept " 2", "+2" and "-1".
+    const bool digits = *value >= '0' && *value <= '9' && *end == '\0';
+    if (!digits || errno != 0 || v > INT_MAX) {
       return Status::invalid_config(std::string("environment ") + name +
                                     ": expected a local rank (an integer >= 0), got '" + value +
                                     "'");

@@ -41,6 +41,13 @@ void add(FArg out, FArg a, FArg b, size_t n, Stream s);
 void accumulate(FArg dst, FArg src, size_t n, Stream s);
 void scale(FArg x, float factor, size_t n, Stream s);
 void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, float sign, Stream s);
+// The GEMM for layouts cuBLASLt (GemmEngine) does not take (launch.h gemm_layout_ok):
+// row-major D[M, N] = op(A)[M, K] @ op(B)[K, N] (+ D when accumulate) (+ bias[N]), op(X) =
+// X^T when trans_x; one thread per output element, fp32 products summed in k order, any
+// mix of dtypes, the result rounded once. Simple and slow: for odd shapes (tests, tiny
+// models), not for the aligned shapes of real models.
+void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
+                 FArg bias, bool accumulate, Stream s);
 
 // norm.cu
 void layernorm_forward(FArg out, float* mean, float* rstd, FArg inp, FArg weight, FArg bias,

@@ -124,7 +124,8 @@ class CudaOps final : public Ops {
     const size_t cudnn = cudnnGetVersion();  // 91900 -> 9.19.0
     std::string attention = attention_choice_name(choice_);
     if (choice_ == AttentionChoice::kCudnn) {
-      attention += cudnn_failed_ ? " (failed, using plain)" : " (bf16; plain for f32 or without a plan)";
+      attention += cudnn_failed_ ? " (failed, using plain)"
+                                 : " (bf16; plain for f32 or without a plan)";
     }
     return "cuda device " + std::to_string(device_) + ": " + device_name_ + " | driver " +
            version_text(driver) + ", runtime " + version_text(runtime) + " | cuBLASLt " +
@@ -532,6 +533,14 @@ class CudaOps final : public Ops {
   void gemm(GemmDesc d, DevPtr a, DevPtr b, DevPtr out, DevPtr bias) {
     if (d.M == 0 || d.N == 0) return;
     if (d.K == 0 && d.accumulate) return;  // adds nothing
+    const auto address = [](DevPtr p) { return reinterpret_cast<uintptr_t>(p.raw()); };
+    if (!gemm_layout_ok(d.trans_a, d.trans_b, static_cast<uint64_t>(d.M),
+                        static_cast<uint64_t>(d.N), static_cast<uint64_t>(d.K),
+                        {address(a), address(b), address(out), address(bias)})) {
+      cuda::simple_gemm(d.trans_a, d.trans_b, d.M, d.N, d.K, farg(a), farg(b), farg(out),
+                        farg(bias), d.accumulate, stream_);
+      return;
+    }
     const size_t a_elems = elems(d.M, d.K), b_elems = elems(d.K, d.N), d_elems = elems(d.M, d.N);
     if (a.dtype() != b.dtype()) {
       if (a.dtype() == DType::kBF16) {
@@ -623,7 +632,8 @@ class CudaOps final : public Ops {
           max_shape.B = std::max(shape.B, cudnn_max_.B);
           max_shape.T = std::max(shape.T, cudnn_max_.T);
         }
-        Result<std::unique_ptr<AttentionPath>> made = make_cudnn_attention(*this, stream_, max_shape);
+        Result<std::unique_ptr<AttentionPath>> made =
+            make_cudnn_attention(*this, stream_, max_shape);
         if (made.is_ok()) {
           cudnn_ = std::move(made).value();
           cudnn_max_ = max_shape;

@@ -13,7 +13,9 @@
 //   the op and the argument). With TRIDENT_CUDA_SYNC=1 in the environment each op ends
 //   with cudaStreamSynchronize and an error check, so an asynchronous fault is reported by
 //   the op that caused it; the results are the same bits (same kernels, same order).
-// - Matmuls: GemmEngine (gemm.h). A and B of one GEMM must share a dtype: an f32/bf16 mix
+// - Matmuls: GemmEngine (gemm.h) when the layout suits cuBLASLt (launch.h
+//   gemm_layout_ok), else a simple fp32 kernel (odd test shapes). For GemmEngine A and B
+//   of one GEMM must share a dtype: an f32/bf16 mix
 //   widens the bf16 operand into f32 scratch (exact, so the result is the fp32 GEMM the CPU
 //   computes); an f32 GEMM with a bf16 output computes into f32 scratch and rounds once.
 //   The bias gradient is a column-sum kernel (cuBLASLt's BGRADB stores, cannot accumulate).

@@ -44,17 +44,20 @@ __global__ void swiglu_backward_kernel(FArg dgate, FArg dup, FArg dout, FArg gat
   for (size_t i = global_thread(); i < n; i += grid_threads()) {
     const float g = load(gate, i), u = load(up, i), d = load(dout, i);
     const float sig = 1.0f / (1.0f + expf(-g));
-    if (dgate.p != nullptr) store(dgate, i, load(dgate, i) + d * u * sig * (1.0f + g * (1.0f - sig)));
+    if (dgate.p != nullptr)
+      store(dgate, i, load(dgate, i) + d * u * sig * (1.0f + g * (1.0f - sig)));
     if (dup.p != nullptr) store(dup, i, load(dup, i) + d * g * sig);
   }
 }
 
 __global__ void add_kernel(FArg out, FArg a, FArg b, size_t n) {
-  for (size_t i = global_thread(); i < n; i += grid_threads()) store(out, i, load(a, i) + load(b, i));
+  for (size_t i = global_thread(); i < n; i += grid_threads())
+    store(out, i, load(a, i) + load(b, i));
 }
 
 __global__ void accumulate_kernel(FArg dst, FArg src, size_t n) {
-  for (size_t i = global_thread(); i < n; i += grid_threads()) store(dst, i, load(dst, i) + load(src, i));
+  for (size_t i = global_thread(); i < n; i += grid_threads())
+    store(dst, i, load(dst, i) + load(src, i));
 }
 
 __global__ void scale_kernel(FArg x, float factor, size_t n) {
@@ -79,6 +82,22 @@ __global__ void rope_kernel(FArg x, size_t pairs, int T, int H, int HD, float th
     const float x1 = load(x, base + i), x2 = load(x, base + i + half);
     store(x, base + i, x1 * c - x2 * sn);
     store(x, base + i + half, x2 * c + x1 * sn);
+  }
+}
+
+__global__ void simple_gemm_kernel(bool trans_a, bool trans_b, int M, int N, int K, FArg a,
+                                   FArg b, FArg d, FArg bias, bool accumulate) {
+  const size_t total = static_cast<size_t>(M) * N;
+  for (size_t i = global_thread(); i < total; i += grid_threads()) {
+    const size_t m = i / N, n = i % N;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const float av = load(a, trans_a ? static_cast<size_t>(k) * M + m : m * K + k);
+      const float bv = load(b, trans_b ? n * K + k : static_cast<size_t>(k) * N + n);
+      acc += av * bv;
+    }
+    if (bias.p != nullptr) acc += load(bias, n);
+    store(d, i, accumulate ? load(d, i) + acc : acc);
   }
 }
 
@@ -123,6 +142,13 @@ void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, floa
           Stream s) {
   const size_t pairs = static_cast<size_t>(B) * T * H * (HD / 2);
   TRIDENT_ELEMENTWISE(rope_kernel, pairs, x, pairs, T, H, HD, theta, pos_offset, sign);
+}
+
+void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
+                 FArg bias, bool accumulate, Stream s) {
+  const size_t total = static_cast<size_t>(M) * N;
+  TRIDENT_ELEMENTWISE(simple_gemm_kernel, total, trans_a, trans_b, M, N, K, a, b, d, bias,
+                      accumulate);
 }
 
 #undef TRIDENT_ELEMENTWISE

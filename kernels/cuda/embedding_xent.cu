@@ -98,7 +98,8 @@ __global__ void xent_sums_kernel(float* sum_exp, float* target_logit, FArg logit
       const int local_t = t - vocab_begin;
       const bool valid = t >= 0 && t < V;
       sum_exp[n] = valid ? s : NAN;
-      target_logit[n] = !valid ? NAN : (local_t >= 0 && local_t < real ? load(logits, row + local_t) : 0.0f);
+      const bool owns_target = local_t >= 0 && local_t < real;
+      target_logit[n] = !valid ? NAN : (owns_target ? load(logits, row + local_t) : 0.0f);
     }
   }
 }

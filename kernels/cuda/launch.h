@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 namespace trident::cuda {
 
@@ -95,5 +96,19 @@ inline Launch embedding_backward_launch(uint64_t columns, uint64_t vocab_local) 
 
 // The sum of squares' first pass: one block, hence one double partial, per kSumChunk.
 inline uint64_t sum_squares_partials(uint64_t n) { return ceil_div(n, kSumChunk); }
+
+// Whether a GEMM's layout suits cuBLASLt (GemmEngine::run): every stored matrix's row
+// length (A: trans_a ? M : K columns, B: trans_b ? K : N, D: N) a multiple of 8 elements
+// (16 bytes in bf16, 32 in f32) and every pointer 16-byte aligned. Stricter than
+// GemmEngine's own rule on purpose: what passes here passes there in either dtype. Other
+// GEMMs (odd test shapes) run simple_gemm (cuda_kernels.h).
+inline bool gemm_layout_ok(bool trans_a, bool trans_b, uint64_t M, uint64_t N, uint64_t K,
+                           std::initializer_list<uintptr_t> addresses) {
+  const uint64_t cols_a = trans_a ? M : K, cols_b = trans_b ? K : N;
+  if (cols_a % 8 != 0 || cols_b % 8 != 0 || N % 8 != 0) return false;
+  for (uintptr_t p : addresses)
+    if (p % 16 != 0) return false;
+  return true;
+}
 
 }  // namespace trident::cuda

@@ -60,7 +60,8 @@ __global__ void layernorm_backward_dinp_kernel(FArg dinp, FArg dout, FArg inp, F
     const float dnorm_norm_mean = warp_sum(a1) / C;
     for (int c = lane; c < C; c += kWarp) {
       const float norm = (load(inp, row + c) - m) * s;
-      const float g = s * (load(dout, row + c) * load(weight, c) - dnorm_mean - norm * dnorm_norm_mean);
+      const float dnorm = load(dout, row + c) * load(weight, c);
+      const float g = s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
       store(dinp, row + c, load(dinp, row + c) + g);
     }
   }
@@ -93,7 +94,8 @@ __global__ void rmsnorm_forward_kernel(FArg out, float* rstd, FArg inp, FArg wei
       sq += x * x;
     }
     const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
-    for (int c = lane; c < C; c += kWarp) store(out, row + c, load(inp, row + c) * s * load(weight, c));
+    for (int c = lane; c < C; c += kWarp)
+      store(out, row + c, load(inp, row + c) * s * load(weight, c));
     if (lane == 0 && rstd != nullptr) rstd[n] = s;
   }
 }
