@@ -46,6 +46,32 @@ Result<AttentionChoice> attention_choice_from_env(const char* value) {
                                 value + "'");
 }
 
+GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC) {
+  GemmDesc d;
+  switch (which) {
+    case LinearGemm::kForward:
+      d.M = N;
+      d.N = OC;
+      d.K = IC;
+      d.trans_b = true;
+      break;
+    case LinearGemm::kDinp:
+      d.M = N;
+      d.N = IC;
+      d.K = OC;
+      d.accumulate = true;
+      break;
+    case LinearGemm::kDweight:
+      d.M = OC;
+      d.N = IC;
+      d.K = N;
+      d.trans_a = true;
+      d.accumulate = true;
+      break;
+  }
+  return d;
+}
+
 namespace {
 
 size_t elems(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
@@ -61,8 +87,15 @@ size_t lse_state_bytes(int B, int T, int NH) {
   return bytes;
 }
 
-std::string version_text(int v) {  // 13010 -> "13.1" (CUDA's encoding: 1000 * major + 10 * minor)
+// CUDA's encoding, 1000 * major + 10 * minor: 13010 -> "13.1".
+std::string cuda_version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// cuBLASLt's and cuDNN's, 10000 * major + 100 * minor + patch: 91900 -> "9.19.0".
+std::string library_version_text(size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+         std::to_string(v % 100);
 }
 
 class CudaOps final : public Ops {
@@ -72,8 +105,9 @@ class CudaOps final : public Ops {
   // Everything that can fail cleanly (no device, no cuBLASLt) is here, not in the
   // constructor. Called once by make_cuda_ops.
   Status init() {
-    if (cudaSetDevice(device_) != cudaSuccess) {
-      const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = cudaSetDevice(device_);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear it
       return Status::invalid_config("runtime.device: cuda: cudaSetDevice(" +
                                     std::to_string(device_) + "): " + cudaGetErrorString(err));
     }
@@ -121,17 +155,16 @@ class CudaOps final : public Ops {
     int driver = 0, runtime = 0;
     TRIDENT_CUDA_CHECK(cudaDriverGetVersion(&driver));
     TRIDENT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    const size_t cudnn = cudnnGetVersion();  // 91900 -> 9.19.0
     std::string attention = attention_choice_name(choice_);
     if (choice_ == AttentionChoice::kCudnn) {
       attention += cudnn_failed_ ? " (failed, using plain)"
                                  : " (bf16; plain for f32 or without a plan)";
     }
     return "cuda device " + std::to_string(device_) + ": " + device_name_ + " | driver " +
-           version_text(driver) + ", runtime " + version_text(runtime) + " | cuBLASLt " +
-           std::to_string(cublasLtGetVersion()) + " | cuDNN " + std::to_string(cudnn / 10000) +
-           "." + std::to_string((cudnn % 10000) / 100) + "." + std::to_string(cudnn % 100) +
-           " | attention " + attention + (sync_ ? " | TRIDENT_CUDA_SYNC=1" : "");
+           cuda_version_text(driver) + ", runtime " + cuda_version_text(runtime) +
+           " | cuBLASLt " + library_version_text(cublasLtGetVersion()) + " | cuDNN " +
+           library_version_text(cudnnGetVersion()) + " | attention " + attention +
+           (sync_ ? " | TRIDENT_CUDA_SYNC=1" : "");
   }
 
   double peak_flops() const override {
@@ -221,12 +254,7 @@ class CudaOps final : public Ops {
     TRIDENT_CHECK_MSG(N >= 0 && IC > 0 && OC >= 0, "cuda matmul_forward: N " + std::to_string(N) +
                                                        " IC " + std::to_string(IC) + " OC " +
                                                        std::to_string(OC));
-    GemmDesc d;
-    d.M = N;
-    d.N = OC;
-    d.K = IC;
-    d.trans_b = true;
-    gemm(d, inp, weight, out, bias);
+    gemm(linear_gemm_desc(LinearGemm::kForward, N, IC, OC), inp, weight, out, bias);
   }
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
                        DevPtr weight, int N, int IC, int OC) override {
@@ -237,23 +265,10 @@ class CudaOps final : public Ops {
     f(op, dout, "dout");
     f(op, inp, "inp");
     f(op, weight, "weight");
-    if (!dinp.is_null()) {  // dinp[N, IC] += dout[N, OC] @ weight[OC, IC]
-      GemmDesc d;
-      d.M = N;
-      d.N = IC;
-      d.K = OC;
-      d.accumulate = true;
-      gemm(d, dout, weight, dinp, DevPtr());
-    }
-    if (!dweight.is_null()) {  // dweight[OC, IC] += dout^T @ inp (K = the N rows)
-      GemmDesc d;
-      d.M = OC;
-      d.N = IC;
-      d.K = N;
-      d.trans_a = true;
-      d.accumulate = true;
-      gemm(d, dout, inp, dweight, DevPtr());
-    }
+    if (!dinp.is_null())  // dinp[N, IC] += dout[N, OC] @ weight[OC, IC]
+      gemm(linear_gemm_desc(LinearGemm::kDinp, N, IC, OC), dout, weight, dinp, DevPtr());
+    if (!dweight.is_null())  // dweight[OC, IC] += dout^T @ inp (K = the N rows)
+      gemm(linear_gemm_desc(LinearGemm::kDweight, N, IC, OC), dout, inp, dweight, DevPtr());
     if (!dbias.is_null())
       cuda::column_sum_accumulate(dbias.raw_as<float>(), farg(dout), N, OC, stream_);
   }

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/ops.h"
 
 namespace trident::cuda {
@@ -44,6 +45,15 @@ const char* attention_choice_name(AttentionChoice choice);  // "plain", "cudnn"
 // validated the cuDNN path), "plain", "cudnn"; anything else is an invalid_config error
 // naming TRIDENT_ATTENTION and the value.
 Result<AttentionChoice> attention_choice_from_env(const char* value);
+
+// The three GEMMs of a linear layer (kernels/ops.h matmul_*), as GemmDescs with the shape
+// fields set (dtypes, bias: by the caller from the buffers):
+// - kForward: out[N, OC] = inp[N, IC] @ weight[OC, IC]^T  -> M=N, N=OC, K=IC, trans_b;
+// - kDinp:    dinp[N, IC] += dout[N, OC] @ weight[OC, IC] -> M=N, N=IC, K=OC, accumulate;
+// - kDweight: dweight[OC, IC] += dout^T @ inp[N, IC]      -> M=OC, N=IC, K=N, trans_a,
+//             accumulate.
+enum class LinearGemm { kForward, kDinp, kDweight };
+GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC);
 
 // The CUDA Ops on `device` (an index < the visible device count). Errors (invalid_config,
 // naming runtime.device): cudaSetDevice failing, cuBLASLt not usable, a bad

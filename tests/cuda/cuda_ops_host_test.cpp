@@ -104,6 +104,61 @@ TEST(CudaLaunch, GemmLayoutRuleSendsOddShapesToTheSimpleKernel) {
   EXPECT_FALSE(gemm_layout_ok(false, true, 16, 16, 16, {0, 8, 1024}));   // a pointer off by 8
 }
 
+TEST(CudaLinearGemm, ShapesOfTheThreeGemms) {
+  const GemmDesc f = linear_gemm_desc(LinearGemm::kForward, 7, 13, 5);
+  EXPECT_EQ(f.M, 7);
+  EXPECT_EQ(f.N, 5);
+  EXPECT_EQ(f.K, 13);
+  EXPECT_FALSE(f.trans_a);
+  EXPECT_TRUE(f.trans_b);
+  EXPECT_FALSE(f.accumulate);
+  const GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, 7, 13, 5);
+  EXPECT_EQ(di.M, 7);
+  EXPECT_EQ(di.N, 13);
+  EXPECT_EQ(di.K, 5);
+  EXPECT_FALSE(di.trans_a);
+  EXPECT_FALSE(di.trans_b);
+  EXPECT_TRUE(di.accumulate);
+  const GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, 7, 13, 5);
+  EXPECT_EQ(dw.M, 5);
+  EXPECT_EQ(dw.N, 13);
+  EXPECT_EQ(dw.K, 7);
+  EXPECT_TRUE(dw.trans_a);
+  EXPECT_FALSE(dw.trans_b);
+  EXPECT_TRUE(dw.accumulate);
+}
+
+// Every linear GEMM of the tiny test model and of GPT-2 124M, in the dtypes CudaOps gives
+// them, is accepted by cuBLASLt's descriptors (GemmEngine::describe, no device needed).
+TEST(CudaLinearGemm, TinyAnd124MShapesDescribe) {
+  struct Linear {
+    int N, IC, OC;
+    bool bias;
+  };
+  // (rows N = B*T; per layer qkv, attention projection, MLP up and down; the LM head.)
+  const Linear shapes[] = {{64, 64, 192, true},     {64, 64, 64, true},     {64, 64, 256, true},
+                           {64, 256, 64, true},     {64, 64, 256, false},   {8192, 768, 2304, true},
+                           {8192, 768, 768, true},  {8192, 768, 3072, true}, {8192, 3072, 768, true},
+                           {8192, 768, 50304, false}};
+  for (const Linear& l : shapes) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      GemmDesc f = linear_gemm_desc(LinearGemm::kForward, l.N, l.IC, l.OC);
+      f.ab_dtype = f.d_dtype = dt;
+      f.bias = l.bias;
+      GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, l.N, l.IC, l.OC);
+      di.ab_dtype = di.d_dtype = dt;
+      GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, l.N, l.IC, l.OC);
+      dw.ab_dtype = dt;
+      dw.d_dtype = DType::kF32;  // parameter gradients are f32
+      for (const GemmDesc& d : {f, di, dw}) {
+        EXPECT_TRUE(gemm_layout_ok(d.trans_a, d.trans_b, d.M, d.N, d.K, {0}));
+        const Status s = GemmEngine::describe(d);
+        EXPECT_TRUE(s.is_ok()) << d.str() << ": " << s.message();
+      }
+    }
+  }
+}
+
 std::function<const char*(const char*)> env(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](const char* name) -> const char* {
     auto it = vars.find(name);
