@@ -50,17 +50,20 @@ void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b
                  FArg bias, bool accumulate, Stream s);
 
 // norm.cu
+// The dweight / dbias / column-sum reductions take `partials`: scratch of
+// column_chunks(N) * C floats (launch.h), twice that for layernorm_backward with both
+// dweight and dbias.
 void layernorm_forward(FArg out, float* mean, float* rstd, FArg inp, FArg weight, FArg bias,
                        int N, int C, float eps, Stream s);
 void layernorm_backward(FArg dinp, float* dweight, float* dbias, FArg dout, FArg inp,
                         FArg weight, const float* mean, const float* rstd, int N, int C,
-                        Stream s);
+                        float* partials, Stream s);
 void rmsnorm_forward(FArg out, float* rstd, FArg inp, FArg weight, int N, int C, float eps,
                      Stream s);
 void rmsnorm_backward(FArg dinp, float* dweight, FArg dout, FArg inp, FArg weight,
-                      const float* rstd, int N, int C, Stream s);
-// dst[C] += sum over the N rows of src[N, C], rows in order (the matmul bias gradient).
-void column_sum_accumulate(float* dst, FArg src, int N, int C, Stream s);
+                      const float* rstd, int N, int C, float* partials, Stream s);
+// dst[C] += sum over the N rows of src[N, C] (the matmul bias gradient), two-pass.
+void column_sum_accumulate(float* dst, FArg src, int N, int C, float* partials, Stream s);
 
 // embedding_xent.cu
 void embedding_forward(FArg out, const int32_t* tokens, FArg wte, FArg wpe, int B, int T, int C,

@@ -226,7 +226,7 @@ class CudaOps final : public Ops {
     cuda::layernorm_backward(f(op, dinp, "dinp"), f32(op, dweight, "dweight"),
                              f32(op, dbias, "dbias"), f(op, dout, "dout"), f(op, inp, "inp"),
                              f(op, weight, "weight"), f32(op, mean, "mean"), f32(op, rstd, "rstd"),
-                             N, C, stream_);
+                             N, C, column_partials(N, C, 2), stream_);
   }
   void rmsnorm_forward(DevPtr out, DevPtr rstd, DevPtr inp, DevPtr weight, int N, int C,
                        float eps) override {
@@ -239,7 +239,7 @@ class CudaOps final : public Ops {
     Op op(*this, "rmsnorm_backward");
     cuda::rmsnorm_backward(f(op, dinp, "dinp"), f32(op, dweight, "dweight"), f(op, dout, "dout"),
                            f(op, inp, "inp"), f(op, weight, "weight"), f32(op, rstd, "rstd"), N, C,
-                           stream_);
+                           column_partials(N, C, 1), stream_);
   }
 
   // ---- linear -------------------------------------------------------------------
@@ -269,8 +269,10 @@ class CudaOps final : public Ops {
       gemm(linear_gemm_desc(LinearGemm::kDinp, N, IC, OC), dout, weight, dinp, DevPtr());
     if (!dweight.is_null())  // dweight[OC, IC] += dout^T @ inp (K = the N rows)
       gemm(linear_gemm_desc(LinearGemm::kDweight, N, IC, OC), dout, inp, dweight, DevPtr());
-    if (!dbias.is_null())
-      cuda::column_sum_accumulate(dbias.raw_as<float>(), farg(dout), N, OC, stream_);
+    if (!dbias.is_null()) {
+      cuda::column_sum_accumulate(dbias.raw_as<float>(), farg(dout), N, OC,
+                                  column_partials(N, OC, 1), stream_);
+    }
   }
 
   // ---- attention ----------------------------------------------------------------
@@ -589,7 +591,7 @@ class CudaOps final : public Ops {
   }
 
   // Grow-only scratch, one buffer per use that can be live at the same time.
-  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kSlots };
+  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kSlots };
   struct Scratch {
     DevPtr ptr;
     size_t bytes = 0;
@@ -602,6 +604,15 @@ class CudaOps final : public Ops {
       s.bytes = bytes;
     }
     return s.ptr;
+  }
+
+  // The partials of `arrays` two-pass column reductions over N rows of C columns
+  // (launch.h column_chunks); null when there is nothing to reduce.
+  float* column_partials(int N, int C, int arrays) {
+    if (N <= 0 || C <= 0) return nullptr;
+    const size_t floats = column_chunks(static_cast<uint64_t>(N)) * static_cast<size_t>(C) *
+                          static_cast<size_t>(arrays);
+    return static_cast<float*>(scratch(kColumns, floats * sizeof(float)).raw());
   }
 
   void* staging_for(size_t bytes) {

@@ -8,8 +8,12 @@
 //   covers the tail). n = 0 launches nothing (grid 0).
 // - rows: one warp per row (norms) or one block per row (cross-entropy); rows above the
 //   grid limit are covered by a row-stride loop inside the kernel.
-// - columns: one thread per column, walking the rows in order (the deterministic
-//   reductions over rows: dweight, dbias, dwpe), optionally times a y dimension.
+// - columns: one thread per column, walking rows in order, optionally times a y dimension
+//   (dwpe: one y per position). The reductions over many rows (norm dweight / dbias, the
+//   matmul bias gradient) run in two passes: a thread per (column, chunk of
+//   kColumnRowChunk rows) sums its chunk in row order into a partial, then a thread per
+//   column adds the partials in chunk order. The tree depends only on N: deterministic,
+//   no atomics, and with N <= kColumnRowChunk bitwise the CPU's row-order sum.
 // - the fixed-chunk sum of squares: one block per kSumChunk elements (the tree depends on
 //   n only), then one block over the partials.
 // A zero-size launch is skipped by the caller (grid.x == 0), never launched: CUDA rejects
@@ -37,6 +41,10 @@ inline constexpr uint64_t kMaxElementwiseBlocks = 65536;
 inline constexpr uint64_t kMaxRowBlocks = 1u << 20;
 // Elements per block of the sum of squares' first pass (the CPU uses the same chunk).
 inline constexpr uint64_t kSumChunk = 16384;
+// Rows per partial of the two-pass column reductions: 32 rows keep a GPT-2 step's
+// N = 16k rows x 768 columns at 1.5k blocks (one pass over N rows by 768 threads alone would
+// use 3 of the H200's 132 SMs).
+inline constexpr uint64_t kColumnRowChunk = 32;
 // Vocabulary rows of the embedding backward are split over this many y-blocks: a thread
 // (column c, split y) adds the tokens whose local row % splits == y, in token order.
 inline constexpr unsigned kEmbeddingSplits = 64;
@@ -87,6 +95,14 @@ inline Launch column_launch(uint64_t columns, uint64_t ys = 1) {
   l.grid_x = static_cast<unsigned>(ceil_div(columns, kBlock));
   l.grid_y = static_cast<unsigned>(std::min<uint64_t>(ys, kMaxGridY));
   return l;
+}
+
+// The two-pass column reduction over N rows: the number of partials per column, and the
+// first pass's launch (x: columns, y: chunks, capped; the kernel loops chunk += gridDim.y).
+// The partial buffer holds column_chunks(N) * C floats.
+inline uint64_t column_chunks(uint64_t rows) { return ceil_div(rows, kColumnRowChunk); }
+inline Launch column_chunk_launch(uint64_t columns, uint64_t rows) {
+  return column_launch(columns, column_chunks(rows));
 }
 
 // Embedding backward over dwte: columns x min(vocab_local, kEmbeddingSplits) splits.

@@ -1,10 +1,11 @@
 // LayerNorm and RMSNorm forward / backward, and the column sum of the matmul bias
 // gradient. Forward and dinp: one warp per row (launch.h warp_per_row_launch), each lane
 // striding the columns, the row sums by a warp butterfly (a fixed order for a given C).
-// dweight / dbias / dbias-of-matmul: one thread per column walking the rows in order into
-// a register, then added once to the f32 gradient — the CPU's order exactly
-// (kernels/cpu/norm.cpp, matmul.cpp), so these gradients agree bitwise with the CPU's
-// given the same inputs, and nothing uses atomics.
+// dweight / dbias / dbias-of-matmul: two passes (launch.h column_chunk_launch): a thread
+// per (column, chunk of kColumnRowChunk rows) sums its rows in order into a partial, then
+// a thread per column adds the partials in chunk order and adds the total once to the f32
+// gradient. The order depends only on N (deterministic, no atomics); for N <=
+// kColumnRowChunk it is the CPU's (kernels/cpu/norm.cpp, matmul.cpp) bit for bit.
 #include "kernels/cuda/device_util.cuh"
 
 namespace trident::cuda {
@@ -67,20 +68,38 @@ __global__ void layernorm_backward_dinp_kernel(FArg dinp, FArg dout, FArg inp, F
   }
 }
 
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, FArg dout,
-                                                 FArg inp, const float* mean, const float* rstd,
-                                                 int N, int C) {
+// The rows of chunk r: [r * kColumnRowChunk, min(N, (r + 1) * kColumnRowChunk)).
+__device__ __forceinline__ int chunk_begin(int r) { return r * static_cast<int>(kColumnRowChunk); }
+__device__ __forceinline__ int chunk_end(int r, int N) {
+  return min(N, (r + 1) * static_cast<int>(kColumnRowChunk));
+}
+
+__global__ void layernorm_params_partial_kernel(float* pw, float* pb, FArg dout, FArg inp,
+                                                const float* mean, const float* rstd, int N,
+                                                int C, int chunks) {
   const size_t c = global_thread();
   if (c >= static_cast<size_t>(C)) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int n = 0; n < N; ++n) {
-    const size_t i = static_cast<size_t>(n) * C + c;
-    const float g = load(dout, i);
-    dw += g * ((load(inp, i) - mean[n]) * rstd[n]);
-    db += g;
+  for (int r = blockIdx.y; r < chunks; r += gridDim.y) {
+    float dw = 0.0f, db = 0.0f;
+    for (int n = chunk_begin(r); n < chunk_end(r, N); ++n) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      const float g = load(dout, i);
+      dw += g * ((load(inp, i) - mean[n]) * rstd[n]);
+      db += g;
+    }
+    const size_t p = static_cast<size_t>(r) * C + c;
+    if (pw != nullptr) pw[p] = dw;
+    if (pb != nullptr) pb[p] = db;
   }
-  if (dweight != nullptr) dweight[c] += dw;
-  if (dbias != nullptr) dbias[c] += db;
+}
+
+// Pass 2: dst[c] += the partials of column c, in chunk order.
+__global__ void column_finish_kernel(float* dst, const float* partial, int chunks, int C) {
+  const size_t c = global_thread();
+  if (c >= static_cast<size_t>(C)) return;
+  float acc = 0.0f;
+  for (int r = 0; r < chunks; ++r) acc += partial[static_cast<size_t>(r) * C + c];
+  dst[c] += acc;
 }
 
 __global__ void rmsnorm_forward_kernel(FArg out, float* rstd, FArg inp, FArg weight, int N, int C,
@@ -117,24 +136,37 @@ __global__ void rmsnorm_backward_dinp_kernel(FArg dinp, FArg dout, FArg inp, FAr
   }
 }
 
-__global__ void rmsnorm_backward_weight_kernel(float* dweight, FArg dout, FArg inp,
-                                               const float* rstd, int N, int C) {
+__global__ void rmsnorm_weight_partial_kernel(float* pw, FArg dout, FArg inp, const float* rstd,
+                                              int N, int C, int chunks) {
   const size_t c = global_thread();
   if (c >= static_cast<size_t>(C)) return;
-  float dw = 0.0f;
-  for (int n = 0; n < N; ++n) {
-    const size_t i = static_cast<size_t>(n) * C + c;
-    dw += load(dout, i) * (load(inp, i) * rstd[n]);
+  for (int r = blockIdx.y; r < chunks; r += gridDim.y) {
+    float dw = 0.0f;
+    for (int n = chunk_begin(r); n < chunk_end(r, N); ++n) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      dw += load(dout, i) * (load(inp, i) * rstd[n]);
+    }
+    pw[static_cast<size_t>(r) * C + c] = dw;
   }
-  dweight[c] += dw;
 }
 
-__global__ void column_sum_kernel(float* dst, FArg src, int N, int C) {
+__global__ void column_sum_partial_kernel(float* partial, FArg src, int N, int C, int chunks) {
   const size_t c = global_thread();
   if (c >= static_cast<size_t>(C)) return;
-  float acc = 0.0f;
-  for (int n = 0; n < N; ++n) acc += load(src, static_cast<size_t>(n) * C + c);
-  dst[c] += acc;
+  for (int r = blockIdx.y; r < chunks; r += gridDim.y) {
+    float acc = 0.0f;
+    for (int n = chunk_begin(r); n < chunk_end(r, N); ++n)
+      acc += load(src, static_cast<size_t>(n) * C + c);
+    partial[static_cast<size_t>(r) * C + c] = acc;
+  }
+}
+
+// Pass 2 of every column reduction.
+void finish_columns(float* dst, const float* partial, int N, int C, Stream s) {
+  const Launch l = column_launch(static_cast<uint64_t>(C));
+  column_finish_kernel<<<l.grid_x, l.block, 0, s>>>(dst, partial,
+                                                    static_cast<int>(column_chunks(N)), C);
+  TRIDENT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -150,7 +182,7 @@ void layernorm_forward(FArg out, float* mean, float* rstd, FArg inp, FArg weight
 
 void layernorm_backward(FArg dinp, float* dweight, float* dbias, FArg dout, FArg inp,
                         FArg weight, const float* mean, const float* rstd, int N, int C,
-                        Stream s) {
+                        float* partials, Stream s) {
   if (N <= 0 || C <= 0) return;
   if (dinp.p != nullptr) {
     const Launch l = warp_per_row_launch(static_cast<uint64_t>(N));
@@ -159,10 +191,15 @@ void layernorm_backward(FArg dinp, float* dweight, float* dbias, FArg dout, FArg
     TRIDENT_CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr || dbias != nullptr) {
-    const Launch l = column_launch(static_cast<uint64_t>(C));
-    layernorm_backward_params_kernel<<<l.grid_x, l.block, 0, s>>>(dweight, dbias, dout, inp, mean,
-                                                                  rstd, N, C);
+    const size_t per = column_chunks(N) * static_cast<size_t>(C);
+    float* pw = dweight != nullptr ? partials : nullptr;
+    float* pb = dbias != nullptr ? partials + per : nullptr;
+    const Launch l = column_chunk_launch(static_cast<uint64_t>(C), static_cast<uint64_t>(N));
+    layernorm_params_partial_kernel<<<dim3(l.grid_x, l.grid_y), l.block, 0, s>>>(
+        pw, pb, dout, inp, mean, rstd, N, C, static_cast<int>(column_chunks(N)));
     TRIDENT_CUDA_CHECK_LAUNCH();
+    if (dweight != nullptr) finish_columns(dweight, pw, N, C, s);
+    if (dbias != nullptr) finish_columns(dbias, pb, N, C, s);
   }
 }
 
@@ -175,7 +212,7 @@ void rmsnorm_forward(FArg out, float* rstd, FArg inp, FArg weight, int N, int C,
 }
 
 void rmsnorm_backward(FArg dinp, float* dweight, FArg dout, FArg inp, FArg weight,
-                      const float* rstd, int N, int C, Stream s) {
+                      const float* rstd, int N, int C, float* partials, Stream s) {
   if (N <= 0 || C <= 0) return;
   if (dinp.p != nullptr) {
     const Launch l = warp_per_row_launch(static_cast<uint64_t>(N));
@@ -183,17 +220,21 @@ void rmsnorm_backward(FArg dinp, float* dweight, FArg dout, FArg inp, FArg weigh
     TRIDENT_CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr) {
-    const Launch l = column_launch(static_cast<uint64_t>(C));
-    rmsnorm_backward_weight_kernel<<<l.grid_x, l.block, 0, s>>>(dweight, dout, inp, rstd, N, C);
+    const Launch l = column_chunk_launch(static_cast<uint64_t>(C), static_cast<uint64_t>(N));
+    rmsnorm_weight_partial_kernel<<<dim3(l.grid_x, l.grid_y), l.block, 0, s>>>(
+        partials, dout, inp, rstd, N, C, static_cast<int>(column_chunks(N)));
     TRIDENT_CUDA_CHECK_LAUNCH();
+    finish_columns(dweight, partials, N, C, s);
   }
 }
 
-void column_sum_accumulate(float* dst, FArg src, int N, int C, Stream s) {
+void column_sum_accumulate(float* dst, FArg src, int N, int C, float* partials, Stream s) {
   if (N <= 0 || C <= 0 || dst == nullptr) return;
-  const Launch l = column_launch(static_cast<uint64_t>(C));
-  column_sum_kernel<<<l.grid_x, l.block, 0, s>>>(dst, src, N, C);
+  const Launch l = column_chunk_launch(static_cast<uint64_t>(C), static_cast<uint64_t>(N));
+  column_sum_partial_kernel<<<dim3(l.grid_x, l.grid_y), l.block, 0, s>>>(
+      partials, src, N, C, static_cast<int>(column_chunks(N)));
   TRIDENT_CUDA_CHECK_LAUNCH();
+  finish_columns(dst, partials, N, C, s);
 }
 
 }  // namespace trident::cuda

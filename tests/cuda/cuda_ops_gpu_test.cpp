@@ -6,6 +6,7 @@
 // bitwise claims, determinism, and that a repeated step allocates nothing.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -107,7 +108,9 @@ TEST(CudaOpsGpu, Bf16RoundingIsTheCpusRoundToNearestEven) {
 }
 
 // Sums over rows walk the rows in the CPU's order: the embedding backward (repeated
-// tokens) and the bias gradient are bitwise the CPU's.
+// tokens) is bitwise the CPU's, and so is the bias gradient over at most kColumnRowChunk
+// rows (one partial); over more rows its two-pass order differs from the CPU's running
+// sum only by rounding.
 TEST(CudaOpsGpu, RowOrderReductionsAreBitwiseTheCpus) {
   TRIDENT_REQUIRE_GPU(gpu);
   auto cpu = make_cpu_ops(1);
@@ -116,17 +119,20 @@ TEST(CudaOpsGpu, RowOrderReductionsAreBitwiseTheCpus) {
   for (int i = 0; i < N; ++i) tokens[i] = (i * 7) % V;  // every row repeats
   const std::vector<float> dout = random_floats(static_cast<size_t>(N) * C, 2);
   const std::vector<float> init_dwte = random_floats(static_cast<size_t>(V) * C, 3);
-  std::vector<std::vector<float>> results;
+  std::vector<std::vector<float>> results, all_bias;
   for (Ops* ops : {cpu.get(), &gpu}) {
     DeviceBuffer t(*ops, N * 4), d(*ops, dout.size() * 4), w(*ops, init_dwte.size() * 4),
-        p(*ops, static_cast<size_t>(T) * C * 4), bias(*ops, C * 4);
+        p(*ops, static_cast<size_t>(T) * C * 4), bias(*ops, C * 4), bias_all(*ops, C * 4);
     ops->upload(t.get(), tokens.data(), N * 4);
     ops->upload(d.get(), dout.data(), dout.size() * 4);
     ops->upload(w.get(), init_dwte.data(), init_dwte.size() * 4);
     ops->embedding_backward(w.as(DType::kF32), p.as(DType::kF32), d.as(DType::kF32),
                             t.as(DType::kI32), B, T, C, 0, V);
     ops->matmul_backward(DevPtr(), DevPtr(), bias.as(DType::kF32), d.as(DType::kF32), DevPtr(),
-                         DevPtr(), N, 5, C);
+                         DevPtr(), 32, 5, C);
+    ops->matmul_backward(DevPtr(), DevPtr(), bias_all.as(DType::kF32), d.as(DType::kF32),
+                         DevPtr(), DevPtr(), N, 5, C);
+    all_bias.push_back(download_all(*ops, bias_all.as(DType::kF32), C));
     std::vector<float> all = download_all(*ops, w.as(DType::kF32), init_dwte.size());
     for (float x : download_all(*ops, p.as(DType::kF32), static_cast<size_t>(T) * C))
       all.push_back(x);
@@ -135,6 +141,8 @@ TEST(CudaOpsGpu, RowOrderReductionsAreBitwiseTheCpus) {
   }
   ASSERT_EQ(results[0].size(), results[1].size());
   EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0);
+  for (int c = 0; c < C; ++c)
+    EXPECT_NEAR(all_bias[1][c], all_bias[0][c], 1e-5f * (1.0f + std::abs(all_bias[0][c]))) << c;
 }
 
 // A short mixed sequence of ops, its outputs as bytes.

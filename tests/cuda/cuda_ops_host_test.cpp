@@ -73,6 +73,24 @@ TEST(CudaLaunch, BlockPerRowAndColumns) {
   EXPECT_EQ(column_launch(768, 131072).grid_y, kMaxGridY);
 }
 
+TEST(CudaLaunch, ColumnReductionsChunkTheRows) {
+  EXPECT_EQ(column_chunks(0), 0u);
+  EXPECT_EQ(column_chunks(1), 1u);
+  EXPECT_EQ(column_chunks(kColumnRowChunk), 1u);  // one partial: the CPU's order exactly
+  EXPECT_EQ(column_chunks(kColumnRowChunk + 1), 2u);
+  EXPECT_EQ(column_chunks(16384), 512u);  // GPT-2: B 16 x T 1024 rows
+  EXPECT_TRUE(column_chunk_launch(768, 0).empty());
+  EXPECT_TRUE(column_chunk_launch(0, 100).empty());
+  const Launch l = column_chunk_launch(768, 16384);
+  EXPECT_EQ(l.grid_x, 3u);
+  EXPECT_EQ(l.grid_y, 512u);
+  const Launch odd = column_chunk_launch(13, 7);
+  EXPECT_EQ(odd.grid_x, 1u);
+  EXPECT_EQ(odd.grid_y, 1u);
+  // Beyond 65535 chunks (2M rows) the y grid is capped; the kernels loop over chunks.
+  EXPECT_EQ(column_chunk_launch(64, kColumnRowChunk * 70000).grid_y, kMaxGridY);
+}
+
 TEST(CudaLaunch, EmbeddingBackwardSplitsTheVocabulary) {
   EXPECT_TRUE(embedding_backward_launch(64, 0).empty());  // a rank with no vocabulary rows
   EXPECT_TRUE(embedding_backward_launch(0, 100).empty());
