@@ -841,9 +841,13 @@ std::vector<Def> table_defs() {
     defs.push_back(embedding(F, 2, 5, 7, 13, 15, 5, true));
     defs.push_back(layernorm(F, 7, 13, true));
     defs.push_back(layernorm(F, 5, 6, false));
+    defs.push_back(layernorm(F, 70, 16, true));  // dweight / dbias over three column chunks
     defs.push_back(rmsnorm(F, 7, 13));
     defs.push_back(matmul(F, F, 7, 13, 5, true));
     defs.push_back(matmul(F, F, 5, 7, 13, false));
+    // Rows of 8-element multiples: the CUDA backend runs these through cuBLASLt (the odd
+    // shapes above take its simple kernel), and dbias over 40 rows takes two column chunks.
+    defs.push_back(matmul(F, F, 40, 32, 24, true));
     defs.push_back(rope(F, 2, 5, 3, 6, 0));
     defs.push_back(rope(F, 1, 3, 2, 8, 7));
     defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
@@ -880,6 +884,10 @@ std::vector<Def> table_defs() {
   // gradient accumulated into an f32 one and vice versa.
   defs.push_back(matmul(kBF16, kF32, 7, 13, 5, true));
   defs.push_back(matmul(kF32, kBF16, 7, 13, 5, true));
+  // The same through cuBLASLt on CUDA: the bf16 operand widened to f32, an f32 GEMM, the
+  // bf16 output (and bias) rounded once.
+  defs.push_back(matmul(kBF16, kF32, 16, 32, 24, true));
+  defs.push_back(matmul(kF32, kBF16, 16, 32, 24, true));
   defs.push_back(accumulate(kF32, kBF16, 31));
   defs.push_back(accumulate(kBF16, kF32, 31));
   defs.push_back(xent_finish(7));
