@@ -544,9 +544,10 @@ class CudaOps final : public Ops {
 
   // D = op(A) @ op(B) (+ D) (+ bias) with d's shape fields set; the dtypes are filled here.
   // A and B of different dtypes: the bf16 one is widened into f32 scratch (exact). An f32
-  // product into a bf16 output: computed into f32 scratch (holding the widened output when
-  // accumulating), then rounded into the output once. The bias takes the GEMM output's
-  // dtype (cast into scratch when it differs).
+  // product, or an f32 bias, into a bf16 output: computed into f32 scratch (holding the
+  // widened output when accumulating), then rounded into the output once. The bias takes
+  // the GEMM output's dtype (cast into scratch when it differs: then only bf16 -> f32,
+  // exact).
   void gemm(GemmDesc d, DevPtr a, DevPtr b, DevPtr out, DevPtr bias) {
     if (d.M == 0 || d.N == 0) return;
     if (d.K == 0 && d.accumulate) return;  // adds nothing
@@ -567,7 +568,10 @@ class CudaOps final : public Ops {
       }
     }
     DevPtr dst = out;
-    const bool round_after = a.dtype() == DType::kF32 && out.dtype() == DType::kBF16;
+    // cuBLASLt has no f32 x f32 -> bf16 GEMM, and a bf16 output's bias epilogue would round
+    // an f32 bias before adding it: both compute in f32 and round once at the end.
+    const bool f32_bias = !bias.is_null() && bias.dtype() == DType::kF32;
+    const bool round_after = out.dtype() == DType::kBF16 && (a.dtype() == DType::kF32 || f32_bias);
     if (round_after) {
       dst = scratch(kResult, d_elems * sizeof(float)).as(DType::kF32);
       if (d.accumulate) cuda::cast(farg(dst), farg(out), d_elems, stream_);
