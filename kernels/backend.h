@@ -29,8 +29,8 @@ int visible_cuda_devices();
 // and the reason: "this build has no CUDA backend (built without nvcc)", "no CUDA device
 // is available (cudaGetDeviceCount: <CUDA's error text>)", or a malformed local-rank
 // variable. With TRIDENT_CHECK_DEVICE_ACCESS=1 in the environment the CPU backend is the
-// checked one (make_cpu_ops(threads, true)): tests use it to find host code that touches
-// device memory.
+// checked one (make_cpu_ops(threads, true)), and kAuto picks it even on a GPU machine:
+// tests use it to find host code that touches device memory.
 Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_sharing_cores);
 
 }  // namespace trident
