@@ -11,20 +11,26 @@
 namespace trident {
 
 // runtime.device (DESIGN.md config). kAuto picks the best backend this build and machine
-// offer: the CPU today.
+// offer: CUDA when the build has it and a device is visible, else the CPU.
 enum class DeviceKind { kAuto, kCpu, kCuda };
 const char* device_kind_name(DeviceKind kind);  // "auto", "cpu", "cuda"
 
 // Whether this build contains CUDA code (CMake found nvcc: TRIDENT_HAVE_CUDA).
 bool build_has_cuda();
+// The CUDA devices this process sees: 0 without CUDA in the build, without a driver or
+// without a GPU (tests that need, or need the absence of, a GPU ask this).
+int visible_cuda_devices();
 
 // Makes the Ops for `device`. `threads` > 0: CPU threads for this process; <= 0: the
 // machine's cores divided by `ranks_sharing_cores` (the ranks on this machine), at least
-// one. Errors are invalid_config (exit 2) naming runtime.device and the reason:
-// "this build has no CUDA backend (built without nvcc)", "no CUDA device", or that the
-// CUDA Ops do not exist yet. With TRIDENT_CHECK_DEVICE_ACCESS=1 in the environment the CPU
-// backend is the checked one (make_cpu_ops(threads, true)): tests use it to find host code
-// that touches device memory.
+// one. CUDA: the device is this process's local rank (OMPI_COMM_WORLD_LOCAL_RANK,
+// SLURM_LOCALID, MPI_LOCALRANKID or LOCAL_RANK; 0 without one) modulo the visible devices
+// (kernels/cuda/cuda_device.h). Errors are invalid_config (exit 2) naming runtime.device
+// and the reason: "this build has no CUDA backend (built without nvcc)", "no CUDA device
+// is available (cudaGetDeviceCount: <CUDA's error text>)", or a malformed local-rank
+// variable. With TRIDENT_CHECK_DEVICE_ACCESS=1 in the environment the CPU backend is the
+// checked one (make_cpu_ops(threads, true)), and kAuto picks it even on a GPU machine:
+// tests use it to find host code that touches device memory.
 Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_sharing_cores);
 
 }  // namespace trident

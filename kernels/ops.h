@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 #include <unordered_map>
 
@@ -63,6 +64,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
+  // One line for the start-up banner: the backend and what it runs on (CUDA: the GPU,
+  // driver, runtime, cuBLASLt and cuDNN versions, the attention path). Default: name().
+  virtual std::string description() const { return name(); }
   // Peak FLOP/s of the device this object runs on, the denominator of MFU. The CPU
   // backend measures its sgemm rate on the first call (under a second) and caches it.
   virtual double peak_flops() const = 0;

@@ -58,7 +58,9 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
         TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
-      {"runtime", {TRIDENT_FIELD(runtime, device, kDevice), TRIDENT_FIELD(runtime, threads, kInt)}},
+      {"runtime",
+       {TRIDENT_FIELD(runtime, device, kDevice), TRIDENT_FIELD(runtime, threads, kInt),
+        TRIDENT_FIELD(runtime, peak_tflops, kFloat)}},
       {"data",
        {TRIDENT_DATA_SPEC_FIELD(train), TRIDENT_FIELD(data, val, kString),
         TRIDENT_FIELD(data, shuffle, kBool), TRIDENT_FIELD(data, seed, kUint64)}},
@@ -667,6 +669,8 @@ Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
   TRIDENT_RETURN_IF_ERROR(validate_training(config));
   TRIDENT_RETURN_IF_ERROR(at_least("runtime.threads", config.runtime.threads, 0));
+  TRIDENT_RETURN_IF_ERROR(float_check("runtime.peak_tflops", config.runtime.peak_tflops,
+                                      config.runtime.peak_tflops >= 0, ">= 0 (0 = the backend's)"));
   if (config.data.train.empty() && config.data.train_blend.empty()) {
     return Status::invalid_config(
         "data.train: required: a token file, glob, directory, Megatron prefix or blend");

@@ -35,8 +35,9 @@ struct ParallelConfig {
 
 // Where the run computes (DESIGN.md "The user's surface").
 struct RuntimeConfig {
-  DeviceKind device = DeviceKind::kAuto;  // auto = the best this build and machine have (cpu today)
+  DeviceKind device = DeviceKind::kAuto;  // auto = cuda when built and a GPU is visible, else cpu
   int threads = 0;  // CPU threads per rank; 0 = the machine's cores / ranks per node
+  float peak_tflops = 0;  // per device, the MFU denominator; 0 = Ops::peak_flops()
 };
 
 struct DataConfig {

@@ -83,6 +83,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.comm_timeout_s", Rule::kIgnore},
       {"runtime.device", Rule::kIgnore},
       {"runtime.threads", Rule::kIgnore},
+      {"runtime.peak_tflops", Rule::kIgnore},
       {"data.train", Rule::kData},
       {"data.val", Rule::kIgnore},
       {"data.shuffle", Rule::kData},

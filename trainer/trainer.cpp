@@ -270,9 +270,13 @@ Status Trainer::init() {
   inputs_.resize(static_cast<size_t>(par.micro_batch_size) * mc.seq_len);
   targets_.resize(inputs_.size());
 
-  double peak = options_.peak_flops;
+  // The MFU denominator: given (options), configured (runtime.peak_tflops), or the
+  // backend's (CPU: measured sgemm rate; CUDA: the peak table, 0 for an unknown GPU).
+  const double configured = options_.peak_flops > 0 ? options_.peak_flops
+                                                     : config_.runtime.peak_tflops * 1e12;
+  double peak = configured;
   if (peak <= 0) peak = world_->rank() == 0 ? ops_->peak_flops() : 0.0;
-  peak_flops_ = options_.peak_flops > 0 ? peak : all_reduce_scalar(peak, "peak flops");
+  peak_flops_ = configured > 0 ? peak : all_reduce_scalar(peak, "peak flops");
   if (!options_.quiet && world_->rank() == 0) print_banner();
   return Status::ok();
 }
@@ -315,9 +319,17 @@ void Trainer::print_banner() const {
             c.training.grad_clip);
   log::info("data: train {} ({} samples{}), val {}", data_train_text(c.data), num_train_samples_,
             c.data.shuffle ? ", shuffled" : "", c.data.val.empty() ? "none" : c.data.val);
+  const char* peak_source = "the backend's peak";
+  if (options_.peak_flops > 0) {
+    peak_source = "given";
+  } else if (c.runtime.peak_tflops > 0) {
+    peak_source = "runtime.peak_tflops";
+  } else if (peak_flops_ <= 0) {
+    peak_source = "unknown: MFU reported as 0";
+  }
   log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank ({})",
-            ops_->name(), world_->size(), peak_flops_ / 1e9,
-            options_.peak_flops > 0 ? "given" : "the backend's peak");
+            ops_->name(), world_->size(), peak_flops_ / 1e9, peak_source);
+  log::info("backend: {}", ops_->description());
 }
 
 void Trainer::reset_traffic() {
@@ -586,7 +598,9 @@ Result<StepMetrics> Trainer::train_step() {
   m.step_ms = timer.elapsed_ms();
   const double tokens = static_cast<double>(c.training.global_batch_size) * T;
   m.tokens_per_s = tokens / (m.step_ms / 1000.0);
-  m.mfu = c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size());
+  m.mfu = peak_flops_ > 0
+              ? c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size())
+              : 0.0;  // an unknown peak (a GPU missing from the table): no MFU
   losses_.push_back(loss);
   return m;
 }

@@ -12,6 +12,7 @@ class ForwardingOps : public Ops {
   explicit ForwardingOps(Ops& inner) : inner_(inner) {}
 
   const char* name() const override { return inner_.name(); }
+  std::string description() const override { return inner_.description(); }
   double peak_flops() const override { return inner_.peak_flops(); }
 
   // Counted by this Ops (Ops::allocate/deallocate/upload/download) and again by the inner

@@ -2,8 +2,9 @@
 // reference, and each backward also against central differences of the backend's own
 // forward (harness and tolerances: tests/kernels/op_table.h). Every backend of the build
 // runs the same table: today the CPU backend and the checked CPU backend (device memory
-// inaccessible to host code outside Ops calls); a CUDA backend adds one TEST_P below, and
-// then a comparison against the CPU backend.
+// inaccessible to host code outside Ops calls) and, in a build with CUDA on a machine with a
+// GPU, the CUDA backend, plus a comparison of the CUDA backend against the CPU backend on
+// the same inputs (OpTable.cuda_vs_cpu). Without a device the CUDA cases skip, saying why.
 //
 // Test names: OpTable.<backend>/<op>[_forward|_backward|_gradcheck]_<dtype>_<shape>, e.g.
 // OpTable.cpu/matmul_forward_bf16_N7_IC13_OC5; --gtest_filter='OpTable.cpu/*' runs one
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <set>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "tests/kernels/forwarding_ops.h"
 
@@ -839,9 +841,13 @@ std::vector<Def> table_defs() {
     defs.push_back(embedding(F, 2, 5, 7, 13, 15, 5, true));
     defs.push_back(layernorm(F, 7, 13, true));
     defs.push_back(layernorm(F, 5, 6, false));
+    defs.push_back(layernorm(F, 70, 16, true));  // dweight / dbias over three column chunks
     defs.push_back(rmsnorm(F, 7, 13));
     defs.push_back(matmul(F, F, 7, 13, 5, true));
     defs.push_back(matmul(F, F, 5, 7, 13, false));
+    // Rows of 8-element multiples: the CUDA backend runs these through cuBLASLt (the odd
+    // shapes above take its simple kernel), and dbias over 40 rows takes two column chunks.
+    defs.push_back(matmul(F, F, 40, 32, 24, true));
     defs.push_back(rope(F, 2, 5, 3, 6, 0));
     defs.push_back(rope(F, 1, 3, 2, 8, 7));
     defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
@@ -878,6 +884,10 @@ std::vector<Def> table_defs() {
   // gradient accumulated into an f32 one and vice versa.
   defs.push_back(matmul(kBF16, kF32, 7, 13, 5, true));
   defs.push_back(matmul(kF32, kBF16, 7, 13, 5, true));
+  // The same through cuBLASLt on CUDA: the bf16 operand widened to f32, an f32 GEMM, the
+  // bf16 output (and bias) rounded once.
+  defs.push_back(matmul(kBF16, kF32, 16, 32, 24, true));
+  defs.push_back(matmul(kF32, kBF16, 16, 32, 24, true));
   defs.push_back(accumulate(kF32, kBF16, 31));
   defs.push_back(accumulate(kBF16, kF32, 31));
   defs.push_back(xent_finish(7));
@@ -910,8 +920,8 @@ std::map<std::string, int>& cases_run() {
 class OpTableCount : public ::testing::Environment {
  public:
   void TearDown() override {
-    std::printf("op table: %d cases on cpu, %d on cpu-checked\n", cases_run()["cpu"],
-                cases_run()["cpu-checked"]);
+    std::printf("op table: %d cases on cpu, %d on cpu-checked, %d on cuda\n", cases_run()["cpu"],
+                cases_run()["cpu-checked"], cases_run()["cuda"]);
     std::fflush(stdout);
   }
 };
@@ -945,6 +955,57 @@ TEST_P(OpTable, cpu) {
 TEST_P(OpTable, cpu_checked) {
   auto ops = make_cpu_ops(threads_for(GetParam()), /*checked=*/true);
   run_on("cpu-checked", *ops);
+}
+
+// The CUDA Ops (kernels/backend.h picks the device), or the reason there is none.
+Result<std::unique_ptr<Ops>> cuda_ops() { return make_ops(DeviceKind::kCuda, 0, 1); }
+
+TEST_P(OpTable, cuda) {
+  auto ops = cuda_ops();
+  if (!ops.is_ok()) GTEST_SKIP() << "no CUDA device: " << ops.status().message();
+  run_on("cuda", **ops);
+}
+
+// The outputs of one forward (and backward) on `ops` from the case's initial values (the
+// same for every backend: the seed is the case's name; only the opaque state's size, and
+// so its garbage, depends on the backend).
+std::map<std::string, VecD> outputs_on(Ops& ops, const OpCase& c) {
+  using namespace detail;
+  const OpDef& def = *c.def;
+  const Host init = initial_values(def, &ops, seed_of(c.name), false);
+  Workspace ws(ops, def, init);
+  def.forward(ops, ws.bufs());
+  const bool backward = c.check == Check::kBackward;
+  if (backward) def.backward(ops, ws.bufs());
+  std::map<std::string, VecD> out;
+  for (const Arg& arg : def.args) {
+    const bool compared = backward ? is_grad_output(arg.role)
+                                   : arg.role == Role::kOut || arg.role == Role::kInOut;
+    if (compared) out[arg.name] = ws.download(arg, init.at(arg.name).size());
+  }
+  return out;
+}
+
+// CUDA against the CPU backend on identical inputs. Each is within arg_tolerance of the
+// float64 reference (OpTable.cpu, OpTable.cuda), so they are within twice that of each
+// other; this names the first op where the two backends part, which is what a GPU
+// session needs when an end-to-end parity run disagrees.
+TEST_P(OpTable, cuda_vs_cpu) {
+  if (GetParam().check == Check::kGradCheck) GTEST_SKIP() << "gradcheck: see OpTable.cuda";
+  auto ops = cuda_ops();
+  if (!ops.is_ok()) GTEST_SKIP() << "no CUDA device: " << ops.status().message();
+  auto cpu = make_cpu_ops(2);
+  const std::map<std::string, VecD> want = outputs_on(*cpu, GetParam());
+  const std::map<std::string, VecD> got = outputs_on(**ops, GetParam());
+  Report r;
+  for (const auto& [name, w] : want) {
+    const Arg& arg = detail::arg_named(*GetParam().def, name);
+    Tol tol = detail::arg_tolerance(arg, *GetParam().def);
+    tol.scale *= 2;
+    tol.value *= 2;
+    detail::compare(r, name, got.at(name), w, tol);
+  }
+  EXPECT_TRUE(r.ok()) << "cuda vs cpu " << GetParam().name << ":\n" << r.str();
 }
 
 INSTANTIATE_TEST_SUITE_P(, OpTable, ::testing::ValuesIn(table()),

@@ -167,6 +167,7 @@ parallel:
 runtime:
   device: cpu
   threads: 3
+  peak_tflops: 989.5
 data:
   train: "a/train_*.bin"
   val: b/val.bin
@@ -208,6 +209,7 @@ TEST(Config, EveryKeyParsesAndRoundTrips) {
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(c.runtime.device, DeviceKind::kCpu);
   EXPECT_EQ(c.runtime.threads, 3);
+  EXPECT_EQ(c.runtime.peak_tflops, 989.5f);
   EXPECT_EQ(c.data.seed, 18446744073709551615ull);
   EXPECT_FALSE(c.data.shuffle);
   EXPECT_EQ(c.training.lr, 2.5e-4f);
@@ -403,6 +405,7 @@ TEST(Config, TrainingAndOtherSectionErrors) {
       {"parallel: {bucket_mb: 0}", "parallel.bucket_mb"},
       {"parallel: {comm_timeout_s: 0}", "parallel.comm_timeout_s"},
       {"runtime: {threads: -1}", "runtime.threads"},
+      {"runtime: {peak_tflops: -1}", "runtime.peak_tflops: must be >= 0"},
   };
   for (const auto& [yaml, needle] : cases) {
     SCOPED_TRACE(yaml);

@@ -1,0 +1,715 @@
+// CudaOps: kernels/ops.h on one CUDA device (contract: kernels/cuda/cuda_ops.h). Plain
+// C++: the kernels are behind the launchers of cuda_kernels.h, the GEMMs behind
+// GemmEngine, attention behind AttentionPath.
+//
+// Attention path (decided at construction, so attention_state_bytes is known before the
+// model plans its arena):
+// - TRIDENT_ATTENTION unset or "plain": the plain path for every call. This is the
+//   default until a GPU run has validated the cuDNN path against it.
+// - "cudnn": bf16 calls try the cuDNN path, built at the first call for that call's shape
+//   (rebuilt when a larger shape appears); when cuDNN offers no plan the reason is logged
+//   and every later call uses plain. f32 calls always use plain (cuDNN's path is bf16
+//   only). The state bytes are then the larger of the two paths' needs, so the buffer the
+//   model allocated fits whichever path runs.
+#include "kernels/cuda/cuda_ops.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/peak_table.h"
+
+namespace trident::cuda {
+
+const char* attention_choice_name(AttentionChoice choice) {
+  return choice == AttentionChoice::kCudnn ? "cudnn" : "plain";
+}
+
+Result<AttentionChoice> attention_choice_from_env(const char* value) {
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "plain") == 0)
+    return AttentionChoice::kPlain;
+  if (std::strcmp(value, "cudnn") == 0) return AttentionChoice::kCudnn;
+  return Status::invalid_config(std::string("TRIDENT_ATTENTION: expected plain or cudnn, got '") +
+                                value + "'");
+}
+
+GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC) {
+  GemmDesc d;
+  switch (which) {
+    case LinearGemm::kForward:
+      d.M = N;
+      d.N = OC;
+      d.K = IC;
+      d.trans_b = true;
+      break;
+    case LinearGemm::kDinp:
+      d.M = N;
+      d.N = IC;
+      d.K = OC;
+      d.accumulate = true;
+      break;
+    case LinearGemm::kDweight:
+      d.M = OC;
+      d.N = IC;
+      d.K = N;
+      d.trans_a = true;
+      d.accumulate = true;
+      break;
+  }
+  return d;
+}
+
+namespace {
+
+size_t elems(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
+
+// The cuDNN path's state: the row log-sum-exp, f32 [B, NH, T] (attention.h), saturating.
+size_t lse_state_bytes(int B, int T, int NH) {
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(B), static_cast<size_t>(NH), &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<size_t>(T), &bytes) ||
+      __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
+    return SIZE_MAX;
+  }
+  return bytes;
+}
+
+// CUDA's encoding, 1000 * major + 10 * minor: 13010 -> "13.1".
+std::string cuda_version_text(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// cuBLASLt's and cuDNN's, 10000 * major + 100 * minor + patch: 91900 -> "9.19.0".
+std::string library_version_text(size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+         std::to_string(v % 100);
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(int device, AttentionChoice choice) : device_(device), choice_(choice) {}
+
+  // Everything that can fail cleanly (no device, no cuBLASLt) is here, not in the
+  // constructor. Called once by make_cuda_ops.
+  Status init() {
+    const cudaError_t err = cudaSetDevice(device_);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear it
+      return Status::invalid_config("runtime.device: cuda: cudaSetDevice(" +
+                                    std::to_string(device_) + "): " + cudaGetErrorString(err));
+    }
+    cudaDeviceProp prop{};
+    TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    device_name_ = prop.name;
+    TRIDENT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Keep freed memory in the pool (the default threshold 0 returns it to the driver at
+    // every synchronisation, and the next allocation pays for it again).
+    cudaMemPool_t pool = nullptr;
+    TRIDENT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t threshold = UINT64_MAX;
+    TRIDENT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    const char* sync = std::getenv("TRIDENT_CUDA_SYNC");
+    sync_ = sync != nullptr && std::strcmp(sync, "1") == 0;
+
+    Result<std::unique_ptr<GemmEngine>> gemm = GemmEngine::create(stream_);
+    if (!gemm.is_ok()) {
+      return Status::invalid_config("runtime.device: cuda: cuBLASLt: " + gemm.status().message());
+    }
+    gemm_ = std::move(gemm).value();
+    plain_ = make_plain_attention(*this, *gemm_, stream_);
+    TRIDENT_CHECK(plain_ != nullptr);
+    return Status::ok();
+  }
+
+  ~CudaOps() override {
+    if (stream_ == nullptr) return;  // init() failed before the stream existed
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudnn_.reset();  // the paths free their scratch through this Ops
+    plain_.reset();
+    for (Scratch& s : scratch_) {
+      deallocate(s.ptr);
+      s = Scratch{};
+    }
+    gemm_.reset();
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (staging_ != nullptr) TRIDENT_CUDA_CHECK(cudaFreeHost(staging_));
+    TRIDENT_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  std::string description() const override {
+    int driver = 0, runtime = 0;
+    TRIDENT_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    TRIDENT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    std::string attention = attention_choice_name(choice_);
+    if (choice_ == AttentionChoice::kCudnn) {
+      attention += cudnn_failed_ ? " (failed, using plain)"
+                                 : " (bf16; plain for f32 or without a plan)";
+    }
+    return "cuda device " + std::to_string(device_) + ": " + device_name_ + " | driver " +
+           cuda_version_text(driver) + ", runtime " + cuda_version_text(runtime) +
+           " | cuBLASLt " + library_version_text(cublasLtGetVersion()) + " | cuDNN " +
+           library_version_text(cudnnGetVersion()) + " | attention " + attention +
+           (sync_ ? " | TRIDENT_CUDA_SYNC=1" : "");
+  }
+
+  double peak_flops() const override {
+    const double peak = peak_bf16_flops_for(device_name_);
+    if (peak <= 0 && !peak_logged_) {
+      log::warn("cuda: no peak FLOP/s known for '{}': MFU is not reported; set "
+                "runtime.peak_tflops",
+                device_name_);
+      peak_logged_ = true;
+    }
+    return peak;
+  }
+
+  // ---- memory -------------------------------------------------------------------
+  void zero(DevPtr dst, size_t bytes) override {
+    Op op(*this, "zero");
+    if (bytes > 0) TRIDENT_CUDA_CHECK(cudaMemsetAsync(dst.raw(), 0, bytes, stream_));
+  }
+  void copy(DevPtr dst, DevPtr src, size_t bytes) override {
+    Op op(*this, "copy");
+    move_bytes(dst.raw(), src.raw(), bytes);
+  }
+  void cast(DevPtr dst, DevPtr src, size_t n) override {
+    Op op(*this, "cast");
+    const FArg d = f(op, dst, "dst"), s = f(op, src, "src");
+    if (n == 0) return;
+    if (dst.dtype() == src.dtype()) {
+      move_bytes(dst.raw(), src.raw(), n * dtype_size(dst.dtype()));
+    } else {
+      cuda::cast(d, s, n, stream_);
+    }
+  }
+
+  // ---- embeddings ---------------------------------------------------------------
+  void embedding_forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T, int C,
+                         int vocab_begin, int vocab_local) override {
+    Op op(*this, "embedding_forward");
+    cuda::embedding_forward(f(op, out, "out"), i32(op, tokens, "tokens"), f(op, wte, "wte"),
+                            f(op, wpe, "wpe"), B, T, C, vocab_begin, vocab_local, stream_);
+  }
+  void embedding_backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B, int T, int C,
+                          int vocab_begin, int vocab_local) override {
+    Op op(*this, "embedding_backward");
+    cuda::embedding_backward(f32(op, dwte, "dwte"), f32(op, dwpe, "dwpe"), f(op, dout, "dout"),
+                             i32(op, tokens, "tokens"), B, T, C, vocab_begin, vocab_local, stream_);
+  }
+
+  // ---- normalisation ------------------------------------------------------------
+  void layernorm_forward(DevPtr out, DevPtr mean, DevPtr rstd, DevPtr inp, DevPtr weight,
+                         DevPtr bias, int N, int C, float eps) override {
+    Op op(*this, "layernorm_forward");
+    cuda::layernorm_forward(f(op, out, "out"), f32(op, mean, "mean"), f32(op, rstd, "rstd"),
+                            f(op, inp, "inp"), f(op, weight, "weight"), f(op, bias, "bias"), N, C,
+                            eps, stream_);
+  }
+  void layernorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                          DevPtr weight, DevPtr mean, DevPtr rstd, int N, int C) override {
+    Op op(*this, "layernorm_backward");
+    cuda::layernorm_backward(f(op, dinp, "dinp"), f32(op, dweight, "dweight"),
+                             f32(op, dbias, "dbias"), f(op, dout, "dout"), f(op, inp, "inp"),
+                             f(op, weight, "weight"), f32(op, mean, "mean"), f32(op, rstd, "rstd"),
+                             N, C, column_partials(N, C, 2), stream_);
+  }
+  void rmsnorm_forward(DevPtr out, DevPtr rstd, DevPtr inp, DevPtr weight, int N, int C,
+                       float eps) override {
+    Op op(*this, "rmsnorm_forward");
+    cuda::rmsnorm_forward(f(op, out, "out"), f32(op, rstd, "rstd"), f(op, inp, "inp"),
+                          f(op, weight, "weight"), N, C, eps, stream_);
+  }
+  void rmsnorm_backward(DevPtr dinp, DevPtr dweight, DevPtr dout, DevPtr inp, DevPtr weight,
+                        DevPtr rstd, int N, int C) override {
+    Op op(*this, "rmsnorm_backward");
+    cuda::rmsnorm_backward(f(op, dinp, "dinp"), f32(op, dweight, "dweight"), f(op, dout, "dout"),
+                           f(op, inp, "inp"), f(op, weight, "weight"), f32(op, rstd, "rstd"), N, C,
+                           column_partials(N, C, 1), stream_);
+  }
+
+  // ---- linear -------------------------------------------------------------------
+  // out[N, OC] = inp[N, IC] @ weight[OC, IC]^T + bias: D[M=N, N=OC] = A[N, IC] @ B^T.
+  void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
+                      int OC) override {
+    Op op(*this, "matmul_forward");
+    f(op, out, "out");
+    f(op, inp, "inp");
+    f(op, weight, "weight");
+    f(op, bias, "bias");
+    TRIDENT_CHECK_MSG(N >= 0 && IC > 0 && OC >= 0, "cuda matmul_forward: N " + std::to_string(N) +
+                                                       " IC " + std::to_string(IC) + " OC " +
+                                                       std::to_string(OC));
+    gemm(linear_gemm_desc(LinearGemm::kForward, N, IC, OC), inp, weight, out, bias);
+  }
+  void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                       DevPtr weight, int N, int IC, int OC) override {
+    Op op(*this, "matmul_backward");
+    f(op, dinp, "dinp");
+    f32(op, dweight, "dweight");
+    f32(op, dbias, "dbias");
+    f(op, dout, "dout");
+    f(op, inp, "inp");
+    f(op, weight, "weight");
+    if (!dinp.is_null())  // dinp[N, IC] += dout[N, OC] @ weight[OC, IC]
+      gemm(linear_gemm_desc(LinearGemm::kDinp, N, IC, OC), dout, weight, dinp, DevPtr());
+    if (!dweight.is_null())  // dweight[OC, IC] += dout^T @ inp (K = the N rows)
+      gemm(linear_gemm_desc(LinearGemm::kDweight, N, IC, OC), dout, inp, dweight, DevPtr());
+    if (!dbias.is_null()) {
+      cuda::column_sum_accumulate(dbias.raw_as<float>(), farg(dout), N, OC,
+                                  column_partials(N, OC, 1), stream_);
+    }
+  }
+
+  // ---- attention ----------------------------------------------------------------
+  void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Op op(*this, "rope_forward");
+    cuda::rope(f(op, x, "x"), B, T, H, HD, theta, pos_offset, 1.0f, stream_);
+  }
+  void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
+    Op op(*this, "rope_backward");
+    cuda::rope(f(op, dx, "dx"), B, T, H, HD, theta, pos_offset, -1.0f, stream_);
+  }
+
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
+    const size_t plain = plain_->state_bytes(B, T, NH, NKV, HD);
+    if (choice_ == AttentionChoice::kPlain) return plain;
+    return std::max(plain, lse_state_bytes(B, T, NH));
+  }
+  void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
+                         int NH, int NKV, int HD) override {
+    Op op(*this, "attention_forward");
+    const AttentionShape shape = attention_shape(op, {q, k, v, out}, B, T, NH, NKV, HD);
+    expect(op, state, DType::kU8, "state");
+    path_for(shape).forward(out, state, q, k, v, shape);
+  }
+  void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out, DevPtr state,
+                          DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
+                          int HD) override {
+    Op op(*this, "attention_backward");
+    const AttentionShape shape =
+        attention_shape(op, {q, k, v, out, dout, dq, dk, dv}, B, T, NH, NKV, HD);
+    expect(op, state, DType::kU8, "state");
+    path_for(shape).backward(dq, dk, dv, dout, out, state, q, k, v, shape);
+  }
+
+  // ---- pointwise ----------------------------------------------------------------
+  void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
+    Op op(*this, "gelu_forward");
+    cuda::gelu_forward(f(op, out, "out"), f(op, inp, "inp"), n, stream_);
+  }
+  void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) override {
+    Op op(*this, "gelu_backward");
+    cuda::gelu_backward(f(op, dinp, "dinp"), f(op, dout, "dout"), f(op, inp, "inp"), n, stream_);
+  }
+  void swiglu_forward(DevPtr out, DevPtr gate, DevPtr up, size_t n) override {
+    Op op(*this, "swiglu_forward");
+    cuda::swiglu_forward(f(op, out, "out"), f(op, gate, "gate"), f(op, up, "up"), n, stream_);
+  }
+  void swiglu_backward(DevPtr dgate, DevPtr dup, DevPtr dout, DevPtr gate, DevPtr up,
+                       size_t n) override {
+    Op op(*this, "swiglu_backward");
+    cuda::swiglu_backward(f(op, dgate, "dgate"), f(op, dup, "dup"), f(op, dout, "dout"),
+                          f(op, gate, "gate"), f(op, up, "up"), n, stream_);
+  }
+  void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
+    Op op(*this, "add");
+    cuda::add(f(op, out, "out"), f(op, a, "a"), f(op, b, "b"), n, stream_);
+  }
+  void accumulate(DevPtr dst, DevPtr src, size_t n) override {
+    Op op(*this, "accumulate");
+    cuda::accumulate(f(op, dst, "dst"), f(op, src, "src"), n, stream_);
+  }
+  void scale(DevPtr x, float s, size_t n) override {
+    Op op(*this, "scale");
+    cuda::scale(f(op, x, "x"), s, n, stream_);
+  }
+
+  // ---- loss ---------------------------------------------------------------------
+  void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
+                             int Vp) override {
+    Op op(*this, "cross_entropy_forward");
+    check_vocab(op, V, Vp);
+    cuda::cross_entropy_forward(f32(op, losses, "losses"), f(op, logits, "logits"),
+                                i32(op, targets, "targets"), N, V, Vp, stream_);
+  }
+  void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
+                              int V, int Vp) override {
+    Op op(*this, "cross_entropy_backward");
+    check_vocab(op, V, Vp);
+    check_alias(op, dlogits, logits);
+    cuda::cross_entropy_backward(f(op, dlogits, "dlogits"), f(op, logits, "logits"),
+                                 i32(op, targets, "targets"), dloss, N, V, Vp, stream_);
+  }
+  void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
+                      int V) override {
+    Op op(*this, "xent_local_max");
+    check_local(op, N, Vp_local, vocab_begin, V);
+    cuda::xent_local_max(f32(op, row_max, "row_max"), f(op, logits, "logits"), N, Vp_local,
+                         vocab_begin, V, stream_);
+  }
+  void xent_local_sums(DevPtr sum_exp, DevPtr target_logit, DevPtr logits, DevPtr row_max,
+                       DevPtr targets, int N, int Vp_local, int vocab_begin, int V) override {
+    Op op(*this, "xent_local_sums");
+    check_local(op, N, Vp_local, vocab_begin, V);
+    cuda::xent_local_sums(f32(op, sum_exp, "sum_exp"), f32(op, target_logit, "target_logit"),
+                          f(op, logits, "logits"), f32(op, row_max, "row_max"),
+                          i32(op, targets, "targets"), N, Vp_local, vocab_begin, V, stream_);
+  }
+  void xent_local_backward(DevPtr dlogits, DevPtr logits, DevPtr row_max, DevPtr sum_exp,
+                           DevPtr targets, float dloss, int N, int Vp_local, int vocab_begin,
+                           int V) override {
+    Op op(*this, "xent_local_backward");
+    check_local(op, N, Vp_local, vocab_begin, V);
+    check_alias(op, dlogits, logits);
+    cuda::xent_local_backward(f(op, dlogits, "dlogits"), f(op, logits, "logits"),
+                              f32(op, row_max, "row_max"), f32(op, sum_exp, "sum_exp"),
+                              i32(op, targets, "targets"), dloss, N, Vp_local, vocab_begin, V,
+                              stream_);
+  }
+  void xent_finish(DevPtr losses, DevPtr row_max, DevPtr sum_exp, DevPtr target_logit,
+                   int N) override {
+    Op op(*this, "xent_finish");
+    TRIDENT_CHECK_MSG(N >= 0, "cuda xent_finish: N " + std::to_string(N));
+    cuda::xent_finish(f32(op, losses, "losses"), f32(op, row_max, "row_max"),
+                      f32(op, sum_exp, "sum_exp"), f32(op, target_logit, "target_logit"), N,
+                      stream_);
+  }
+  void loss_accumulate(DevPtr acc, DevPtr losses, int N) override {
+    Op op(*this, "loss_accumulate");
+    TRIDENT_CHECK_MSG(N >= 1, "cuda loss_accumulate: N " + std::to_string(N));
+    cuda::loss_accumulate(f64(op, acc, "acc"), f32(op, losses, "losses"), N, stream_);
+  }
+
+  // ---- optimizer ----------------------------------------------------------------
+  void adamw_update(DevPtr param, DevPtr grad, DevPtr m, DevPtr v, DevPtr compute_copy, size_t n,
+                    const AdamWParams& p) override {
+    Op op(*this, "adamw_update");
+    expect(op, compute_copy, DType::kBF16, "compute_copy");
+    // Bias corrections in double, rounded once: the CPU's (kernels/cpu/adamw.cpp).
+    const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step));
+    const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step));
+    cuda::adamw_update(f32(op, param, "param"), f32(op, grad, "grad"), f32(op, m, "m"),
+                       f32(op, v, "v"), static_cast<uint16_t*>(compute_copy.raw()), n, p.lr,
+                       p.beta1, p.beta2, p.eps, p.weight_decay, bc1, bc2, stream_);
+  }
+  void sum_squares_accumulate(DevPtr acc, DevPtr x, size_t n) override {
+    Op op(*this, "sum_squares_accumulate");
+    double* acc_d = f64(op, acc, "acc");
+    const FArg xf = f(op, x, "x");
+    if (n == 0) return;
+    DevPtr partials = scratch(kPartials, sum_squares_partials(n) * sizeof(double));
+    cuda::sum_squares_accumulate(acc_d, xf, n, static_cast<double*>(partials.raw()), stream_);
+  }
+
+ protected:
+  DevPtr do_allocate(size_t bytes) override {
+    // At least one 256-byte granule, so a 0-byte request still gets a unique address.
+    const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    TRIDENT_CUDA_CHECK(cudaMallocAsync(&p, rounded, stream_));
+    TRIDENT_CHECK_MSG(reinterpret_cast<uintptr_t>(p) % 64 == 0,
+                      "cuda allocate: address not 64-byte aligned");
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
+    after_op("allocate");
+    return DevPtr::wrap(p, DType::kU8);
+  }
+  void do_deallocate(DevPtr ptr) override {
+    TRIDENT_CUDA_CHECK(cudaFreeAsync(ptr.raw(), stream_));
+    after_op("deallocate");
+  }
+  void do_upload(DevPtr dst, const void* host_src, size_t bytes) override {
+    const char* src = static_cast<const char*>(host_src);
+    char* d = static_cast<char*>(dst.raw());
+    for (size_t off = 0; off < bytes; off += kStagingBytes) {
+      const size_t chunk = std::min(kStagingBytes, bytes - off);
+      void* staging = staging_for(chunk);
+      std::memcpy(staging, src + off, chunk);
+      TRIDENT_CUDA_CHECK(cudaMemcpyAsync(d + off, staging, chunk, cudaMemcpyHostToDevice, stream_));
+      // The staging is reused by the next chunk or call: wait until the copy has read it.
+      TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    after_op("upload");
+  }
+  void do_download(void* host_dst, DevPtr src, size_t bytes) override {
+    char* dst = static_cast<char*>(host_dst);
+    const char* s = static_cast<const char*>(src.raw());
+    for (size_t off = 0; off < bytes; off += kStagingBytes) {
+      const size_t chunk = std::min(kStagingBytes, bytes - off);
+      void* staging = staging_for(chunk);
+      TRIDENT_CUDA_CHECK(cudaMemcpyAsync(staging, s + off, chunk, cudaMemcpyDeviceToHost, stream_));
+      TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      std::memcpy(dst + off, staging, chunk);
+    }
+    after_op("download");
+  }
+
+ private:
+  // One entry point: names the op for dtype messages and, with TRIDENT_CUDA_SYNC=1,
+  // synchronises and checks at its end.
+  class Op {
+   public:
+    Op(CudaOps& ops, const char* name) : ops_(ops), name_(name) {}
+    ~Op() { ops_.after_op(name_); }
+    Op(const Op&) = delete;
+    Op& operator=(const Op&) = delete;
+    const char* name() const { return name_; }
+
+   private:
+    CudaOps& ops_;
+    const char* name_;
+  };
+
+  void after_op(const char* name) {
+    if (!sync_) return;
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    TRIDENT_CHECK_MSG(err == cudaSuccess, std::string("cuda ") + name + " (TRIDENT_CUDA_SYNC): " +
+                                              cudaGetErrorName(err) + ": " +
+                                              cudaGetErrorString(err));
+    TRIDENT_CUDA_CHECK_LAUNCH();
+  }
+
+  [[noreturn]] static void wrong_dtype(const Op& op, DevPtr p, const char* want, const char* arg) {
+    check_failed("argument dtype",
+                 std::string("cuda ") + op.name() + ": argument " + arg + " has dtype " +
+                     dtype_name(p.dtype()) + ", want " + want,
+                 __FILE__, __LINE__);
+  }
+  // A null pointer is "absent" and passes every check.
+  static void expect(const Op& op, DevPtr p, DType want, const char* arg) {
+    if (!p.is_null() && p.dtype() != want) wrong_dtype(op, p, dtype_name(want), arg);
+  }
+  static FArg f(const Op& op, DevPtr p, const char* arg) {
+    if (!p.is_null() && !is_float_dtype(p.dtype())) wrong_dtype(op, p, "f32 or bf16", arg);
+    return farg(p);
+  }
+  static float* f32(const Op& op, DevPtr p, const char* arg) {
+    expect(op, p, DType::kF32, arg);
+    return static_cast<float*>(p.raw());
+  }
+  static const int32_t* i32(const Op& op, DevPtr p, const char* arg) {
+    expect(op, p, DType::kI32, arg);
+    return static_cast<const int32_t*>(p.raw());
+  }
+  static double* f64(const Op& op, DevPtr p, const char* arg) {
+    expect(op, p, DType::kF64, arg);
+    return static_cast<double*>(p.raw());
+  }
+  static void check_vocab(const Op& op, int V, int Vp) {
+    TRIDENT_CHECK_MSG(V > 0 && Vp >= V, std::string("cuda ") + op.name() + ": V " +
+                                            std::to_string(V) + " Vp " + std::to_string(Vp));
+  }
+  static void check_local(const Op& op, int N, int Vp_local, int vocab_begin, int V) {
+    TRIDENT_CHECK_MSG(N >= 0 && Vp_local >= 0 && vocab_begin >= 0 && V > 0,
+                      std::string("cuda ") + op.name() + ": N " + std::to_string(N) +
+                          " Vp_local " + std::to_string(Vp_local) + " vocab_begin " +
+                          std::to_string(vocab_begin) + " V " + std::to_string(V));
+  }
+  // The kernels read each element before writing it, in the same thread: aliasing is safe
+  // only when both views have the same element size.
+  static void check_alias(const Op& op, DevPtr dlogits, DevPtr logits) {
+    TRIDENT_CHECK_MSG(dlogits.raw() != logits.raw() || dlogits.dtype() == logits.dtype(),
+                      std::string("cuda ") + op.name() +
+                          ": dlogits aliases logits with another dtype");
+  }
+
+  // memmove on the device: cudaMemcpyAsync does not allow overlapping ranges, so an
+  // overlapping copy goes through scratch.
+  void move_bytes(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    const bool overlap = d < s + bytes && s < d + bytes;
+    if (!overlap) {
+      TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    void* tmp = scratch(kOverlap, bytes).raw();
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // D = op(A) @ op(B) (+ D) (+ bias) with d's shape fields set; the dtypes are filled here.
+  // A and B of different dtypes: the bf16 one is widened into f32 scratch (exact). An f32
+  // product, or an f32 bias, into a bf16 output: computed into f32 scratch (holding the
+  // widened output when accumulating), then rounded into the output once. The bias takes
+  // the GEMM output's dtype (cast into scratch when it differs: then only bf16 -> f32,
+  // exact).
+  void gemm(GemmDesc d, DevPtr a, DevPtr b, DevPtr out, DevPtr bias) {
+    if (d.M == 0 || d.N == 0) return;
+    if (d.K == 0 && d.accumulate) return;  // adds nothing
+    const auto address = [](DevPtr p) { return reinterpret_cast<uintptr_t>(p.raw()); };
+    if (!gemm_layout_ok(d.trans_a, d.trans_b, static_cast<uint64_t>(d.M),
+                        static_cast<uint64_t>(d.N), static_cast<uint64_t>(d.K),
+                        {address(a), address(b), address(out), address(bias)})) {
+      cuda::simple_gemm(d.trans_a, d.trans_b, d.M, d.N, d.K, farg(a), farg(b), farg(out),
+                        farg(bias), d.accumulate, stream_);
+      return;
+    }
+    const size_t a_elems = elems(d.M, d.K), b_elems = elems(d.K, d.N), d_elems = elems(d.M, d.N);
+    if (a.dtype() != b.dtype()) {
+      if (a.dtype() == DType::kBF16) {
+        a = widened(kOperandA, a, a_elems);
+      } else {
+        b = widened(kOperandB, b, b_elems);
+      }
+    }
+    DevPtr dst = out;
+    // cuBLASLt has no f32 x f32 -> bf16 GEMM, and a bf16 output's bias epilogue would round
+    // an f32 bias before adding it: both compute in f32 and round once at the end.
+    const bool f32_bias = !bias.is_null() && bias.dtype() == DType::kF32;
+    const bool round_after = out.dtype() == DType::kBF16 && (a.dtype() == DType::kF32 || f32_bias);
+    if (round_after) {
+      dst = scratch(kResult, d_elems * sizeof(float)).as(DType::kF32);
+      if (d.accumulate) cuda::cast(farg(dst), farg(out), d_elems, stream_);
+    }
+    if (!bias.is_null() && bias.dtype() != dst.dtype()) {
+      DevPtr converted = scratch(kBias, static_cast<size_t>(d.N) * dtype_size(dst.dtype()))
+                             .as(dst.dtype());
+      cuda::cast(farg(converted), farg(bias), static_cast<size_t>(d.N), stream_);
+      bias = converted;
+    }
+    d.ab_dtype = a.dtype();
+    d.d_dtype = dst.dtype();
+    d.bias = !bias.is_null();
+    gemm_->run(d, a, b, dst, bias);
+    if (round_after) cuda::cast(farg(out), farg(dst), d_elems, stream_);
+  }
+  DevPtr widened(int slot, DevPtr bf16, size_t n) {
+    DevPtr w = scratch(slot, n * sizeof(float)).as(DType::kF32);
+    cuda::cast(farg(w), farg(bf16), n, stream_);
+    return w;
+  }
+
+  // Grow-only scratch, one buffer per use that can be live at the same time.
+  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kSlots };
+  struct Scratch {
+    DevPtr ptr;
+    size_t bytes = 0;
+  };
+  DevPtr scratch(int slot, size_t bytes) {
+    Scratch& s = scratch_[slot];
+    if (s.bytes < bytes) {
+      deallocate(s.ptr);  // stream-ordered: earlier work that reads it still completes first
+      s.ptr = allocate(bytes);
+      s.bytes = bytes;
+    }
+    return s.ptr;
+  }
+
+  // The partials of `arrays` two-pass column reductions over N rows of C columns
+  // (launch.h column_chunks); null when there is nothing to reduce.
+  float* column_partials(int N, int C, int arrays) {
+    if (N <= 0 || C <= 0) return nullptr;
+    const size_t floats = column_chunks(static_cast<uint64_t>(N)) * static_cast<size_t>(C) *
+                          static_cast<size_t>(arrays);
+    return static_cast<float*>(scratch(kColumns, floats * sizeof(float)).raw());
+  }
+
+  void* staging_for(size_t bytes) {
+    if (staging_bytes_ < bytes) {
+      if (staging_ != nullptr) TRIDENT_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr;
+      TRIDENT_CUDA_CHECK(cudaMallocHost(&staging_, bytes));
+      staging_bytes_ = bytes;
+    }
+    return staging_;
+  }
+
+  // Every F buffer of an attention call has one dtype (attention.h); null gradients are
+  // skipped.
+  AttentionShape attention_shape(const Op& op, std::initializer_list<DevPtr> bufs, int B, int T,
+                                 int NH, int NKV, int HD) {
+    TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0 && HD > 0,
+                      std::string("cuda ") + op.name() + ": NH " + std::to_string(NH) + " NKV " +
+                          std::to_string(NKV) + " HD " + std::to_string(HD));
+    DType dtype = bufs.begin()->dtype();
+    for (DevPtr p : bufs) {
+      f(op, p, "q/k/v/out/dout/dq/dk/dv");
+      if (!p.is_null() && p.dtype() != dtype) {
+        check_failed("attention dtypes",
+                     std::string("cuda ") + op.name() +
+                         ": every attention buffer must have one dtype (q is " +
+                         dtype_name(dtype) + ", another is " + dtype_name(p.dtype()) + ")",
+                     __FILE__, __LINE__);
+      }
+    }
+    return AttentionShape{B, T, NH, NKV, HD, dtype};
+  }
+
+  AttentionPath& path_for(const AttentionShape& shape) {
+    AttentionPath* path = plain_.get();
+    if (choice_ == AttentionChoice::kCudnn && shape.dtype == DType::kBF16 && !cudnn_failed_) {
+      const bool fits = cudnn_ != nullptr && shape.B <= cudnn_max_.B && shape.T <= cudnn_max_.T &&
+                        shape.NH == cudnn_max_.NH && shape.NKV == cudnn_max_.NKV &&
+                        shape.HD == cudnn_max_.HD;
+      if (!fits) {
+        AttentionShape max_shape = shape;
+        if (cudnn_ != nullptr) {
+          max_shape.B = std::max(shape.B, cudnn_max_.B);
+          max_shape.T = std::max(shape.T, cudnn_max_.T);
+        }
+        Result<std::unique_ptr<AttentionPath>> made =
+            make_cudnn_attention(*this, stream_, max_shape);
+        if (made.is_ok()) {
+          cudnn_ = std::move(made).value();
+          cudnn_max_ = max_shape;
+        } else if (cudnn_ == nullptr) {  // the first call: fall back for good
+          log::warn("cuda attention: cuDNN path unavailable ({}); using plain",
+                    made.status().message());
+          cudnn_failed_ = true;
+        } else {  // states of the smaller shape are cuDNN's: no silent switch now
+          check_failed("make_cudnn_attention",
+                       "cuda attention: cuDNN path for B " + std::to_string(max_shape.B) + " T " +
+                           std::to_string(max_shape.T) + ": " + made.status().message(),
+                       __FILE__, __LINE__);
+        }
+      }
+      if (cudnn_ != nullptr && !cudnn_failed_) path = cudnn_.get();
+    }
+    TRIDENT_CHECK_MSG(path->state_bytes(shape.B, shape.T, shape.NH, shape.NKV, shape.HD) <=
+                          attention_state_bytes(shape.B, shape.T, shape.NH, shape.NKV, shape.HD),
+                      std::string("cuda attention: the ") + path->name() +
+                          " path needs more state than attention_state_bytes reported");
+    return *path;
+  }
+
+  const int device_;
+  const AttentionChoice choice_;
+  std::string device_name_;
+  CUstream_st* stream_ = nullptr;
+  bool sync_ = false;
+  std::unique_ptr<GemmEngine> gemm_;
+  std::unique_ptr<AttentionPath> plain_, cudnn_;
+  AttentionShape cudnn_max_;  // the shape cudnn_ was built for
+  bool cudnn_failed_ = false;
+  Scratch scratch_[kSlots];
+  void* staging_ = nullptr;  // pinned host memory
+  size_t staging_bytes_ = 0;
+  mutable bool peak_logged_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Ops>> make_cuda_ops(int device) {
+  TRIDENT_ASSIGN_OR_RETURN(const AttentionChoice choice,
+                           attention_choice_from_env(std::getenv("TRIDENT_ATTENTION")));
+  auto ops = std::make_unique<CudaOps>(device, choice);
+  TRIDENT_RETURN_IF_ERROR(ops->init());
+  return std::unique_ptr<Ops>(std::move(ops));
+}
+
+}  // namespace trident::cuda

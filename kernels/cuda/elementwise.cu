@@ -1,0 +1,156 @@
+// Pointwise kernels: cast, GELU (tanh form), SwiGLU, add / accumulate / scale, RoPE. The
+// formulas are those of kernels/cpu/activation.cpp and rope.cpp, one element per
+// iteration of a grid-stride loop (launch.h elementwise_launch). Every output element
+// is read (when it is also an input) and written by the same thread, so an output may
+// alias an input of the same dtype (add, scale, accumulate).
+#include "kernels/cuda/device_util.cuh"
+
+namespace trident::cuda {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+__global__ void cast_kernel(FArg dst, FArg src, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) store(dst, i, load(src, i));
+}
+
+__global__ void gelu_forward_kernel(FArg out, FArg inp, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) {
+    const float x = load(inp, i);
+    store(out, i, 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCube * x * x * x))));
+  }
+}
+
+__global__ void gelu_backward_kernel(FArg dinp, FArg dout, FArg inp, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) {
+    const float x = load(inp, i);
+    const float t = tanhf(kGeluScale * (x + kGeluCube * x * x * x));
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+    const float g = load(dout, i) * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    store(dinp, i, load(dinp, i) + g);
+  }
+}
+
+__global__ void swiglu_forward_kernel(FArg out, FArg gate, FArg up, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) {
+    const float g = load(gate, i);
+    store(out, i, g / (1.0f + expf(-g)) * load(up, i));
+  }
+}
+
+__global__ void swiglu_backward_kernel(FArg dgate, FArg dup, FArg dout, FArg gate, FArg up,
+                                       size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) {
+    const float g = load(gate, i), u = load(up, i), d = load(dout, i);
+    const float sig = 1.0f / (1.0f + expf(-g));
+    if (dgate.p != nullptr)
+      store(dgate, i, load(dgate, i) + d * u * sig * (1.0f + g * (1.0f - sig)));
+    if (dup.p != nullptr) store(dup, i, load(dup, i) + d * g * sig);
+  }
+}
+
+__global__ void add_kernel(FArg out, FArg a, FArg b, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads())
+    store(out, i, load(a, i) + load(b, i));
+}
+
+__global__ void accumulate_kernel(FArg dst, FArg src, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads())
+    store(dst, i, load(dst, i) + load(src, i));
+}
+
+__global__ void scale_kernel(FArg x, float factor, size_t n) {
+  for (size_t i = global_thread(); i < n; i += grid_threads()) store(x, i, load(x, i) * factor);
+}
+
+// One thread per rotated pair (row r = b*T + t, head h, i < HD/2). The angle is computed in
+// double and rounded once, as the CPU's table (rope.cpp), so both backends rotate by the
+// same fp32 cos / sin.
+__global__ void rope_kernel(FArg x, size_t pairs, int T, int H, int HD, float theta,
+                            int pos_offset, float sign) {
+  const int half = HD / 2;
+  for (size_t p = global_thread(); p < pairs; p += grid_threads()) {
+    const int i = static_cast<int>(p % half);
+    const size_t row_head = p / half;  // (b*T + t) * H + h
+    const int t = static_cast<int>((row_head / H) % T);
+    const double inv_freq = pow(static_cast<double>(theta), -2.0 * i / HD);
+    const double angle = static_cast<double>(t + pos_offset) * inv_freq;
+    const float c = static_cast<float>(cos(angle));
+    const float sn = sign * static_cast<float>(sin(angle));
+    const size_t base = row_head * HD;
+    const float x1 = load(x, base + i), x2 = load(x, base + i + half);
+    store(x, base + i, x1 * c - x2 * sn);
+    store(x, base + i + half, x2 * c + x1 * sn);
+  }
+}
+
+__global__ void simple_gemm_kernel(bool trans_a, bool trans_b, int M, int N, int K, FArg a,
+                                   FArg b, FArg d, FArg bias, bool accumulate) {
+  const size_t total = static_cast<size_t>(M) * N;
+  for (size_t i = global_thread(); i < total; i += grid_threads()) {
+    const size_t m = i / N, n = i % N;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const float av = load(a, trans_a ? static_cast<size_t>(k) * M + m : m * K + k);
+      const float bv = load(b, trans_b ? n * K + k : static_cast<size_t>(k) * N + n);
+      acc += av * bv;
+    }
+    if (bias.p != nullptr) acc += load(bias, n);
+    store(d, i, accumulate ? load(d, i) + acc : acc);
+  }
+}
+
+}  // namespace
+
+// Each launcher: skip an empty launch, enqueue, check the launch.
+#define TRIDENT_ELEMENTWISE(kernel, n, ...)                                   \
+  do {                                                                        \
+    const Launch l = elementwise_launch(n);                                   \
+    if (l.empty()) return;                                                    \
+    kernel<<<l.grid_x, l.block, 0, s>>>(__VA_ARGS__);                         \
+    TRIDENT_CUDA_CHECK_LAUNCH();                                              \
+  } while (0)
+
+void cast(FArg dst, FArg src, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(cast_kernel, n, dst, src, n);
+}
+void gelu_forward(FArg out, FArg inp, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(gelu_forward_kernel, n, out, inp, n);
+}
+void gelu_backward(FArg dinp, FArg dout, FArg inp, size_t n, Stream s) {
+  if (dinp.p == nullptr) return;
+  TRIDENT_ELEMENTWISE(gelu_backward_kernel, n, dinp, dout, inp, n);
+}
+void swiglu_forward(FArg out, FArg gate, FArg up, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(swiglu_forward_kernel, n, out, gate, up, n);
+}
+void swiglu_backward(FArg dgate, FArg dup, FArg dout, FArg gate, FArg up, size_t n, Stream s) {
+  if (dgate.p == nullptr && dup.p == nullptr) return;
+  TRIDENT_ELEMENTWISE(swiglu_backward_kernel, n, dgate, dup, dout, gate, up, n);
+}
+void add(FArg out, FArg a, FArg b, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(add_kernel, n, out, a, b, n);
+}
+void accumulate(FArg dst, FArg src, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(accumulate_kernel, n, dst, src, n);
+}
+void scale(FArg x, float factor, size_t n, Stream s) {
+  TRIDENT_ELEMENTWISE(scale_kernel, n, x, factor, n);
+}
+void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, float sign,
+          Stream s) {
+  const size_t pairs = static_cast<size_t>(B) * T * H * (HD / 2);
+  TRIDENT_ELEMENTWISE(rope_kernel, pairs, x, pairs, T, H, HD, theta, pos_offset, sign);
+}
+
+void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
+                 FArg bias, bool accumulate, Stream s) {
+  const size_t total = static_cast<size_t>(M) * N;
+  TRIDENT_ELEMENTWISE(simple_gemm_kernel, total, trans_a, trans_b, M, N, K, a, b, d, bias,
+                      accumulate);
+}
+
+#undef TRIDENT_ELEMENTWISE
+
+}  // namespace trident::cuda

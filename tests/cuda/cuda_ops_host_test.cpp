@@ -1,0 +1,292 @@
+// Host-side tests of the CUDA Ops: everything that runs without a device — the launch
+// arithmetic of every kernel shape on odd sizes, device selection from the launcher's
+// environment, the peak table, the attention choice, and make_ops(cuda) failing cleanly
+// with exit 2 on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/status.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/peak_table.h"
+
+namespace trident::cuda {
+namespace {
+
+// A launch covers n items when every item has a thread (grid-stride loops make up for a
+// capped grid: threads * per_thread >= n).
+uint64_t threads_of(const Launch& l) { return static_cast<uint64_t>(l.grid_x) * l.block; }
+
+TEST(CudaLaunch, ElementwiseCoversOddSizesAndSkipsZero) {
+  EXPECT_TRUE(elementwise_launch(0).empty());
+  EXPECT_EQ(elements_per_thread(0), 0u);
+  for (uint64_t n : {1ull, 7ull, 255ull, 256ull, 257ull, 1000003ull, 16777216ull, 16777217ull}) {
+    const Launch l = elementwise_launch(n);
+    EXPECT_EQ(l.block, kBlock);
+    EXPECT_EQ(l.grid_y, 1u);
+    EXPECT_GE(threads_of(l), std::min<uint64_t>(n, kMaxElementwiseBlocks * kBlock)) << n;
+    EXPECT_LT(threads_of(l), n + kBlock) << n << ": at most one partial block";
+    EXPECT_GE(threads_of(l) * elements_per_thread(n), n) << n;
+    EXPECT_LT(threads_of(l) * (elements_per_thread(n) - 1), n) << n << ": no idle pass";
+  }
+  EXPECT_EQ(elementwise_launch(257).grid_x, 2u);
+  EXPECT_EQ(elements_per_thread(257), 1u);
+}
+
+TEST(CudaLaunch, ElementwiseGridIsCappedForHugeSizes) {
+  const uint64_t n = 10'000'000'019ull;  // above 2^32: size_t indexing in the kernels
+  const Launch l = elementwise_launch(n);
+  EXPECT_EQ(l.grid_x, kMaxElementwiseBlocks);
+  EXPECT_LE(l.grid_x, kMaxGridX);
+  EXPECT_EQ(elements_per_thread(n), ceil_div(n, kMaxElementwiseBlocks * kBlock));
+  EXPECT_GE(threads_of(l) * elements_per_thread(n), n);
+}
+
+TEST(CudaLaunch, WarpPerRowCoversEveryRow) {
+  EXPECT_TRUE(warp_per_row_launch(0).empty());
+  EXPECT_EQ(kWarpsPerBlock * kWarp, kBlock);
+  for (uint64_t rows : {1ull, 7ull, 8ull, 9ull, 4097ull}) {
+    const Launch l = warp_per_row_launch(rows);
+    EXPECT_EQ(l.grid_x, ceil_div(rows, kWarpsPerBlock)) << rows;
+    EXPECT_GE(static_cast<uint64_t>(l.grid_x) * kWarpsPerBlock, rows);
+  }
+  // Beyond the cap the kernels' row-stride loop covers the rest.
+  EXPECT_EQ(warp_per_row_launch(kMaxRowBlocks * kWarpsPerBlock * 3 + 1).grid_x, kMaxRowBlocks);
+}
+
+TEST(CudaLaunch, BlockPerRowAndColumns) {
+  EXPECT_TRUE(block_per_row_launch(0).empty());
+  EXPECT_EQ(block_per_row_launch(13).grid_x, 13u);
+  EXPECT_EQ(block_per_row_launch(kMaxRowBlocks + 5).grid_x, kMaxRowBlocks);
+
+  EXPECT_TRUE(column_launch(0).empty());
+  EXPECT_TRUE(column_launch(13, 0).empty());
+  EXPECT_EQ(column_launch(13).grid_x, 1u);
+  EXPECT_EQ(column_launch(256).grid_x, 1u);
+  EXPECT_EQ(column_launch(257).grid_x, 2u);
+  EXPECT_EQ(column_launch(50257, 7).grid_y, 7u);
+  // A y dimension beyond CUDA's 65535 is capped; the wpe kernel loops t += gridDim.y.
+  EXPECT_EQ(column_launch(768, 131072).grid_y, kMaxGridY);
+}
+
+TEST(CudaLaunch, ColumnReductionsChunkTheRows) {
+  EXPECT_EQ(column_chunks(0), 0u);
+  EXPECT_EQ(column_chunks(1), 1u);
+  EXPECT_EQ(column_chunks(kColumnRowChunk), 1u);  // one partial: the CPU's order exactly
+  EXPECT_EQ(column_chunks(kColumnRowChunk + 1), 2u);
+  EXPECT_EQ(column_chunks(16384), 512u);  // GPT-2: B 16 x T 1024 rows
+  EXPECT_TRUE(column_chunk_launch(768, 0).empty());
+  EXPECT_TRUE(column_chunk_launch(0, 100).empty());
+  const Launch l = column_chunk_launch(768, 16384);
+  EXPECT_EQ(l.grid_x, 3u);
+  EXPECT_EQ(l.grid_y, 512u);
+  const Launch odd = column_chunk_launch(13, 7);
+  EXPECT_EQ(odd.grid_x, 1u);
+  EXPECT_EQ(odd.grid_y, 1u);
+  // Beyond 65535 chunks (2M rows) the y grid is capped; the kernels loop over chunks.
+  EXPECT_EQ(column_chunk_launch(64, kColumnRowChunk * 70000).grid_y, kMaxGridY);
+}
+
+TEST(CudaLaunch, EmbeddingBackwardSplitsTheVocabulary) {
+  EXPECT_TRUE(embedding_backward_launch(64, 0).empty());  // a rank with no vocabulary rows
+  EXPECT_TRUE(embedding_backward_launch(0, 100).empty());
+  EXPECT_EQ(embedding_backward_launch(13, 5).grid_y, 5u);
+  EXPECT_EQ(embedding_backward_launch(13, 5).grid_x, 1u);
+  EXPECT_EQ(embedding_backward_launch(768, 50257).grid_y, kEmbeddingSplits);
+  EXPECT_EQ(embedding_backward_launch(768, 50257).grid_x, 3u);
+}
+
+TEST(CudaLaunch, SumOfSquaresPartialsDependOnlyOnN) {
+  EXPECT_EQ(sum_squares_partials(0), 0u);
+  EXPECT_EQ(sum_squares_partials(1), 1u);
+  EXPECT_EQ(sum_squares_partials(kSumChunk), 1u);
+  EXPECT_EQ(sum_squares_partials(kSumChunk + 1), 2u);
+  EXPECT_EQ(sum_squares_partials(124'439'808), 7596u);  // GPT-2 124M's parameters
+}
+
+TEST(CudaLaunch, GemmLayoutRuleSendsOddShapesToTheSimpleKernel) {
+  // The linear layers of GPT-2 124M: N = 8192 rows, C = 768, 4C = 3072, V padded 50304.
+  EXPECT_TRUE(gemm_layout_ok(false, true, 8192, 3072, 768, {0, 256, 1024}));       // forward
+  EXPECT_TRUE(gemm_layout_ok(false, false, 8192, 768, 3072, {0, 256, 1024}));      // dinp
+  EXPECT_TRUE(gemm_layout_ok(true, false, 50304, 768, 8192, {0, 256, 1024, 512}));  // dweight
+  EXPECT_TRUE(gemm_layout_ok(false, true, 8192, 768, 768, {0, 0, 0, 0}));  // null bias: address 0
+  // The op table's odd shapes: N7_IC13_OC5.
+  EXPECT_FALSE(gemm_layout_ok(false, true, 7, 5, 13, {0, 256, 1024}));
+  EXPECT_FALSE(gemm_layout_ok(false, true, 7, 8, 13, {0, 256, 1024}));   // A's rows of 13
+  EXPECT_FALSE(gemm_layout_ok(true, false, 13, 8, 7, {0, 256, 1024}));   // A^T stored [7, 13]
+  EXPECT_TRUE(gemm_layout_ok(true, false, 16, 8, 7, {0, 256, 1024}));    // K = 7 is free
+  EXPECT_FALSE(gemm_layout_ok(false, true, 16, 16, 16, {0, 8, 1024}));   // a pointer off by 8
+}
+
+TEST(CudaLinearGemm, ShapesOfTheThreeGemms) {
+  const GemmDesc f = linear_gemm_desc(LinearGemm::kForward, 7, 13, 5);
+  EXPECT_EQ(f.M, 7);
+  EXPECT_EQ(f.N, 5);
+  EXPECT_EQ(f.K, 13);
+  EXPECT_FALSE(f.trans_a);
+  EXPECT_TRUE(f.trans_b);
+  EXPECT_FALSE(f.accumulate);
+  const GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, 7, 13, 5);
+  EXPECT_EQ(di.M, 7);
+  EXPECT_EQ(di.N, 13);
+  EXPECT_EQ(di.K, 5);
+  EXPECT_FALSE(di.trans_a);
+  EXPECT_FALSE(di.trans_b);
+  EXPECT_TRUE(di.accumulate);
+  const GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, 7, 13, 5);
+  EXPECT_EQ(dw.M, 5);
+  EXPECT_EQ(dw.N, 13);
+  EXPECT_EQ(dw.K, 7);
+  EXPECT_TRUE(dw.trans_a);
+  EXPECT_FALSE(dw.trans_b);
+  EXPECT_TRUE(dw.accumulate);
+}
+
+// Every linear GEMM of the tiny test model and of GPT-2 124M, in the dtypes CudaOps gives
+// them, is accepted by cuBLASLt's descriptors (GemmEngine::describe, no device needed).
+TEST(CudaLinearGemm, TinyAnd124MShapesDescribe) {
+  struct Linear {
+    int N, IC, OC;
+    bool bias;
+  };
+  // (rows N = B*T; per layer qkv, attention projection, MLP up and down; the LM head.)
+  const Linear shapes[] = {{64, 64, 192, true},     {64, 64, 64, true},     {64, 64, 256, true},
+                           {64, 256, 64, true},     {64, 64, 256, false},   {8192, 768, 2304, true},
+                           {8192, 768, 768, true},  {8192, 768, 3072, true}, {8192, 3072, 768, true},
+                           {8192, 768, 50304, false}};
+  for (const Linear& l : shapes) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      GemmDesc f = linear_gemm_desc(LinearGemm::kForward, l.N, l.IC, l.OC);
+      f.ab_dtype = f.d_dtype = dt;
+      f.bias = l.bias;
+      GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, l.N, l.IC, l.OC);
+      di.ab_dtype = di.d_dtype = dt;
+      GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, l.N, l.IC, l.OC);
+      dw.ab_dtype = dt;
+      dw.d_dtype = DType::kF32;  // parameter gradients are f32
+      for (const GemmDesc& d : {f, di, dw}) {
+        EXPECT_TRUE(gemm_layout_ok(d.trans_a, d.trans_b, d.M, d.N, d.K, {0}));
+        const Status s = GemmEngine::describe(d);
+        EXPECT_TRUE(s.is_ok()) << d.str() << ": " << s.message();
+      }
+    }
+  }
+}
+
+std::function<const char*(const char*)> env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(CudaDevice, LocalRankFromTheLauncherEnvironment) {
+  auto r = local_rank_from_env(env({}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, -1);
+  r = local_rank_from_env(env({{"OMPI_COMM_WORLD_LOCAL_RANK", "3"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 3);
+  r = local_rank_from_env(env({{"SLURM_LOCALID", "5"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 5);
+  r = local_rank_from_env(env({{"MPI_LOCALRANKID", "2"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 2);
+  r = local_rank_from_env(env({{"LOCAL_RANK", "0"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 0);
+  // Open MPI first, then Slurm (srun under mpirun sets both).
+  r = local_rank_from_env(env({{"LOCAL_RANK", "9"}, {"SLURM_LOCALID", "1"},
+                               {"OMPI_COMM_WORLD_LOCAL_RANK", "7"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 7);
+  r = local_rank_from_env(env({{"LOCAL_RANK", "9"}, {"SLURM_LOCALID", "1"}}));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 1);
+}
+
+TEST(CudaDevice, MalformedLocalRankNamesTheVariable) {
+  for (const char* bad : {"", "x", "1x", "-1", " 2", "99999999999"}) {
+    auto r = local_rank_from_env(env({{"SLURM_LOCALID", bad}}));
+    ASSERT_FALSE(r.is_ok()) << "'" << bad << "'";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+    EXPECT_NE(r.status().message().find("SLURM_LOCALID"), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(CudaDevice, DeviceIsLocalRankModuloTheDevices) {
+  EXPECT_EQ(device_for_local_rank(-1, 8), 0);
+  EXPECT_EQ(device_for_local_rank(0, 8), 0);
+  EXPECT_EQ(device_for_local_rank(7, 8), 7);
+  EXPECT_EQ(device_for_local_rank(9, 8), 1);
+  EXPECT_EQ(device_for_local_rank(3, 1), 0);
+}
+
+TEST(CudaPeakTable, KnownGpusByName) {
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H100 SXM5 80GB"), 989e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H200"), 989e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H100 NVL"), 835e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H200 NVL"), 835e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA A100 80GB PCIe"), 312e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA L40S"), 362e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA GeForce RTX 4090"), 165e12);
+  EXPECT_EQ(peak_bf16_flops_for("NVIDIA GeForce GTX 1080"), 0.0);
+  EXPECT_EQ(peak_bf16_flops_for(""), 0.0);
+}
+
+TEST(CudaAttentionChoice, FromTheEnvironment) {
+  auto c = attention_choice_from_env(nullptr);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(*c, AttentionChoice::kPlain);  // the default until cuDNN is validated on a GPU
+  c = attention_choice_from_env("");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(*c, AttentionChoice::kPlain);
+  c = attention_choice_from_env("plain");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(*c, AttentionChoice::kPlain);
+  c = attention_choice_from_env("cudnn");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(*c, AttentionChoice::kCudnn);
+  c = attention_choice_from_env("flash");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(c.status().message().find("TRIDENT_ATTENTION: expected plain or cudnn, got 'flash'"),
+            std::string::npos)
+      << c.status().message();
+}
+
+// On this machine (no GPU): runtime.device=cuda is a config error (exit 2) that says no
+// device is available and why; auto falls back to the CPU.
+TEST(CudaBackend, WithoutADeviceCudaIsAConfigErrorAndAutoIsCpu) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible: the no-device path";
+  auto ops = make_ops(DeviceKind::kCuda, 1, 1);
+  ASSERT_FALSE(ops.is_ok());
+  EXPECT_EQ(ops.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_EQ(ops.status().exit_code(), 2);
+  EXPECT_NE(ops.status().message().find(
+                "runtime.device: cuda: no CUDA device is available (cudaGetDeviceCount: "),
+            std::string::npos)
+      << ops.status().message();
+  auto count = cuda_device_count_or_error();
+  ASSERT_FALSE(count.is_ok());
+  EXPECT_NE(ops.status().message().find(count.status().message()), std::string::npos);
+
+  auto autos = make_ops(DeviceKind::kAuto, 1, 1);
+  ASSERT_TRUE(autos.is_ok()) << autos.status().message();
+  EXPECT_STREQ((*autos)->name(), "cpu");
+  EXPECT_EQ((*autos)->description(), "cpu");  // the default description is the name
+}
+
+}  // namespace
+}  // namespace trident::cuda
