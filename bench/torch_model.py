@@ -203,7 +203,12 @@ def run_config(a):
     m = model_shape.read_model(a.config)
     dev = torch.device(a.device)
     torch.manual_seed(0)
-    model = (ConfigGPT2(m) if m["arch"] == "gpt2" else ConfigLlama(m)).to(dev)
+    build = ConfigGPT2 if m["arch"] == "gpt2" else ConfigLlama
+    if hasattr(torch.device, "__enter__"):  # torch >= 2.0: build and initialise on the device
+        with dev:
+            model = build(m)
+    else:
+        model = build(m).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     expected = model_shape.parameters(m)
     if n_params != expected:
