@@ -11,7 +11,9 @@
 # data, checkpoints, the unpacked prefix; default /tmp/trident-gpu-check), --build-dir DIR
 # (default build-gpu, or build-gpu-dry for --dry-run; an existing one is reused), --budget S
 # (whole-run deadline in seconds, default 530), --steps LIST (comma list of env, build, ops,
-# parity, sanitizer, bench; default all), --parity-steps N (default 30), --jobs N.
+# parity, bench, sanitizer, run in that order; default all), --parity-steps N (default
+# 30), --jobs N. The benchmark runs before the sanitizer so that a slow build squeezes the
+# memcheck, not the figures.
 #
 # The machine it is written for (CUDA-DESIGN.md §5, ENVIRONMENT.md "A GPU, sometimes"):
 # nvcc, CMake, ninja, python3 with PyTorch and the pip cuDNN/NCCL/cuBLAS wheels, no apt, no
@@ -36,12 +38,12 @@ OUT_DIR=${OUT:-}
 WORK=${TMPDIR:-/tmp}/trident-gpu-check
 BUILD=""
 BUDGET=530
-STEPS="env,build,ops,parity,sanitizer,bench"
+STEPS="env,build,ops,parity,bench,sanitizer"
 PARITY_STEPS=30
 JOBS=$(nproc)
 CARRY_LIMIT=$((64 * 1024 * 1024))
 
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare) MODE=prepare ;;
@@ -53,7 +55,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift ;;
     --parity-steps) PARITY_STEPS=$2; shift ;;
     --jobs) JOBS=$2; shift ;;
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -884,7 +886,7 @@ step_bench() {
 log "gpu_check.sh: mode $MODE, out $OUT_DIR, work $WORK, build $BUILD, budget $BUDGET s, steps $STEPS"
 write_summary
 SITE_DIRS=()
-for s in env build ops parity sanitizer bench; do
+for s in env build ops parity bench sanitizer; do
   if ! want "$s"; then continue; fi
   if [[ $s != env ]] && (( $(left) < 15 )); then
     printf '%s\tSKIPPED\t0\tout of time (budget %s s)\n' "$s" "$BUDGET" >>"$RES/steps.tsv"; continue
