@@ -649,7 +649,10 @@ train() {
   local name=$1 cfg=$2 dev=$3 prec=$4 interval=$5 t0=$6 from=${7:-}; shift 7 2>/dev/null || shift $#
   local d="$WORK/parity/$name"; rm -rf "$d"; mkdir -p "$d/ckpt"
   local resume=none
-  if [[ -n $from ]]; then cp -r "$from" "$d/ckpt/"; resume="$d/ckpt/$(basename "$from")"; fi
+  if [[ -n $from ]]; then
+    [[ -d $from ]] || { echo "gpu_check: no checkpoint $from to resume from (its run failed)" >"$RES/parity/$name.log"; return 3; }
+    cp -r "$from" "$d/ckpt/"; resume="$d/ckpt/$(basename "$from")"
+  fi
   local t; t=$(cap "$t0")
   (( t == 0 )) && { echo "no time left" >"$RES/parity/$name.log"; return 1; }
   tri env "$@" timeout -k 5 "$t" "$BUILD/trident" train --config "$ROOT/$cfg" --resume "$resume" \
