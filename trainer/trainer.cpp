@@ -11,6 +11,7 @@
 #include "checkpoint/lineage.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
+#include "comm/versions.h"
 #include "comm/watchdog.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -330,6 +331,7 @@ void Trainer::print_banner() const {
   log::info("device: {} backend, {} ranks; MFU against {:.1f} GFLOP/s per rank ({})",
             ops_->name(), world_->size(), peak_flops_ / 1e9, peak_source);
   log::info("backend: {}", ops_->description());
+  log::info("communication: {}", communication_libraries());
 }
 
 void Trainer::reset_traffic() {

@@ -333,4 +333,15 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** arg
   return std::make_unique<MpiCommunicator>(std::move(runtime), world, "world", MemSpace::kHost);
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return "MPI (version unknown)";
+  std::string version(text, static_cast<size_t>(length));
+  const size_t comma = version.find(',');
+  if (comma != std::string::npos) version.resize(comma);
+  while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
+  return version;
+}
+
 }  // namespace trident

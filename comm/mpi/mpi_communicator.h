@@ -28,6 +28,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -36,5 +37,9 @@ namespace trident {
 // The "world" group over a private duplicate of MPI_COMM_WORLD; initializes MPI if
 // needed (see above). Collective: every process of the launch calls it once at start-up.
 std::unique_ptr<Communicator> make_mpi_world_communicator(int* argc, char*** argv);
+
+// The MPI library's name and version, e.g. "Open MPI v4.1.4" (MPI_Get_library_version up
+// to its first comma; callable before MPI_Init).
+std::string mpi_library_version();
 
 }  // namespace trident
