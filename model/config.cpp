@@ -203,4 +203,13 @@ double TransformerConfig::flops_per_token() const {
          12.0 * c.n_layers * static_cast<double>(c.d_model) * c.seq_len;
 }
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
 }  // namespace trident

@@ -15,6 +15,10 @@ namespace trident {
 
 enum class Arch { kGpt2, kLlama };
 
+// Activation recomputation (training.recompute; what is recomputed: model/transformer.h).
+enum class Recompute { kNone, kSelective, kFull };
+const char* recompute_name(Recompute r);  // "none", "selective", "full"
+
 struct TransformerConfig {
   Arch arch = Arch::kGpt2;
   int vocab_size = 256;     // V: real vocabulary (token ids are < V)

@@ -262,11 +262,12 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_ba
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
                          Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
-                         DType compute)
+                         DType compute, Recompute recompute)
     : config_(config),
       ops_(ops),
       part_(part),
       compute_dtype_(compute),
+      recompute_(recompute),
       tp_(ops, tp, part.tp_rank, part.tp_size) {
   init_partition(store, micro_batch_size, num_slots);
 }
@@ -374,13 +375,21 @@ void Transformer::plan_activations() {
     }
     return 0;
   };
+  // Per layer buffer: its bytes, and whether recomputation keeps it in the shared set
+  // instead of per slot and layer.
+  const auto buffers = layer_buffers();
+  auto buffer_bytes = [&](const LayerBuffer& b) {
+    return b.field == &LayerActs::att_state ? att_bytes
+                                            : N * width(b.width) * dtype_size(b.compute ? cd : f32);
+  };
+  auto shared = [&](const LayerBuffer& b) {
+    return recompute_ == Recompute::kFull ||
+           (recompute_ == Recompute::kSelective && b.field == &LayerActs::att_state);
+  };
   for (int l = 0; l < n_local_layers_; ++l) {
-    for (const LayerBuffer& b : layer_buffers()) {
-      if (b.field == &LayerActs::att_state) {
-        reserve_bytes(att_bytes, DType::kU8);
-      } else {
-        reserve(N * width(b.width), b.compute ? cd : f32);
-      }
+    for (const LayerBuffer& b : buffers) {
+      reserve_bytes(shared(b) ? 0 : buffer_bytes(b),
+                    b.field == &LayerActs::att_state ? DType::kU8 : (b.compute ? cd : f32));
     }
   }
   act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
@@ -395,6 +404,15 @@ void Transformer::plan_activations() {
     scratch_offsets_.push_back(s ? scratch_arena.reserve(s * dtype_size(cd)) : kAbsent);
   }
   scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
+
+  Arena shared_arena;
+  shared_offsets_.clear();
+  for (const LayerBuffer& b : buffers) {
+    const size_t bytes = shared(b) && n_local_layers_ > 0 ? buffer_bytes(b) : 0;
+    shared_offsets_.push_back(bytes ? shared_arena.reserve(bytes) : kAbsent);
+  }
+  shared_ = shared_arena.total_bytes() ? DeviceBuffer(ops_, shared_arena.total_bytes())
+                                       : DeviceBuffer();
 }
 
 DevPtr Transformer::act(int slot, int index) const {
@@ -431,7 +449,15 @@ Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const 
   const int base =
       kSlotGlobals + n_local_layers_ + 1 + local_layer * static_cast<int>(buffers.size());
   LayerActs a;
-  for (size_t i = 0; i < buffers.size(); ++i) a.*buffers[i].field = act(slot, base + static_cast<int>(i));
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const size_t shared_off = shared_offsets_[i];
+    if (shared_off != kAbsent) {  // recomputed: one set for every layer and slot
+      const DType dtype = slot_dtypes_[static_cast<size_t>(base) + i];
+      a.*buffers[i].field = shared_.get().byte_offset(shared_off).as(dtype);
+    } else {
+      a.*buffers[i].field = act(slot, base + static_cast<int>(i));
+    }
+  }
   return a;
 }
 
@@ -658,6 +684,11 @@ void Transformer::backward_stage(int slot, float loss_scale) {
   for (int l = n_local_layers_ - 1; l >= 0; --l) {
     const int layer = part_.layer_begin + l;
     store_->acquire(1 + layer, Phase::kBackward);
+    if (recompute_ == Recompute::kFull) {
+      // The layer's tensors were overwritten by later layers and slots: rerun its forward
+      // from the kept input. Its output x_{l+1} is rewritten with the same values.
+      layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T);
+    }
     layer_backward(slot, layer, act(slot, x_index(l)), dx, B, T);
     store_->release(1 + layer, Phase::kBackward);
   }
@@ -753,6 +784,11 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   zero_elements(dq, nq);
   zero_elements(dk, nkv);
   zero_elements(dv, nkv);
+  if (recompute_ == Recompute::kSelective) {
+    // The shared state holds the last attention forward's: rerun this layer's (q, k and v
+    // are kept, after RoPE), rewriting atty with the same values.
+    ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  }
   ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_,
                           kv_heads_, HD);
   if (!gpt2) {

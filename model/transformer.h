@@ -31,6 +31,14 @@
 // also the embeddings, the last the final norm and head (and, when tied and pp > 1, a
 // copy of wte). Activations of up to `num_slots` micro-batches are kept at once.
 //
+// Activation recomputation (training.recompute; Korthikanti et al. 2022). kSelective:
+// the attention state (the CPU's softmax probabilities, T^2 per head) is not kept per
+// layer: one buffer serves every layer and slot, and backward reruns attention_forward
+// into it before attention_backward. kFull: of each layer only its input x_l is kept per
+// slot; the layer's other tensors live in one shared set, and backward reruns the layer's
+// forward (tensor-parallel all-reduces included) before its backward. Both recompute
+// exactly what forward computed, so results are bitwise those of kNone.
+//
 // Initialisation (initial_value): every matrix and embedding ~ N(0, init_std), the
 // residual output projections (attn.o, mlp.proj, mlp.down) ~ N(0, init_std/sqrt(2L)),
 // biases 0, norm weights 1, padded vocabulary rows 0. Element i of the GLOBAL tensor P
@@ -92,7 +100,7 @@ class Transformer {
   // have compute_dtype() == compute).
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
-              DType compute = DType::kF32);
+              DType compute = DType::kF32, Recompute recompute = Recompute::kNone);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -101,7 +109,12 @@ class Transformer {
   const ModelPartition& partition() const { return part_; }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
+  // Bytes of the per-slot activation arenas (what the pipeline's live micro-batches hold).
   size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
+  // Bytes shared by all slots: the backward scratch and, with recomputation, the one set
+  // of recomputed layer tensors.
+  size_t scratch_bytes() const { return scratch_.bytes() + shared_.bytes(); }
+  Recompute recompute() const { return recompute_; }
   size_t boundary_floats() const;  // elements (compute dtype) of one micro-batch's stage boundary
   ParamStore& store() { return *store_; }
   DType compute_dtype() const { return compute_dtype_; }
@@ -178,6 +191,7 @@ class Transformer {
   Ops& ops_;
   ModelPartition part_;
   DType compute_dtype_ = DType::kF32;
+  Recompute recompute_ = Recompute::kNone;
   TensorParallel tp_;
   // The tensor-parallel layers (stateless: local sizes and the group).
   ColumnParallelLinear q_, k_, v_, fc_, up_, head_;
@@ -200,6 +214,10 @@ class Transformer {
   std::vector<size_t> scratch_offsets_;  // per scratch index
   DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
   DeviceBuffer scratch_;
+  // Recomputation: the layer tensors not kept per slot (layer_buffers() order; kAbsent
+  // for those kept), one set for every layer and slot.
+  std::vector<size_t> shared_offsets_;
+  DeviceBuffer shared_;
   DeviceBuffer loss_sum_;  // (1) double: the loss accumulator (last stage)
   struct SlotInfo { int B = 0, T = 0; bool has_targets = false; };
   std::vector<SlotInfo> slot_info_;

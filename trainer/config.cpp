@@ -21,7 +21,7 @@ namespace {
 
 // kDataSpec: data.train, a string or a list of {path, weight}; its ref is the DataConfig.
 enum class Kind {
-  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kPrecision, kTie,
+  kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kPrecision, kRecompute, kTie,
   kDataSpec
 };
 
@@ -70,6 +70,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(training, warmup_steps, kInt),
         TRIDENT_FIELD(training, lr_schedule, kLrSchedule),
         TRIDENT_FIELD(training, precision, kPrecision),
+        TRIDENT_FIELD(training, recompute, kRecompute),
         TRIDENT_FIELD(training, weight_decay, kFloat), TRIDENT_FIELD(training, beta1, kFloat),
         TRIDENT_FIELD(training, beta2, kFloat), TRIDENT_FIELD(training, eps, kFloat),
         TRIDENT_FIELD(training, grad_clip, kFloat), TRIDENT_FIELD(training, seed, kUint64),
@@ -300,7 +301,8 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
     case Kind::kPipeline:
     case Kind::kLrSchedule:
     case Kind::kDevice:
-    case Kind::kPrecision: {
+    case Kind::kPrecision:
+    case Kind::kRecompute: {
       struct Choice {
         const char* name;
         int value;
@@ -316,6 +318,10 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
                    {"cuda", int(DeviceKind::kCuda)}};
       } else if (kind == Kind::kPrecision) {
         choices = {{"fp32", int(Precision::kFp32)}, {"bf16", int(Precision::kBf16)}};
+      } else if (kind == Kind::kRecompute) {
+        choices = {{"none", int(Recompute::kNone)},
+                   {"selective", int(Recompute::kSelective)},
+                   {"full", int(Recompute::kFull)}};
       } else {
         choices = {{"constant", int(LrSchedule::kConstant)},
                    {"cosine", int(LrSchedule::kCosine)},
@@ -325,10 +331,10 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       for (const auto& c : choices) {
         names.push_back(c.name);
         if (node.IsScalar() && node.Scalar() == c.name) {
-          // All five enums are int-sized scoped enums.
+          // All six enums are int-sized scoped enums.
           static_assert(sizeof(Arch) == sizeof(int) && sizeof(LrSchedule) == sizeof(int) &&
                         sizeof(PipeSchedule) == sizeof(int) && sizeof(DeviceKind) == sizeof(int) &&
-                        sizeof(Precision) == sizeof(int));
+                        sizeof(Precision) == sizeof(int) && sizeof(Recompute) == sizeof(int));
           std::memcpy(dst, &c.value, sizeof(int));
           return Status::ok();
         }
@@ -506,6 +512,8 @@ std::string value_text(Kind kind, void* p) {
       return lr_schedule_name(*static_cast<LrSchedule*>(p));
     case Kind::kPrecision:
       return precision_name(*static_cast<Precision*>(p));
+    case Kind::kRecompute:
+      return recompute_name(*static_cast<Recompute*>(p));
   }
   return "";
 }

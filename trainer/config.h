@@ -59,6 +59,7 @@ struct TrainingConfig {
   int warmup_steps = 0;
   LrSchedule lr_schedule = LrSchedule::kCosine;
   Precision precision = Precision::kFp32;
+  Recompute recompute = Recompute::kNone;
   float weight_decay = 0.1f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;

@@ -176,17 +176,29 @@ void activation_plan(const Config& config, const ModelPartition& part, const Ops
                                             last ? N * kF : 0,
                                             last ? N * kF : 0,
                                             last ? 2 * N * kF : 0};
-  const std::vector<double> layer = {N * C * kA, N * kF,     N * kF,     N * q * kA,
-                                     N * kv * kA, N * kv * kA, att_bytes,  N * q * kA,
-                                     N * C * kA, N * C * kA,  N * kF,     N * kF,
-                                     N * F * kA, llama ? N * F * kA : 0,  N * F * kA};
+  constexpr size_t kAttState = 6;  // the attention state's place in `layer`
+  std::vector<double> layer = {N * C * kA, N * kF,     N * kF,     N * q * kA,
+                               N * kv * kA, N * kv * kA, att_bytes,  N * q * kA,
+                               N * C * kA, N * C * kA,  N * kF,     N * kF,
+                               N * F * kA, llama ? N * F * kA : 0,  N * F * kA};
+  // Recomputation (model/transformer.h) moves the attention state (selective) or every
+  // layer tensor but the input (full) out of the per-slot, per-layer arena into one set
+  // shared by every layer and slot.
+  std::vector<double> shared(layer.size(), 0.0);
+  const Recompute recompute = config.training.recompute;
+  for (size_t i = 0; i < layer.size(); ++i) {
+    if (recompute == Recompute::kFull || (recompute == Recompute::kSelective && i == kAttState)) {
+      std::swap(shared[i], layer[i]);
+    }
+  }
   *slot_bytes = arena_slices_bytes(global_bytes, true) +
                 (local_layers + 1) * arena_slices_bytes({N * C * kA}, true) +
                 local_layers * arena_slices_bytes(layer, true);
   std::vector<double> scratch = {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F,
                                  llama ? N * F : 0, N * F};
   for (double& x : scratch) x *= kA;
-  *scratch_bytes = arena_slices_bytes(scratch, false);
+  *scratch_bytes = arena_slices_bytes(scratch, false) +
+                   (local_layers > 0 ? arena_slices_bytes(shared, false) : 0);
 }
 
 uint64_t host_hash() {

@@ -55,7 +55,8 @@ struct RankMemory {
   double activations = 0;   // saved activations of every pipeline slot
   double checkpoint = 0;    // host snapshot of a checkpoint (saved rows: param, 2 moments)
   double other = 0;         // = scratch + comm_buffers + transient + tables
-  double scratch = 0;       // the model's backward scratch (shared by all slots)
+  double scratch = 0;       // the model's backward scratch and recomputed layer tensors
+                            // (shared by all slots: Transformer::scratch_bytes)
   double comm_buffers = 0;  // persistent buffers of the dp collectives
   double transient = 0;     // the largest short-lived buffer
   double tables = 0;        // parameter tables, pipeline schedule, token buffers

@@ -84,6 +84,7 @@ const std::vector<KeyRule>& key_rules() {
       {"runtime.device", Rule::kIgnore},
       {"runtime.threads", Rule::kIgnore},
       {"runtime.peak_tflops", Rule::kIgnore},
+      {"training.recompute", Rule::kIgnore},  // recomputation never changes results
       {"data.train", Rule::kData},
       {"data.val", Rule::kIgnore},
       {"data.shuffle", Rule::kData},

@@ -18,6 +18,8 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
 
   if (par.tp > 1) {
     double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
+    // Full recomputation reruns each layer's forward, all-reduces included, in backward.
+    if (config.training.recompute == Recompute::kFull) per_micro += 2 * layers * N * C;
     if (part.first_stage()) per_micro += N * C;
     double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
     if (part.last_stage()) {

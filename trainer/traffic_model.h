@@ -6,7 +6,8 @@
 // Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats):
 // - tp (tp > 1): forward 2 all-reduces of N*C per layer, the vocab-parallel embedding
 //   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
-//   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C).
+//   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C); with
+//   training.recompute full, backward reruns the forward's 2 per layer.
 // - pp: one activation (N*C) sent forward per micro-batch by every stage but the last,
 //   one gradient (N*C) sent back by every stage but the first.
 // - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 also all-gathers the

@@ -227,7 +227,8 @@ Status Trainer::init() {
   const PipeSchedule schedule = par.pipeline_schedule;
   const int slots = PipelineExecutor::required_slots(schedule, par.pp, part_.pp_rank, accum);
   model_ = std::make_unique<Transformer>(mc, *ops_, part_, groups_.tp.get(), &dp_->store(),
-                                         par.micro_batch_size, slots, compute);
+                                         par.micro_batch_size, slots, compute,
+                                         config_.training.recompute);
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots);
 
   if (init_ckpt || init_hf) {

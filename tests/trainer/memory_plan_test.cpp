@@ -257,10 +257,15 @@ TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
                          " stage " + std::to_string(pr) + " " + pipe_schedule_name(s));
             const ModelPartition part = partition(c, tp - 1, pr);
             const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
-            Transformer model(c.model, *ops, part, nullptr, nullptr, c.parallel.micro_batch_size,
-                              slots);
-            EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).activations,
-                      static_cast<double>(model.activation_bytes()));
+            for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+              SCOPED_TRACE(std::string("recompute ") + recompute_name(r));
+              c.training.recompute = r;
+              Transformer model(c.model, *ops, part, nullptr, nullptr,
+                                c.parallel.micro_batch_size, slots, DType::kF32, r);
+              const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
+              EXPECT_EQ(m.activations, static_cast<double>(model.activation_bytes()));
+              EXPECT_EQ(m.scratch, static_cast<double>(model.scratch_bytes()));
+            }
           }
         }
       }
