@@ -56,9 +56,19 @@ Arg exact(Arg a) {  // an output the op determines exactly (a max, a picked elem
   return a;
 }
 
+// "n<count>", built by appending (GCC 12 -Wrestrict misfires on "literal" + std::string).
+std::string n_label(size_t n) {
+  std::string s = "n";
+  s += std::to_string(n);
+  return s;
+}
+
 std::string dims(std::initializer_list<std::pair<const char*, long>> ds) {
   std::string s;
-  for (const auto& [k, v] : ds) s += (s.empty() ? "" : "_") + std::string(k) + std::to_string(v);
+  for (const auto& [k, v] : ds) {  // appends only: GCC 12 -Wrestrict misfires on "lit" + string
+    if (!s.empty()) s += '_';
+    s.append(k).append(std::to_string(v));
+  }
   return s;
 }
 
@@ -435,7 +445,7 @@ double gelu_grad(double x) {
 }
 
 Def gelu_def(DType F, size_t n) {
-  auto d = make("gelu", dtype_name(F), "n" + std::to_string(n));
+  auto d = make("gelu", dtype_name(F), n_label(n));
   d->args = {arg("out", F, n, Role::kOut), arg("inp", F, n, Role::kIn, -3, 3),
              arg("dout", F, n, Role::kGradIn), arg("dinp", F, n, Role::kGradOut)};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.gelu_forward(b["out"], b["inp"], n); };
@@ -454,7 +464,7 @@ Def gelu_def(DType F, size_t n) {
 }
 
 Def swiglu(DType F, size_t n) {
-  auto d = make("swiglu", dtype_name(F), "n" + std::to_string(n));
+  auto d = make("swiglu", dtype_name(F), n_label(n));
   d->args = {arg("out", F, n, Role::kOut),       arg("gate", F, n, Role::kIn, -3, 3),
              arg("up", F, n, Role::kIn),         arg("dout", F, n, Role::kGradIn),
              arg("dgate", F, n, Role::kGradOut), arg("dup", F, n, Role::kGradOut)};
@@ -485,7 +495,7 @@ Def swiglu(DType F, size_t n) {
 
 // out = a + b; `alias_a`: out is a's buffer.
 Def add(DType F, size_t n, bool alias_a) {
-  auto d = make("add", dtype_name(F), "n" + std::to_string(n) + (alias_a ? "_inplace" : ""));
+  auto d = make("add", dtype_name(F), n_label(n) + (alias_a ? "_inplace" : ""));
   d->args = {arg("a", F, n, Role::kIn), arg("b", F, n, Role::kIn),
              alias_a ? aliased("out", "a", F, n, Role::kOut) : arg("out", F, n, Role::kOut)};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.add(b["out"], b["a"], b["b"], n); };
@@ -499,7 +509,7 @@ Def accumulate(DType dst, DType src, size_t n) {
   auto d = make("accumulate",
                 dst == src ? dtype_name(dst)
                            : std::string("mixed_dst") + dtype_name(dst) + "_src" + dtype_name(src),
-                "n" + std::to_string(n));
+                n_label(n));
   d->args = {arg("dst", dst, n, Role::kInOut), arg("src", src, n, Role::kIn)};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.accumulate(b["dst"], b["src"], n); };
   d->ref_forward = [=](Host& h) {
@@ -509,7 +519,7 @@ Def accumulate(DType dst, DType src, size_t n) {
 }
 
 Def scale(DType F, size_t n, float s) {
-  auto d = make("scale", dtype_name(F), "n" + std::to_string(n));
+  auto d = make("scale", dtype_name(F), n_label(n));
   d->args = {arg("x", F, n, Role::kInOut)};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.scale(b["x"], s, n); };
   d->ref_forward = [=](Host& h) {
@@ -763,7 +773,7 @@ Def loss_accumulate(int N) {
 
 // ---- optimizer ------------------------------------------------------------------
 Def adamw(size_t n, bool compute_copy) {
-  auto d = make("adamw_update", compute_copy ? "bf16copy" : "f32", "n" + std::to_string(n));
+  auto d = make("adamw_update", compute_copy ? "bf16copy" : "f32", n_label(n));
   d->args = {arg("param", kF32, n, Role::kInOut), arg("grad", kF32, n, Role::kIn),
              arg("m", kF32, n, Role::kInOut, -0.1, 0.1), arg("v", kF32, n, Role::kInOut, 0, 0.01)};
   if (compute_copy) d->args.push_back(arg("copy", kBF16, n, Role::kOut));
@@ -796,7 +806,7 @@ Def adamw(size_t n, bool compute_copy) {
 
 // acc (f64) += sum of x^2 in double: exact products, a sum of n doubles (relative 1e-16).
 Def sum_squares(DType F, size_t n) {
-  auto d = make("sum_squares_accumulate", dtype_name(F), "n" + std::to_string(n));
+  auto d = make("sum_squares_accumulate", dtype_name(F), n_label(n));
   Arg acc = arg("acc", kF64, 1, Role::kInOut, 0, 1);
   acc.tol = 1e-12;
   d->args = {acc, arg("x", F, n, Role::kIn)};
@@ -820,7 +830,7 @@ Def cast(DType from, DType to) {
   while (src.size() < 37) src.push_back(dist(gen));
   const size_t n = src.size();
   auto d = make("cast", std::string(dtype_name(from)) + "_to_" + dtype_name(to),
-                "n" + std::to_string(n));
+                n_label(n));
   d->args = {given("src", from, src), exact(arg("dst", to, n, Role::kOut))};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.cast(b["dst"], b["src"], n); };
   d->ref_forward = [=](Host& h) {

@@ -77,7 +77,9 @@ ParamLayout tied_layout(bool with_lm_head) {
     for (const auto& [shape, sg] : specs) {
       if (sg != g) continue;
       ParamInfo info;
-      info.name = g == 2 && with_lm_head ? "lm_head.weight" : "t" + std::to_string(cursor);
+      info.name = "t";  // appended: GCC 12 -Wrestrict misfires on "literal" + std::string
+      info.name += std::to_string(cursor);
+      if (g == 2 && with_lm_head) info.name = "lm_head.weight";
       info.shape = info.local_shape = shape;
       info.group = g;
       info.offset = cursor;
