@@ -10,11 +10,16 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace trident {
 namespace {
+
+using testing::dev;
+using testing::DevVec;
+using testing::VecF;
 
 using Mat = std::vector<double>;  // row-major host reference values
 
@@ -49,24 +54,6 @@ double max_err(const std::vector<float>& got, const std::vector<float>& want) {
   }
   return worst;
 }
-
-// Device buffers of f32 made from and read back to host vectors.
-struct Device {
-  Ops& ops;
-  std::vector<DeviceBuffer> owned;
-  DevPtr put(const std::vector<float>& host) {
-    owned.emplace_back(ops, std::max<size_t>(host.size(), 1) * sizeof(float));
-    DevPtr p = owned.back().as(DType::kF32);
-    if (!host.empty()) ops.upload_floats(p, host.data(), host.size());
-    return p;
-  }
-  DevPtr zeros(size_t n) { return put(std::vector<float>(n, 0.0f)); }
-  std::vector<float> get(DevPtr p, size_t n) {
-    std::vector<float> host(n);
-    ops.download_floats(host.data(), p, n);
-    return host;
-  }
-};
 
 constexpr double kTol = 1e-5;
 
@@ -120,27 +107,27 @@ TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
     }
   }
 
-  Device d{*ops, {}};
-  DevPtr dev_x = d.put(to_float(x)), w1 = d.put(row_slice(W1, C, r * Fl, Fl)),
-         bias1 = d.put(row_slice(b1, 1, r * Fl, Fl)), w2 = d.put(col_slice(W2, C, F, r * Fl, Fl)),
-         bias2 = d.put(to_float(b2)), dev_dy = d.put(to_float(dy));
-  DevPtr dev_h = d.zeros(N * Fl), dev_y = d.zeros(N * C);
-  column.forward(dev_h, dev_x, w1, bias1, N);
-  row.forward(dev_y, dev_h, w2, bias2, N);
-  EXPECT_LT(max_err(d.get(dev_h, N * Fl), col_slice(h, N, F, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(d.get(dev_y, N * C), to_float(y)), kTol) << "row-parallel output, rank " << r;
+  // This rank's slices (host vectors; dev() uploads them for a call and writes outputs back).
+  const VecF x_f = to_float(x), w1 = row_slice(W1, C, r * Fl, Fl), bias1 = row_slice(b1, 1, r * Fl, Fl),
+             w2 = col_slice(W2, C, F, r * Fl, Fl), bias2 = to_float(b2), dy_f = to_float(dy);
+  VecF h_l(N * Fl), y_l(N * C);
+  column.forward(dev(*ops, h_l), dev(*ops, x_f), dev(*ops, w1), dev(*ops, bias1), N);
+  row.forward(dev(*ops, y_l), dev(*ops, h_l), dev(*ops, w2), dev(*ops, bias2), N);
+  EXPECT_LT(max_err(h_l, col_slice(h, N, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(y_l, to_float(y)), kTol) << "row-parallel output, rank " << r;
 
-  DevPtr dev_dh = d.zeros(N * Fl), dev_dx = d.zeros(N * C), dw1 = d.zeros(Fl * C),
-         db1_l = d.zeros(Fl), dw2 = d.zeros(C * Fl), db2_l = d.zeros(C);
-  row.backward(dev_dh, dw2, db2_l, dev_dy, dev_h, w2, N);
-  column.backward(dev_dx, dw1, db1_l, dev_dh, dev_x, w1, N);
-  group.reduce_column_input_grad(dev_dx, N * C, "test dinput");
-  EXPECT_LT(max_err(d.get(dev_dh, N * Fl), col_slice(dh, N, F, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(d.get(dw2, C * Fl), col_slice(dW2, C, F, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(d.get(db2_l, C), to_float(db2)), kTol) << "replicated bias: full gradient";
-  EXPECT_LT(max_err(d.get(dw1, Fl * C), row_slice(dW1, C, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(d.get(db1_l, Fl), row_slice(db1, 1, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(d.get(dev_dx, N * C), to_float(dx)), kTol) << "column input gradient";
+  VecF dh_l(N * Fl), dx_l(N * C), dw1(Fl * C), db1_l(Fl), dw2(C * Fl), db2_l(C);
+  row.backward(dev(*ops, dh_l), dev(*ops, dw2), dev(*ops, db2_l), dev(*ops, dy_f), dev(*ops, h_l),
+               dev(*ops, w2), N);
+  column.backward(dev(*ops, dx_l), dev(*ops, dw1), dev(*ops, db1_l), dev(*ops, dh_l),
+                  dev(*ops, x_f), dev(*ops, w1), N);
+  group.reduce_column_input_grad(dev(*ops, dx_l), N * C, "test dinput");
+  EXPECT_LT(max_err(dh_l, col_slice(dh, N, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(dw2, col_slice(dW2, C, F, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(db2_l, to_float(db2)), kTol) << "replicated bias: full gradient";
+  EXPECT_LT(max_err(dw1, row_slice(dW1, C, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(db1_l, row_slice(db1, 1, r * Fl, Fl)), kTol);
+  EXPECT_LT(max_err(dx_l, to_float(dx)), kTol) << "column input gradient";
 }
 
 TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheWholeTable) {
@@ -168,18 +155,16 @@ TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheWholeTable) {
     }
   }
 
-  Device d{*ops, {}};
-  DeviceBuffer tok(*ops, N * sizeof(int32_t));
-  ops->upload(tok.as(DType::kI32), tokens.data(), N * sizeof(int32_t));
-  DevPtr table = d.put(row_slice(wte, C, r * Vl, Vl)), pos = d.put(to_float(wpe));
-  DevPtr dev_out = d.zeros(N * C);
-  embedding.forward(dev_out, tok.as(DType::kI32), table, pos, B, T);
-  EXPECT_LT(max_err(d.get(dev_out, N * C), to_float(out)), kTol) << "positions added once";
+  const DevVec<int32_t> tok(*ops, tokens);
+  const VecF table = row_slice(wte, C, r * Vl, Vl), pos = to_float(wpe);
+  VecF out_l(N * C);
+  embedding.forward(dev(*ops, out_l), tok, dev(*ops, table), dev(*ops, pos), B, T);
+  EXPECT_LT(max_err(out_l, to_float(out)), kTol) << "positions added once";
 
-  DevPtr dev_dout = d.put(to_float(dout)), dtable = d.zeros(Vl * C), dpos = d.zeros(T * C);
-  embedding.backward(dtable, dpos, dev_dout, tok.as(DType::kI32), B, T);
-  EXPECT_LT(max_err(d.get(dtable, Vl * C), row_slice(dwte, C, r * Vl, Vl)), kTol);
-  EXPECT_LT(max_err(d.get(dpos, T * C), to_float(dwpe)), kTol);
+  VecF dtable(Vl * C), dpos(T * C);
+  embedding.backward(dev(*ops, dtable), dev(*ops, dpos), dev(*ops, to_float(dout)), tok, B, T);
+  EXPECT_LT(max_err(dtable, row_slice(dwte, C, r * Vl, Vl)), kTol);
+  EXPECT_LT(max_err(dpos, to_float(dwpe)), kTol);
 }
 
 TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheWholeSoftmax) {
@@ -208,15 +193,16 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheWholeSoftmax) {
     }
   }
 
-  Device d{*ops, {}};
-  DeviceBuffer tgt(*ops, N * sizeof(int32_t));
-  ops->upload(tgt.as(DType::kI32), targets.data(), N * sizeof(int32_t));
-  DevPtr local = d.put(col_slice(logits, N, Vp, r * Vl, Vl));
-  DevPtr dev_losses = d.zeros(N), row_max = d.zeros(N), sums = d.zeros(2 * N);
-  xent.forward(dev_losses, row_max, sums, local, tgt.as(DType::kI32), N);
-  EXPECT_LT(max_err(d.get(dev_losses, N), to_float(losses)), kTol);
-  xent.backward(local, local, row_max, sums, tgt.as(DType::kI32), dloss, N);  // in place
-  EXPECT_LT(max_err(d.get(local, N * Vl), col_slice(dlogits, N, Vp, r * Vl, Vl)), kTol)
+  const DevVec<int32_t> tgt(*ops, targets);
+  VecF local = col_slice(logits, N, Vp, r * Vl, Vl), losses_l(N), row_max(N), sums(2 * N);
+  {
+    // Kept from forward to backward, as the model keeps them; the backward is in place.
+    DevVec<float> d_local(*ops, local), d_row_max(*ops, row_max), d_sums(*ops, sums);
+    xent.forward(dev(*ops, losses_l), d_row_max, d_sums, d_local, tgt, N);
+    EXPECT_LT(max_err(losses_l, to_float(losses)), kTol);
+    xent.backward(d_local, d_local, d_row_max, d_sums, tgt, dloss, N);
+  }
+  EXPECT_LT(max_err(local, col_slice(dlogits, N, Vp, r * Vl, Vl)), kTol)
       << "rank " << r << " (padded columns must be 0)";
 }
 

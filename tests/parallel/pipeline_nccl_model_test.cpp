@@ -59,29 +59,17 @@ class NcclModel {
     }
     cv_.notify_all();
     waiting_[static_cast<size_t>(rank)] = &done;
-    auto all_done = [](const std::vector<char>& d) {
-      for (char c : d) {
-        if (!c) return false;
-      }
-      return true;
-    };
-    check_deadlock(all_done);
+    check_deadlock();
     cv_.wait(lock, [&] { return all_done(done) || deadlock_; });
     waiting_[static_cast<size_t>(rank)] = nullptr;
     if (!all_done(done)) throw Deadlock();
   }
 
   // A rank's run ended (normally or by Deadlock): the others may now be stuck.
-  void finished(int rank) {
+  void finished() {
     std::unique_lock lock(mu_);
     --live_;
-    finished_.push_back(rank);
-    check_deadlock([](const std::vector<char>& d) {
-      for (char c : d) {
-        if (!c) return false;
-      }
-      return true;
-    });
+    check_deadlock();
   }
 
   bool deadlocked() const { return deadlock_; }
@@ -114,8 +102,11 @@ class NcclModel {
     }
   }
 
-  template <class AllDone>
-  void check_deadlock(AllDone all_done) {
+  static bool all_done(const std::vector<char>& done) {
+    return std::all_of(done.begin(), done.end(), [](char c) { return c != 0; });
+  }
+
+  void check_deadlock() {
     if (live_ == 0) return;
     int stuck = 0;
     for (const std::vector<char>* w : waiting_) {
@@ -133,7 +124,6 @@ class NcclModel {
   std::condition_variable cv_;
   std::vector<Queue> queues_;
   std::vector<std::vector<char>*> waiting_;  // per rank: its group while it waits
-  std::vector<int> finished_;
   bool deadlock_ = false;
   std::string error_;
 };
@@ -287,7 +277,7 @@ Outcome run_pipeline(PipeSchedule kind, int pp, int m, bool batched) {
         }
       } catch (const Deadlock&) {
       }
-      fabric.finished(s);
+      fabric.finished();
     });
   }
   for (auto& t : threads) t.join();

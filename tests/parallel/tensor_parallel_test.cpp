@@ -11,30 +11,20 @@
 #include <memory>
 #include <vector>
 
+#include "tests/kernels/kernel_test_util.h"
+
 namespace trident {
 namespace {
+
+using testing::dev;
+using testing::DevVec;
+using testing::VecF;
 
 std::vector<float> values(size_t n, float scale) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>((i * 37 + 11) % 23) - 1.0f;
   return v;
 }
-
-struct Buffers {
-  Ops& ops;
-  std::vector<DeviceBuffer> owned;
-  DevPtr put(const std::vector<float>& host) {
-    owned.emplace_back(ops, host.size() * sizeof(float));
-    DevPtr p = owned.back().as(DType::kF32);
-    ops.upload_floats(p, host.data(), host.size());
-    return p;
-  }
-  std::vector<float> get(DevPtr p, size_t n) {
-    std::vector<float> host(n);
-    ops.download_floats(host.data(), p, n);
-    return host;
-  }
-};
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -45,39 +35,40 @@ TEST(TensorParallel, OneRankLayersAreThePlainOpsCalls) {
   TensorParallel group(*ops, nullptr, 0, 1);
   EXPECT_FALSE(group.active());
   const int N = 5, C = 6, F = 7, V = 9, Vp = 12;
-  Buffers b{*ops, {}};
-  DevPtr x = b.put(values(N * C, 0.25f)), w = b.put(values(F * C, 0.125f)),
-         bias = b.put(values(F, 0.5f));
+  const VecF x = values(N * C, 0.25f), w = values(F * C, 0.125f), bias = values(F, 0.5f);
 
   ColumnParallelLinear column(group, C, F, "fc");
-  DevPtr out = b.put(std::vector<float>(N * F)), want = b.put(std::vector<float>(N * F));
-  column.forward(out, x, w, bias, N);
-  ops->matmul_forward(want, x, w, bias, N, C, F);
-  EXPECT_TRUE(bitwise_equal(b.get(out, N * F), b.get(want, N * F)));
+  VecF out(N * F), want(N * F);
+  column.forward(dev(*ops, out), dev(*ops, x), dev(*ops, w), dev(*ops, bias), N);
+  ops->matmul_forward(dev(*ops, want), dev(*ops, x), dev(*ops, w), dev(*ops, bias), N, C, F);
+  EXPECT_TRUE(bitwise_equal(out, want));
 
   RowParallelLinear row(group, F, C, "proj");
-  DevPtr w2 = b.put(values(C * F, 0.2f)), bias2 = b.put(values(C, 0.3f));
-  DevPtr y = b.put(std::vector<float>(N * C)), y_want = b.put(std::vector<float>(N * C));
-  row.forward(y, out, w2, bias2, N);
-  ops->matmul_forward(y_want, out, w2, bias2, N, F, C);  // the bias, on the only rank
-  EXPECT_TRUE(bitwise_equal(b.get(y, N * C), b.get(y_want, N * C)));
+  const VecF w2 = values(C * F, 0.2f), bias2 = values(C, 0.3f);
+  VecF y(N * C), y_want(N * C);
+  row.forward(dev(*ops, y), dev(*ops, out), dev(*ops, w2), dev(*ops, bias2), N);
+  // The bias, on the only rank.
+  ops->matmul_forward(dev(*ops, y_want), dev(*ops, out), dev(*ops, w2), dev(*ops, bias2), N, F, C);
+  EXPECT_TRUE(bitwise_equal(y, y_want));
 
   // The cross-entropy at one rank is cross_entropy_forward/backward (padded columns
   // V..Vp-1 excluded), not the three-step vocab-parallel form.
-  std::vector<int32_t> targets = {0, 3, 8, 1, 5};
-  DeviceBuffer tgt(*ops, targets.size() * sizeof(int32_t));
-  ops->upload(tgt.as(DType::kI32), targets.data(), targets.size() * sizeof(int32_t));
+  const std::vector<int32_t> targets = {0, 3, 8, 1, 5};
+  const DevVec<int32_t> tgt(*ops, targets);
   VocabParallelCrossEntropy xent(group, V, Vp);
-  const std::vector<float> logits_host = values(N * Vp, 0.3f);
-  DevPtr logits = b.put(logits_host), logits2 = b.put(logits_host);
-  DevPtr losses = b.put(std::vector<float>(N)), losses_want = b.put(std::vector<float>(N));
-  DevPtr row_max = b.put(std::vector<float>(N)), sums = b.put(std::vector<float>(2 * N));
-  xent.forward(losses, row_max, sums, logits, tgt.as(DType::kI32), N);
-  ops->cross_entropy_forward(losses_want, logits2, tgt.as(DType::kI32), N, V, Vp);
-  EXPECT_TRUE(bitwise_equal(b.get(losses, N), b.get(losses_want, N)));
-  xent.backward(logits, logits, row_max, sums, tgt.as(DType::kI32), 0.5f, N);
-  ops->cross_entropy_backward(logits2, logits2, tgt.as(DType::kI32), 0.5f, N, V, Vp);
-  EXPECT_TRUE(bitwise_equal(b.get(logits, N * Vp), b.get(logits2, N * Vp)));
+  VecF logits = values(N * Vp, 0.3f), logits_want = logits;
+  VecF losses(N), losses_want(N), row_max(N), sums(2 * N);
+  {
+    // Kept from forward to backward, as the model keeps them; the backward is in place.
+    DevVec<float> d_logits(*ops, logits), d_logits_want(*ops, logits_want);
+    DevVec<float> d_row_max(*ops, row_max), d_sums(*ops, sums);
+    xent.forward(dev(*ops, losses), d_row_max, d_sums, d_logits, tgt, N);
+    ops->cross_entropy_forward(dev(*ops, losses_want), d_logits_want, tgt, N, V, Vp);
+    xent.backward(d_logits, d_logits, d_row_max, d_sums, tgt, 0.5f, N);
+    ops->cross_entropy_backward(d_logits_want, d_logits_want, tgt, 0.5f, N, V, Vp);
+  }
+  EXPECT_TRUE(bitwise_equal(losses, losses_want));
+  EXPECT_TRUE(bitwise_equal(logits, logits_want));
 }
 
 TEST(TensorParallelDeathTest, ASplitThatDoesNotDivideNamesTheDimension) {
@@ -95,10 +86,9 @@ TEST(TensorParallelDeathTest, APlanningOnlyGroupRefusesItsFirstCollective) {
   EXPECT_EQ(group.local(8, "d_ff"), 4);
   EXPECT_EQ(group.begin(8, "d_ff"), 0);
   RowParallelLinear row(group, 8, 3, "attn.o");
-  Buffers b{*ops, {}};
-  DevPtr inp = b.put(values(2 * 4, 0.1f)), w = b.put(values(3 * 4, 0.1f)),
-         out = b.put(std::vector<float>(2 * 3));
-  EXPECT_DEATH(row.forward(out, inp, w, DevPtr(), 2),
+  const VecF inp = values(2 * 4, 0.1f), w = values(3 * 4, 0.1f);
+  VecF out(2 * 3);
+  EXPECT_DEATH(row.forward(dev(*ops, out), dev(*ops, inp), dev(*ops, w), DevPtr(), 2),
                "tp collective 'attn.o' over 2 ranks without a communicator");
 }
 
