@@ -27,8 +27,26 @@ enum SlotBuffer {
 enum Scratch { kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kScratchCount };
 
 // Sizes in the model's dimensions: a parameter's rows and columns (kOne: a vector), an
-// activation's width per token row. Local sizes (the tp part) unless said otherwise.
+// activation's width per token row (DimSizes: global or this rank's local sizes).
 enum class Dim { kOne, kC, kQ, kKV, kF, kFLlama };
+
+// The sizes a Dim stands for: global ones for parameter shapes, local ones (this rank's
+// tensor-parallel part) for activations. kFLlama: F for llama, absent (0) for gpt2.
+struct DimSizes {
+  int64_t c, q, kv, f;
+  bool llama;
+  int64_t of(Dim d) const {
+    switch (d) {
+      case Dim::kOne: return 1;
+      case Dim::kC: return c;
+      case Dim::kQ: return q;
+      case Dim::kKV: return kv;
+      case Dim::kF: return f;
+      case Dim::kFLlama: return llama ? f : 0;
+    }
+    return 0;
+  }
+};
 
 }  // namespace
 
@@ -183,25 +201,14 @@ ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPart
     add(0, "wte", {c.padded_vocab, C}, VocabParallelEmbedding::kTableSplitDim);
     if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
   }
-  auto global_size = [&](Dim d) -> int64_t {
-    switch (d) {
-      case Dim::kOne: return 1;
-      case Dim::kC: return C;
-      case Dim::kQ: return q_dim;
-      case Dim::kKV: return kv_dim;
-      case Dim::kF:
-      case Dim::kFLlama: return F;
-    }
-    return 0;
-  };
+  const DimSizes global{C, q_dim, kv_dim, F, !gpt2};
   for (int l = part.layer_begin; l < layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
     for (const LayerTensor& t : layer_tensors()) {
       const char* name = gpt2 ? t.gpt2 : t.llama;
       if (name == nullptr) continue;
-      const Shape shape = t.cols == Dim::kOne
-                              ? Shape{global_size(t.rows)}
-                              : Shape{global_size(t.rows), global_size(t.cols)};
+      const Shape shape = t.cols == Dim::kOne ? Shape{global.of(t.rows)}
+                                              : Shape{global.of(t.rows), global.of(t.cols)};
       add(1 + l, prefix + name, shape, t.split_dim);
     }
   }
@@ -364,23 +371,18 @@ void Transformer::plan_activations() {
       {last ? 2 * N : 0, f32}};
   for (const auto& [n, dtype] : globals) reserve(n, dtype);
   for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C, cd);
-  auto width = [&](Dim d) -> size_t {
-    switch (d) {
-      case Dim::kOne: return 1;
-      case Dim::kC: return C;
-      case Dim::kQ: return q_dim;
-      case Dim::kKV: return kv_dim;
-      case Dim::kF: return F;
-      case Dim::kFLlama: return llama ? F : 0;
-    }
-    return 0;
-  };
+  const DimSizes local{static_cast<int64_t>(C), static_cast<int64_t>(q_dim),
+                       static_cast<int64_t>(kv_dim), static_cast<int64_t>(F), llama};
   // Per layer buffer: its bytes, and whether recomputation keeps it in the shared set
   // instead of per slot and layer.
   const auto buffers = layer_buffers();
+  auto buffer_dtype = [&](const LayerBuffer& b) {
+    return b.field == &LayerActs::att_state ? DType::kU8 : b.compute ? cd : f32;
+  };
   auto buffer_bytes = [&](const LayerBuffer& b) {
-    return b.field == &LayerActs::att_state ? att_bytes
-                                            : N * width(b.width) * dtype_size(b.compute ? cd : f32);
+    return b.field == &LayerActs::att_state
+               ? att_bytes
+               : N * static_cast<size_t>(local.of(b.width)) * dtype_size(buffer_dtype(b));
   };
   auto shared = [&](const LayerBuffer& b) {
     return recompute_ == Recompute::kFull ||
@@ -388,8 +390,7 @@ void Transformer::plan_activations() {
   };
   for (int l = 0; l < n_local_layers_; ++l) {
     for (const LayerBuffer& b : buffers) {
-      reserve_bytes(shared(b) ? 0 : buffer_bytes(b),
-                    b.field == &LayerActs::att_state ? DType::kU8 : (b.compute ? cd : f32));
+      reserve_bytes(shared(b) ? 0 : buffer_bytes(b), buffer_dtype(b));
     }
   }
   act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
