@@ -56,7 +56,8 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
-        TRIDENT_FIELD(parallel, stage_layers, kIntList), TRIDENT_FIELD(parallel, bucket_mb, kInt),
+        TRIDENT_FIELD(parallel, stage_layers, kIntList),
+        TRIDENT_FIELD(parallel, sequence_parallel, kBool), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
       {"runtime",
        {TRIDENT_FIELD(runtime, device, kDevice), TRIDENT_FIELD(runtime, threads, kInt),
@@ -595,6 +596,16 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
       p.tp, "the padded vocabulary (model.vocab_size=" + std::to_string(m.vocab_size) + " padded)",
       m.padded_vocab));
   TRIDENT_RETURN_IF_ERROR(validate_micro_batch_sizes(p, m));
+  if (p.sequence_parallel && p.tp == 1) {
+    return Status::invalid_config(
+        "parallel.sequence_parallel: needs parallel.tp > 1 (it splits the sequence over the "
+        "tensor-parallel ranks), got tp=1");
+  }
+  if (p.sequence_parallel && m.seq_len % p.tp != 0) {
+    return Status::invalid_config("parallel.sequence_parallel: model.seq_len=" +
+                                  std::to_string(m.seq_len) + " does not split over parallel.tp=" +
+                                  std::to_string(p.tp));
+  }
   if (p.pp > m.n_layers) {
     return Status::invalid_config("parallel.pp: " + std::to_string(p.pp) +
                                   " pipeline stages but model.n_layers=" +

@@ -29,6 +29,9 @@ struct ParallelConfig {
   int micro_batch_size = 4;          // sequences per micro-batch per rank
   PipeSchedule pipeline_schedule = PipeSchedule::kOneFOneB;
   std::vector<int> stage_layers;     // layers per stage; empty = balanced
+  // Megatron sequence parallelism (tp > 1): norms, residuals and the pipeline boundary on
+  // sequence shards of each tp rank; all-gather / reduce-scatter replace the all-reduces.
+  bool sequence_parallel = false;
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };

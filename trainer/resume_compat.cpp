@@ -79,6 +79,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.micro_batch_size", Rule::kLayout},
       {"parallel.pipeline_schedule", Rule::kLayout},
       {"parallel.stage_layers", Rule::kLayout},
+      {"parallel.sequence_parallel", Rule::kLayout},
       {"parallel.bucket_mb", Rule::kIgnore},
       {"parallel.comm_timeout_s", Rule::kIgnore},
       {"runtime.device", Rule::kIgnore},

@@ -62,6 +62,7 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.micro_batch_size, b.parallel.micro_batch_size);
   EXPECT_EQ(a.parallel.pipeline_schedule, b.parallel.pipeline_schedule);
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
+  EXPECT_EQ(a.parallel.sequence_parallel, b.parallel.sequence_parallel);
   EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
   EXPECT_EQ(a.parallel.comm_timeout_s, b.parallel.comm_timeout_s);
   EXPECT_EQ(a.runtime.device, b.runtime.device);
@@ -162,6 +163,7 @@ parallel:
   micro_batch_size: 3
   pipeline_schedule: gpipe
   stage_layers: [1, 2, 3]
+  sequence_parallel: true
   bucket_mb: 50
   comm_timeout_s: 45
 runtime:
@@ -207,6 +209,7 @@ TEST(Config, EveryKeyParsesAndRoundTrips) {
   EXPECT_EQ(c.model.init_from, "weights/gpt2 #1: 'x'.bin");
   EXPECT_EQ(c.parallel.pipeline_schedule, PipeSchedule::kGPipe);
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.runtime.device, DeviceKind::kCpu);
   EXPECT_EQ(c.runtime.threads, 3);
   EXPECT_EQ(c.runtime.peak_tflops, 989.5f);
@@ -360,6 +363,10 @@ TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
                {"parallel.stage_layers: has 1 entries but parallel.pp=2"});
   expect_error(kMinimal + "parallel: {pp: 2, stage_layers: [4, 0]}\n", {},
                {"parallel.stage_layers[1]: must be >= 1"});
+  expect_error(kMinimal + "parallel: {sequence_parallel: true}\n", {},
+               {"parallel.sequence_parallel: needs parallel.tp > 1", "tp=1"});
+  expect_error(kMinimal + "model: {seq_len: 18}\nparallel: {tp: 4, sequence_parallel: true}\n", {},
+               {"parallel.sequence_parallel: model.seq_len=18 does not split over parallel.tp=4"});
   expect_error(kMinimal + "parallel: {zero_stage: 4}\n", {}, {"parallel.zero_stage"});
   expect_error(kMinimal + "parallel: {dp: 0}\n", {}, {"parallel.dp: must be >= 1"});
   expect_error(kMinimal + "parallel: {micro_batch_size: 0}\n", {}, {"parallel.micro_batch_size"});
