@@ -151,14 +151,15 @@ double arena_slices_bytes(const std::vector<double>& bytes, bool pad_last) {
 // Transformer::plan_activations, for one slot and for the backward scratch. The
 // attention state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX:
 // a size that would wrap still reads as far too big).
-void activation_plan(const Config& config, const ModelPartition& part, const Ops& ops,
-                     double local_layers, double* slot_bytes, double* scratch_bytes) {
+void activation_plan(const Config& config, const ModelPartition& part,
+                     const AttentionStateBytes& attention_state_bytes, double local_layers,
+                     double* slot_bytes, double* scratch_bytes) {
   const TransformerConfig& c = config.model;
   const double tp = part.tp_size, B = config.parallel.micro_batch_size, T = c.seq_len;
   const double N = B * T, C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
   const double heads = c.n_heads / part.tp_size, kv_heads = c.n_kv_heads / part.tp_size;
   const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
-  const double att_bytes = static_cast<double>(ops.attention_state_bytes(
+  const double att_bytes = static_cast<double>(attention_state_bytes(
       config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
       c.n_kv_heads / part.tp_size, c.head_dim));
   const bool llama = !c.is_gpt2(), last = part.last_stage();
@@ -322,6 +323,13 @@ int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro) {
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const Ops& ops) {
+  return estimate_rank_memory(config, part, dp_rank, [&ops](int B, int T, int NH, int NKV, int HD) {
+    return ops.attention_state_bytes(B, T, NH, NKV, HD);
+  });
+}
+
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                                const AttentionStateBytes& attention_state_bytes) {
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
   const int dp = par.dp, stage = par.zero_stage;
@@ -352,7 +360,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const int accum = config.grad_accum_steps();
   const int slots = pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum);
   double slot_bytes = 0;
-  activation_plan(config, part, ops, g.local_layers, &slot_bytes, &m.scratch);
+  activation_plan(config, part, attention_state_bytes, g.local_layers, &slot_bytes, &m.scratch);
   m.activations = slot_bytes * slots;
 
   if (stage == 1 || stage == 2) {

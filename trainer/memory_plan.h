@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -63,11 +64,18 @@ struct RankMemory {
   double total = 0;  // params + master + grads + optimizer + activations + checkpoint + other
 };
 
+// The bytes of one layer's attention state for a micro-batch (Ops::attention_state_bytes
+// of the backend that will run): lets a plan be made without constructing that backend.
+using AttentionStateBytes = std::function<size_t(int B, int T, int NH, int NKV, int HD)>;
+
 // The plan of the rank with this partition and data-parallel rank. `config` is
 // validated (validate_config) and its model finalized. `ops` is the backend the run
 // uses; only its size queries are called (Ops::attention_state_bytes).
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const Ops& ops);
+// The same with the attention state size given directly (trident plan, for a GPU).
+RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                                const AttentionStateBytes& attention_state_bytes);
 
 // Activation slots the pipeline schedule keeps live on `stage`: closed form of
 // PipelineExecutor::required_slots (which walks the whole schedule).
