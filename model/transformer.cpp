@@ -23,8 +23,13 @@ enum SlotBuffer {
   kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses, kXentMax, kXentSums,
   kSlotGlobals
 };
-// Backward scratch shared by all slots.
-enum Scratch { kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kScratchCount };
+// Backward scratch shared by all slots. Sequence parallelism only: kGather, the [N, C]
+// workspace of the gathers and reduce-scatters; kDlnLocal, this rank's rows of a reduced
+// column input gradient; kNormGrads, one block's norm-weight gradients (f32, 4 x C).
+enum Scratch {
+  kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
+  kScratchCount
+};
 
 // Sizes in the model's dimensions: a parameter's rows and columns (kOne: a vector), an
 // activation's width per token row (DimSizes: global or this rank's local sizes).
@@ -134,19 +139,20 @@ struct Transformer::LayerBuffer {
   Dim width;     // elements per token row (local); kOne: one; the attention state is sized
                  // by the backend instead
   bool compute;  // compute dtype; else f32 (statistics)
+  bool sharded;  // on this rank's token rows under sequence parallelism (else all N)
 };
 
 std::span<const Transformer::LayerBuffer> Transformer::layer_buffers() {
   using A = LayerActs;
   static const LayerBuffer table[] = {
-      {&A::ln1, Dim::kC, true},       {&A::ln1_mean, Dim::kOne, false},
-      {&A::ln1_rstd, Dim::kOne, false}, {&A::q, Dim::kQ, true},
-      {&A::k, Dim::kKV, true},        {&A::v, Dim::kKV, true},
-      {&A::att_state, Dim::kOne, false}, {&A::atty, Dim::kQ, true},
-      {&A::res2, Dim::kC, true},      {&A::ln2, Dim::kC, true},
-      {&A::ln2_mean, Dim::kOne, false}, {&A::ln2_rstd, Dim::kOne, false},
-      {&A::h1, Dim::kF, true},        {&A::h2, Dim::kFLlama, true},
-      {&A::h_act, Dim::kF, true},
+      {&A::ln1, Dim::kC, true, true},         {&A::ln1_mean, Dim::kOne, false, true},
+      {&A::ln1_rstd, Dim::kOne, false, true}, {&A::q, Dim::kQ, true, false},
+      {&A::k, Dim::kKV, true, false},         {&A::v, Dim::kKV, true, false},
+      {&A::att_state, Dim::kOne, false, false}, {&A::atty, Dim::kQ, true, false},
+      {&A::res2, Dim::kC, true, true},        {&A::ln2, Dim::kC, true, true},
+      {&A::ln2_mean, Dim::kOne, false, true}, {&A::ln2_rstd, Dim::kOne, false, true},
+      {&A::h1, Dim::kF, true, false},         {&A::h2, Dim::kFLlama, true, false},
+      {&A::h_act, Dim::kF, true, false},
   };
   return table;
 }
@@ -275,7 +281,7 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelP
       part_(part),
       compute_dtype_(compute),
       recompute_(recompute),
-      tp_(ops, tp, part.tp_rank, part.tp_size) {
+      tp_(ops, tp, part.tp_rank, part.tp_size, part.sequence_parallel) {
   init_partition(store, micro_batch_size, num_slots);
 }
 
@@ -339,6 +345,9 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
 void Transformer::plan_activations() {
   const auto& c = config_;
   const size_t N = static_cast<size_t>(micro_batch_size_) * c.seq_len;
+  // This rank's token rows of the sharded tensors (sequence parallelism), else N.
+  const size_t n = static_cast<size_t>(tp_.local_rows(static_cast<int>(N)));
+  const bool sp = tp_.sequence_parallel();
   const size_t C = c.d_model, F = ff_, q_dim = static_cast<size_t>(heads_) * c.head_dim,
                kv_dim = static_cast<size_t>(kv_heads_) * c.head_dim;
   // The attention state is opaque bytes sized by the backend (kernels/ops.h); compute
@@ -362,15 +371,15 @@ void Transformer::plan_activations() {
   const std::pair<size_t, DType> globals[kSlotGlobals] = {
       {N, i32},
       {last ? N : 0, i32},
-      {last ? N * C : 0, cd},
-      {last ? N : 0, f32},
-      {last ? N : 0, f32},
+      {last ? N * C : 0, cd},  // the head's input: all rows (gathered)
+      {last ? n : 0, f32},
+      {last ? n : 0, f32},
       {last ? N * static_cast<size_t>(vocab_local_) : 0, cd},
       {last ? N : 0, f32},
       {last ? N : 0, f32},
       {last ? 2 * N : 0, f32}};
   for (const auto& [n, dtype] : globals) reserve(n, dtype);
-  for (int l = 0; l <= n_local_layers_; ++l) reserve(N * C, cd);
+  for (int l = 0; l <= n_local_layers_; ++l) reserve(n * C, cd);
   const DimSizes local{static_cast<int64_t>(C), static_cast<int64_t>(q_dim),
                        static_cast<int64_t>(kv_dim), static_cast<int64_t>(F), llama};
   // Per layer buffer: its bytes, and whether recomputation keeps it in the shared set
@@ -382,7 +391,8 @@ void Transformer::plan_activations() {
   auto buffer_bytes = [&](const LayerBuffer& b) {
     return b.field == &LayerActs::att_state
                ? att_bytes
-               : N * static_cast<size_t>(local.of(b.width)) * dtype_size(buffer_dtype(b));
+               : (b.sharded ? n : N) * static_cast<size_t>(local.of(b.width)) *
+                     dtype_size(buffer_dtype(b));
   };
   auto shared = [&](const LayerBuffer& b) {
     return recompute_ == Recompute::kFull ||
@@ -399,10 +409,15 @@ void Transformer::plan_activations() {
 
   Arena scratch_arena;
   scratch_offsets_.clear();
-  const size_t scratch_sizes[kScratchCount] = {N * C, N * C, N * q_dim, N * kv_dim, N * kv_dim,
-                                               N * q_dim, N * F, llama ? N * F : 0, N * F};
-  for (size_t s : scratch_sizes) {
-    scratch_offsets_.push_back(s ? scratch_arena.reserve(s * dtype_size(cd)) : kAbsent);
+  scratch_dtypes_.clear();
+  const std::pair<size_t, DType> scratch_sizes[kScratchCount] = {
+      {n * C, cd},      {N * C, cd},      {N * q_dim, cd},          {N * kv_dim, cd},
+      {N * kv_dim, cd}, {N * q_dim, cd},  {N * F, cd},              {llama ? N * F : 0, cd},
+      {N * F, cd},      {sp ? N * C : 0, cd}, {sp ? n * C : 0, cd}, {sp ? 4 * C : 0, f32}};
+  for (const auto& [elements, dtype] : scratch_sizes) {
+    scratch_offsets_.push_back(elements ? scratch_arena.reserve(elements * dtype_size(dtype))
+                                        : kAbsent);
+    scratch_dtypes_.push_back(dtype);
   }
   scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
 
@@ -426,7 +441,8 @@ DevPtr Transformer::act(int slot, int index) const {
 
 DevPtr Transformer::scratch(int index) const {
   const size_t off = scratch_offsets_[static_cast<size_t>(index)];
-  return off == kAbsent ? DevPtr() : scratch_.get().byte_offset(off).as(compute_dtype_);
+  return off == kAbsent ? DevPtr()
+                        : scratch_.get().byte_offset(off).as(scratch_dtypes_[static_cast<size_t>(index)]);
 }
 
 namespace {
@@ -475,7 +491,33 @@ DevPtr Transformer::group_grad(int group, const char* name) {
 }
 
 size_t Transformer::boundary_floats() const {
-  return static_cast<size_t>(micro_batch_size_) * config_.seq_len * config_.d_model;
+  return static_cast<size_t>(tp_.local_rows(micro_batch_size_ * config_.seq_len)) *
+         config_.d_model;
+}
+
+Transformer::NormGrads Transformer::norm_grad_targets(const NormGrads& params) {
+  if (!tp_.sequence_parallel()) return params;
+  const size_t C = config_.d_model;
+  DevPtr buf = scratch(kNormGrads);
+  NormGrads targets{};
+  size_t used = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]) targets[i] = buf + C * used++;
+  }
+  zero_elements(buf, used * C);
+  return targets;
+}
+
+void Transformer::finish_norm_grads(const NormGrads& params, const NormGrads& targets,
+                                    const char* label) {
+  if (!tp_.sequence_parallel()) return;
+  const size_t C = config_.d_model;
+  size_t used = 0;
+  for (const DevPtr& p : params) used += p ? 1 : 0;
+  tp_.reduce_sequence_grads(scratch(kNormGrads), used * C, label);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]) ops_.accumulate(params[i], targets[i], C);
+  }
 }
 
 // ---- resident-store conveniences ---------------------------------------------------------
@@ -574,6 +616,9 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
                     "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
                         " T=" + std::to_string(T));
   const int N = B * T;
+  TRIDENT_CHECK_MSG(!tp_.sequence_parallel() || N % tp_.size() == 0,
+                    "sequence parallelism: B*T=" + std::to_string(N) +
+                        " token rows do not split over tp " + std::to_string(tp_.size()));
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
   info = SlotInfo{B, T, false};
   DevPtr x0 = act(slot, x_index(0));
@@ -583,7 +628,7 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
     store_->acquire(0, Phase::kForward);
     DevPtr wte = group_param(0, "wte");
     DevPtr wpe = c.is_gpt2() ? group_param(0, "wpe") : DevPtr();
-    embedding_.forward(x0, d_tokens, wte, wpe, B, T);
+    embedding_.forward(x0, d_tokens, wte, wpe, B, T, scratch(kGather));
     store_->release(0, Phase::kForward);
   }
   for (int l = 0; l < n_local_layers_; ++l) {
@@ -606,56 +651,69 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
   const LayerParams p = layer_params(layer, store_->params(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
+  const int n = tp_.local_rows(N);  // rows of x, the norms and res2 (N/tp: sequence parallel)
   const bool gpt2 = c.is_gpt2();
+  DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
 
   if (gpt2) {
-    ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, N, C, c.norm_eps);
+    ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, n, C, c.norm_eps);
   } else {
-    ops_.rmsnorm_forward(a.ln1, a.ln1_rstd, x_in, p.ln1_w, N, C, c.norm_eps);
+    ops_.rmsnorm_forward(a.ln1, a.ln1_rstd, x_in, p.ln1_w, n, C, c.norm_eps);
   }
-  q_.forward(a.q, a.ln1, p.q_w, p.q_b, N);  // (biases: gpt2 only; null for llama)
-  k_.forward(a.k, a.ln1, p.k_w, p.k_b, N);
-  v_.forward(a.v, a.ln1, p.v_w, p.v_b, N);
+  DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input");
+  q_.forward(a.q, ln1, p.q_w, p.q_b, N);  // (biases: gpt2 only; null for llama)
+  k_.forward(a.k, ln1, p.k_w, p.k_b, N);
+  v_.forward(a.v, ln1, p.v_w, p.v_b, N);
   if (!gpt2) {
     ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
   ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
   // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
-  o_.forward(a.res2, a.atty, p.o_w, p.o_b, N);
-  ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
+  o_.forward(a.res2, a.atty, p.o_w, p.o_b, N, work);
+  ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(n) * C);
 
   if (gpt2) {
-    ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C,
+    ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, n, C,
                            c.norm_eps);
-    fc_.forward(a.h1, a.ln2, p.fc_w, p.fc_b, N);
+  } else {
+    ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, n, C, c.norm_eps);
+  }
+  DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
+  if (gpt2) {
+    fc_.forward(a.h1, ln2, p.fc_w, p.fc_b, N);
     ops_.gelu_forward(a.h_act, a.h1, static_cast<size_t>(N) * F);
   } else {
-    ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, N, C, c.norm_eps);
-    fc_.forward(a.h1, a.ln2, p.fc_w, DevPtr(), N);
-    up_.forward(a.h2, a.ln2, p.up_w, DevPtr(), N);
+    fc_.forward(a.h1, ln2, p.fc_w, DevPtr(), N);
+    up_.forward(a.h2, ln2, p.up_w, DevPtr(), N);
     ops_.swiglu_forward(a.h_act, a.h1, a.h2, static_cast<size_t>(N) * F);
   }
-  proj_.forward(x_out, a.h_act, p.proj_w, p.proj_b, N);
-  ops_.add(x_out, x_out, a.res2, static_cast<size_t>(N) * C);
+  proj_.forward(x_out, a.h_act, p.proj_w, p.proj_b, N, work);
+  ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
 }
 
 void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   const auto& c = config_;
   const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
+  const int n = tp_.local_rows(N);
   // A tied head in a one-stage model reads wte from the embedding group.
   const bool head_in_embeddings = c.tied() && part_.first_stage();
   store_->acquire(head_group, Phase::kForward);
   if (head_in_embeddings) store_->acquire(0, Phase::kForward);
+  // The head reads all N rows of the final norm: with sequence parallelism this rank's
+  // rows are normed in the workspace and gathered into kLnf (kept for the head's weight
+  // gradient).
   DevPtr lnf = act(slot, kLnf);
+  DevPtr lnf_rows = tp_.sequence_parallel() ? scratch(kGather) : lnf;
   DevPtr xL = act(slot, x_index(n_local_layers_));
   DevPtr lnf_w = group_param(head_group, "lnf.weight");
   if (c.is_gpt2()) {
-    ops_.layernorm_forward(lnf, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
-                           group_param(head_group, "lnf.bias"), N, C, c.norm_eps);
+    ops_.layernorm_forward(lnf_rows, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
+                           group_param(head_group, "lnf.bias"), n, C, c.norm_eps);
   } else {
-    ops_.rmsnorm_forward(lnf, act(slot, kLnfRstd), xL, lnf_w, N, C, c.norm_eps);
+    ops_.rmsnorm_forward(lnf_rows, act(slot, kLnfRstd), xL, lnf_w, n, C, c.norm_eps);
   }
+  if (tp_.sequence_parallel()) tp_.gather_rows(lnf_rows, lnf, N, C, "head input");
   DevPtr head = head_in_embeddings ? group_param(0, "wte")
                 : c.tied()         ? group_param(head_group, "wte")
                                    : group_param(head_group, "lm_head.weight");
@@ -697,7 +755,7 @@ void Transformer::backward_stage(int slot, float loss_scale) {
     store_->acquire(0, Phase::kBackward);
     DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
     DevPtr dwpe = c.is_gpt2() ? group_grad(0, "wpe") : DevPtr();
-    embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T);
+    embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, scratch(kGather));
     store_->release(0, Phase::kBackward);
   }
 }
@@ -705,7 +763,8 @@ void Transformer::backward_stage(int slot, float loss_scale) {
 void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   const auto& c = config_;
   const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
-  const size_t nC = static_cast<size_t>(N) * C;
+  const int n = tp_.local_rows(N);
+  const size_t NC = static_cast<size_t>(N) * C;
   const bool head_in_embeddings = c.tied() && part_.first_stage();
   store_->acquire(head_group, Phase::kBackward);
   if (head_in_embeddings) store_->acquire(0, Phase::kBackward);
@@ -715,23 +774,27 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   xent_.backward(logits, logits, act(slot, kXentMax), act(slot, kXentSums), targets, dloss, N);
   const char* head_name = c.tied() ? "wte" : "lm_head.weight";
   const int group = head_in_embeddings ? 0 : head_group;
-  DevPtr dln = scratch(kDln);
-  zero_elements(dln, nC);
-  head_.backward(dln, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
+  DevPtr dln_full = scratch(kDln);
+  zero_elements(dln_full, NC);
+  head_.backward(dln_full, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
                  group_param(group, head_name), N);
-  tp_.reduce_column_input_grad(dln, nC, "head dinput");
+  DevPtr dln = tp_.reduce_column_input_grad(dln_full, scratch(kDlnLocal), N, C, "head dinput");
   DevPtr dx = scratch(kDx);
-  zero_elements(dx, nC);
+  zero_elements(dx, static_cast<size_t>(n) * C);
   DevPtr xL = act(slot, x_index(n_local_layers_));
-  if (c.is_gpt2()) {
-    ops_.layernorm_backward(dx, group_grad(head_group, "lnf.weight"),
-                            group_grad(head_group, "lnf.bias"), dln, xL,
-                            group_param(head_group, "lnf.weight"), act(slot, kLnfMean),
-                            act(slot, kLnfRstd), N, C);
+  const bool gpt2 = c.is_gpt2();
+  const NormGrads grads = {group_grad(head_group, "lnf.weight"),
+                           gpt2 ? group_grad(head_group, "lnf.bias") : DevPtr(), DevPtr(),
+                           DevPtr()};
+  const NormGrads into = norm_grad_targets(grads);
+  if (gpt2) {
+    ops_.layernorm_backward(dx, into[0], into[1], dln, xL, group_param(head_group, "lnf.weight"),
+                            act(slot, kLnfMean), act(slot, kLnfRstd), n, C);
   } else {
-    ops_.rmsnorm_backward(dx, group_grad(head_group, "lnf.weight"), dln, xL,
-                          group_param(head_group, "lnf.weight"), act(slot, kLnfRstd), N, C);
+    ops_.rmsnorm_backward(dx, into[0], dln, xL, group_param(head_group, "lnf.weight"),
+                          act(slot, kLnfRstd), n, C);
   }
+  finish_norm_grads(grads, into, "lnf grads");
   if (head_in_embeddings) store_->release(0, Phase::kBackward);
   store_->release(head_group, Phase::kBackward);
 }
@@ -744,10 +807,17 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   const LayerParams g = layer_params(layer, store_->grads(1 + layer));
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
+  const int n = tp_.local_rows(N);  // rows of dx, x, the norms and res2
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
-  const size_t nF = static_cast<size_t>(N) * F, nC = static_cast<size_t>(N) * C;
+  const size_t nF = static_cast<size_t>(N) * F, NC = static_cast<size_t>(N) * C;
   const bool gpt2 = c.is_gpt2();
-  DevPtr dln = scratch(kDln);
+  DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
+  DevPtr dln_local = scratch(kDlnLocal);
+  DevPtr dln_full = scratch(kDln);
+  // Norm-weight gradients: ln2 then ln1 (summed over tp at the end with sequence
+  // parallelism).
+  const NormGrads norm_grads = {g.ln2_w, g.ln2_b, g.ln1_w, g.ln1_b};
+  const NormGrads into = norm_grad_targets(norm_grads);
   DevPtr dq = scratch(kDq);
   DevPtr dk = scratch(kDk);
   DevPtr dv = scratch(kDv);
@@ -758,30 +828,32 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
 
   // MLP: x_out = res2 + proj(act(ln2(res2))).
   zero_elements(dh_act, nF);
-  proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N);
+  proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, work);
   zero_elements(dh1, nF);
-  zero_elements(dln, nC);
+  zero_elements(dln_full, NC);
+  // The MLP's input, gathered again for the weight gradients (sequence parallelism).
+  DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input (backward)");
   if (gpt2) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
-    fc_.backward(dln, g.fc_w, g.fc_b, dh1, a.ln2, p.fc_w, N);
+    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N);
   } else {
     zero_elements(dh2, nF);
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
-    fc_.backward(dln, g.fc_w, DevPtr(), dh1, a.ln2, p.fc_w, N);
-    up_.backward(dln, g.up_w, DevPtr(), dh2, a.ln2, p.up_w, N);
+    fc_.backward(dln_full, g.fc_w, DevPtr(), dh1, ln2, p.fc_w, N);
+    up_.backward(dln_full, g.up_w, DevPtr(), dh2, ln2, p.up_w, N);
   }
-  tp_.reduce_column_input_grad(dln, nC, "mlp dinput");
+  DevPtr dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "mlp dinput");
   if (gpt2) {
-    ops_.layernorm_backward(dx, g.ln2_w, g.ln2_b, dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
-                            N, C);
+    ops_.layernorm_backward(dx, into[0], into[1], dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
+                            n, C);
   } else {
-    ops_.rmsnorm_backward(dx, g.ln2_w, dln, a.res2, p.ln2_w, a.ln2_rstd, N, C);
+    ops_.rmsnorm_backward(dx, into[0], dln, a.res2, p.ln2_w, a.ln2_rstd, n, C);
   }
 
   // Attention: res2 = x_in + o(attn(q, k, v)), q/k/v = linear(ln1(x_in))
   const size_t nq = static_cast<size_t>(N) * q_dim, nkv = static_cast<size_t>(N) * kv_dim;
   zero_elements(datty, nq);
-  o_.backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N);
+  o_.backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N, work);
   zero_elements(dq, nq);
   zero_elements(dk, nkv);
   zero_elements(dv, nkv);
@@ -796,17 +868,19 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
     ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
-  zero_elements(dln, nC);
-  q_.backward(dln, g.q_w, g.q_b, dq, a.ln1, p.q_w, N);
-  k_.backward(dln, g.k_w, g.k_b, dk, a.ln1, p.k_w, N);
-  v_.backward(dln, g.v_w, g.v_b, dv, a.ln1, p.v_w, N);
-  tp_.reduce_column_input_grad(dln, nC, "attn dinput");
+  zero_elements(dln_full, NC);
+  DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input (backward)");
+  q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N);
+  k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
+  v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
+  dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");
   if (gpt2) {
-    ops_.layernorm_backward(dx, g.ln1_w, g.ln1_b, dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N,
+    ops_.layernorm_backward(dx, into[2], into[3], dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, n,
                             C);
   } else {
-    ops_.rmsnorm_backward(dx, g.ln1_w, dln, x_in, p.ln1_w, a.ln1_rstd, N, C);
+    ops_.rmsnorm_backward(dx, into[2], dln, x_in, p.ln1_w, a.ln1_rstd, n, C);
   }
+  finish_norm_grads(norm_grads, into, "norm grads");
 }
 
 }  // namespace trident

@@ -27,6 +27,16 @@
 // the layers' mapping points do (forward: after attn.o, the MLP output and the
 // embedding; backward: one all-reduce per column input: q/k/v, fc/gate/up, head).
 //
+// Sequence parallelism (ModelPartition::sequence_parallel, tp > 1;
+// parallel/tensor_parallel.h): the residual stream x_l, the norms and their inputs and
+// outputs (ln1, res2, ln2, the final norm's statistics), the stage boundary and the
+// gradient dx live on this rank's N/tp token rows; q/k/v, attention, the MLP's hidden
+// tensors, the head's input (lnf, gathered) and the logits stay on all N rows, split by
+// heads or features. Each column-parallel block all-gathers its normed input into a
+// workspace (and again in backward, for the weight gradient), each row-parallel one
+// reduce-scatters its partial output; the norm weights' gradients (from this rank's rows
+// only) are summed over tp per micro-batch before they join the parameter gradients.
+//
 // Pipeline parallelism: a rank holds layers [layer_begin, layer_end); the first stage
 // also the embeddings, the last the final norm and head (and, when tied and pp > 1, a
 // copy of wte). Activations of up to `num_slots` micro-batches are kept at once.
@@ -51,6 +61,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -74,6 +85,9 @@ struct ModelPartition {
   int pp_size = 1;
   int layer_begin = 0;
   int layer_end = -1;  // -1 = n_layers
+  // Megatron sequence parallelism over the tp group (parallel.sequence_parallel; ignored
+  // at tp 1): see "Sequence parallelism" in the header comment.
+  bool sequence_parallel = false;
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
 };
@@ -115,7 +129,9 @@ class Transformer {
   // of recomputed layer tensors.
   size_t scratch_bytes() const { return scratch_.bytes() + shared_.bytes(); }
   Recompute recompute() const { return recompute_; }
-  size_t boundary_floats() const;  // elements (compute dtype) of one micro-batch's stage boundary
+  // Elements (compute dtype) of one micro-batch's stage boundary: this rank's token rows
+  // (all N, or N/tp with sequence parallelism) times d_model.
+  size_t boundary_floats() const;
   ParamStore& store() { return *store_; }
   DType compute_dtype() const { return compute_dtype_; }
 
@@ -180,6 +196,13 @@ class Transformer {
   DevPtr act(int slot, int index) const;
   DevPtr scratch(int index) const;
   void zero_elements(DevPtr p, size_t n);  // n elements of p's dtype
+  // Where the norm backwards of one block put the weight gradients `params` (null:
+  // absent): the parameter gradients themselves, or with sequence parallelism zeroed
+  // scratch slices (this rank's rows only), which finish_norm_grads sums over tp and adds
+  // to the parameter gradients.
+  using NormGrads = std::array<DevPtr, 4>;
+  NormGrads norm_grad_targets(const NormGrads& params);
+  void finish_norm_grads(const NormGrads& params, const NormGrads& targets, const char* label);
   void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
   void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
   void head_forward(int slot, int B, int T, bool with_loss);
@@ -212,6 +235,7 @@ class Transformer {
   std::vector<size_t> slot_offsets_;     // per activation index, within one slot
   std::vector<DType> slot_dtypes_;       // per activation index
   std::vector<size_t> scratch_offsets_;  // per scratch index
+  std::vector<DType> scratch_dtypes_;    // per scratch index
   DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
   DeviceBuffer scratch_;
   // Recomputation: the layer tensors not kept per slot (layer_buffers() order; kAbsent

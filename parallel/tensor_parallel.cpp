@@ -7,8 +7,13 @@
 
 namespace trident {
 
-TensorParallel::TensorParallel(Ops& ops, Communicator* comm, int rank, int size)
-    : ops_(&ops), comm_(size > 1 ? comm : nullptr), rank_(rank), size_(size) {
+TensorParallel::TensorParallel(Ops& ops, Communicator* comm, int rank, int size,
+                               bool sequence_parallel)
+    : ops_(&ops),
+      comm_(size > 1 ? comm : nullptr),
+      rank_(rank),
+      size_(size),
+      sequence_parallel_(sequence_parallel && size > 1) {
   TRIDENT_CHECK_MSG(size >= 1 && rank >= 0 && rank < size,
                     "tp rank " + std::to_string(rank) + " of " + std::to_string(size));
   TRIDENT_CHECK_MSG(comm_ == nullptr || comm_->size() == size,
@@ -30,8 +35,49 @@ int TensorParallel::local(int global, const char* what) const {
   return global / size_;
 }
 
-void TensorParallel::reduce_column_input_grad(DevPtr dinp, size_t n, const char* label) const {
-  reduce_partial_output(dinp, n, label);
+int TensorParallel::local_rows(int N) const {
+  if (!sequence_parallel_) return N;
+  TRIDENT_CHECK_MSG(N % size_ == 0, "sequence parallelism: " + std::to_string(N) +
+                                        " token rows do not split over tp " +
+                                        std::to_string(size_));
+  return N / size_;
+}
+
+DevPtr TensorParallel::gather_rows(DevPtr local, DevPtr full, int N, int width,
+                                   const char* label) const {
+  if (!sequence_parallel_) return local;
+  TRIDENT_CHECK_MSG(full, std::string(label) + ": sequence parallelism needs a gather buffer");
+  const size_t chunk = static_cast<size_t>(local_rows(N)) * static_cast<size_t>(width);
+  CollectiveOptions opts;
+  opts.label = label;
+  comm(label).all_gather(CommBuf::device(local, chunk), CommBuf::device(full, chunk * size_),
+                         opts);
+  return full;
+}
+
+DevPtr TensorParallel::reduce_column_input_grad(DevPtr dfull, DevPtr dlocal, int N, int width,
+                                                const char* label) const {
+  DevPtr out = sequence_parallel_ ? dlocal : dfull;
+  reduce_rows(out, dfull, N, width, label);
+  return out;
+}
+
+void TensorParallel::reduce_rows(DevPtr out, DevPtr partial, int N, int width,
+                                 const char* label) const {
+  const size_t n = static_cast<size_t>(N) * static_cast<size_t>(width);
+  if (!sequence_parallel_) {
+    TRIDENT_CHECK_MSG(out == partial, std::string(label) + ": reduced in place without "
+                                                           "sequence parallelism");
+    reduce_partial_output(out, n, label);
+    return;
+  }
+  TRIDENT_CHECK_MSG(out && partial && !(out == partial),
+                    std::string(label) + ": sequence parallelism reduce-scatters "
+                                         "from a workspace into the rank's rows");
+  CollectiveOptions opts;
+  opts.label = label;
+  comm(label).reduce_scatter(CommBuf::device(partial, n),
+                             CommBuf::device(out, n / static_cast<size_t>(size_)), opts);
 }
 
 void TensorParallel::reduce_partial_output(DevPtr out, size_t n, const char* label) const {
@@ -39,6 +85,10 @@ void TensorParallel::reduce_partial_output(DevPtr out, size_t n, const char* lab
   CollectiveOptions opts;
   opts.label = label;
   comm(label).all_reduce(CommBuf::device(out, n), ReduceOp::kSum, opts);
+}
+
+void TensorParallel::reduce_sequence_grads(DevPtr grads, size_t n, const char* label) const {
+  if (sequence_parallel_) reduce_partial_output(grads, n, label);
 }
 
 void TensorParallel::reduce_max(DevPtr data, size_t n, const char* label) const {
@@ -70,17 +120,20 @@ RowParallelLinear::RowParallelLinear(const TensorParallel& tp, int in_features, 
                                      const char* label)
     : tp_(&tp), in_local_(tp.local(in_features, label)), out_(out_features), label_(label) {}
 
-void RowParallelLinear::forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias,
-                                int N) const {
+void RowParallelLinear::forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N,
+                                DevPtr partial) const {
   // The bias joins the partial sum of rank 0 only, so the sum carries it once.
   DevPtr bias_here = tp_->rank() == 0 ? bias : DevPtr();
-  tp_->ops().matmul_forward(out, inp, weight, bias_here, N, in_local_, out_);
-  tp_->reduce_partial_output(out, static_cast<size_t>(N) * out_, label_);
+  DevPtr product = tp_->sequence_parallel() ? partial : out;
+  TRIDENT_CHECK_MSG(product, std::string(label_) + ": sequence parallelism needs a workspace");
+  tp_->ops().matmul_forward(product, inp, weight, bias_here, N, in_local_, out_);
+  tp_->reduce_rows(out, product, N, out_, label_);
 }
 
 void RowParallelLinear::backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout,
-                                 DevPtr inp, DevPtr weight, int N) const {
-  tp_->ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, in_local_, out_);
+                                 DevPtr inp, DevPtr weight, int N, DevPtr dout_full) const {
+  DevPtr full = tp_->gather_rows(dout, dout_full, N, out_, label_);
+  tp_->ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, N, in_local_, out_);
 }
 
 // ---- vocab-parallel embedding -------------------------------------------------------------
@@ -93,17 +146,20 @@ VocabParallelEmbedding::VocabParallelEmbedding(const TensorParallel& tp, int pad
       vocab_begin_(tp.begin(padded_vocab, "padded vocabulary")) {}
 
 void VocabParallelEmbedding::forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B,
-                                     int T) const {
+                                     int T, DevPtr partial) const {
   // Positions are replicated: rank 0 adds them, before the vocab-parallel sum.
   DevPtr wpe_here = tp_->rank() == 0 ? wpe : DevPtr();
-  tp_->ops().embedding_forward(out, tokens, wte, wpe_here, B, T, C_, vocab_begin_,
+  DevPtr sum = tp_->sequence_parallel() ? partial : out;
+  TRIDENT_CHECK_MSG(sum, "embedding: sequence parallelism needs a workspace");
+  tp_->ops().embedding_forward(sum, tokens, wte, wpe_here, B, T, C_, vocab_begin_,
                                vocab_local_);
-  tp_->reduce_partial_output(out, static_cast<size_t>(B) * T * C_, "embedding");
+  tp_->reduce_rows(out, sum, B * T, C_, "embedding");
 }
 
 void VocabParallelEmbedding::backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens,
-                                      int B, int T) const {
-  tp_->ops().embedding_backward(dwte, dwpe, dout, tokens, B, T, C_, vocab_begin_, vocab_local_);
+                                      int B, int T, DevPtr dout_full) const {
+  DevPtr full = tp_->gather_rows(dout, dout_full, B * T, C_, "embedding dout");
+  tp_->ops().embedding_backward(dwte, dwpe, full, tokens, B, T, C_, vocab_begin_, vocab_local_);
 }
 
 // ---- vocab-parallel cross-entropy ---------------------------------------------------------

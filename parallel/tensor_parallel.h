@@ -15,16 +15,30 @@
 //                           full logits are never gathered.
 //
 // The mapping points: every tp exchange of activations happens in one of the functions
-// below, in one of two pairs. Sequence parallelism (activations outside the linears split
-// along the sequence) changes exactly these:
-//                         forward            backward        with sequence parallelism
-//   column input          identity           all-reduce      all-gather / reduce-scatter
-//   row output            all-reduce         identity        reduce-scatter / all-gather
-//   embedding output      all-reduce         identity        reduce-scatter / all-gather
+// below. Without sequence parallelism the activations outside the linears are
+// replicated; with it (TensorParallel's sequence_parallel, Megatron-LM's
+// sequence_parallel; Korthikanti et al. 2022) they are split along the token rows: rank r
+// holds rows [r*N/tp, (r+1)*N/tp) of the micro-batch's N = B*T rows (for B = 1 exactly a
+// split of the sequence), and the exchanges change to:
+//                         forward            backward
+//   column input          identity           all-reduce       (gather_rows, reduce_column_input_grad)
+//     with sequence par.  all-gather         reduce-scatter
+//   row output            all-reduce         identity         (RowParallelLinear)
+//     with sequence par.  reduce-scatter     all-gather
+//   embedding output      all-reduce         identity         (VocabParallelEmbedding)
+//     with sequence par.  reduce-scatter     all-gather
 //   cross-entropy         all-reduce max, then sum (fp32 statistics), no backward exchange
-// The backward all-reduce of a column input is deferred to the caller's
-// reduce_column_input_grad so that several column-parallel layers reading one input
-// (q, k and v; gate and up) share one collective, as Megatron's fused QKV does.
+//   norm-weight grads     -                  with sequence par.: all-reduce (reduce_sequence_grads)
+// An all-gather plus a reduce-scatter moves the bytes of one all-reduce. The gathered
+// column input is not kept for backward (Megatron does the same): backward gathers it
+// again for the weight gradient, one more all-gather per column-parallel block, so that
+// every saved activation outside the linears is a shard.
+// The backward all-reduce (or reduce-scatter) of a column input is deferred to the
+// caller's reduce_column_input_grad so that several column-parallel layers reading one
+// input (q, k and v; gate and up) share one collective, as Megatron's fused QKV does.
+// The cross-entropy runs on all N rows of vocabulary-split logits, as Megatron's does
+// under sequence parallelism: sharding it along the sequence would need an all-to-all of
+// the logits.
 //
 // Precision. Activations are exchanged in their own dtype (bf16 all-reduces under
 // training.precision bf16, fp32 statistics for the cross-entropy); every layer computes
@@ -53,7 +67,10 @@ class Communicator;
 // collective CHECK-fails.
 class TensorParallel {
  public:
-  TensorParallel(Ops& ops, Communicator* comm, int rank, int size);
+  // sequence_parallel: split the activations outside the linears along the token rows
+  // (ignored when size == 1).
+  TensorParallel(Ops& ops, Communicator* comm, int rank, int size,
+                 bool sequence_parallel = false);
 
   Ops& ops() const { return *ops_; }
   int rank() const { return rank_; }
@@ -63,14 +80,34 @@ class TensorParallel {
   // begins. CHECK-fails (naming `what`) unless size() divides `global`.
   int local(int global, const char* what) const;
   int begin(int global, const char* what) const { return local(global, what) * rank_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  // Token rows of this rank's activations outside the linears for a micro-batch of N
+  // rows: N / size() with sequence parallelism (CHECK-fails unless size() divides N),
+  // else N.
+  int local_rows(int N) const;
 
-  // Backward of the column input mapping: sums this rank's partial input gradient over
-  // the group (n elements of dinp's dtype, in place). Call once after every
-  // column-parallel layer reading the same input has run its backward.
-  void reduce_column_input_grad(DevPtr dinp, size_t n, const char* label) const;
+  // Forward of the column input (and backward of the row and embedding outputs): the
+  // full [N, width] rows from this rank's [local_rows(N), width] ones. With sequence
+  // parallelism an all-gather into `full` (returned); else `local` itself, `full` unused.
+  DevPtr gather_rows(DevPtr local, DevPtr full, int N, int width, const char* label) const;
+  // Backward of the column input mapping: sums this rank's partial input gradient dfull
+  // [N, width] over the group and returns where the sum of this rank's rows is: dfull
+  // itself (all-reduce in place), or, with sequence parallelism, `dlocal`
+  // [local_rows(N), width] (reduce-scatter). Call once after every column-parallel layer
+  // reading the same input has run its backward.
+  DevPtr reduce_column_input_grad(DevPtr dfull, DevPtr dlocal, int N, int width,
+                                  const char* label) const;
   // Forward of the row output and embedding output mappings: sums the ranks' partial
-  // outputs in place.
+  // outputs `partial` [N, width] into this rank's rows `out`: in place (all-reduce;
+  // out == partial), or, with sequence parallelism, a reduce-scatter into `out`
+  // [local_rows(N), width].
+  void reduce_rows(DevPtr out, DevPtr partial, int N, int width, const char* label) const;
+  // In-place sum of n elements over the group (the cross-entropy statistics).
   void reduce_partial_output(DevPtr out, size_t n, const char* label) const;
+  // With sequence parallelism: sums over the group the gradients of replicated
+  // parameters that each rank computed from its own rows only (the norm weights), n f32
+  // elements in place. Without it every rank computed them from every row: nothing.
+  void reduce_sequence_grads(DevPtr grads, size_t n, const char* label) const;
   // In-place max over the group (the cross-entropy's row maxima).
   void reduce_max(DevPtr data, size_t n, const char* label) const;
 
@@ -81,6 +118,7 @@ class TensorParallel {
   Communicator* comm_;
   int rank_;
   int size_;
+  bool sequence_parallel_;
 };
 
 // A linear layer in_features -> out_features whose output features are split over the
@@ -124,13 +162,18 @@ class RowParallelLinear {
   int out_features() const { return out_; }
 
   // out[N, out] = sum over ranks of inp[N, in_local] @ weight[out, in_local]^T, + bias
-  // (added once, by rank 0, before the sum), replicated on every rank.
-  void forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N) const;
-  // dout is replicated (row output, backward: identity): dinp[N, in_local], dweight +=
-  // local gradients; dbias += sum over rows of dout on every rank (the bias is replicated,
-  // so each rank holds its full gradient).
+  // (added once, by rank 0, before the sum), replicated on every rank. With sequence
+  // parallelism `out` gets this rank's local_rows(N) rows of the sum and `partial` is an
+  // [N, out] workspace for the partial product (unused without).
+  void forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N,
+               DevPtr partial = DevPtr()) const;
+  // dout is this rank's rows of the output gradient: all of them (row output, backward:
+  // identity), or with sequence parallelism local_rows(N) of them, gathered into the
+  // [N, out] workspace `dout_full`. dinp[N, in_local], dweight += local gradients; dbias
+  // += sum over all N rows of dout on every rank (the bias is replicated, so each rank
+  // holds its full gradient).
   void backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                DevPtr weight, int N) const;
+                DevPtr weight, int N, DevPtr dout_full = DevPtr()) const;
 
  private:
   const TensorParallel* tp_ = nullptr;
@@ -151,11 +194,16 @@ class VocabParallelEmbedding {
 
   // out[B*T, C] = wte[tokens] (+ wpe[t]) summed over the ranks: a token outside a rank's
   // range contributes zero there; the positions (wpe may be null) are added once, by
-  // rank 0, before the sum.
-  void forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T) const;
-  // dout replicated: dwte += the scatter of this rank's vocabulary range; dwpe (when not
-  // null) += the sum over the batch, on every rank.
-  void backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B, int T) const;
+  // rank 0, before the sum. With sequence parallelism `out` gets this rank's
+  // local_rows(B*T) rows and `partial` is a [B*T, C] workspace (unused without).
+  void forward(DevPtr out, DevPtr tokens, DevPtr wte, DevPtr wpe, int B, int T,
+               DevPtr partial = DevPtr()) const;
+  // dout: this rank's rows of the output gradient (all, or with sequence parallelism
+  // local_rows(B*T), gathered into the [B*T, C] workspace `dout_full`). dwte += the
+  // scatter of this rank's vocabulary range; dwpe (when not null) += the sum over the
+  // batch, on every rank.
+  void backward(DevPtr dwte, DevPtr dwpe, DevPtr dout, DevPtr tokens, int B, int T,
+                DevPtr dout_full = DevPtr()) const;
 
  private:
   const TensorParallel* tp_ = nullptr;

@@ -157,6 +157,11 @@ void activation_plan(const Config& config, const ModelPartition& part,
   const TransformerConfig& c = config.model;
   const double tp = part.tp_size, B = config.parallel.micro_batch_size, T = c.seq_len;
   const double N = B * T, C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
+  // Sequence parallelism: the residual stream, the norms, res2 and the boundary on this
+  // rank's N/tp token rows; it adds the [N, C] gather workspace, this rank's rows of the
+  // reduced input gradient and the norm-weight gradients (f32, 4C) to the scratch.
+  const bool sp = config.parallel.sequence_parallel && part.tp_size > 1;
+  const double n = sp ? N / tp : N;
   const double heads = c.n_heads / part.tp_size, kv_heads = c.n_kv_heads / part.tp_size;
   const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
   const double att_bytes = static_cast<double>(attention_state_bytes(
@@ -171,16 +176,16 @@ void activation_plan(const Config& config, const ModelPartition& part,
   const std::vector<double> global_bytes = {N * kF,
                                             last ? N * kF : 0,
                                             last ? N * C * kA : 0,
-                                            last ? N * kF : 0,
-                                            last ? N * kF : 0,
+                                            last ? n * kF : 0,
+                                            last ? n * kF : 0,
                                             last ? N * Vl * kA : 0,
                                             last ? N * kF : 0,
                                             last ? N * kF : 0,
                                             last ? 2 * N * kF : 0};
   constexpr size_t kAttState = 6;  // the attention state's place in `layer`
-  std::vector<double> layer = {N * C * kA, N * kF,     N * kF,     N * q * kA,
+  std::vector<double> layer = {n * C * kA, n * kF,     n * kF,     N * q * kA,
                                N * kv * kA, N * kv * kA, att_bytes,  N * q * kA,
-                               N * C * kA, N * C * kA,  N * kF,     N * kF,
+                               n * C * kA, n * C * kA,  n * kF,     n * kF,
                                N * F * kA, llama ? N * F * kA : 0,  N * F * kA};
   // Recomputation (model/transformer.h) moves the attention state (selective) or every
   // layer tensor but the input (full) out of the per-slot, per-layer arena into one set
@@ -193,11 +198,13 @@ void activation_plan(const Config& config, const ModelPartition& part,
     }
   }
   *slot_bytes = arena_slices_bytes(global_bytes, true) +
-                (local_layers + 1) * arena_slices_bytes({N * C * kA}, true) +
+                (local_layers + 1) * arena_slices_bytes({n * C * kA}, true) +
                 local_layers * arena_slices_bytes(layer, true);
-  std::vector<double> scratch = {N * C, N * C, N * q, N * kv, N * kv, N * q, N * F,
-                                 llama ? N * F : 0, N * F};
+  std::vector<double> scratch = {n * C,  N * C,  N * q,  N * kv, N * kv, N * q,
+                                 N * F,  llama ? N * F : 0,      N * F,  sp ? N * C : 0,
+                                 sp ? n * C : 0};
   for (double& x : scratch) x *= kA;
+  scratch.push_back(sp ? 4 * C * kF : 0);
   *scratch_bytes = arena_slices_bytes(scratch, false) +
                    (local_layers > 0 ? arena_slices_bytes(shared, false) : 0);
 }

@@ -16,7 +16,11 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
   RankTraffic t;
 
-  if (par.tp > 1) {
+  // Token rows of the activations outside the linears on this rank: all, or this rank's
+  // N/tp under sequence parallelism (the pipeline boundary too).
+  const bool sp = par.sequence_parallel && par.tp > 1;
+  const double rows = sp ? N / par.tp : N;
+  if (par.tp > 1 && !sp) {
     double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
     // Full recomputation reruns each layer's forward, all-reduces included, in backward.
     if (config.training.recompute == Recompute::kFull) per_micro += 2 * layers * N * C;
@@ -28,10 +32,36 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     }
     t.tp.all_reduce = (per_micro * kA + xent_stats * kF) * micro;
   }
+  if (sp) {
+    // Per layer, forward: the two column inputs gathered, the two row outputs
+    // reduce-scattered; backward: the two row output gradients gathered, the two column
+    // inputs gathered again (for the weight gradients), the two column input gradients
+    // reduce-scattered, and the norm-weight gradients (fp32, C per norm weight or bias)
+    // all-reduced. Full recomputation adds the forward's gathers and reduce-scatters.
+    const double forward_passes = config.training.recompute == Recompute::kFull ? 2 : 1;
+    const double norm_tensors = config.model.is_gpt2() ? 4 : 2;
+    double gather = layers * N * C * (2 * forward_passes + 4);
+    double scatter = layers * N * C * (2 * forward_passes + 2);
+    double norm_grads = layers * norm_tensors * C;
+    double xent_stats = 0;
+    if (part.first_stage()) {  // the embedding: reduce-scattered, its gradient gathered
+      scatter += N * C;
+      gather += N * C;
+    }
+    if (part.last_stage()) {  // the head input gathered, its gradient reduce-scattered
+      gather += N * C;
+      scatter += N * C;
+      norm_grads += (config.model.is_gpt2() ? 2 : 1) * C;
+      xent_stats = 3 * N;
+    }
+    t.tp.all_gather = gather * kA * micro;
+    t.tp.reduce_scatter = scatter * kA * micro;
+    t.tp.all_reduce = (norm_grads + xent_stats) * kF * micro;
+  }
   if (par.pp > 1) {
     double per_micro = 0;
-    if (!part.last_stage()) per_micro += N * C;
-    if (!part.first_stage()) per_micro += N * C;
+    if (!part.last_stage()) per_micro += rows * C;
+    if (!part.first_stage()) per_micro += rows * C;
     t.pp.send = per_micro * micro * kA;
   }
 

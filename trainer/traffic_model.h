@@ -8,8 +8,18 @@
 //   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
 //   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C); with
 //   training.recompute full, backward reruns the forward's 2 per layer.
-// - pp: one activation (N*C) sent forward per micro-batch by every stage but the last,
-//   one gradient (N*C) sent back by every stage but the first.
+// - tp with parallel.sequence_parallel: per layer, forward 2 all-gathers and 2
+//   reduce-scatters of N*C (one all-reduce's bytes each pair), backward 4 all-gathers
+//   (the row output gradients, and the column inputs gathered again for the weight
+//   gradients) and 2 reduce-scatters of N*C, and the norm-weight gradients all-reduced
+//   (fp32; 4C gpt2, 2C llama); the embedding reduce-scatters N*C forward and gathers it
+//   backward (first stage); the head gathers its input and reduce-scatters its input
+//   gradient (N*C each), all-reduces lnf's gradients (2C gpt2, C llama) and the
+//   cross-entropy statistics (last stage); full recomputation adds the forward's
+//   gathers and reduce-scatters per layer.
+// - pp: one activation (N*C; N/tp*C with sequence parallelism) sent forward per
+//   micro-batch by every stage but the last, one gradient of the same size sent back by
+//   every stage but the first.
 // - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 also all-gathers the
 //   parameters; ZeRO 2 reduce-scatters each group's gradients after its backward, per
 //   micro-batch, and all-gathers the parameters; ZeRO 3 all-gathers each group before

@@ -56,6 +56,7 @@ ModelPartition partition_for(const Config& config, const RankCoords& coords) {
   part.tp_size = par.tp;
   part.pp_rank = coords.pp_rank;
   part.pp_size = par.pp;
+  part.sequence_parallel = par.sequence_parallel;
   const std::vector<int> counts =
       stage_layer_counts(config.model.n_layers, par.pp, par.stage_layers);
   part.layer_begin = 0;

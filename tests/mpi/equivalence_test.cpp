@@ -1,12 +1,15 @@
 // The central test of the parallel code (DESIGN.md "Numerics and determinism"): every
 // dp x tp x pp layout, every ZeRO stage and both pipeline schedules follow the
 // single-process training trajectory — per-step losses and final parameters within
-// 1e-5 relative — for gpt2 (tied embeddings) and llama (GQA, untied head).
+// 1e-5 relative — for gpt2 (tied embeddings) and llama (GQA, untied head). Sequence
+// parallelism at tp 2 and 4, alone and in dp 2 x tp 2 x pp 2 with every ZeRO stage, the
+// same (llama at tp 4 with 4 kv heads, since tp must divide them).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "tests/mpi/mpi_test_util.h"
 #include "trainer/trainer.h"
@@ -35,6 +38,8 @@ struct Case {
   int zero_stage = 0;
   PipeSchedule schedule = PipeSchedule::kOneFOneB;
   bool bf16 = false;  // training.precision
+  bool sequence_parallel = false;
+  int kv_heads = 0;  // llama's n_kv_heads; 0: the default 2 (GQA)
 };
 
 std::string data_file() {
@@ -46,11 +51,13 @@ Config make_config(Arch arch, const Case& c) {
   std::string yaml =
       std::string("model: {arch: ") + (arch == Arch::kGpt2 ? "gpt2" : "llama") +
       ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: " +
-      (arch == Arch::kGpt2 ? "4" : "2") + ", d_model: 32}\n"
+      (arch == Arch::kGpt2 ? "4" : c.kv_heads > 0 ? std::to_string(c.kv_heads) : "2") +
+      ", d_model: 32}\n"
       "parallel: {dp: " + std::to_string(c.layout.dp) + ", tp: " + std::to_string(c.layout.tp) +
       ", pp: " + std::to_string(c.layout.pp) + ", zero_stage: " + std::to_string(c.zero_stage) +
       ", micro_batch_size: 1, pipeline_schedule: " +
-      (c.schedule == PipeSchedule::kGPipe ? "gpipe" : "1f1b") + "}\n"
+      (c.schedule == PipeSchedule::kGPipe ? "gpipe" : "1f1b") +
+      ", sequence_parallel: " + (c.sequence_parallel ? "true" : "false") + "}\n"
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: 8, max_steps: 10, lr: 0.001, warmup_steps: 2,"
       " weight_decay: 0.1, grad_clip: 1.0, precision: " + (c.bf16 ? "bf16" : "fp32") + "}\n"
@@ -87,13 +94,16 @@ Trajectory train(Arch arch, const Case& c, Communicator* world) {
   return t;
 }
 
-const Trajectory& reference(Arch arch, bool bf16) {
-  static std::map<std::pair<Arch, bool>, Trajectory> cache;
-  auto it = cache.find({arch, bf16});
+// The single-process run of the same model (family, precision, kv heads).
+const Trajectory& reference(Arch arch, const Case& c) {
+  static std::map<std::tuple<Arch, bool, int>, Trajectory> cache;
+  const auto key = std::make_tuple(arch, c.bf16, c.kv_heads);
+  auto it = cache.find(key);
   if (it == cache.end()) {
     Case single;
-    single.bf16 = bf16;
-    it = cache.emplace(std::make_pair(arch, bf16), train(arch, single, nullptr)).first;
+    single.bf16 = c.bf16;
+    single.kv_heads = c.kv_heads;
+    it = cache.emplace(key, train(arch, single, nullptr)).first;
   }
   return it->second;
 }
@@ -103,9 +113,10 @@ void check_case(Arch arch, const Case& c) {
   const std::string name = std::string(arch_name(arch)) + " dp" + std::to_string(c.layout.dp) +
                            " tp" + std::to_string(c.layout.tp) + " pp" +
                            std::to_string(c.layout.pp) + " zero" + std::to_string(c.zero_stage) +
-                           (c.layout.pp > 1 ? (c.schedule == PipeSchedule::kGPipe ? " gpipe" : " 1f1b") : "");
+                           (c.layout.pp > 1 ? (c.schedule == PipeSchedule::kGPipe ? " gpipe" : " 1f1b") : "") +
+                           (c.sequence_parallel ? " sp" : "");
   SCOPED_TRACE(name + (c.bf16 ? " bf16" : ""));
-  const Trajectory& ref = reference(arch, c.bf16);
+  const Trajectory& ref = reference(arch, c);
   const Trajectory got = train(arch, c, &world);
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   // bf16 tolerances: see kBf16LossTolerance.
@@ -202,6 +213,49 @@ std::vector<Case> bf16_cases_for_world(int n) {
     cases.push_back(c);
   }
   return cases;
+}
+
+// Sequence parallelism: tp 2 (np 2), tp 4 (np 4), dp 2 x tp 2 x pp 2 with every ZeRO
+// stage (np 8); 1F1B.
+std::vector<Case> sequence_parallel_cases(Arch arch, int n, bool bf16) {
+  std::vector<Case> cases;
+  auto add = [&](Layout l, int zero) {
+    Case c{l, zero};
+    c.bf16 = bf16;
+    c.sequence_parallel = true;
+    if (arch == Arch::kLlama && l.tp == 4) c.kv_heads = 4;
+    cases.push_back(c);
+  };
+  if (n == 2) add({1, 2, 1}, 0);
+  if (n == 4) add({1, 4, 1}, 0);
+  if (n == 8) {
+    for (int z = 0; z <= 3; ++z) add({2, 2, 2}, z);
+  }
+  return cases;
+}
+
+TEST(Equivalence, Gpt2SequenceParallelMatchesSingleProcess) {
+  for (const Case& c : sequence_parallel_cases(Arch::kGpt2, test::world().size(), false)) {
+    check_case(Arch::kGpt2, c);
+  }
+}
+
+TEST(Equivalence, LlamaSequenceParallelMatchesSingleProcess) {
+  for (const Case& c : sequence_parallel_cases(Arch::kLlama, test::world().size(), false)) {
+    check_case(Arch::kLlama, c);
+  }
+}
+
+TEST(Equivalence, Gpt2Bf16SequenceParallelMatchesSingleProcessBf16) {
+  for (const Case& c : sequence_parallel_cases(Arch::kGpt2, test::world().size(), true)) {
+    check_case(Arch::kGpt2, c);
+  }
+}
+
+TEST(Equivalence, LlamaBf16SequenceParallelMatchesSingleProcessBf16) {
+  for (const Case& c : sequence_parallel_cases(Arch::kLlama, test::world().size(), true)) {
+    check_case(Arch::kLlama, c);
+  }
 }
 
 TEST(Equivalence, Gpt2EveryLayoutMatchesSingleProcess) {

@@ -24,9 +24,11 @@ struct Outcome {
   double activation_bytes = 0;
 };
 
-Outcome train(const std::string& arch, const Layout& l, int zero, bool bf16, Recompute r) {
+Outcome train(const std::string& arch, const Layout& l, int zero, bool sp, bool bf16,
+              Recompute r) {
   auto trainer = test::make_world_trainer(
-      test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " +
+      test::small_model_yaml(arch) +
+          test::parallel_yaml(l, zero, sp ? ", sequence_parallel: true" : "") + "data: {train: " +
           data_file() + "}\n" +
           "training: {global_batch_size: 8, max_steps: 4, lr: 0.001, precision: " +
           (bf16 ? "bf16" : "fp32") + ", recompute: " + recompute_name(r) + "}\n",
@@ -47,26 +49,33 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Layouts per world size: tensor and pipeline parallelism (full recomputation reruns the
 // tp all-reduces; the pipeline keeps several micro-batches alive, whose shared recompute
-// buffers must not mix) and ZeRO-3 (parameters gathered again for the recomputation).
-std::vector<std::pair<Layout, int>> layouts(int n) {
+// buffers must not mix), ZeRO-3 (parameters gathered again for the recomputation) and
+// sequence parallelism (the recomputed forward gathers and reduce-scatters again).
+struct Case {
+  Layout layout;
+  int zero = 0;
+  bool sequence_parallel = false;
+};
+std::vector<Case> layouts(int n) {
   if (n == 1) return {{{1, 1, 1}, 0}};
-  if (n == 2) return {{{1, 2, 1}, 0}, {{1, 1, 2}, 0}, {{2, 1, 1}, 3}};
-  if (n == 4) return {{{1, 2, 2}, 0}, {{2, 1, 2}, 3}};
-  if (n == 8) return {{{2, 2, 2}, 3}};
+  if (n == 2) return {{{1, 2, 1}, 0}, {{1, 1, 2}, 0}, {{2, 1, 1}, 3}, {{1, 2, 1}, 0, true}};
+  if (n == 4) return {{{1, 2, 2}, 0}, {{2, 1, 2}, 3}, {{1, 2, 2}, 0, true}};
+  if (n == 8) return {{{2, 2, 2}, 3}, {{2, 2, 2}, 3, true}};
   return {};
 }
 
 TEST(Recompute, SelectiveAndFullTrainBitwiseLikeNoneAtEveryLayout) {
-  for (const auto& [l, zero] : layouts(test::world().size())) {
+  for (const auto& [l, zero, sp] : layouts(test::world().size())) {
     for (const std::string arch : {"gpt2", "llama"}) {
       for (bool bf16 : {false, true}) {
-        SCOPED_TRACE(test::case_name(arch, l, zero) + (bf16 ? " bf16" : " fp32"));
-        const Outcome none = train(arch, l, zero, bf16, Recompute::kNone);
+        SCOPED_TRACE(test::case_name(arch, l, zero) + (sp ? " sp" : "") +
+                     (bf16 ? " bf16" : " fp32"));
+        const Outcome none = train(arch, l, zero, sp, bf16, Recompute::kNone);
         ASSERT_EQ(none.losses.size(), 4u);
         double previous_bytes = none.activation_bytes;
         for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
           SCOPED_TRACE(recompute_name(r));
-          const Outcome got = train(arch, l, zero, bf16, r);
+          const Outcome got = train(arch, l, zero, sp, bf16, r);
           ASSERT_EQ(got.losses.size(), none.losses.size());
           for (size_t s = 0; s < none.losses.size(); ++s) {
             EXPECT_EQ(std::memcmp(&got.losses[s], &none.losses[s], sizeof(double)), 0)

@@ -121,7 +121,7 @@ TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
                dev(*ops, w2), N);
   column.backward(dev(*ops, dx_l), dev(*ops, dw1), dev(*ops, db1_l), dev(*ops, dh_l),
                   dev(*ops, x_f), dev(*ops, w1), N);
-  group.reduce_column_input_grad(dev(*ops, dx_l), N * C, "test dinput");
+  group.reduce_column_input_grad(dev(*ops, dx_l), DevPtr(), N, C, "test dinput");
   EXPECT_LT(max_err(dh_l, col_slice(dh, N, F, r * Fl, Fl)), kTol);
   EXPECT_LT(max_err(dw2, col_slice(dW2, C, F, r * Fl, Fl)), kTol);
   EXPECT_LT(max_err(db2_l, to_float(db2)), kTol) << "replicated bias: full gradient";

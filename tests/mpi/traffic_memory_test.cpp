@@ -20,12 +20,16 @@ std::string traffic_data_file() {
 // Every tensor's rows divide by dp <= 4 and every tensor is a multiple of 16 floats, so
 // no shard padding or alignment gap enters the volumes (see traffic_model.h).
 std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch,
-                                      const char* precision = "fp32") {
+                                      const char* precision = "fp32",
+                                      const std::string& training_extra = "",
+                                      const std::string& parallel_extra = "") {
   return test::make_world_trainer(
       std::string("model: {arch: ") + arch +
           ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n" +
-          test::parallel_yaml(l, zero) + "data: {train: " + traffic_data_file() + "}\n"
-          "training: {global_batch_size: 8, max_steps: 2, precision: " + precision + "}\n",
+          test::parallel_yaml(l, zero, parallel_extra) + "data: {train: " + traffic_data_file() +
+          "}\n"
+          "training: {global_batch_size: 8, max_steps: 2, precision: " + precision +
+          training_extra + "}\n",
       traffic_data_file());
 }
 
@@ -65,6 +69,51 @@ TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
         }
         if (l.dp > 1) {
           EXPECT_GT(s.traffic.dp.total(), 0);
+        }
+      }
+    }
+  }
+}
+
+// Sequence parallelism: the tp all-gathers, reduce-scatters and (norm-weight and
+// cross-entropy) all-reduces each equal the analytic volumes, with and without full
+// recomputation, in fp32 and bf16; the pipeline boundary shrinks by tp; and the forward's
+// gather + reduce-scatter pair moves what one all-reduce moved without it.
+TEST(Instrumentation, SequenceParallelTrafficEqualsAnalyticVolumes) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs tp 2";
+  const Layout l = n == 2 ? Layout{1, 2, 1} : n == 4 ? Layout{1, 2, 2} : Layout{2, 2, 2};
+  for (const char* arch : {"gpt2", "llama"}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      for (const char* recompute : {"none", "full"}) {
+        SCOPED_TRACE(test::case_name(arch, l, 1) + " " + precision + " recompute " + recompute);
+        const std::string extra = std::string(", recompute: ") + recompute;
+        auto sp = make_trainer(l, 1, arch, precision, extra, ", sequence_parallel: true");
+        auto plain = make_trainer(l, 1, arch, precision, extra);
+        ASSERT_NE(sp, nullptr);
+        ASSERT_NE(plain, nullptr);
+        ASSERT_TRUE(sp->train_step().is_ok());
+        ASSERT_TRUE(plain->train_step().is_ok());
+        const RankStats& s = sp->last_step_stats();
+        const RankStats& p = plain->last_step_stats();
+        expect_group(s.traffic.tp, s.analytic.tp, "tp");
+        expect_group(s.traffic.dp, s.analytic.dp, "dp");
+        expect_group(s.traffic.pp, s.analytic.pp, "pp");
+        expect_group(s.traffic.embedding, s.analytic.embedding, "embedding");
+        EXPECT_GT(s.traffic.tp.all_gather, 0);
+        EXPECT_GT(s.traffic.tp.reduce_scatter, 0);
+        EXPECT_EQ(s.traffic.pp.send, p.traffic.pp.send / l.tp);
+        EXPECT_EQ(s.traffic.dp.total(), p.traffic.dp.total());
+        if (l.pp == 1 && std::string(recompute) == "none") {
+          // Every all-reduce of N*C rows (2 forward and 2 backward per layer, the
+          // embedding's, the head's) becomes one reduce-scatter of N*C plus one all-gather;
+          // backward gathers each column input once more. The plain run's all-reduces
+          // also carry the cross-entropy statistics (3N fp32), under 2% here.
+          const double ar = p.traffic.tp.all_reduce, rs = s.traffic.tp.reduce_scatter;
+          EXPECT_NEAR(rs, ar, ar * 0.02) << "one reduce-scatter per former all-reduce";
+          const double layers = 4;  // make_trainer's model
+          EXPECT_NEAR(s.traffic.tp.all_gather, rs * (6 * layers + 2) / (4 * layers + 2),
+                      rs * 1e-9);
         }
       }
     }

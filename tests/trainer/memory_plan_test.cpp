@@ -241,8 +241,10 @@ TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
   EXPECT_EQ(checked, 2 * 2 * (1 + 2) * (1 + 2) * 4 * 2);
 }
 
-// The model's own activation arenas: Transformer::activation_bytes() for each stage of
-// tp / pp partitions (a null tp communicator is allowed: only the sizes matter here).
+// The model's own activation arenas: Transformer::activation_bytes() and scratch_bytes()
+// for each stage of tp / pp partitions, with and without sequence parallelism, every
+// recompute mode, fp32 and bf16 (a null tp communicator is allowed: only the sizes matter
+// here).
 TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
   auto ops = make_cpu_ops(1);
   for (const std::string arch : {"gpt2", "llama"}) {
@@ -253,18 +255,30 @@ TEST(MemoryPlan, ActivationsEqualTheModelsArenas) {
           c.model.tie_embeddings = arch == "gpt2" ? 1 : 0;
           c.parallel.pipeline_schedule = s;
           for (int pr = 0; pr < pp; ++pr) {
-            SCOPED_TRACE(arch + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
-                         " stage " + std::to_string(pr) + " " + pipe_schedule_name(s));
-            const ModelPartition part = partition(c, tp - 1, pr);
-            const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
-            for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-              SCOPED_TRACE(std::string("recompute ") + recompute_name(r));
-              c.training.recompute = r;
-              Transformer model(c.model, *ops, part, nullptr, nullptr,
-                                c.parallel.micro_batch_size, slots, DType::kF32, r);
-              const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
-              EXPECT_EQ(m.activations, static_cast<double>(model.activation_bytes()));
-              EXPECT_EQ(m.scratch, static_cast<double>(model.scratch_bytes()));
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              SCOPED_TRACE(arch + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
+                           " stage " + std::to_string(pr) + " " + pipe_schedule_name(s) +
+                           (sp ? " sequence parallel" : ""));
+              c.parallel.sequence_parallel = sp;
+              ModelPartition part = partition(c, tp - 1, pr);
+              part.sequence_parallel = sp;
+              const int slots = pipeline_slots(s, pp, pr, c.grad_accum_steps());
+              for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                SCOPED_TRACE(std::string("recompute ") + recompute_name(r));
+                c.training.recompute = r;
+                for (DType dtype : {DType::kF32, DType::kBF16}) {
+                  c.training.precision =
+                      dtype == DType::kBF16 ? Precision::kBf16 : Precision::kFp32;
+                  Transformer model(c.model, *ops, part, nullptr, nullptr,
+                                    c.parallel.micro_batch_size, slots, dtype, r);
+                  const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
+                  EXPECT_EQ(m.activations, static_cast<double>(model.activation_bytes()))
+                      << dtype_name(dtype);
+                  EXPECT_EQ(m.scratch, static_cast<double>(model.scratch_bytes()))
+                      << dtype_name(dtype);
+                }
+              }
             }
           }
         }
