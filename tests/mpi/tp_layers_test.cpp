@@ -5,6 +5,7 @@
 // so padded columns must stay out of the softmax and get zero gradient.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -58,13 +59,18 @@ double max_err(const std::vector<float>& got, const std::vector<float>& want) {
 constexpr double kTol = 1e-5;
 
 // An MLP block: y = row(column(x)), the Megatron pairing, against
-// h = x W1^T + b1, y = h W2^T + b2 and its backward from a given dy.
-TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
+// h = x W1^T + b1, y = h W2^T + b2 and its backward from a given dy. With sequence
+// parallelism x, y, dy and dx are this rank's N/tp rows: the input is gathered, the
+// output reduce-scattered, the output gradient gathered and the input gradient
+// reduce-scattered.
+void check_column_then_row(int N, bool sequence_parallel) {
   Communicator& comm = test::device_world();
   const int tp = comm.size(), r = comm.rank();
-  const int N = 5, C = 6, F = 8 * 2;  // F splits over 1, 2, 4 and 8 ranks
+  const int C = 6, F = 8 * 2;  // F splits over 1, 2, 4 and 8 ranks
   auto ops = make_cpu_ops(1);
-  TensorParallel group(*ops, &comm, r, tp);
+  TensorParallel group(*ops, &comm, r, tp, sequence_parallel);
+  const bool sp = group.sequence_parallel();
+  const int n = group.local_rows(N), r0 = sp ? r * n : 0;  // this rank's rows of x, y
   ColumnParallelLinear column(group, C, F, "test.fc");
   RowParallelLinear row(group, F, C, "test.proj");
   const int Fl = F / tp;
@@ -110,24 +116,44 @@ TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
   // This rank's slices (host vectors; dev() uploads them for a call and writes outputs back).
   const VecF x_f = to_float(x), w1 = row_slice(W1, C, r * Fl, Fl), bias1 = row_slice(b1, 1, r * Fl, Fl),
              w2 = col_slice(W2, C, F, r * Fl, Fl), bias2 = to_float(b2), dy_f = to_float(dy);
-  VecF h_l(N * Fl), y_l(N * C);
-  column.forward(dev(*ops, h_l), dev(*ops, x_f), dev(*ops, w1), dev(*ops, bias1), N);
-  row.forward(dev(*ops, y_l), dev(*ops, h_l), dev(*ops, w2), dev(*ops, bias2), N);
+  const VecF x_rows = row_slice(x, C, r0, n), dy_rows = row_slice(dy, C, r0, n);
+  VecF h_l(N * Fl), y_l(n * C), x_full = x_f, work(N * C);
+  if (sp) {  // the column input: all-gathered from every rank's rows
+    std::fill(x_full.begin(), x_full.end(), 0.0f);
+    group.gather_rows(dev(*ops, x_rows), dev(*ops, x_full), N, C, "test input");
+    EXPECT_EQ(max_err(x_full, x_f), 0.0) << "the gather is exact";
+  }
+  column.forward(dev(*ops, h_l), dev(*ops, x_full), dev(*ops, w1), dev(*ops, bias1), N);
+  row.forward(dev(*ops, y_l), dev(*ops, h_l), dev(*ops, w2), dev(*ops, bias2), N,
+              sp ? dev(*ops, work) : DevPtr());
   EXPECT_LT(max_err(h_l, col_slice(h, N, F, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(y_l, to_float(y)), kTol) << "row-parallel output, rank " << r;
+  EXPECT_LT(max_err(y_l, row_slice(y, C, r0, n)), kTol) << "row-parallel output, rank " << r;
 
-  VecF dh_l(N * Fl), dx_l(N * C), dw1(Fl * C), db1_l(Fl), dw2(C * Fl), db2_l(C);
-  row.backward(dev(*ops, dh_l), dev(*ops, dw2), dev(*ops, db2_l), dev(*ops, dy_f), dev(*ops, h_l),
-               dev(*ops, w2), N);
-  column.backward(dev(*ops, dx_l), dev(*ops, dw1), dev(*ops, db1_l), dev(*ops, dh_l),
+  VecF dh_l(N * Fl), dx_full(N * C), dx_l(n * C), dw1(Fl * C), db1_l(Fl), dw2(C * Fl), db2_l(C);
+  row.backward(dev(*ops, dh_l), dev(*ops, dw2), dev(*ops, db2_l), dev(*ops, dy_rows),
+               dev(*ops, h_l), dev(*ops, w2), N, sp ? dev(*ops, work) : DevPtr());
+  column.backward(dev(*ops, dx_full), dev(*ops, dw1), dev(*ops, db1_l), dev(*ops, dh_l),
                   dev(*ops, x_f), dev(*ops, w1), N);
-  group.reduce_column_input_grad(dev(*ops, dx_l), DevPtr(), N, C, "test dinput");
+  if (sp) {
+    group.reduce_column_input_grad(dev(*ops, dx_full), dev(*ops, dx_l), N, C, "test dinput");
+  } else {
+    group.reduce_column_input_grad(dev(*ops, dx_full), DevPtr(), N, C, "test dinput");
+    dx_l = dx_full;
+  }
   EXPECT_LT(max_err(dh_l, col_slice(dh, N, F, r * Fl, Fl)), kTol);
   EXPECT_LT(max_err(dw2, col_slice(dW2, C, F, r * Fl, Fl)), kTol);
   EXPECT_LT(max_err(db2_l, to_float(db2)), kTol) << "replicated bias: full gradient";
   EXPECT_LT(max_err(dw1, row_slice(dW1, C, r * Fl, Fl)), kTol);
   EXPECT_LT(max_err(db1_l, row_slice(db1, 1, r * Fl, Fl)), kTol);
-  EXPECT_LT(max_err(dx_l, to_float(dx)), kTol) << "column input gradient";
+  EXPECT_LT(max_err(dx_l, row_slice(dx, C, r0, n)), kTol) << "column input gradient";
+}
+
+TEST(TensorParallelLayers, ColumnThenRowLinearMatchTheWholeLayer) {
+  check_column_then_row(5, false);
+}
+
+TEST(TensorParallelLayers, SequenceParallelColumnThenRowMatchTheWholeLayer) {
+  check_column_then_row(8, true);  // 8 rows split over 1, 2, 4 and 8 ranks
 }
 
 TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheWholeTable) {
