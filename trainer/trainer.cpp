@@ -305,9 +305,11 @@ void Trainer::print_banner() const {
     if (!stages.empty()) stages += ',';  // (not "," + ...: GCC 12 warns falsely, -Wrestrict)
     stages += std::to_string(n);
   }
-  log::info("layout: world {} = dp {} x tp {} x pp {} | zero_stage {} | pipeline {} (layers per stage {})",
-            world_->size(), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.zero_stage,
-            pipe_schedule_name(c.parallel.pipeline_schedule), stages);
+  log::info("layout: world {} = dp {} x tp {}{} x pp {} | zero_stage {} | pipeline {} (layers per stage {}) | recompute {}",
+            world_->size(), c.parallel.dp, c.parallel.tp,
+            c.parallel.sequence_parallel ? " (sequence parallel)" : "", c.parallel.pp,
+            c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule), stages,
+            recompute_name(c.training.recompute));
   log::info("batch: micro_batch {} x {} micro-batches x dp {} = global batch {} sequences ({} tokens)",
             c.parallel.micro_batch_size, c.grad_accum_steps(), c.parallel.dp,
             c.training.global_batch_size,
