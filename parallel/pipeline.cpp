@@ -11,9 +11,14 @@ namespace trident {
 
 namespace {
 
-// Communicator tags stop at 32767 (MPI's guaranteed minimum); order, not the tag, keeps
-// messages of one direction apart (see the header).
-int tag_of(int micro) { return micro % 32768; }
+// Communicator tags stop at 32767 (MPI's guaranteed minimum). A tag names the
+// micro-batch, the chunk of the boundary's earlier side and the direction; past 32767
+// they repeat, and order (see the header) keeps messages apart.
+enum Direction { kActivation = 0, kGradient = 1 };
+int tag_of(int micro, int lower_chunk, int virtual_stages, Direction dir) {
+  const long long id = (static_cast<long long>(micro) * virtual_stages + lower_chunk) * 2 + dir;
+  return static_cast<int>(id % 32768);
+}
 
 std::vector<PipeAction> one_f_one_b(int pp, int stage, int m) {
   const int warmup = std::min(pp - stage - 1, m);
@@ -29,16 +34,136 @@ std::vector<PipeAction> one_f_one_b(int pp, int stage, int m) {
   return s;
 }
 
+// Megatron's interleaved order: the k-th forward of a stage is micro-batch
+// (k / (p*v)) * p + k % p on chunk (k % (p*v)) / p (groups of p micro-batches, each
+// through chunk 0, then 1, ...); the k-th backward is the same micro-batch on chunk
+// v-1-that (backward runs the chunks in reverse).
+PipeAction interleaved_action(PipeAction::Kind kind, int k, int pp, int v) {
+  const int group = k / (pp * v);
+  const int in_group = k % (pp * v);
+  const int chunk = in_group / pp;
+  const int micro = group * pp + in_group % pp;
+  return {kind, micro, kind == PipeAction::kForward ? chunk : v - 1 - chunk};
+}
+
+std::vector<PipeAction> interleaved_one_f_one_b(int pp, int stage, int m, int v) {
+  const int total = v * m;
+  // Every stage runs (v-1)*p forwards before its first backward (the first micro-batch
+  // group through all chunks but the last), plus 2 per later stage: the forward has to
+  // reach the last stage and the gradient has to come back.
+  const int warmup = std::min(2 * (pp - stage - 1) + (v - 1) * pp, total);
+  std::vector<PipeAction> s;
+  s.reserve(2 * static_cast<std::size_t>(total));
+  for (int k = 0; k < warmup; ++k) s.push_back(interleaved_action(PipeAction::kForward, k, pp, v));
+  for (int k = 0; k < total - warmup; ++k) {
+    s.push_back(interleaved_action(PipeAction::kForward, warmup + k, pp, v));
+    s.push_back(interleaved_action(PipeAction::kBackward, k, pp, v));
+  }
+  for (int k = total - warmup; k < total; ++k)
+    s.push_back(interleaved_action(PipeAction::kBackward, k, pp, v));
+  return s;
+}
+
+// The communication step of each action of `schedule` (non-decreasing): the executor
+// runs a step's actions, then one exchange with their sends and the next step's
+// receives. With v == 1 every action is its own step (the pattern above). With v > 1,
+// Megatron's interleaved steps: the k-th forward in step k, the i-th backward in step
+// w + i, w = 2*(p-1-stage) + (v-1)*p the uncapped warmup; a steady step is "F(w+i) B(i)".
+// Why this cannot deadlock: give step j of stage s the global time j + s. Every message
+// then leaves its producer and is received by its consumer in exchanges of the same
+// global time, the one just before the consumer's step:
+// - forward k on stage s-1 (step k, time k+s-1) feeds forward k on stage s (step k);
+// - backward i on stage s+1 (step w-2+i, time w+i+s-1) feeds backward i on stage s
+//   (step w+i): the warmup shrinks by 2 per stage;
+// - around the wrap-around, (micro, chunk c) on stage p-1 (forward k, time k+p-1) feeds
+//   (micro, chunk c+1) on stage 0, which is forward k+p there (groups of p micro-batches,
+//   hence m % p == 0), step k+p; backward likewise.
+// So the exchanges of one global time match only each other: no cycle of waits, on NCCL
+// either; and on a (sender, receiver) pair the messages of one time, at most an
+// activation then a gradient, are posted in the same order on both sides.
+std::vector<int> action_steps(const std::vector<PipeAction>& schedule, int pp, int stage,
+                              int v) {
+  std::vector<int> steps(schedule.size());
+  int forwards = 0, backwards = 0;
+  const int warmup = v == 1 ? 0 : 2 * (pp - stage - 1) + (v - 1) * pp;
+  for (std::size_t k = 0; k < schedule.size(); ++k) {
+    if (v == 1) {
+      steps[k] = static_cast<int>(k);
+    } else {
+      steps[k] = schedule[k].kind == PipeAction::kForward ? forwards++ : warmup + backwards++;
+    }
+    // A step is at most one forward then one backward (the sends of a step go out
+    // after both; the exchange before it receives both inputs).
+    TRIDENT_CHECK(k == 0 || steps[k] > steps[k - 1] ||
+                  (steps[k] == steps[k - 1] && schedule[k].kind == PipeAction::kBackward &&
+                   schedule[k - 1].kind == PipeAction::kForward));
+  }
+  return steps;
+}
+
 }  // namespace
 
 const char* pipe_schedule_name(PipeSchedule kind) {
   return kind == PipeSchedule::kGPipe ? "gpipe" : "1f1b";
 }
 
-std::vector<PipeAction> make_schedule(PipeSchedule kind, int pp, int stage, int num_micro) {
+std::string interleave_problem(PipeSchedule kind, int pp, int virtual_stages, int num_micro) {
+  const std::string v = std::to_string(virtual_stages);
+  if (virtual_stages < 1) return "parallel.virtual_stages must be >= 1, got " + v;
+  if (virtual_stages == 1) return "";
+  if (pp == 1) {
+    // With one stage there is no bubble to shrink, and the chunks would send to
+    // themselves.
+    return "parallel.virtual_stages " + v + " (interleaved 1F1B) needs parallel.pp > 1, got 1";
+  }
+  if (kind != PipeSchedule::kOneFOneB) {
+    return "parallel.virtual_stages " + v + " (interleaved) needs parallel.pipeline_schedule " +
+           "1f1b, got " + pipe_schedule_name(kind);
+  }
+  if (num_micro % pp != 0) {
+    return "parallel.virtual_stages " + v + " (interleaved 1F1B) needs the number of " +
+           "micro-batches per step (" + std::to_string(num_micro) +
+           " = training.global_batch_size / (parallel.micro_batch_size * parallel.dp)) to be " +
+           "a multiple of parallel.pp (" + std::to_string(pp) + ")";
+  }
+  return "";
+}
+
+std::string layer_split_problem(int n_layers, int pp, int virtual_stages) {
+  if (n_layers >= pp * virtual_stages) return "";
+  return "parallel.virtual_stages " + std::to_string(virtual_stages) + " with parallel.pp " +
+         std::to_string(pp) + " cuts the model into " + std::to_string(pp * virtual_stages) +
+         " chunks of at least one layer each, but model.n_layers is " + std::to_string(n_layers);
+}
+
+std::vector<std::vector<LayerRange>> chunk_layer_ranges(int n_layers, int pp,
+                                                        int virtual_stages) {
+  TRIDENT_CHECK_MSG(pp >= 1 && virtual_stages >= 1,
+                    "chunk_layer_ranges: pp=" + std::to_string(pp) +
+                        " parallel.virtual_stages=" + std::to_string(virtual_stages));
+  const std::string problem = layer_split_problem(n_layers, pp, virtual_stages);
+  TRIDENT_CHECK_MSG(problem.empty(), problem);
+  const int chunks = pp * virtual_stages;
+  std::vector<std::vector<LayerRange>> ranges(static_cast<std::size_t>(pp),
+                                              std::vector<LayerRange>(virtual_stages));
+  int begin = 0;
+  for (int k = 0; k < chunks; ++k) {
+    const int count = n_layers / chunks + (k < n_layers % chunks ? 1 : 0);
+    ranges[static_cast<std::size_t>(k % pp)][static_cast<std::size_t>(k / pp)] = {begin,
+                                                                                begin + count};
+    begin += count;
+  }
+  return ranges;
+}
+
+std::vector<PipeAction> make_schedule(PipeSchedule kind, int pp, int stage, int num_micro,
+                                      int virtual_stages) {
   TRIDENT_CHECK_MSG(pp >= 1 && stage >= 0 && stage < pp && num_micro >= 1,
                     "make_schedule: pp=" + std::to_string(pp) + " stage=" + std::to_string(stage) +
                         " num_micro=" + std::to_string(num_micro));
+  const std::string problem = interleave_problem(kind, pp, virtual_stages, num_micro);
+  TRIDENT_CHECK_MSG(problem.empty(), "make_schedule: " + problem);
+  if (virtual_stages > 1) return interleaved_one_f_one_b(pp, stage, num_micro, virtual_stages);
   if (kind == PipeSchedule::kOneFOneB || pp == 1) return one_f_one_b(pp, stage, num_micro);
   std::vector<PipeAction> s;
   s.reserve(2 * static_cast<std::size_t>(num_micro));
@@ -48,64 +173,125 @@ std::vector<PipeAction> make_schedule(PipeSchedule kind, int pp, int stage, int 
 }
 
 std::string schedule_to_string(const std::vector<PipeAction>& schedule) {
+  const bool chunks = std::any_of(schedule.begin(), schedule.end(),
+                                  [](const PipeAction& a) { return a.chunk != 0; });
   std::string out;
   for (const PipeAction& a : schedule) {
     if (!out.empty()) out += ' ';
     out += a.kind == PipeAction::kForward ? 'F' : 'B';
     out += std::to_string(a.micro);
+    if (chunks) out += '.' + std::to_string(a.chunk);
   }
   return out;
 }
 
-double pipeline_bubble_fraction(int pp, int num_micro) {
-  return static_cast<double>(pp - 1) / static_cast<double>(num_micro + pp - 1);
+double pipeline_bubble_fraction(int pp, int num_micro, int virtual_stages) {
+  return static_cast<double>(pp - 1) /
+         (static_cast<double>(virtual_stages) * num_micro + static_cast<double>(pp - 1));
 }
 
-int PipelineExecutor::required_slots(PipeSchedule kind, int pp, int stage, int num_micro) {
-  int live = 0;
+int pipeline_chunk_slots(PipeSchedule kind, int pp, int stage, int num_micro,
+                         int virtual_stages) {
+  if (virtual_stages > 1) {
+    return std::min({num_micro, 2 * pp, (virtual_stages + 1) * pp - 1 - 2 * stage});
+  }
+  if (kind == PipeSchedule::kGPipe && pp > 1) return num_micro;
+  return std::min(pp - stage, num_micro);
+}
+
+int PipelineExecutor::required_slots(PipeSchedule kind, int pp, int stage, int num_micro,
+                                     int virtual_stages) {
+  std::vector<int> live(static_cast<std::size_t>(std::max(virtual_stages, 1)), 0);
   int peak = 0;
-  for (const PipeAction& a : make_schedule(kind, pp, stage, num_micro)) {
-    live += a.kind == PipeAction::kForward ? 1 : -1;
-    peak = std::max(peak, live);
+  for (const PipeAction& a : make_schedule(kind, pp, stage, num_micro, virtual_stages)) {
+    int& n = live[static_cast<std::size_t>(a.chunk)];
+    n += a.kind == PipeAction::kForward ? 1 : -1;
+    peak = std::max(peak, n);
   }
   return peak;
 }
 
 PipelineExecutor::PipelineExecutor(Communicator& pp_group, PipeSchedule kind, int num_micro,
-                                   int num_slots)
+                                   int num_slots, int virtual_stages)
     : pp_group_(pp_group),
       kind_(kind),
       num_micro_(num_micro),
       num_slots_(num_slots),
+      virtual_stages_(virtual_stages),
       stage_(pp_group.rank()),
       num_stages_(pp_group.size()),
-      schedule_(make_schedule(kind, num_stages_, stage_, num_micro)) {
-  const int needed = required_slots(kind, num_stages_, stage_, num_micro);
+      schedule_(make_schedule(kind, num_stages_, stage_, num_micro, virtual_stages)) {
+  const int needed = required_slots(kind, num_stages_, stage_, num_micro, virtual_stages);
   TRIDENT_CHECK_MSG(num_slots >= needed,
                     std::string("pipeline ") + pipe_schedule_name(kind) + " stage " +
                         std::to_string(stage_) + "/" + std::to_string(num_stages_) + " with " +
-                        std::to_string(num_micro) + " micro-batches needs " +
-                        std::to_string(needed) + " activation slots, the model has " +
+                        std::to_string(num_micro) + " micro-batches" +
+                        (virtual_stages > 1
+                             ? " and " + std::to_string(virtual_stages) + " chunks"
+                             : std::string()) +
+                        " needs " + std::to_string(needed) + " activation slots" +
+                        (virtual_stages > 1 ? " per chunk" : "") + ", the model has " +
                         std::to_string(num_slots));
 }
 
 PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
-  const Timer total;
-  Stats stats;
-  const bool first = stage_ == 0;
-  const bool last = stage_ == num_stages_ - 1;
-  const std::size_t n = model.boundary_floats();
-  const auto bytes = static_cast<std::int64_t>(n * sizeof(float));
+  PipelineStageModel* const chunks[] = {&model};
+  return run(chunks);
+}
 
-  std::vector<int> slot_of(num_micro_, -1);
-  std::vector<bool> slot_busy(num_slots_, false);
+PipelineExecutor::Stats PipelineExecutor::run(std::span<PipelineStageModel* const> chunks) {
+  const Timer total;
+  const int v = virtual_stages_;
+  const int p = num_stages_;
+  TRIDENT_CHECK_MSG(static_cast<int>(chunks.size()) == v,
+                    "pipeline stage " + std::to_string(stage_) + ": run() got " +
+                        std::to_string(chunks.size()) + " model chunks, the executor has " +
+                        std::to_string(v) + " virtual stages");
+  for (PipelineStageModel* c : chunks) TRIDENT_CHECK_MSG(c != nullptr, "pipeline: null chunk");
+  const std::size_t n = chunks[0]->boundary_floats();
+  for (PipelineStageModel* c : chunks) {
+    TRIDENT_CHECK_MSG(c->boundary_floats() == n,
+                      "pipeline: chunks with different boundary sizes: " + std::to_string(n) +
+                          " and " + std::to_string(c->boundary_floats()));
+  }
+  const auto bytes = static_cast<std::int64_t>(n * sizeof(float));
+  Stats stats;
+  stats.peak_live_per_chunk.assign(static_cast<std::size_t>(v), 0);
+  stats.action_start_seconds.reserve(schedule_.size());
+  stats.action_seconds.reserve(schedule_.size());
+
+  // The virtual stages around chunk c of this stage (see the header): the activation
+  // comes from `prev` and goes to `next`; gradients the other way. The first virtual
+  // stage has no prev, the last no next.
+  struct Peer {
+    bool exists;
+    int rank;
+  };
+  auto prev_of = [&](int c) -> Peer {
+    if (stage_ > 0) return {true, stage_ - 1};
+    return {c > 0, p - 1};
+  };
+  auto next_of = [&](int c) -> Peer {
+    if (stage_ < p - 1) return {true, stage_ + 1};
+    return {c < v - 1, 0};
+  };
+  // The chunk on the earlier side of the boundary between chunk c and its prev / next.
+  auto prev_boundary_chunk = [&](int c) { return stage_ > 0 ? c : c - 1; };
+  auto next_boundary_chunk = [&](int c) { return c; };
+
+  std::vector<std::vector<int>> slot_of(static_cast<std::size_t>(v),
+                                        std::vector<int>(static_cast<std::size_t>(num_micro_), -1));
+  std::vector<std::vector<bool>> slot_busy(static_cast<std::size_t>(v),
+                                           std::vector<bool>(static_cast<std::size_t>(num_slots_)));
+  std::vector<int> live_per_chunk(static_cast<std::size_t>(v), 0);
   int live = 0;
 
-  auto label = [&](const char* what, int micro) {
-    return std::string("pipeline ") + what + " micro " + std::to_string(micro) + " stage " +
+  auto label = [&](const char* what, const PipeAction& a) {
+    return std::string("pipeline ") + what + " micro " + std::to_string(a.micro) +
+           (v > 1 ? " chunk " + std::to_string(a.chunk) : std::string()) + " stage " +
            std::to_string(stage_);
   };
-  auto op = [&](P2POp::Kind kind, DevPtr buf, int peer, int micro, const char* what) {
+  auto op = [&](P2POp::Kind kind, DevPtr buf, int peer, int tag, const char* what) {
     TRIDENT_CHECK_MSG(!buf.is_null(), std::string("pipeline: null ") + what + " buffer");
     if (kind == P2POp::kSend) {
       stats.sends += 1;
@@ -114,28 +300,35 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
       stats.recvs += 1;
       stats.bytes_received += bytes;
     }
-    return P2POp{kind, CommBuf::device(buf, n), peer, tag_of(micro)};
+    return P2POp{kind, CommBuf::device(buf, n), peer, tag};
   };
   // The receive action `a` needs before it runs, if any. A forward's slot is taken here,
   // when its input is posted.
   auto add_recv = [&](const PipeAction& a, std::vector<P2POp>& ops, std::string& what) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    PipelineStageModel& model = *chunks[c];
     if (a.kind == PipeAction::kForward) {
-      const auto free_slot = std::find(slot_busy.begin(), slot_busy.end(), false);
-      TRIDENT_CHECK(free_slot != slot_busy.end());  // required_slots was checked
-      const int slot = static_cast<int>(free_slot - slot_busy.begin());
+      const auto free_slot = std::find(slot_busy[c].begin(), slot_busy[c].end(), false);
+      TRIDENT_CHECK(free_slot != slot_busy[c].end());  // required_slots was checked
+      const int slot = static_cast<int>(free_slot - slot_busy[c].begin());
       *free_slot = true;
-      slot_of[a.micro] = slot;
+      slot_of[c][static_cast<std::size_t>(a.micro)] = slot;
       stats.peak_live_slots = std::max(stats.peak_live_slots, ++live);
-      if (first) return;
-      ops.push_back(op(P2POp::kRecv, model.input_activation(slot), stage_ - 1, a.micro,
+      stats.peak_live_per_chunk[c] = std::max(stats.peak_live_per_chunk[c], ++live_per_chunk[c]);
+      const Peer from = prev_of(a.chunk);
+      if (!from.exists) return;
+      ops.push_back(op(P2POp::kRecv, model.input_activation(slot), from.rank,
+                       tag_of(a.micro, prev_boundary_chunk(a.chunk), v, kActivation),
                        "activation"));
-      what += (what.empty() ? "" : ", ") + label("recv activation", a.micro);
+      what += (what.empty() ? "" : ", ") + label("recv activation", a);
     } else {
-      const int slot = slot_of[a.micro];
-      TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i)
-      if (last) return;
-      ops.push_back(op(P2POp::kRecv, model.output_grad(slot), stage_ + 1, a.micro, "gradient"));
-      what += (what.empty() ? "" : ", ") + label("recv gradient", a.micro);
+      const int slot = slot_of[c][static_cast<std::size_t>(a.micro)];
+      TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i) on each chunk
+      const Peer from = next_of(a.chunk);
+      if (!from.exists) return;
+      ops.push_back(op(P2POp::kRecv, model.output_grad(slot), from.rank,
+                       tag_of(a.micro, next_boundary_chunk(a.chunk), v, kGradient), "gradient"));
+      what += (what.empty() ? "" : ", ") + label("recv gradient", a);
     }
   };
   auto exchange = [&](std::vector<P2POp>& ops, const std::string& what) {
@@ -147,41 +340,68 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
     ops.clear();
   };
 
-  // Megatron's p2p pattern (send_forward_recv_backward and its kin): the first action's
-  // receive alone, then after each action its send together with the next action's
-  // receive, in one batch_p2p, so neighbours that send to each other at the same time
-  // cannot deadlock on NCCL (comm/communicator.h).
+  // Megatron's p2p pattern (send_forward_recv_backward and its kin), by step (see
+  // action_steps): the first step's receives alone, then after each step its sends
+  // together with the next step's receives in one batch_p2p (or, when idle steps lie
+  // between, the sends now and the receives in the step just before the next one), so
+  // neighbours that send to each other at the same time cannot deadlock on NCCL
+  // (comm/communicator.h).
+  const std::vector<int> steps = action_steps(schedule_, p, stage_, v);
   std::vector<P2POp> ops;
   std::string what;
-  add_recv(schedule_.front(), ops, what);
-  exchange(ops, what);
-  for (std::size_t k = 0; k < schedule_.size(); ++k) {
-    const PipeAction& a = schedule_[k];
-    const int slot = slot_of[a.micro];
-    what.clear();
-    const Timer t;
-    if (a.kind == PipeAction::kForward) {
-      model.forward(a.micro, slot);
-      stats.compute_seconds += t.elapsed_s();
-      if (!last) {
-        ops.push_back(op(P2POp::kSend, model.output_activation(slot), stage_ + 1, a.micro,
-                         "activation"));
-        what = label("send activation", a.micro);
-      }
-    } else {
-      model.backward(a.micro, slot);
-      stats.compute_seconds += t.elapsed_s();
-      if (!first) {
-        ops.push_back(op(P2POp::kSend, model.input_grad(slot), stage_ - 1, a.micro, "gradient"));
-        what = label("send gradient", a.micro);
-      }
-      // The slot is free for the next forward: its input (input_activation) and the
-      // gradient sent from input_grad are different buffers (PipelineStageModel).
-      slot_busy[slot] = false;
-      slot_of[a.micro] = -1;
-      --live;
+  auto add_recvs_of_step = [&](std::size_t first) {
+    for (std::size_t i = first; i < schedule_.size() && steps[i] == steps[first]; ++i) {
+      add_recv(schedule_[i], ops, what);
     }
-    if (k + 1 < schedule_.size()) add_recv(schedule_[k + 1], ops, what);
+  };
+  add_recvs_of_step(0);
+  exchange(ops, what);
+  for (std::size_t k = 0; k < schedule_.size();) {
+    const int step = steps[k];
+    what.clear();
+    for (; k < schedule_.size() && steps[k] == step; ++k) {
+      const PipeAction& a = schedule_[k];
+      const auto c = static_cast<std::size_t>(a.chunk);
+      PipelineStageModel& model = *chunks[c];
+      const int slot = slot_of[c][static_cast<std::size_t>(a.micro)];
+      stats.action_start_seconds.push_back(total.elapsed_s());
+      const Timer t;
+      if (a.kind == PipeAction::kForward) {
+        model.forward(a.micro, slot);
+        stats.action_seconds.push_back(t.elapsed_s());
+        const Peer to = next_of(a.chunk);
+        if (to.exists) {
+          ops.push_back(op(P2POp::kSend, model.output_activation(slot), to.rank,
+                           tag_of(a.micro, next_boundary_chunk(a.chunk), v, kActivation),
+                           "activation"));
+          what += (what.empty() ? "" : ", ") + label("send activation", a);
+        }
+      } else {
+        model.backward(a.micro, slot);
+        stats.action_seconds.push_back(t.elapsed_s());
+        const Peer to = prev_of(a.chunk);
+        if (to.exists) {
+          ops.push_back(op(P2POp::kSend, model.input_grad(slot), to.rank,
+                           tag_of(a.micro, prev_boundary_chunk(a.chunk), v, kGradient),
+                           "gradient"));
+          what += (what.empty() ? "" : ", ") + label("send gradient", a);
+        }
+        // The slot is free for the next forward: its input (input_activation) and the
+        // gradient sent from input_grad are different buffers (PipelineStageModel).
+        slot_busy[c][static_cast<std::size_t>(slot)] = false;
+        slot_of[c][static_cast<std::size_t>(a.micro)] = -1;
+        --live;
+        --live_per_chunk[c];
+      }
+      stats.compute_seconds += stats.action_seconds.back();
+    }
+    if (k < schedule_.size()) {
+      if (steps[k] - 1 > step) {
+        exchange(ops, what);
+        what.clear();
+      }
+      add_recvs_of_step(k);
+    }
     exchange(ops, what);
   }
 

@@ -5,10 +5,13 @@
 // receiver) in launch order, as NCCL matches (it has no tags; the model checks that the
 // tags agree anyway).
 //
-// Shown here: GPipe and 1F1B complete for every p, m <= 8 with the data of every
-// micro-batch arriving where it belongs; the lone-send order (send after each action,
-// receive before the next, as the executor did before batch_p2p) deadlocks in the same
-// model, so the model can tell the two apart.
+// Shown here: GPipe and 1F1B complete for every p, m <= 8, and interleaved 1F1B for
+// p in 2..4, v in 2..3, m a multiple of p up to 8, with the data of every micro-batch
+// and chunk arriving where it belongs; in the same model, so it can tell them apart,
+// the lone-send order (send after each action, receive before the next, as the executor
+// did before batch_p2p) deadlocks, interleaving with the v == 1 per-action batches
+// deadlocks, and at p == 2 a batch that posts its two sends to one peer in the other
+// order pairs the wrong messages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,11 +179,13 @@ class NcclModelCommunicator final : public Communicator {
   int rank_, size_;
 };
 
-// A stage whose boundary tensors carry (micro, stage) stamps, checked on arrival.
+// A virtual stage (one model chunk of a rank) whose boundary tensors carry
+// (micro, virtual stage) stamps, checked on arrival.
 class StampStage final : public PipelineStageModel {
  public:
-  StampStage(int stage, int pp, int slots)
-      : stage_(stage), pp_(pp), in_act_(slots), out_act_(slots), out_grad_(slots), in_grad_(1) {
+  StampStage(int virtual_stage, int num_virtual, int slots)
+      : vs_(virtual_stage), nv_(num_virtual), in_act_(slots), out_act_(slots), out_grad_(slots),
+        in_grad_(1) {
     for (auto* v : {&in_act_, &out_act_, &out_grad_, &in_grad_}) {
       for (auto& b : *v) b.assign(kFloats, 0.0f);
     }
@@ -191,13 +196,13 @@ class StampStage final : public PipelineStageModel {
   DevPtr output_grad(int slot) override { return ptr(out_grad_[static_cast<size_t>(slot)]); }
   DevPtr input_grad(int) override { return ptr(in_grad_[0]); }
   void forward(int micro, int slot) override {
-    if (stage_ > 0) expect(in_act_[static_cast<size_t>(slot)], stamp(micro, stage_ - 1), "activation", micro);
-    out_act_[static_cast<size_t>(slot)].assign(kFloats, stamp(micro, stage_));
+    if (vs_ > 0) expect(in_act_[static_cast<size_t>(slot)], stamp(micro, vs_ - 1), "activation", micro);
+    out_act_[static_cast<size_t>(slot)].assign(kFloats, stamp(micro, vs_));
     ++forwards;
   }
   void backward(int micro, int slot) override {
-    if (stage_ < pp_ - 1) expect(out_grad_[static_cast<size_t>(slot)], -stamp(micro, stage_ + 1), "gradient", micro);
-    in_grad_[0].assign(kFloats, -stamp(micro, stage_));
+    if (vs_ < nv_ - 1) expect(out_grad_[static_cast<size_t>(slot)], -stamp(micro, vs_ + 1), "gradient", micro);
+    in_grad_[0].assign(kFloats, -stamp(micro, vs_));
     ++backwards;
   }
   std::string errors;
@@ -205,46 +210,141 @@ class StampStage final : public PipelineStageModel {
 
  private:
   static constexpr std::size_t kFloats = 3;
-  static float stamp(int micro, int stage) { return static_cast<float>(1000 * (micro + 1) + stage); }
+  static float stamp(int micro, int vs) { return static_cast<float>(1000 * (micro + 1) + vs); }
   static DevPtr ptr(std::vector<float>& v) { return DevPtr::wrap(v.data(), DType::kF32); }
   void expect(const std::vector<float>& got, float want, const char* what, int micro) {
     for (float x : got) {
       if (x != want) {
-        errors += std::string(what) + " of micro " + std::to_string(micro) + " on stage " +
-                  std::to_string(stage_) + ": " + std::to_string(x) + ", expected " +
+        errors += std::string(what) + " of micro " + std::to_string(micro) + " on virtual stage " +
+                  std::to_string(vs_) + ": " + std::to_string(x) + ", expected " +
                   std::to_string(want) + "; ";
         return;
       }
     }
   }
-  int stage_, pp_;
+  int vs_, nv_;
   std::vector<std::vector<float>> in_act_, out_act_, out_grad_, in_grad_;
 };
 
-// The order the executor used before batch_p2p: a lone receive before each action that
-// needs one, a lone send after each action that produces one.
-void run_with_lone_sends(Communicator& comm, PipelineStageModel& model, PipeSchedule kind,
-                         int m) {
+// The virtual stages before and after chunk c of `stage` (rank, or -1 for none): the
+// wiring of the header, written out again so the test does not trust the executor's.
+int prev_rank(int stage, int c, int pp) { return stage > 0 ? stage - 1 : (c > 0 ? pp - 1 : -1); }
+int next_rank(int stage, int c, int pp, int v) {
+  return stage < pp - 1 ? stage + 1 : (c < v - 1 ? 0 : -1);
+}
+// A tag both ends agree on (the NCCL model checks tags; NCCL itself has none).
+int model_tag(int micro, int virtual_stage_from, bool gradient) {
+  return (micro * 64 + virtual_stage_from) * 2 + (gradient ? 1 : 0);
+}
+
+// Orders the executor does not use, run by hand to show what goes wrong with them.
+enum class Posting {
+  // Before batch_p2p: a lone receive before each action that needs one, a lone send
+  // after each action that produces one.
+  kLoneSends,
+  // The v == 1 executor's batches, per action: its send with the next action's receive.
+  kPerActionBatches,
+  // The executor's interleaved steps and order (activation sends, gradient sends, then
+  // receives activation first): a by-hand copy, as the control for the next one.
+  kSteps,
+  // The same steps, but each batch posts its gradient sends before its activation sends
+  // while receivers post activation first.
+  kStepsGradientSendsFirst,
+};
+
+void run_by_hand(Communicator& comm, std::vector<std::unique_ptr<StampStage>>& chunks,
+                 PipeSchedule kind, int m, int v, Posting posting) {
   const int stage = comm.rank(), pp = comm.size();
-  const bool first = stage == 0, last = stage == pp - 1;
-  const size_t n = model.boundary_floats();
-  std::vector<int> slot_of(static_cast<size_t>(m), -1);
-  std::vector<bool> busy(static_cast<size_t>(PipelineExecutor::required_slots(kind, pp, stage, m)));
-  for (const PipeAction& a : make_schedule(kind, pp, stage, m)) {
-    if (a.kind == PipeAction::kForward) {
-      const int slot = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
-      busy[static_cast<size_t>(slot)] = true;
-      slot_of[static_cast<size_t>(a.micro)] = slot;
-      if (!first) comm.recv(CommBuf::device(model.input_activation(slot), n), stage - 1, a.micro);
-      model.forward(a.micro, slot);
-      if (!last) comm.isend(CommBuf::device(model.output_activation(slot), n), stage + 1, a.micro);
+  const size_t n = chunks[0]->boundary_floats();
+  const int slots = PipelineExecutor::required_slots(kind, pp, stage, m, v);
+  std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(m), -1));
+  std::vector<std::vector<bool>> busy(static_cast<size_t>(v), std::vector<bool>(static_cast<size_t>(slots)));
+  const std::vector<PipeAction> schedule = make_schedule(kind, pp, stage, m, v);
+  // Megatron's steps (the k-th forward in step k, the i-th backward in step w + i), or
+  // one step per action.
+  std::vector<int> steps;
+  int forwards = 0, backwards = 0;
+  for (size_t k = 0; k < schedule.size(); ++k) {
+    if (posting == Posting::kLoneSends || posting == Posting::kPerActionBatches) {
+      steps.push_back(static_cast<int>(k));
     } else {
-      const int slot = slot_of[static_cast<size_t>(a.micro)];
-      if (!last) comm.recv(CommBuf::device(model.output_grad(slot), n), stage + 1, a.micro);
-      model.backward(a.micro, slot);
-      if (!first) comm.isend(CommBuf::device(model.input_grad(slot), n), stage - 1, a.micro);
-      busy[static_cast<size_t>(slot)] = false;
+      steps.push_back(schedule[k].kind == PipeAction::kForward
+                          ? forwards++
+                          : 2 * (pp - stage - 1) + (v - 1) * pp + backwards++);
     }
+  }
+  std::vector<P2POp> sends, grad_sends, recvs;
+  auto flush = [&] {
+    std::vector<P2POp> ops = sends;
+    ops.insert(posting == Posting::kStepsGradientSendsFirst ? ops.begin() : ops.end(),
+               grad_sends.begin(), grad_sends.end());
+    ops.insert(ops.end(), recvs.begin(), recvs.end());
+    if (posting == Posting::kLoneSends) {
+      for (const P2POp& op : ops) {
+        if (op.kind == P2POp::kSend) comm.isend(op.buf, op.peer, op.tag);
+        else comm.recv(op.buf, op.peer, op.tag);
+      }
+    } else if (!ops.empty()) {
+      comm.batch_p2p(ops);
+    }
+    sends.clear();
+    grad_sends.clear();
+    recvs.clear();
+  };
+  auto post_recv = [&](const PipeAction& a) {
+    const auto c = static_cast<size_t>(a.chunk);
+    const int vs = a.chunk * pp + stage;
+    if (a.kind == PipeAction::kForward) {
+      const int slot = static_cast<int>(std::find(busy[c].begin(), busy[c].end(), false) - busy[c].begin());
+      busy[c][static_cast<size_t>(slot)] = true;
+      slot_of[c][static_cast<size_t>(a.micro)] = slot;
+      const int prev = prev_rank(stage, a.chunk, pp);
+      if (prev >= 0) {
+        recvs.push_back({P2POp::kRecv, CommBuf::device(chunks[c]->input_activation(slot), n), prev,
+                         model_tag(a.micro, vs - 1, false)});
+      }
+    } else {
+      const int next = next_rank(stage, a.chunk, pp, v);
+      if (next >= 0) {
+        const int slot = slot_of[c][static_cast<size_t>(a.micro)];
+        recvs.push_back({P2POp::kRecv, CommBuf::device(chunks[c]->output_grad(slot), n), next,
+                         model_tag(a.micro, vs + 1, true)});
+      }
+    }
+  };
+  for (size_t k = 0; k < schedule.size() && steps[k] == steps[0]; ++k) post_recv(schedule[k]);
+  flush();
+  for (size_t k = 0; k < schedule.size();) {
+    const int step = steps[k];
+    for (; k < schedule.size() && steps[k] == step; ++k) {
+      const PipeAction& a = schedule[k];
+      const auto c = static_cast<size_t>(a.chunk);
+      PipelineStageModel& model = *chunks[c];
+      const int vs = a.chunk * pp + stage;
+      const int slot = slot_of[c][static_cast<size_t>(a.micro)];
+      if (a.kind == PipeAction::kForward) {
+        model.forward(a.micro, slot);
+        const int next = next_rank(stage, a.chunk, pp, v);
+        if (next >= 0) {
+          sends.push_back({P2POp::kSend, CommBuf::device(model.output_activation(slot), n), next,
+                           model_tag(a.micro, vs, false)});
+        }
+      } else {
+        model.backward(a.micro, slot);
+        const int prev = prev_rank(stage, a.chunk, pp);
+        if (prev >= 0) {
+          grad_sends.push_back({P2POp::kSend, CommBuf::device(model.input_grad(slot), n), prev,
+                                model_tag(a.micro, vs, true)});
+        }
+        busy[c][static_cast<size_t>(slot)] = false;
+      }
+    }
+    // Lone sends: the send goes out before the next action's receive is posted.
+    if (posting == Posting::kLoneSends || (k < schedule.size() && steps[k] - 1 > step)) flush();
+    if (k < schedule.size()) {
+      for (size_t i = k; i < schedule.size() && steps[i] == steps[k]; ++i) post_recv(schedule[i]);
+    }
+    flush();
   }
 }
 
@@ -253,27 +353,33 @@ struct Outcome {
   std::string errors;
 };
 
-// Runs p ranks as threads over one NcclModel; `batched`: the executor, else lone sends.
-Outcome run_pipeline(PipeSchedule kind, int pp, int m, bool batched) {
+// Runs p ranks of v chunks each as threads over one NcclModel; `batched`: the executor,
+// else `posting` by hand.
+Outcome run_pipeline(PipeSchedule kind, int pp, int m, bool batched, int v = 1,
+                     Posting posting = Posting::kLoneSends) {
   NcclModel fabric(pp);
-  std::vector<std::unique_ptr<StampStage>> stages;
+  std::vector<std::vector<std::unique_ptr<StampStage>>> stages(static_cast<size_t>(pp));
   std::vector<std::unique_ptr<NcclModelCommunicator>> comms;
   for (int s = 0; s < pp; ++s) {
-    stages.push_back(
-        std::make_unique<StampStage>(s, pp, PipelineExecutor::required_slots(kind, pp, s, m)));
+    const int slots = PipelineExecutor::required_slots(kind, pp, s, m, v);
+    for (int c = 0; c < v; ++c) {
+      stages[static_cast<size_t>(s)].push_back(std::make_unique<StampStage>(c * pp + s, pp * v, slots));
+    }
     comms.push_back(std::make_unique<NcclModelCommunicator>(fabric, s, pp));
   }
   std::vector<std::thread> threads;
   for (int s = 0; s < pp; ++s) {
     threads.emplace_back([&, s] {
+      auto& chunks = stages[static_cast<size_t>(s)];
       try {
         if (batched) {
           PipelineExecutor executor(*comms[static_cast<size_t>(s)], kind, m,
-                                    PipelineExecutor::required_slots(kind, pp, s, m));
-          executor.run(*stages[static_cast<size_t>(s)]);
+                                    PipelineExecutor::required_slots(kind, pp, s, m, v), v);
+          std::vector<PipelineStageModel*> models;
+          for (auto& c : chunks) models.push_back(c.get());
+          executor.run(models);
         } else {
-          run_with_lone_sends(*comms[static_cast<size_t>(s)], *stages[static_cast<size_t>(s)],
-                              kind, m);
+          run_by_hand(*comms[static_cast<size_t>(s)], chunks, kind, m, v, posting);
         }
       } catch (const Deadlock&) {
       }
@@ -284,11 +390,13 @@ Outcome run_pipeline(PipeSchedule kind, int pp, int m, bool batched) {
   Outcome out;
   out.deadlocked = fabric.deadlocked();
   out.errors = fabric.error();
-  for (const auto& st : stages) {
-    out.errors += st->errors;
-    if (!out.deadlocked && (st->forwards != m || st->backwards != m)) {
-      out.errors += "a stage ran " + std::to_string(st->forwards) + " forwards and " +
-                    std::to_string(st->backwards) + " backwards; ";
+  for (const auto& chunks : stages) {
+    for (const auto& st : chunks) {
+      out.errors += st->errors;
+      if (!out.deadlocked && (st->forwards != m || st->backwards != m)) {
+        out.errors += "a chunk ran " + std::to_string(st->forwards) + " forwards and " +
+                      std::to_string(st->backwards) + " backwards; ";
+      }
     }
   }
   return out;
@@ -324,5 +432,72 @@ TEST(PipelineNcclModel, LoneSendsDeadlockInTheSameModel) {
   EXPECT_GT(deadlocks, 0);
 }
 
+TEST(PipelineNcclModel, InterleavedCompletesWithEveryMessageWhereItBelongs) {
+  // Every chunk's activations and gradients arrive stamped with the right (micro,
+  // virtual stage), and on each (sender, receiver) pair the sends and receives pair up
+  // in launch order with equal tags: with p == 2 the wrap-around activations and the
+  // gradients share the pair 1 -> 0 (and 0 -> 1), so their order matters.
+  for (int pp = 2; pp <= 4; ++pp) {
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = pp; m <= 8; m += pp) {
+        const Outcome out = run_pipeline(PipeSchedule::kOneFOneB, pp, m, /*batched=*/true, v);
+        EXPECT_FALSE(out.deadlocked) << "p=" << pp << " v=" << v << " m=" << m;
+        EXPECT_EQ(out.errors, "") << "p=" << pp << " v=" << v << " m=" << m;
+      }
+    }
+  }
+}
+
+TEST(PipelineNcclModel, InterleavedNeedsStepsNotPerActionBatches) {
+  // The v == 1 pattern (each action's send with the next action's receive) deadlocks
+  // interleaved 1F1B as soon as there is more than one micro-batch group: a send waits
+  // until its consumer posts the receive, which the consumer does only right before
+  // using it, possibly many actions later, while its own inputs wait on the sender.
+  const Outcome out = run_pipeline(PipeSchedule::kOneFOneB, 2, 4, false, 2,
+                                   Posting::kPerActionBatches);
+  EXPECT_TRUE(out.deadlocked);
+  int deadlocks = 0, runs = 0;
+  for (int pp = 2; pp <= 4; ++pp) {
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = 2 * pp; m <= 8; m += pp) {
+        ++runs;
+        deadlocks +=
+            run_pipeline(PipeSchedule::kOneFOneB, pp, m, false, v, Posting::kPerActionBatches)
+                .deadlocked;
+        // Lone sends deadlock too.
+        EXPECT_TRUE(run_pipeline(PipeSchedule::kOneFOneB, pp, m, false, v).deadlocked)
+            << "p=" << pp << " v=" << v << " m=" << m;
+      }
+    }
+  }
+  EXPECT_EQ(deadlocks, runs);
+  // The model is not deadlock-happy: with one group (m == p) the per-action batches
+  // happen to finish.
+  const Outcome one_group = run_pipeline(PipeSchedule::kOneFOneB, 2, 2, false, 2,
+                                         Posting::kPerActionBatches);
+  EXPECT_FALSE(one_group.deadlocked);
+  EXPECT_EQ(one_group.errors, "");
+}
+
+TEST(PipelineNcclModel, InterleavedBatchOrderMattersAtTwoStages) {
+  // With p == 2 a stage's next and previous neighbour are the same rank, so one batch
+  // can carry an activation and a gradient to the same peer; NCCL pairs them in posting
+  // order, without tags. Posting the gradient first on the sending side only pairs the
+  // wrong messages (the model reports the tag mismatch and the stamps come out wrong).
+  const Outcome swapped = run_pipeline(PipeSchedule::kOneFOneB, 2, 4, false, 2,
+                                       Posting::kStepsGradientSendsFirst);
+  EXPECT_NE(swapped.errors.find("mismatched pair"), std::string::npos) << swapped.errors;
+  const Outcome control = run_pipeline(PipeSchedule::kOneFOneB, 2, 4, false, 2, Posting::kSteps);
+  EXPECT_FALSE(control.deadlocked);
+  EXPECT_EQ(control.errors, "");
+  // With three or more stages every (sender, receiver) pair carries one direction only,
+  // so the same order is harmless there; the executor's order is right for both.
+  const Outcome three = run_pipeline(PipeSchedule::kOneFOneB, 3, 6, false, 2,
+                                     Posting::kStepsGradientSendsFirst);
+  EXPECT_FALSE(three.deadlocked);
+  EXPECT_EQ(three.errors, "");
+}
+
 }  // namespace
 }  // namespace trident
+
