@@ -167,9 +167,14 @@ std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>
 // ---- parameter layout ------------------------------------------------------------------
 
 ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPartition& part) {
+  return plan_params(c, std::span<const ModelPartition>(&part, 1));
+}
+
+ParamLayout Transformer::plan_params(const TransformerConfig& c,
+                                     std::span<const ModelPartition> chunks) {
   TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
-  const int L = c.n_layers, tp = part.tp_size, r = part.tp_rank;
-  const int layer_end = part.layer_end < 0 ? L : part.layer_end;
+  TRIDENT_CHECK(!chunks.empty());
+  const int L = c.n_layers, tp = chunks.front().tp_size, r = chunks.front().tp_rank;
   const int64_t C = c.d_model, F = c.d_ff, HD = c.head_dim;
   const int64_t q_dim = c.n_heads * HD, kv_dim = c.n_kv_heads * HD;
   const bool gpt2 = c.is_gpt2();
@@ -180,6 +185,7 @@ ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPart
   int current_group = -1;
   auto add = [&](int group, std::string name, Shape shape, int split_dim) {
     if (group != current_group) {  // groups are added in id order
+      TRIDENT_CHECK_MSG(group > current_group, "model chunks out of layer order");
       cursor = (cursor + 15) / 16 * 16;
       layout.groups[static_cast<size_t>(group)].offset = cursor;
       current_group = group;
@@ -203,30 +209,33 @@ ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPart
     grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
     layout.params.push_back(std::move(p));
   };
-  if (part.first_stage()) {
-    add(0, "wte", {c.padded_vocab, C}, VocabParallelEmbedding::kTableSplitDim);
-    if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
-  }
   const DimSizes global{C, q_dim, kv_dim, F, !gpt2};
-  for (int l = part.layer_begin; l < layer_end; ++l) {
-    const std::string prefix = "layers." + std::to_string(l) + ".";
-    for (const LayerTensor& t : layer_tensors()) {
-      const char* name = gpt2 ? t.gpt2 : t.llama;
-      if (name == nullptr) continue;
-      const Shape shape = t.cols == Dim::kOne ? Shape{global.of(t.rows)}
-                                              : Shape{global.of(t.rows), global.of(t.cols)};
-      add(1 + l, prefix + name, shape, t.split_dim);
+  for (const ModelPartition& part : chunks) {
+    const int layer_end = part.layer_end < 0 ? L : part.layer_end;
+    if (part.first_stage()) {
+      add(0, "wte", {c.padded_vocab, C}, VocabParallelEmbedding::kTableSplitDim);
+      if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
     }
-  }
-  if (part.last_stage()) {
-    const int g = L + 1;
-    add(g, "lnf.weight", {C}, -1);
-    if (gpt2) add(g, "lnf.bias", {C}, -1);
-    if (!c.tied()) {
-      add(g, "lm_head.weight", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
-    } else if (!part.first_stage()) {
-      add(g, "wte", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
-      layout.params.back().tied_copy = true;
+    for (int l = part.layer_begin; l < layer_end; ++l) {
+      const std::string prefix = "layers." + std::to_string(l) + ".";
+      for (const LayerTensor& t : layer_tensors()) {
+        const char* name = gpt2 ? t.gpt2 : t.llama;
+        if (name == nullptr) continue;
+        const Shape shape = t.cols == Dim::kOne ? Shape{global.of(t.rows)}
+                                                : Shape{global.of(t.rows), global.of(t.cols)};
+        add(1 + l, prefix + name, shape, t.split_dim);
+      }
+    }
+    if (part.last_stage()) {
+      const int g = L + 1;
+      add(g, "lnf.weight", {C}, -1);
+      if (gpt2) add(g, "lnf.bias", {C}, -1);
+      if (!c.tied()) {
+        add(g, "lm_head.weight", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
+      } else if (!part.first_stage()) {
+        add(g, "wte", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
+        layout.params.back().tied_copy = true;
+      }
     }
   }
   return layout;

@@ -88,8 +88,13 @@ struct ModelPartition {
   // Megatron sequence parallelism over the tp group (parallel.sequence_parallel; ignored
   // at tp 1): see "Sequence parallelism" in the header comment.
   bool sequence_parallel = false;
-  bool first_stage() const { return pp_rank == 0; }
-  bool last_stage() const { return pp_rank == pp_size - 1; }
+  // Interleaved 1F1B (parallel.virtual_stages): this is model chunk `chunk` of the
+  // num_chunks on its pipeline rank; the model's first stage is chunk 0 of rank 0, its
+  // last the last chunk of the last rank.
+  int chunk = 0;
+  int num_chunks = 1;
+  bool first_stage() const { return pp_rank == 0 && chunk == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1 && chunk == num_chunks - 1; }
 };
 
 // Layers per stage: `stage_layers` if given, else contiguous and balanced (earlier
@@ -100,6 +105,11 @@ class Transformer {
  public:
   // The parameter table and groups of one rank's part (core/param_layout.h).
   static ParamLayout plan_params(const TransformerConfig& config, const ModelPartition& part);
+  // The same for a rank holding several model chunks (interleaved 1F1B; in layer order):
+  // one table of every chunk's groups. Within each group the offsets are those of the
+  // chunk's own plan_params, so a chunk's model finds its tensors in a store of this table.
+  static ParamLayout plan_params(const TransformerConfig& config,
+                                 std::span<const ModelPartition> chunks);
   // The initial value of one parameter's local part (host, local_shape, row-major).
   static std::vector<float> initial_value(const TransformerConfig& config, const ParamInfo& param,
                                           uint64_t seed);

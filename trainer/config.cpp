@@ -57,6 +57,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
         TRIDENT_FIELD(parallel, stage_layers, kIntList),
+        TRIDENT_FIELD(parallel, virtual_stages, kInt),
         TRIDENT_FIELD(parallel, sequence_parallel, kBool), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
       {"runtime",
@@ -665,6 +666,32 @@ Status validate_training(const Config& config) {
   return Status::ok();
 }
 
+// Interleaved 1F1B (parallel/pipeline.h): the schedule, the micro-batch count and the
+// layer split must allow v model chunks per pipeline rank.
+Status validate_virtual_stages(const Config& config, const TransformerConfig& m) {
+  const ParallelConfig& p = config.parallel;
+  TRIDENT_RETURN_IF_ERROR(at_least("parallel.virtual_stages", p.virtual_stages, 1));
+  if (p.virtual_stages == 1) return Status::ok();
+  if (!p.stage_layers.empty()) {
+    return Status::invalid_config(
+        "parallel.stage_layers: cannot be set with parallel.virtual_stages=" +
+        std::to_string(p.virtual_stages) + " (the model chunks are equal)");
+  }
+  std::string problem =
+      interleave_problem(p.pipeline_schedule, p.pp, p.virtual_stages, config.grad_accum_steps());
+  if (problem.empty()) problem = layer_split_problem(m.n_layers, p.pp, p.virtual_stages);
+  if (!problem.empty()) return Status::invalid_config(problem);
+  const int chunks = p.pp * p.virtual_stages;
+  if (m.n_layers % chunks != 0) {
+    return Status::invalid_config(
+        "parallel.virtual_stages: model.n_layers=" + std::to_string(m.n_layers) +
+        " does not divide into parallel.pp * parallel.virtual_stages = " +
+        std::to_string(p.pp) + " * " + std::to_string(p.virtual_stages) + " = " +
+        std::to_string(chunks) + " equal model chunks");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
@@ -687,6 +714,7 @@ Status validate_config(const Config& config) {
   model.finalize();
   TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
   TRIDENT_RETURN_IF_ERROR(validate_training(config));
+  TRIDENT_RETURN_IF_ERROR(validate_virtual_stages(config, model));
   TRIDENT_RETURN_IF_ERROR(at_least("runtime.threads", config.runtime.threads, 0));
   TRIDENT_RETURN_IF_ERROR(float_check("runtime.peak_tflops", config.runtime.peak_tflops,
                                       config.runtime.peak_tflops >= 0, ">= 0 (0 = the backend's)"));

@@ -32,6 +32,8 @@ struct ParallelConfig {
   // Megatron sequence parallelism (tp > 1): norms, residuals and the pipeline boundary on
   // sequence shards of each tp rank; all-gather / reduce-scatter replace the all-reduces.
   bool sequence_parallel = false;
+  // Interleaved 1F1B: model chunks per pipeline rank (1 = the plain schedules).
+  int virtual_stages = 1;
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };

@@ -21,6 +21,7 @@
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "parallel/pipeline.h"
+#include "trainer/partition.h"
 
 namespace trident {
 namespace {
@@ -89,16 +90,20 @@ struct StageGroups {
   }
 };
 
-StageGroups stage_groups(const TransformerConfig& c, const ModelPartition& part) {
+// The groups of a rank holding `chunks` (in layer order; one unless interleaved).
+StageGroups stage_groups(const TransformerConfig& c, const std::vector<ModelPartition>& chunks) {
+  const ModelPartition& part = chunks.front();
   const double tp = part.tp_size;
   const double C = c.d_model, F = c.d_ff / tp, Vp = c.padded_vocab / tp;
   const double q = static_cast<double>(c.n_heads) * c.head_dim / tp;
   const double kv = static_cast<double>(c.n_kv_heads) * c.head_dim / tp;
   const bool gpt2 = c.is_gpt2();
-  const int layer_end = part.layer_end < 0 ? c.n_layers : part.layer_end;
   StageGroups s;
-  s.local_layers = layer_end - part.layer_begin;
-  if (part.first_stage()) {
+  for (const ModelPartition& chunk : chunks) {
+    s.local_layers += (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) - chunk.layer_begin;
+  }
+  const bool first = part.first_stage(), last = chunks.back().last_stage();
+  if (first) {
     s.embedding.tensors.push_back({Vp, C});                               // wte
     if (gpt2) s.embedding.tensors.push_back({double(c.max_seq_len), C});  // wpe
   }
@@ -128,10 +133,10 @@ StageGroups stage_groups(const TransformerConfig& c, const ModelPartition& part)
       t.push_back({C, F});  // mlp.down.weight
     }
   }
-  if (part.last_stage()) {
-    s.head.tensors.push_back({C, 1});                                         // lnf.weight
-    if (gpt2) s.head.tensors.push_back({C, 1});                               // lnf.bias
-    if (!c.tied() || !part.first_stage()) s.head.tensors.push_back({Vp, C});  // lm_head / wte copy
+  if (last) {
+    s.head.tensors.push_back({C, 1});                            // lnf.weight
+    if (gpt2) s.head.tensors.push_back({C, 1});                  // lnf.bias
+    if (!c.tied() || !first) s.head.tensors.push_back({Vp, C});  // lm_head / wte copy
   }
   return s;
 }
@@ -321,11 +326,8 @@ std::string breakdown(const RankMemory& m) {
 
 }  // namespace
 
-int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro) {
-  // GPipe keeps every micro-batch of the step; 1F1B (and any schedule on one stage)
-  // at most pp - stage: the warm-up forwards plus the one in flight.
-  if (schedule == PipeSchedule::kGPipe && pp > 1) return num_micro;
-  return std::min(pp - stage, num_micro);
+int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro, int virtual_stages) {
+  return pipeline_chunk_slots(schedule, pp, stage, num_micro, virtual_stages);
 }
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
@@ -340,7 +342,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
   const int dp = par.dp, stage = par.zero_stage;
-  const StageGroups g = stage_groups(c, part);
+  // The rank's model chunks (several under interleaved 1F1B: trainer/partition.h).
+  const std::vector<ModelPartition> chunks =
+      par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
+                             : std::vector<ModelPartition>{part};
+  const StageGroups g = stage_groups(c, chunks);
   const double total_floats =
       g.embedding.floats() + g.local_layers * g.layer.floats() + g.head.floats();
   const double shard_floats = g.embedding.shard_floats(dp) +
@@ -350,7 +356,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   // to wte.
   double held = std::max(
       {g.embedding.floats(), g.local_layers > 0 ? g.layer.floats() : 0.0, g.head.floats()});
-  if (c.tied() && part.first_stage() && part.last_stage()) {
+  if (c.tied() && chunks.front().first_stage() && chunks.back().last_stage()) {
     held = std::max(held, g.embedding.floats() + g.head.floats());
   }
   RankMemory m;
@@ -365,10 +371,17 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   m.optimizer = 2 * (stage == 0 ? total_floats : shard_floats) * kF;
 
   const int accum = config.grad_accum_steps();
-  const int slots = pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum);
-  double slot_bytes = 0;
-  activation_plan(config, part, attention_state_bytes, g.local_layers, &slot_bytes, &m.scratch);
-  m.activations = slot_bytes * slots;
+  const int slots =
+      pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum, par.virtual_stages);
+  // Every chunk's model holds `slots` slots and its own backward scratch.
+  for (const ModelPartition& chunk : chunks) {
+    const double chunk_layers =
+        (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) - chunk.layer_begin;
+    double slot_bytes = 0, scratch = 0;
+    activation_plan(config, chunk, attention_state_bytes, chunk_layers, &slot_bytes, &scratch);
+    m.activations += slot_bytes * slots;
+    m.scratch += scratch;
+  }
 
   if (stage == 1 || stage == 2) {
     // DataParallel's pack (dp chunks) and segment (one chunk) of the largest bucket.
@@ -398,7 +411,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   // layout, ShardPlan entries), ~256 per global layer (group tables, the model's
   // per-layer index), the pipeline schedule (built twice at start-up: 2 actions per
   // micro-batch), and the token buffers.
-  m.tables = 512.0 * g.num_tensors() + 256.0 * c.n_layers + 2.0 * 2.0 * accum * sizeof(PipeAction) +
+  m.tables = 512.0 * g.num_tensors() + 256.0 * c.n_layers +
+             2.0 * 2.0 * accum * par.virtual_stages * sizeof(PipeAction) +
              (2.0 * par.micro_batch_size * c.seq_len + c.seq_len + 1) * sizeof(int32_t);
   m.other = m.scratch + m.comm_buffers + m.transient + m.tables;
   m.total =

@@ -68,7 +68,10 @@ struct RankMemory {
 // of the backend that will run): lets a plan be made without constructing that backend.
 using AttentionStateBytes = std::function<size_t(int B, int T, int NH, int NKV, int HD)>;
 
-// The plan of the rank with this partition and data-parallel rank. `config` is
+// The plan of the rank with this partition and data-parallel rank (with
+// parallel.virtual_stages > 1, `part` names the rank by its tp and pp rank and the plan
+// counts every chunk of trainer/partition.h: each chunk's model holds its own slots and
+// backward scratch). `config` is
 // validated (validate_config) and its model finalized. `ops` is the backend the run
 // uses; only its size queries are called (Ops::attention_state_bytes).
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
@@ -77,9 +80,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const AttentionStateBytes& attention_state_bytes);
 
-// Activation slots the pipeline schedule keeps live on `stage`: closed form of
-// PipelineExecutor::required_slots (which walks the whole schedule).
-int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro);
+// Activation slots the pipeline schedule keeps live on `stage`, per model chunk: the
+// closed form of PipelineExecutor::required_slots (parallel/pipeline.h
+// pipeline_chunk_slots; the executor walks the whole schedule).
+int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro,
+                   int virtual_stages = 1);
 
 // The memory this process may use, and where the figure comes from ("physical memory",
 // "cgroup limit", "TRIDENT_MEMORY_LIMIT_BYTES").

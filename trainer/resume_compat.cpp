@@ -80,6 +80,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.pipeline_schedule", Rule::kLayout},
       {"parallel.stage_layers", Rule::kLayout},
       {"parallel.sequence_parallel", Rule::kLayout},
+      {"parallel.virtual_stages", Rule::kLayout},
       {"parallel.bucket_mb", Rule::kIgnore},
       {"parallel.comm_timeout_s", Rule::kIgnore},
       {"runtime.device", Rule::kIgnore},

@@ -1,5 +1,9 @@
 #include "trainer/traffic_model.h"
 
+#include <vector>
+
+#include "trainer/partition.h"
+
 namespace trident {
 
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
@@ -8,7 +12,18 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   const double N = static_cast<double>(par.micro_batch_size) * config.model.seq_len;
   const double C = config.model.d_model;
   const double micro = config.grad_accum_steps();
-  const double layers = part.layer_end - part.layer_begin;
+  // This rank's model chunks (more than one under interleaved 1F1B): their layers, and
+  // whether it holds the embedding (the model's first stage) and the head (its last).
+  const std::vector<ModelPartition> chunks =
+      par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
+                             : std::vector<ModelPartition>{part};
+  double layers = 0;
+  bool first = false, last = false;
+  for (const ModelPartition& chunk : chunks) {
+    layers += (chunk.layer_end < 0 ? config.model.n_layers : chunk.layer_end) - chunk.layer_begin;
+    first = first || chunk.first_stage();
+    last = last || chunk.last_stage();
+  }
   constexpr double kF = 4.0;  // bytes per float: gradients and statistics are fp32
   // Bytes per element of the compute weights and activations (training.precision): the
   // TP all-reduces of activations, the pipeline boundary tensors and the parameter
@@ -24,9 +39,9 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
     // Full recomputation reruns each layer's forward, all-reduces included, in backward.
     if (config.training.recompute == Recompute::kFull) per_micro += 2 * layers * N * C;
-    if (part.first_stage()) per_micro += N * C;
+    if (first) per_micro += N * C;
     double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
-    if (part.last_stage()) {
+    if (last) {
       per_micro += N * C;
       xent_stats = 3 * N;
     }
@@ -44,11 +59,11 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     double scatter = layers * N * C * (2 * forward_passes + 2);
     double norm_grads = layers * norm_tensors * C;
     double xent_stats = 0;
-    if (part.first_stage()) {  // the embedding: reduce-scattered, its gradient gathered
+    if (first) {  // the embedding: reduce-scattered, its gradient gathered
       scatter += N * C;
       gather += N * C;
     }
-    if (part.last_stage()) {  // the head input gathered, its gradient reduce-scattered
+    if (last) {  // the head input gathered, its gradient reduce-scattered
       gather += N * C;
       scatter += N * C;
       norm_grads += (config.model.is_gpt2() ? 2 : 1) * C;
@@ -60,8 +75,10 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   }
   if (par.pp > 1) {
     double per_micro = 0;
-    if (!part.last_stage()) per_micro += rows * C;
-    if (!part.first_stage()) per_micro += rows * C;
+    for (const ModelPartition& chunk : chunks) {  // each chunk sends on, and back
+      if (!chunk.last_stage()) per_micro += rows * C;
+      if (!chunk.first_stage()) per_micro += rows * C;
+    }
     t.pp.send = per_micro * micro * kA;
   }
 
@@ -71,7 +88,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   // it again, and ZeRO-2/3 reduce-scatter its gradient once for the head and once for
   // the embedding.
   double group0_extra = 0;
-  if (config.model.tied() && part.first_stage() && part.last_stage()) {
+  if (config.model.tied() && first && last) {
     group0_extra = static_cast<double>(layout.groups[0].num_floats);
   }
   switch (par.dp > 1 ? par.zero_stage : -1) {
@@ -93,7 +110,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
       t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
       break;
   }
-  if (config.model.tied() && par.pp > 1 && (part.first_stage() || part.last_stage())) {
+  if (config.model.tied() && par.pp > 1 && (first || last)) {
     const ParamInfo* wte = layout.find("wte");
     const double floats = static_cast<double>(wte->numel());
     t.embedding.all_reduce = (par.zero_stage >= 2 ? floats / dp : floats) * kF;

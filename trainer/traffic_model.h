@@ -19,7 +19,8 @@
 //   gathers and reduce-scatters per layer.
 // - pp: one activation (N*C; N/tp*C with sequence parallelism) sent forward per
 //   micro-batch by every stage but the last, one gradient of the same size sent back by
-//   every stage but the first.
+//   every stage but the first; with parallel.virtual_stages, the same per model chunk
+//   (the model's first and last chunks excepted).
 // - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 also all-gathers the
 //   parameters; ZeRO 2 reduce-scatters each group's gradients after its backward, per
 //   micro-batch, and all-gathers the parameters; ZeRO 3 all-gathers each group before
@@ -50,6 +51,8 @@ struct RankTraffic {
   double total() const { return tp.total() + dp.total() + pp.total() + embedding.total(); }
 };
 
+// `part`: the rank's (first) model chunk; with parallel.virtual_stages > 1 its chunks
+// come from trainer/partition.h. `layout`: the rank's parameter table (all its chunks).
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
                              const ParamLayout& layout);
 

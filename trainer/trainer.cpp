@@ -23,6 +23,7 @@
 #include "trainer/checkpointing.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/memory_plan.h"
+#include "trainer/partition.h"
 #include "trainer/signals.h"
 
 #include <nlohmann/json.hpp>
@@ -49,21 +50,6 @@ std::string encode_error(const Status& st) {
   return text;
 }
 
-ModelPartition partition_for(const Config& config, const RankCoords& coords) {
-  const auto& par = config.parallel;
-  ModelPartition part;
-  part.tp_rank = coords.tp_rank;
-  part.tp_size = par.tp;
-  part.pp_rank = coords.pp_rank;
-  part.pp_size = par.pp;
-  part.sequence_parallel = par.sequence_parallel;
-  const std::vector<int> counts =
-      stage_layer_counts(config.model.n_layers, par.pp, par.stage_layers);
-  part.layer_begin = 0;
-  for (int s = 0; s < coords.pp_rank; ++s) part.layer_begin += counts[static_cast<size_t>(s)];
-  part.layer_end = part.layer_begin + counts[static_cast<size_t>(coords.pp_rank)];
-  return part;
-}
 
 }  // namespace
 
@@ -71,17 +57,20 @@ ModelPartition partition_for(const Config& config, const RankCoords& coords) {
 // micro-batch's tokens (first stage) and targets (last stage) from the data.
 class Trainer::StageRunner : public PipelineStageModel {
  public:
-  explicit StageRunner(Trainer& t) : t_(t) {}
-  size_t boundary_floats() const override { return t_.model_->boundary_floats(); }
-  DevPtr input_activation(int slot) override { return t_.model_->input_activation(slot); }
-  DevPtr output_activation(int slot) override { return t_.model_->output_activation(slot); }
-  DevPtr output_grad(int) override { return t_.model_->output_grad(); }
-  DevPtr input_grad(int) override { return t_.model_->input_grad(); }
+  // The runner of model chunk `chunk` of this rank.
+  StageRunner(Trainer& t, int chunk)
+      : t_(t), model_(*t.models_[static_cast<size_t>(chunk)]),
+        part_(t.chunks_[static_cast<size_t>(chunk)]) {}
+  size_t boundary_floats() const override { return model_.boundary_floats(); }
+  DevPtr input_activation(int slot) override { return model_.input_activation(slot); }
+  DevPtr output_activation(int slot) override { return model_.output_activation(slot); }
+  DevPtr output_grad(int) override { return model_.output_grad(); }
+  DevPtr input_grad(int) override { return model_.input_grad(); }
 
   void forward(int micro, int slot) override {
     const auto& c = t_.config_;
     const int mb = c.parallel.micro_batch_size, T = c.model.seq_len;
-    const bool first = t_.part_.first_stage(), last = t_.part_.last_stage();
+    const bool first = part_.first_stage(), last = part_.last_stage();
     if (first || last) {
       // The step's global batch starts at consumed_samples_ in the global sample order
       // (which carries over a resume even when the global batch size changes); within
@@ -101,18 +90,20 @@ class Trainer::StageRunner : public PipelineStageModel {
     }
     // The last stage adds the micro-batch's loss to the model's device accumulator;
     // train_step reads it back once.
-    t_.model_->forward_stage(slot, first ? t_.inputs_.data() : nullptr,
-                             last ? t_.targets_.data() : nullptr, mb, T);
+    model_.forward_stage(slot, first ? t_.inputs_.data() : nullptr,
+                         last ? t_.targets_.data() : nullptr, mb, T);
   }
 
   void backward(int, int slot) override {
-    t_.model_->backward_stage(slot, 1.0f / static_cast<float>(t_.config_.grad_accum_steps()));
+    model_.backward_stage(slot, 1.0f / static_cast<float>(t_.config_.grad_accum_steps()));
   }
 
   const Status& status() const { return status_; }
 
  private:
   Trainer& t_;
+  Transformer& model_;
+  const ModelPartition& part_;
   Status status_;
 };
 
@@ -156,7 +147,7 @@ Status Trainer::init() {
   const auto& par = config_.parallel;
   TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*world_, Layout{par.dp, par.tp, par.pp},
                                                         mc.tied()));
-  part_ = partition_for(config_, groups_.coords);
+  chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
   // The backend first: it sizes the attention state the memory plan counts. The ranks
   // of this world share the machine's cores (make_ops divides them).
   const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
@@ -166,7 +157,7 @@ Status Trainer::init() {
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
   // an allocation or be OOM-killed later (trainer/memory_plan.h).
-  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, part_, groups_.coords.dp_rank, *ops_,
+  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(), groups_.coords.dp_rank, *ops_,
                                                 *world_, options_.quiet));
 
   TRIDENT_ASSIGN_OR_RETURN(
@@ -214,7 +205,7 @@ Status Trainer::init() {
     TRIDENT_RETURN_IF_ERROR(agree(verdict).status());
   }
 
-  layout_ = Transformer::plan_params(mc, part_);
+  layout_ = Transformer::plan_params(mc, chunks_);
   AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;
   adamw.beta2 = config_.training.beta2;
@@ -226,11 +217,15 @@ Status Trainer::init() {
                                        static_cast<size_t>(par.bucket_mb) << 20, adamw, compute);
   const int accum = config_.grad_accum_steps();
   const PipeSchedule schedule = par.pipeline_schedule;
-  const int slots = PipelineExecutor::required_slots(schedule, par.pp, part_.pp_rank, accum);
-  model_ = std::make_unique<Transformer>(mc, *ops_, part_, groups_.tp.get(), &dp_->store(),
-                                         par.micro_batch_size, slots, compute,
-                                         config_.training.recompute);
-  executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots);
+  const int v = par.virtual_stages;
+  const int slots =
+      PipelineExecutor::required_slots(schedule, par.pp, groups_.coords.pp_rank, accum, v);
+  for (const ModelPartition& chunk : chunks_) {
+    models_.push_back(std::make_unique<Transformer>(mc, *ops_, chunk, groups_.tp.get(),
+                                                    &dp_->store(), par.micro_batch_size, slots,
+                                                    compute, config_.training.recompute));
+  }
+  executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots, v);
 
   if (init_ckpt || init_hf) {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
@@ -301,15 +296,21 @@ void Trainer::print_banner() const {
   log::info("parameters: {} ({:.2f} M); {:.3g} FLOP/token", m.num_parameters(),
             m.num_parameters() / 1e6, m.flops_per_token());
   std::string stages;
-  for (int n : stage_layer_counts(m.n_layers, c.parallel.pp, c.parallel.stage_layers)) {
-    if (!stages.empty()) stages += ',';  // (not "," + ...: GCC 12 warns falsely, -Wrestrict)
-    stages += std::to_string(n);
+  const int v = c.parallel.virtual_stages;
+  if (v == 1) {
+    for (int n : stage_layer_counts(m.n_layers, c.parallel.pp, c.parallel.stage_layers)) {
+      if (!stages.empty()) stages += ',';  // (not "," + ...: GCC 12 warns falsely, -Wrestrict)
+      stages += std::to_string(n);
+    }
+  } else {
+    stages = std::to_string(m.n_layers / (c.parallel.pp * v));
   }
-  log::info("layout: world {} = dp {} x tp {}{} x pp {} | zero_stage {} | pipeline {} (layers per stage {}) | recompute {}",
+  log::info("layout: world {} = dp {} x tp {}{} x pp {} | zero_stage {} | pipeline {}{} (layers per {} {}) | recompute {}",
             world_->size(), c.parallel.dp, c.parallel.tp,
             c.parallel.sequence_parallel ? " (sequence parallel)" : "", c.parallel.pp,
-            c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule), stages,
-            recompute_name(c.training.recompute));
+            c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule),
+            v > 1 ? " interleaved, " + std::to_string(v) + " chunks per stage" : "",
+            v > 1 ? "chunk" : "stage", stages, recompute_name(c.training.recompute));
   log::info("batch: micro_batch {} x {} micro-batches x dp {} = global batch {} sequences ({} tokens)",
             c.parallel.micro_batch_size, c.grad_accum_steps(), c.parallel.dp,
             c.training.global_batch_size,
@@ -362,13 +363,16 @@ void Trainer::collect_traffic() {
   stats_.traffic.dp = measure(groups_.dp.get());
   stats_.traffic.pp = measure(groups_.pp.get());
   stats_.traffic.embedding = measure(groups_.embedding.get());
-  stats_.analytic = analytic_traffic(config_, part_, layout_);
+  stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
   const DataParallel::Memory mem = dp_->memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.master_bytes = static_cast<double>(mem.master);
   stats_.grad_bytes = static_cast<double>(mem.grads);
   stats_.optimizer_bytes = static_cast<double>(mem.optimizer);
-  stats_.activation_bytes = static_cast<double>(model_->activation_bytes());
+  stats_.activation_bytes = 0;
+  for (const auto& model : models_) {
+    stats_.activation_bytes += static_cast<double>(model->activation_bytes());
+  }
 }
 
 nlohmann::json Trainer::trainer_state() {
@@ -545,14 +549,22 @@ Result<StepMetrics> Trainer::train_step() {
   Timer timer;
   reset_traffic();
   dp_->zero_grad();
-  if (part_.last_stage()) model_->reset_loss_sum();  // clean even after a failed step
-  StageRunner runner(*this);
-  const PipelineExecutor::Stats pipe = executor_->run(runner);
+  if (computes_loss()) last_model().reset_loss_sum();  // clean even after a failed step
+  std::vector<StageRunner> runners;
+  std::vector<PipelineStageModel*> stages;
+  runners.reserve(models_.size());
+  for (size_t k = 0; k < models_.size(); ++k) runners.emplace_back(*this, static_cast<int>(k));
+  for (StageRunner& r : runners) stages.push_back(&r);
+  const PipelineExecutor::Stats pipe = executor_->run(stages);
+  Status data_status;
+  for (const StageRunner& r : runners) {
+    if (data_status.is_ok()) data_status = r.status();
+  }
 
   // A data error on any rank stops every rank with the same step.
-  const double failed = all_reduce_scalar(runner.status().is_ok() ? 0.0 : 1.0, "step data status");
+  const double failed = all_reduce_scalar(data_status.is_ok() ? 0.0 : 1.0, "step data status");
   if (failed > 0) {
-    if (!runner.status().is_ok()) return runner.status();
+    if (!data_status.is_ok()) return data_status;
     return Status::invalid_input("another rank failed to load step " + std::to_string(step_ + 1) +
                                  "'s data (see its message)");
   }
@@ -575,12 +587,12 @@ Result<StepMetrics> Trainer::train_step() {
   dp_->step(lr);
   // The step's second (and last) device -> host read: the accumulated loss, on the
   // reporting ranks; the other last-stage ranks (tp > 0) only reset theirs.
-  const bool reports_loss = part_.last_stage() && groups_.coords.tp_rank == 0;
+  const bool reports_loss = computes_loss() && groups_.coords.tp_rank == 0;
   double loss_sum = 0.0;
   if (reports_loss) {
-    loss_sum = model_->download_loss_sum();
-  } else if (part_.last_stage()) {
-    model_->reset_loss_sum();
+    loss_sum = last_model().download_loss_sum();
+  } else if (computes_loss()) {
+    last_model().reset_loss_sum();
   }
   const double loss =
       all_reduce_scalar(reports_loss ? loss_sum / accum / c.parallel.dp : 0.0, "loss");
@@ -615,25 +627,35 @@ Result<double> Trainer::evaluate() {
   if (!val_data_) return Status::invalid_config("data.val: no validation data configured");
   const int mb = config_.parallel.micro_batch_size;
   const int T = config_.model.seq_len;
-  const bool first = part_.first_stage(), last = part_.last_stage();
+  const bool last = computes_loss();
   Communicator& pp = *groups_.pp;
-  const size_t n = model_->boundary_floats();
+  const int p = pp.size(), v = static_cast<int>(models_.size());
   Status status;
-  if (last) model_->reset_loss_sum();
+  if (last) last_model().reset_loss_sum();
   for (int b = 0; b < config_.training.eval_batches; ++b) {
-    if (first || last) {
+    if (chunks_.front().first_stage() || last) {
       Status st = val_data_->load_sequential(static_cast<uint64_t>(b) * mb, mb, T, inputs_.data(),
                                              targets_.data());
       if (!st.is_ok() && status.is_ok()) status = st;
     }
-    // Forward only, stage after stage: receive, compute, pass on.
-    if (!first)
-      pp.recv(CommBuf::device(model_->input_activation(0), n), pp.rank() - 1, b);
-    model_->forward_stage(0, first ? inputs_.data() : nullptr, last ? targets_.data() : nullptr,
-                          mb, T);
-    if (!last)
-      pp.send(CommBuf::device(model_->output_activation(0), n),
-              pp.rank() + 1, b);
+    // Forward only, virtual stage after virtual stage (chunk c of every rank, then chunk
+    // c + 1 from rank 0 on): receive, compute, pass on.
+    for (int c = 0; c < v; ++c) {
+      Transformer& model = *models_[static_cast<size_t>(c)];
+      const ModelPartition& part = chunks_[static_cast<size_t>(c)];
+      const size_t n = model.boundary_floats();
+      // Tag: the batch and the sending chunk (rank 0 receives chunk c from rank p-1's c-1).
+      if (!part.first_stage()) {
+        const bool wrap = pp.rank() == 0;
+        pp.recv(CommBuf::device(model.input_activation(0), n), wrap ? p - 1 : pp.rank() - 1,
+                b * v + (wrap ? c - 1 : c));
+      }
+      model.forward_stage(0, part.first_stage() ? inputs_.data() : nullptr,
+                          part.last_stage() ? targets_.data() : nullptr, mb, T);
+      if (!part.last_stage()) {
+        pp.send(CommBuf::device(model.output_activation(0), n), (pp.rank() + 1) % p, b * v + c);
+      }
+    }
   }
   if (all_reduce_scalar(status.is_ok() ? 0.0 : 1.0, "eval data status") > 0) {
     if (!status.is_ok()) return status;
@@ -642,8 +664,8 @@ Result<double> Trainer::evaluate() {
   // Every dp rank evaluates the same batches; one rank reports.
   // One device -> host read per evaluation, on the reporting rank.
   const bool reports = last && groups_.coords.tp_rank == 0 && groups_.coords.dp_rank == 0;
-  const double sum = reports ? model_->download_loss_sum() : 0.0;
-  if (last && !reports) model_->reset_loss_sum();
+  const double sum = reports ? last_model().download_loss_sum() : 0.0;
+  if (last && !reports) last_model().reset_loss_sum();
   return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0, "val loss");
 }
 
@@ -667,7 +689,8 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   for (int r = 0; r < world_->size(); ++r) {
     const RankCoords rc = topo.coords_of(r);
     if (rc.dp_rank != 0) continue;
-    const ParamLayout layout = Transformer::plan_params(config_.model, partition_for(config_, rc));
+    const ParamLayout layout =
+        Transformer::plan_params(config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank));
     std::vector<float> blob;
     if (r == 0) {
       blob = mine;

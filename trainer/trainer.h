@@ -96,8 +96,11 @@ class Trainer {
   // This rank's instrumentation for the last step (traffic) and now (memory).
   const RankStats& last_step_stats() const { return stats_; }
   const RankCoords& coords() const { return groups_.coords; }
-  const ModelPartition& partition() const { return part_; }
-  Transformer& model() { return *model_; }
+  // This rank's first model chunk (the only one unless parallel.virtual_stages > 1) and
+  // its model; chunks() has them all, in layer order (trainer/partition.h).
+  const ModelPartition& partition() const { return chunks_.front(); }
+  const std::vector<ModelPartition>& chunks() const { return chunks_; }
+  Transformer& model(int chunk = 0) { return *models_[static_cast<size_t>(chunk)]; }
   // This rank's compute backend (tests: Ops::transfer_counts, the host-sync budget).
   Ops& ops() { return *ops_; }
   DataParallel& data_parallel() { return *dp_; }
@@ -127,11 +130,14 @@ class Trainer {
   std::unique_ptr<Communicator> own_world_;
   Communicator* world_ = nullptr;
   ProcessGroups groups_;
-  ModelPartition part_;
+  std::vector<ModelPartition> chunks_;  // this rank's model chunks, in layer order
   ParamLayout layout_;
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<Transformer> model_;
+  std::vector<std::unique_ptr<Transformer>> models_;  // one per chunk
+  // The model of the last chunk, and whether it computes the loss (the model's last stage).
+  Transformer& last_model() { return *models_.back(); }
+  bool computes_loss() const { return chunks_.back().last_stage(); }
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<CheckpointWriter> writer_;
   DirLock dir_lock_;                    // rank 0: checkpoint.dir is ours while we live

@@ -120,6 +120,42 @@ TEST(Instrumentation, SequenceParallelTrafficEqualsAnalyticVolumes) {
   }
 }
 
+// Interleaved 1F1B: every chunk sends its activation on and its gradient back (the
+// model's first and last chunks excepted), over the wrap-around too; the counters equal
+// the analytic volumes for every ZeRO stage, with sequence parallelism as well.
+TEST(Instrumentation, InterleavedTrafficEqualsAnalyticVolumes) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs pp 2";
+  std::vector<std::pair<Layout, std::string>> cases;
+  const std::string v2 = ", virtual_stages: 2";
+  if (n == 2) cases = {{{1, 1, 2}, v2}};
+  if (n == 4) cases = {{{2, 1, 2}, v2}, {{1, 2, 2}, v2 + ", sequence_parallel: true"}};
+  if (n == 8) cases = {{{2, 2, 2}, v2 + ", sequence_parallel: true"}};
+  for (const auto& [l, extra] : cases) {
+    for (int zero = 0; zero <= (l.dp > 1 ? 3 : 0); ++zero) {
+      for (const char* arch : {"gpt2", "llama"}) {
+        SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
+        auto interleaved = make_trainer(l, zero, arch, "fp32", "", extra);
+        ASSERT_NE(interleaved, nullptr);
+        ASSERT_TRUE(interleaved->train_step().is_ok());
+        const RankStats& s = interleaved->last_step_stats();
+        expect_group(s.traffic.tp, s.analytic.tp, "tp");
+        expect_group(s.traffic.dp, s.analytic.dp, "dp");
+        expect_group(s.traffic.pp, s.analytic.pp, "pp");
+        expect_group(s.traffic.embedding, s.analytic.embedding, "embedding");
+        // pp 2, v 2: each stage sends three boundaries per micro-batch (stage 0: chunk 0
+        // on, chunk 1 on and back; stage 1: chunk 0 on and back, chunk 1 back) where
+        // plain 1F1B sends one.
+        auto plain = make_trainer(l, zero, arch, "fp32", "",
+                                  extra.substr(v2.size()));  // the same without chunks
+        ASSERT_NE(plain, nullptr);
+        ASSERT_TRUE(plain->train_step().is_ok());
+        EXPECT_EQ(s.traffic.pp.send, 3 * plain->last_step_stats().traffic.pp.send);
+      }
+    }
+  }
+}
+
 TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";

@@ -63,6 +63,7 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.pipeline_schedule, b.parallel.pipeline_schedule);
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
   EXPECT_EQ(a.parallel.sequence_parallel, b.parallel.sequence_parallel);
+  EXPECT_EQ(a.parallel.virtual_stages, b.parallel.virtual_stages);
   EXPECT_EQ(a.parallel.bucket_mb, b.parallel.bucket_mb);
   EXPECT_EQ(a.parallel.comm_timeout_s, b.parallel.comm_timeout_s);
   EXPECT_EQ(a.runtime.device, b.runtime.device);
@@ -164,6 +165,7 @@ parallel:
   pipeline_schedule: gpipe
   stage_layers: [1, 2, 3]
   sequence_parallel: true
+  virtual_stages: 1  # the default: more chunks need 1f1b and equal chunks
   bucket_mb: 50
   comm_timeout_s: 45
 runtime:
@@ -367,6 +369,22 @@ TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
                {"parallel.sequence_parallel: needs parallel.tp > 1", "tp=1"});
   expect_error(kMinimal + "model: {seq_len: 18}\nparallel: {tp: 4, sequence_parallel: true}\n", {},
                {"parallel.sequence_parallel: model.seq_len=18 does not split over parallel.tp=4"});
+  // Interleaved 1F1B (kMinimal: 4 layers, global batch 8, micro-batch 4: 2 micro-batches).
+  expect_error(kMinimal + "parallel: {pp: 2, virtual_stages: 0}\n", {},
+               {"parallel.virtual_stages: must be >= 1"});
+  expect_error(kMinimal + "parallel: {virtual_stages: 2}\n", {},
+               {"parallel.virtual_stages 2", "needs parallel.pp > 1"});
+  expect_error(kMinimal + "parallel: {pp: 2, virtual_stages: 2, pipeline_schedule: gpipe}\n", {},
+               {"parallel.virtual_stages 2", "pipeline_schedule 1f1b, got gpipe"});
+  expect_error(kMinimal + "parallel: {pp: 2, virtual_stages: 2, micro_batch_size: 8}\n", {},
+               {"parallel.virtual_stages 2", "micro-batches per step (1", "multiple of parallel.pp (2)"});
+  expect_error(kMinimal + "parallel: {pp: 2, virtual_stages: 3, micro_batch_size: 2}\n", {},
+               {"parallel.virtual_stages 3", "6 chunks", "model.n_layers is 4"});
+  expect_error(kMinimal + "model: {n_layers: 6}\nparallel: {pp: 2, virtual_stages: 2}\n", {},
+               {"parallel.virtual_stages: model.n_layers=6 does not divide into parallel.pp * "
+                "parallel.virtual_stages = 2 * 2 = 4 equal model chunks"});
+  expect_error(kMinimal + "parallel: {pp: 2, virtual_stages: 2, stage_layers: [2, 2]}\n", {},
+               {"parallel.stage_layers: cannot be set with parallel.virtual_stages=2"});
   expect_error(kMinimal + "parallel: {zero_stage: 4}\n", {}, {"parallel.zero_stage"});
   expect_error(kMinimal + "parallel: {dp: 0}\n", {}, {"parallel.dp: must be >= 1"});
   expect_error(kMinimal + "parallel: {micro_batch_size: 0}\n", {}, {"parallel.micro_batch_size"});
