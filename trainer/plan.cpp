@@ -430,28 +430,28 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   const int64_t world = int64_t{p.dp} * p.tp * p.pp;
   if (world != n) {
     const int64_t tp_pp = int64_t{p.tp} * p.pp;
+    configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / tp_pp));
+    const Status st = validate_config(configured);
     if (n % tp_pp != 0) {
-      return Status::invalid_config(
+      plan.configured_error =
           "parallel.tp * parallel.pp = " + std::to_string(p.tp) + " * " + std::to_string(p.pp) +
           " does not divide --devices " + std::to_string(n) + " (the config's layout, parallel.dp=" +
-          std::to_string(p.dp) + ", is for " + std::to_string(world) + " devices)");
+          std::to_string(p.dp) + ", is for " + std::to_string(world) + " devices)";
+    } else if (!st.is_ok()) {
+      plan.configured_error = "the config's layout (parallel.dp=" + std::to_string(p.dp) +
+                              ", parallel.tp=" + std::to_string(p.tp) + ", parallel.pp=" +
+                              std::to_string(p.pp) + ") with dp=" +
+                              std::to_string(configured.parallel.dp) + " for --devices " +
+                              std::to_string(n) + ": " + st.message();
+    } else {
+      plan.configured_note = "the config's layout is for " + std::to_string(world) +
+                             (world == 1 ? " device" : " devices") + " (parallel.dp=" +
+                             std::to_string(p.dp) + "); on " + std::to_string(n) +
+                             " it is evaluated with dp=" + std::to_string(configured.parallel.dp);
     }
-    configured.parallel.dp = static_cast<int>(n / tp_pp);
-    const Status st = validate_config(configured);
-    if (!st.is_ok()) {
-      return Status::invalid_config("the config's layout (parallel.dp=" + std::to_string(p.dp) +
-                                    ", parallel.tp=" + std::to_string(p.tp) + ", parallel.pp=" +
-                                    std::to_string(p.pp) + ") with dp=" +
-                                    std::to_string(configured.parallel.dp) + " for --devices " +
-                                    std::to_string(n) + ": " + st.message());
-    }
-    plan.configured_note = "the config's layout is for " + std::to_string(world) +
-                           " devices (parallel.dp=" + std::to_string(p.dp) + "); on " +
-                           std::to_string(n) + " it is evaluated with dp=" +
-                           std::to_string(configured.parallel.dp);
   }
   std::map<LayoutKey, ParamLayout> cache;
-  plan.configured = evaluate_cached(configured, options, &cache);
+  if (plan.configured_error.empty()) plan.configured = evaluate_cached(configured, options, &cache);
   for (const PlanLayout& l : enumerate_layouts(config, n)) {
     plan.layouts.push_back(evaluate_cached(apply_layout(config, l), options, &cache));
   }
@@ -467,7 +467,9 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     }
   }
   LayoutPlan& c = plan.configured;
-  if (!c.fits) {
+  if (!plan.configured_error.empty()) {
+    c.reason = plan.configured_error;
+  } else if (!c.fits) {
     c.reason = misfit_text(c);
   } else if (plan.recommended >= 0 && plan.layouts[0].layout == c.layout) {
     c.reason = "recommended: the fastest layout that fits";
@@ -509,12 +511,13 @@ nlohmann::json plan_json(const Plan& plan) {
   return {{"devices", plan.devices},
           {"gpu", plan.gpu},
           {"gpus_per_node", plan.gpus_per_node},
-          {"configured", layout_json(plan.configured)},
+          {"configured", plan.configured_error.empty() ? layout_json(plan.configured) : nlohmann::json()},
           {"recommended", plan.recommended >= 0 ? layout_json(plan.layouts[0]) : nlohmann::json()},
           {"layouts", std::move(layouts)}};
 }
 
 std::string configured_misfit(const Plan& plan) {
+  if (!plan.configured_error.empty()) return plan.configured_error;
   const LayoutPlan& c = plan.configured;
   if (c.fits) return "";
   const PlanLayout& l = c.layout;
@@ -536,22 +539,27 @@ std::string configured_misfit(const Plan& plan) {
 }
 
 std::string plan_table(const Plan& plan, int rows) {
+  // GiB columns, or MiB when every layout is under 1 GiB (small CPU models).
+  double largest = plan.configured_error.empty() ? plan.configured.memory.total : 0.0;
+  for (const LayoutPlan& l : plan.layouts) largest = std::max(largest, l.memory.total);
+  const bool mib = largest < kGiB;
+  const double unit = mib ? 1048576.0 : kGiB;
   std::string out;
   char line[512];
   std::snprintf(line, sizeof(line),
-                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %4s %8s %8s %8s %6s %8s %9s %6s  %s\n",
-                "rank", "layout", "fits", "mem GiB", "params", "grads", "optim", "activ",
-                "buffers", "", "dp GB", "tp GB", "pp GB", "bubble", "step s", "tok/s/gpu",
+                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %9s %6s  %s\n",
+                "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
+                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "tok/s/gpu",
                 "MFU", "reason");
   out += line;
   auto row = [&](const std::string& rank, const LayoutPlan& r) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
-                  "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %4s %8.2f %8.2f %8.2f "
+                  "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
                   "%5.1f%% %8.3f %9.0f %5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.layout).c_str(), r.fits ? "yes" : "NO",
-                  m.total / kGiB, m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB,
-                  m.activations / kGiB, (m.buffers + m.workspace) / kGiB, "", r.comm_dp / 1e9,
+                  m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
+                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit, r.comm_dp / 1e9,
                   r.comm_tp / 1e9, r.comm_pp / 1e9, 100 * r.bubble, r.step_time_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
@@ -561,7 +569,11 @@ std::string plan_table(const Plan& plan, int rows) {
   if (shown < static_cast<int>(plan.layouts.size())) {
     out += "  ... " + std::to_string(plan.layouts.size() - shown) + " more layouts (--json lists all)\n";
   }
-  row("conf", plan.configured);
+  if (plan.configured_error.empty()) {
+    row("conf", plan.configured);
+  } else {
+    out += "# configured: " + plan.configured_error + "\n";
+  }
   if (!plan.configured_note.empty()) out += "# configured: " + plan.configured_note + "\n";
   int fitting = 0;
   for (const LayoutPlan& l : plan.layouts) fitting += l.fits;
@@ -571,7 +583,7 @@ std::string plan_table(const Plan& plan, int rows) {
   if (plan.recommended >= 0) {
     const LayoutPlan& r = plan.layouts[0];
     out += "recommended: " + layout_name(r.layout) + fmt(": %.3f s/step", r.step_time_s) +
-           fmt(", %.0f tokens/s per GPU", r.tokens_per_s_per_gpu) + fmt(", MFU %.1f%%", 100 * r.mfu) +
+           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) + fmt(", MFU %.1f%%", 100 * r.mfu) +
            ", " + gib(r.memory.total) + " per rank of " + gib(r.capacity) + "\n";
   } else {
     out += "recommended: none (no layout fits)\n";

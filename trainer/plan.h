@@ -137,13 +137,17 @@ struct Plan {
   std::string gpu;
   LayoutPlan configured;
   std::string configured_note;      // how the config's layout was put on N devices, or ""
+  // Why the config's layout cannot be put on N devices (tp * pp does not divide N, or
+  // the batch does not split over the resulting dp), naming the keys; then `configured`
+  // is not evaluated (JSON null) and the command exits 2 after the table.
+  std::string configured_error;
   std::vector<LayoutPlan> layouts;  // ranked: fitting by tokens/s, then the rest by memory
   int recommended = -1;             // index into layouts; -1 when nothing fits
 };
 
-// The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1, a
-// configured layout that cannot be put on that many devices (naming parallel.* and
-// --devices).
+// The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,
+// gpus_per_node < 1. The config's layout on N devices: as written when dp * tp * pp ==
+// N, else with dp = N / (tp * pp) (configured_note), else configured_error.
 Result<Plan> make_plan(const Config& config, const PlanOptions& options);
 
 // The fixed-width table: the first `rows` layouts, the configured one, the recommendation.
@@ -152,8 +156,9 @@ std::string plan_table(const Plan& plan, int rows);
 nlohmann::json plan_json(const Plan& plan);
 nlohmann::json layout_json(const LayoutPlan& l);
 
-// When the configured layout does not fit: "parallel.dp=4, parallel.tp=8, ... does not
-// fit: ..." naming the keys, the figures and the biggest kind; "" when it fits.
+// When the configured layout does not fit: "the configured layout (parallel.dp=4,
+// parallel.tp=8, ...) does not fit on h100: ..." naming the keys, the figures and the
+// biggest kind; configured_error when it could not be placed; "" when it fits.
 std::string configured_misfit(const Plan& plan);
 
 }  // namespace trident

@@ -81,12 +81,18 @@ TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   }
   // dp 1 has ZeRO 0 only (the stages shard over dp: 1-3 would equal 0).
   for (const PlanLayout& l : enumerate_layouts(base, 4)) {
-    if (l.dp == 1) EXPECT_EQ(l.zero_stage, 0) << layout_name(l);
+    if (l.dp == 1) {
+      EXPECT_EQ(l.zero_stage, 0) << layout_name(l);
+    }
   }
   // A batch that dp does not divide: dp 8 of batch 4 is left out.
   Config small_batch = base;
   small_batch.training.global_batch_size = 4;
-  for (const PlanLayout& l : enumerate_layouts(small_batch, 8)) EXPECT_LT(l.dp, 8) << layout_name(l);
+  const std::vector<PlanLayout> small = enumerate_layouts(small_batch, 8);
+  EXPECT_FALSE(small.empty());
+  for (const PlanLayout& l : small) {
+    EXPECT_LT(l.dp, 8) << layout_name(l);
+  }
   EXPECT_TRUE(enumerate_layouts(base, 0).empty());
 }
 
@@ -175,7 +181,9 @@ TEST(Plan, RanksFittingLayoutsByTimeAndSaysWhyOthersLose) {
   for (size_t i = 1; i < plan->layouts.size(); ++i) {
     const LayoutPlan& a = plan->layouts[i - 1];
     const LayoutPlan& b = plan->layouts[i];
-    if (a.fits && b.fits) EXPECT_LE(a.step_time_s, b.step_time_s);
+    if (a.fits && b.fits) {
+      EXPECT_LE(a.step_time_s, b.step_time_s);
+    }
     EXPECT_FALSE(b.reason.empty());
     if (b.fits) {
       EXPECT_TRUE(b.reason.find("x slower: ") != std::string::npos ||
@@ -194,13 +202,17 @@ TEST(Plan, ConfiguredLayoutMovesToTheDeviceCountOrIsRefused) {
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   EXPECT_EQ(plan->configured.layout.dp, 4);
   EXPECT_NE(plan->configured_note.find("evaluated with dp=4"), std::string::npos);
-  base.parallel.pp = 2;  // tp * pp = 4 does not divide 6
+  base.parallel.pp = 2;  // tp * pp = 4 does not divide 6: the other layouts are still planned
+  base.training.global_batch_size = 12;  // (dp 6 x tp 1 x pp 1 is one)
   Result<Plan> bad = make_plan(base, gpu_options(6));
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_EQ(bad.status().exit_code(), 2);
-  EXPECT_NE(bad.status().message().find("parallel.tp * parallel.pp = 2 * 2 does not divide --devices 6"),
-            std::string::npos)
-      << bad.status().message();
+  ASSERT_TRUE(bad.is_ok()) << bad.status().message();
+  EXPECT_EQ(bad->configured_error,
+            "parallel.tp * parallel.pp = 2 * 2 does not divide --devices 6 (the config's layout, "
+            "parallel.dp=1, is for 4 devices)");
+  EXPECT_EQ(configured_misfit(bad.value()), bad->configured_error);
+  EXPECT_FALSE(bad->layouts.empty());
+  EXPECT_TRUE(plan_json(bad.value())["configured"].is_null());
+  EXPECT_NE(plan_table(bad.value(), 3).find("# configured: parallel.tp * parallel.pp"), std::string::npos);
   Result<Plan> none = make_plan(base, gpu_options(0));
   ASSERT_FALSE(none.is_ok());
   EXPECT_NE(none.status().message().find("--devices: must be >= 1"), std::string::npos);
