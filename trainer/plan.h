@@ -106,7 +106,9 @@ struct LayoutPlan {
   PlanMemory memory;           // the most loaded rank (largest total)
   int peak_stage = 0;          // its pipeline stage
   double capacity = 0;         // bytes one rank may hold
-  double comm_dp = 0, comm_tp = 0, comm_pp = 0;  // bytes per step, most loaded rank
+  // Bytes per step of each group, on the stage that moves the most in it (dp includes the
+  // tied-embedding all-reduce).
+  double comm_dp = 0, comm_tp = 0, comm_pp = 0;
   bool tp_crosses_nodes = false, dp_crosses_nodes = false, pp_crosses_nodes = false;
   double bubble = 0;           // (p-1)/(m+p-1)
   int micro_batches = 0;       // per dp rank per step
@@ -150,7 +152,8 @@ struct Plan {
 // N, else with dp = N / (tp * pp) (configured_note), else configured_error.
 Result<Plan> make_plan(const Config& config, const PlanOptions& options);
 
-// The fixed-width table: the first `rows` layouts, the configured one, the recommendation.
+// Output (trainer/plan_output.cpp). The fixed-width table: the first `rows` layouts, the
+// configured one, the recommendation.
 std::string plan_table(const Plan& plan, int rows);
 // DESIGN.md's object: {devices, gpu, gpus_per_node, configured, recommended, layouts}.
 nlohmann::json plan_json(const Plan& plan);
