@@ -125,8 +125,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const bool cpu = hw.is_cpu;
   const bool fp32 = config.training.precision == Precision::kFp32;
   const double peak = hw.peak_flops * (fp32 && !cpu ? 0.5 : 1.0);  // GPU fp32: TF32
-  const double gemm_rate = peak * (cpu ? 1.0 : kGemmEfficiency);
-  const double attention_rate = peak * (cpu ? 1.0 : kAttentionEfficiency);
+  const double gemm_rate = peak * (cpu ? kCpuEfficiency : kGemmEfficiency);
+  const double attention_rate = peak * (cpu ? kCpuEfficiency : kAttentionEfficiency);
   const double mem_rate = hw.memory_bandwidth * (cpu ? 1.0 : kMemoryEfficiency);
   const StageWork w = stage_work(config, part, layout);
   const double layers = part.layer_end - part.layer_begin;

@@ -30,8 +30,8 @@
 //                             + attention-core FLOPs (causal) / (peak * kAttentionEfficiency)
 //                             + elementwise bytes / (memory bandwidth * kMemoryEfficiency)
 //     forward once, backward twice, plus the forward recompute reruns (full: the layer,
-//     selective: the attention core). GPU fp32 runs at TF32 = half the bf16 peak. The
-//     efficiencies are 1 on the cpu (its peak is the measured sgemm rate).
+//     selective: the attention core). GPU fp32 runs at TF32 = half the bf16 peak. On the
+//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate.
 //   per micro-batch tp = tp payload * bus_factor / link bandwidth + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
 //     pp likewise for one boundary send each way (NVLink only when a whole pipeline fits
@@ -65,6 +65,9 @@ inline constexpr double kAttentionEfficiency = 0.5;   // flash / cuDNN fwd+bwd, 
 inline constexpr double kMemoryEfficiency = 0.8;      // of the datasheet HBM bandwidth
 inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandwidth
 inline constexpr double kGpuWorkspaceBytes = 2.0 * 1073741824.0;
+// --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
+// (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
+inline constexpr double kCpuEfficiency = 0.55;
 
 // A layout: the parallel and recompute choices plan varies. virtual_stages is 1 until
 // interleaved 1F1B exists (then it is one more loop in enumerate_layouts).
