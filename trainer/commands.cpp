@@ -13,6 +13,8 @@ void print_usage(std::FILE* to) {
                "usage: trident <command> [options]\n"
                "  train    --config FILE [--set section.key=value ...] [--resume auto|none|DIR]\n"
                "           train a model (exit 3: stopped by a signal)\n"
+               "  plan     --config FILE --devices N [--gpu NAME] [--gpus-per-node K] [--json]\n"
+               "           memory, communication and time of every layout; the recommended one\n"
                "  prepare  --input FILES... --out DIR --tokenizer byte|gpt2\n"
                "           [--val-fraction F] [--shard-tokens N]\n"
                "           tokenize text into token files\n"
@@ -59,6 +61,7 @@ int run_cli(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   return run_guarded([&] {
     if (command == "train") return cmd_train(args);
+    if (command == "plan") return cmd_plan(args);
     if (command == "prepare") return cmd_prepare(args);
     if (command == "ckpt") return cmd_ckpt(args);
     if (command == "export") return cmd_export(args);

@@ -26,5 +26,6 @@ int cmd_prepare(const std::vector<std::string>& args);
 int cmd_ckpt(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);
 
 }  // namespace trident

@@ -1,0 +1,148 @@
+// `trident plan` end to end (trainer/cmd_plan.cpp; docs/PLAN.md): the 70B config on 1024
+// H100s in well under 5 s with a sensible table, --json with DESIGN.md's object, --gpu
+// cpu, and every bad input exiting 2 with a message naming the flag or key.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/e2e/cli_util.h"
+
+namespace trident::testing {
+namespace {
+
+std::string plan_cmd(const std::string& args) { return trident_binary() + " plan " + args; }
+std::string configs() { return std::string(TRIDENT_SOURCE_DIR) + "/configs/"; }
+
+// A small llama config file (tp 1-2 valid; 2 layers).
+std::string small_config(const ScratchDir& dir, const std::string& parallel = "{}") {
+  dir.write("small.yaml",
+            "model: {arch: llama, vocab_size: 256, seq_len: 32, n_layers: 2, n_heads: 4, "
+            "n_kv_heads: 2, d_model: 64, d_ff: 128}\n"
+            "parallel: " + parallel + "\n"
+            "data: {train: unused.bin}\n"
+            "training: {global_batch_size: 8}\n");
+  return dir.file("small.yaml");
+}
+
+TEST(PlanCli, Llama70bOn1024H100sIsFastAndSensible) {
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult r =
+      run_command(plan_cmd("--config " + configs() + "llama-70b.yaml --devices 1024 --gpu h100"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("trident plan llama-70b, 1024 x h100: %.2f s\n", seconds);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_NE(r.output.find("# rank  layout"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  1     dp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  conf  dp16 tp8 pp8 z1 none mbs1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on 1024 it is evaluated with dp=16"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("valid layouts on 1024 x h100 (8 per node)"), std::string::npos);
+  EXPECT_NE(r.output.find("\nrecommended: dp"), std::string::npos) << r.output;
+  // Sensible: 70B parameters need tensor parallelism on 80 GiB GPUs, and the predicted
+  // MFU of the recommendation is between 20% and 70%.
+  const size_t rec = r.output.find("\nrecommended: ");
+  EXPECT_EQ(r.output.find("tp1 ", rec), std::string::npos) << r.output.substr(rec);
+  const size_t mfu_at = r.output.find("MFU ", rec);
+  ASSERT_NE(mfu_at, std::string::npos);
+  const double mfu = std::stod(r.output.substr(mfu_at + 4));
+  EXPECT_GT(mfu, 20.0);
+  EXPECT_LT(mfu, 70.0);
+}
+
+TEST(PlanCli, JsonIsTheDesignObject) {
+  ScratchDir dir;
+  const CommandResult r = run_command(
+      plan_cmd("--config " + small_config(dir, "{dp: 8, micro_batch_size: 1}") + " --devices 8 --gpu a100 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["devices"], 8);
+  EXPECT_EQ(j["gpu"], "a100");
+  EXPECT_EQ(j["gpus_per_node"], 8);
+  EXPECT_EQ(j["layouts"].size(), 156u);  // tests/trainer/plan_test.cpp counts them
+  EXPECT_EQ(j["configured"]["dp"], 8);
+  EXPECT_EQ(j["configured"]["virtual_stages"], 1);
+  EXPECT_TRUE(j["recommended"]["fits"].get<bool>());
+  EXPECT_EQ(j["recommended"], j["layouts"][0]);
+  for (const char* key : {"params", "grads", "optimizer", "activations", "buffers", "total"}) {
+    EXPECT_TRUE(j["recommended"]["memory_bytes"].contains(key)) << key;
+  }
+}
+
+TEST(PlanCli, GpuCpuPlansForThisMachine) {
+  ScratchDir dir;
+  const CommandResult r = run_command(
+      plan_cmd("--config " + small_config(dir) + " --devices 2 --gpu cpu --set runtime.peak_tflops=0.1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("valid layouts on 2 x cpu (2 per node)"), std::string::npos) << r.output;
+}
+
+TEST(PlanCli, UnknownGpuNamesTheFlagAndTheKnownOnes) {
+  ScratchDir dir;
+  const CommandResult r =
+      run_command(plan_cmd("--config " + small_config(dir) + " --devices 8 --gpu v100"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("trident plan: --gpu: unknown GPU 'v100'; known: h100, h200, a100, b200, cpu"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(PlanCli, BadDevicesAndMissingFlagsExit2) {
+  ScratchDir dir;
+  const std::string config = small_config(dir);
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {"--config " + config, "trident plan: --devices is required"},
+      {"--config " + config + " --devices 0", "trident plan: --devices: expected a number >= 1, got '0'"},
+      {"--config " + config + " --devices -4", "trident plan: --devices: expected a number >= 1, got '-4'"},
+      {"--config " + config + " --devices many", "trident plan: --devices: expected a number >= 1, got 'many'"},
+      {"--devices 8", "trident plan: --config is required"},
+      {"--config " + config + " --devices 8 --gpus-per-node 0",
+       "trident plan: --gpus-per-node: expected a number >= 1, got '0'"},
+      {"--config " + config + " --devices 8 --frobnicate", "trident plan: unknown option '--frobnicate'"},
+      {"--config " + dir.file("missing.yaml") + " --devices 8", "missing.yaml: cannot open config file"},
+      {"--config " + config + " --devices 8 --set parallel.tp=3",
+       "parallel.tp: 3 does not divide model.n_heads=4"},
+      {"--config " + config + " --devices 6 --set parallel.tp=2 --set parallel.pp=2",
+       "trident plan: parallel.tp * parallel.pp = 2 * 2 does not divide --devices 6"},
+      {"--config " + config + " --devices 8 --hardware " + dir.file("none.yaml"),
+       "none.yaml: cannot open hardware file"},
+  };
+  for (const Case& c : cases) {
+    const CommandResult r = run_command(plan_cmd(c.args));
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(PlanCli, AConfiguredLayoutThatDoesNotFitPrintsTheTableThenNamesTheKeys) {
+  ScratchDir dir;
+  // Llama-3-70B's shape on 8 H100s, tp 8: ~17.6 GiB of bf16 weights per rank and 8 GiB of
+  // fp32 masters, gradients 35 GiB and moments 70 GiB: far over 80 GiB, nothing fits.
+  dir.write("big.yaml",
+            "model: {arch: llama, vocab_size: 128256, seq_len: 8192, n_layers: 80, n_heads: 64,"
+            " n_kv_heads: 8, d_model: 8192, d_ff: 28672}\n"
+            "parallel: {tp: 8, micro_batch_size: 1}\n"
+            "data: {train: unused.bin}\n"
+            "training: {global_batch_size: 8, precision: bf16}\n");
+  const CommandResult r = run_command(plan_cmd("--config " + dir.file("big.yaml") + " --devices 8"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const size_t table = r.output.find("# rank  layout");
+  const size_t message = r.output.find("trident plan: the configured layout (parallel.dp=1, parallel.tp=8, "
+                                       "parallel.pp=1, parallel.zero_stage=0, parallel.micro_batch_size=1");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  ASSERT_NE(message, std::string::npos) << r.output;
+  EXPECT_LT(table, message);
+  EXPECT_NE(r.output.find("does not fit on h100: pipeline stage 0 needs", message), std::string::npos);
+  EXPECT_NE(r.output.find("but a rank has 80.0 GiB; biggest: optimizer state", message), std::string::npos)
+      << r.output.substr(message);
+  EXPECT_NE(r.output.find("recommended: none (no layout fits)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident::testing

@@ -1,0 +1,175 @@
+#include "trainer/hardware.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace trident {
+namespace {
+
+// MPI between processes of one machine goes through shared memory: a copy in, a copy
+// out. Rough figures of a two-socket server (docs/PLAN.md); --gpu cpu plans are for
+// checking the memory model, their times are indicative only.
+constexpr double kCpuMemoryBandwidth = 20e9;  // bytes/s one rank streams
+constexpr double kCpuLinkBandwidth = 5e9;     // bytes/s per rank through shared memory
+constexpr double kCpuLinkLatency = 5e-6;      // s per MPI call
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// The keys of one mapping entry, each exactly once; positive numbers and names.
+class Entry {
+ public:
+  Entry(const YAML::Node& node, std::string where) : node_(node), where_(std::move(where)) {}
+  Status check_keys(const std::set<std::string>& allowed) const {
+    if (!node_.IsMap()) return Status::invalid_config(where_ + ": expected a mapping");
+    for (auto kv = node_.begin(); kv != node_.end(); ++kv) {
+      const std::string key = kv->first.Scalar();
+      if (!allowed.count(key)) {
+        std::string names;
+        for (const auto& a : allowed) names += (names.empty() ? "" : ", ") + a;
+        return Status::invalid_config(where_ + ": unknown key '" + key + "'; allowed: " + names);
+      }
+    }
+    return Status::ok();
+  }
+  Result<double> positive(const std::string& key) const {
+    const YAML::Node v = node_[key];
+    if (!v) return Status::invalid_config(where_ + "." + key + ": missing");
+    double x = 0;
+    try {
+      x = v.as<double>();
+    } catch (const YAML::Exception&) {
+      return Status::invalid_config(where_ + "." + key + ": expected a number, got '" +
+                                    (v.IsScalar() ? v.Scalar() : std::string("a collection")) +
+                                    "'");
+    }
+    if (!(x > 0)) {
+      return Status::invalid_config(where_ + "." + key + ": must be > 0, got " + v.Scalar());
+    }
+    return x;
+  }
+  Result<std::string> name(const std::string& key) const {
+    const YAML::Node v = node_[key];
+    if (!v || !v.IsScalar() || v.Scalar().empty()) {
+      return Status::invalid_config(where_ + "." + key + ": expected a name");
+    }
+    return lower(v.Scalar());
+  }
+
+ private:
+  YAML::Node node_;
+  std::string where_;
+};
+
+}  // namespace
+
+Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_config(source + ":" + std::to_string(e.mark.line + 1) +
+                                  ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsMap() || !root["gpus"] || !root["gpus"].IsSequence() || !root["interconnects"] ||
+      !root["interconnects"].IsSequence()) {
+    return Status::invalid_config(source + ": expected lists 'gpus' and 'interconnects'");
+  }
+  std::map<std::string, LinkSpec> links;
+  for (size_t i = 0; i < root["interconnects"].size(); ++i) {
+    const Entry e(root["interconnects"][i], source + ": interconnects[" + std::to_string(i) + "]");
+    TRIDENT_RETURN_IF_ERROR(e.check_keys({"name", "gbytes_per_s", "latency_us"}));
+    LinkSpec link;
+    TRIDENT_ASSIGN_OR_RETURN(link.name, e.name("name"));
+    TRIDENT_ASSIGN_OR_RETURN(const double gbytes, e.positive("gbytes_per_s"));
+    TRIDENT_ASSIGN_OR_RETURN(const double latency_us, e.positive("latency_us"));
+    link.bytes_per_s = gbytes * 1e9;
+    link.latency_s = latency_us * 1e-6;
+    links[link.name] = link;
+  }
+  HardwareTable table;
+  for (size_t i = 0; i < root["gpus"].size(); ++i) {
+    const std::string where = source + ": gpus[" + std::to_string(i) + "]";
+    const Entry e(root["gpus"][i], where);
+    TRIDENT_RETURN_IF_ERROR(e.check_keys(
+        {"name", "peak_bf16_tflops", "memory_gib", "memory_tbps", "interconnect", "network"}));
+    Hardware hw;
+    TRIDENT_ASSIGN_OR_RETURN(hw.name, e.name("name"));
+    if (hw.name == "cpu") return Status::invalid_config(where + ".name: 'cpu' is reserved");
+    TRIDENT_ASSIGN_OR_RETURN(const double tflops, e.positive("peak_bf16_tflops"));
+    TRIDENT_ASSIGN_OR_RETURN(const double gib, e.positive("memory_gib"));
+    TRIDENT_ASSIGN_OR_RETURN(const double tbps, e.positive("memory_tbps"));
+    hw.peak_flops = tflops * 1e12;
+    hw.memory_bytes = gib * 1073741824.0;
+    hw.memory_bandwidth = tbps * 1e12;
+    for (const char* key : {"interconnect", "network"}) {
+      TRIDENT_ASSIGN_OR_RETURN(const std::string link, e.name(key));
+      auto it = links.find(link);
+      if (it == links.end()) {
+        return Status::invalid_config(where + "." + key + ": '" + link +
+                                      "' is not in interconnects");
+      }
+      (std::string(key) == "network" ? hw.inter_node : hw.intra_node) = it->second;
+    }
+    table.gpus.push_back(hw);
+  }
+  return table;
+}
+
+Result<HardwareTable> load_hardware_table(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status::invalid_input(path + ": cannot open hardware file: " + std::strerror(errno));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_hardware_table(text.str(), path);
+}
+
+std::string default_hardware_path() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& p : {exe.parent_path().parent_path() / "configs/hardware.yaml",
+                              exe.parent_path() / "configs/hardware.yaml"}) {
+      if (fs::is_regular_file(p, ec)) return p.string();
+    }
+  }
+  return "configs/hardware.yaml";  // relative to the working directory
+}
+
+Result<Hardware> find_gpu(const HardwareTable& table, const std::string& name) {
+  const std::string want = lower(name);
+  std::string known;
+  for (const Hardware& hw : table.gpus) {
+    if (hw.name == want) return hw;
+    known += hw.name + ", ";
+  }
+  return Status::invalid_input("--gpu: unknown GPU '" + name + "'; known: " + known + "cpu");
+}
+
+Hardware cpu_hardware(double peak_flops, double memory_bytes) {
+  Hardware hw;
+  hw.name = "cpu";
+  hw.peak_flops = peak_flops;
+  hw.memory_bytes = memory_bytes;
+  hw.memory_bandwidth = kCpuMemoryBandwidth;
+  hw.intra_node = hw.inter_node = {"shared memory", kCpuLinkBandwidth, kCpuLinkLatency};
+  hw.is_cpu = true;
+  return hw;
+}
+
+}  // namespace trident

@@ -1,0 +1,504 @@
+// The plan: enumeration, evaluation with the shared formulas, ranking, output.
+#include "trainer/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "comm/communicator.h"
+#include "parallel/pipeline.h"
+#include "trainer/traffic_model.h"
+
+namespace trident {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, x);
+  return buf;
+}
+std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
+
+// Seconds for `payload` bytes of a ring collective over `link` with `ranks` members.
+double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSpec& link,
+                    double calls, bool cpu) {
+  if (ranks <= 1 || payload <= 0) return 0;
+  const double bw = link.bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
+  return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
+}
+
+double group_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
+  // Calls are shared out over the kinds present; the fixed cost is small next to bytes.
+  const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
+  const double per_kind = kinds > 0 ? calls / kinds : 0;
+  return collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu) +
+         collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu) +
+         collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu);
+}
+
+// The local FLOPs and elementwise bytes of one micro-batch's forward on a stage.
+struct StageWork {
+  double gemm_flops = 0, attention_flops = 0, elementwise_bytes = 0;
+  double layer_gemm_flops = 0, layer_attention_flops = 0, layer_elementwise_bytes = 0;
+};
+
+StageWork stage_work(const Config& config, const ModelPartition& part, const ParamLayout& layout) {
+  const TransformerConfig& c = config.model;
+  const double B = config.parallel.micro_batch_size, T = c.seq_len, N = B * T;
+  const double tp = part.tp_size;
+  const double layers = part.layer_end - part.layer_begin;
+  // GEMMs: 2 FLOPs per multiply-add of every local 2-D weight but the lookup tables
+  // (wte on the first stage is a lookup unless it is also this stage's head; wpe always).
+  double layer_matrix = 0, head_matrix = 0;
+  for (const ParamInfo& p : layout.params) {
+    if (p.local_shape.rank() != 2) continue;
+    const bool is_wte = p.name == "wte" && !p.tied_copy;
+    if (p.name == "wpe") continue;
+    if (p.name.rfind("layers.", 0) == 0) {
+      layer_matrix += static_cast<double>(p.numel());
+    } else if (!is_wte || (c.tied() && part.last_stage())) {
+      head_matrix += static_cast<double>(p.numel());
+    }
+  }
+  StageWork w;
+  w.layer_gemm_flops = layers > 0 ? 2 * N * layer_matrix / layers : 0;
+  // The attention core (QK^T and PV, causal: half of 4*B*T^2 per query width).
+  const double q_local = static_cast<double>(c.n_heads) * c.head_dim / tp;
+  w.layer_attention_flops = 2 * B * T * T * q_local;
+  // Elementwise passes (norms, residual adds, rope, the activation function, the
+  // softmax statistics): about 12 reads/writes of the [N, C] stream and 4 of the [N, F]
+  // and [N, q] ones per layer. The [N, C] ones run on a sequence shard under sequence
+  // parallelism.
+  const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
+  const double c_stream = config.parallel.sequence_parallel ? c.d_model / tp : c.d_model;
+  w.layer_elementwise_bytes = kA * N * (12 * c_stream + 4 * c.d_ff / tp + 4 * q_local);
+  w.gemm_flops = layers * w.layer_gemm_flops + 2 * N * head_matrix;
+  w.attention_flops = layers * w.layer_attention_flops;
+  // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
+  w.elementwise_bytes = layers * w.layer_elementwise_bytes +
+                        (part.last_stage() ? 4 * N * c.padded_vocab / tp * kA : 0);
+  return w;
+}
+
+struct StageTime {
+  double compute = 0, tp = 0, pp = 0;  // seconds per micro-batch
+  double dp = 0, optimizer = 0;        // seconds per step
+  RankTraffic traffic;
+};
+
+struct Links {
+  const LinkSpec* tp;
+  const LinkSpec* dp;
+  const LinkSpec* pp;
+  bool tp_cross, dp_cross, pp_cross;
+};
+
+Links links_for(const PlanLayout& l, const PlanOptions& o) {
+  const int g = o.gpus_per_node;
+  Links k;
+  k.tp_cross = l.tp > g;               // tp innermost: consecutive ranks
+  k.dp_cross = l.tp * l.dp > g;        // dp: stride tp
+  k.pp_cross = l.tp * l.dp * l.pp > g; // pp: stride tp * dp
+  const LinkSpec& in = o.hardware.intra_node;
+  const LinkSpec& out = o.hardware.inter_node;
+  k.tp = k.tp_cross ? &out : &in;
+  k.dp = k.dp_cross ? &out : &in;
+  k.pp = k.pp_cross ? &out : &in;
+  return k;
+}
+
+StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
+                     const PlanMemory& memory, const PlanOptions& o, const Links& links) {
+  const Hardware& hw = o.hardware;
+  const bool cpu = hw.is_cpu;
+  const bool fp32 = config.training.precision == Precision::kFp32;
+  const double peak = hw.peak_flops * (fp32 && !cpu ? 0.5 : 1.0);  // GPU fp32: TF32
+  const double gemm_rate = peak * (cpu ? kCpuEfficiency : kGemmEfficiency);
+  const double attention_rate = peak * (cpu ? kCpuEfficiency : kAttentionEfficiency);
+  const double mem_rate = hw.memory_bandwidth * (cpu ? 1.0 : kMemoryEfficiency);
+  const StageWork w = stage_work(config, part, layout);
+  const double layers = part.layer_end - part.layer_begin;
+  auto seconds = [&](double gemm, double attention, double bytes) {
+    return gemm / gemm_rate + attention / attention_rate + bytes / mem_rate;
+  };
+  const double forward = seconds(w.gemm_flops, w.attention_flops, w.elementwise_bytes);
+  double recompute = 0;
+  switch (config.training.recompute) {
+    case Recompute::kFull:
+      recompute = layers * seconds(w.layer_gemm_flops, w.layer_attention_flops,
+                                   w.layer_elementwise_bytes);
+      break;
+    case Recompute::kSelective:
+      recompute = layers * seconds(0, w.layer_attention_flops, 0);
+      break;
+    case Recompute::kNone:
+      break;
+  }
+  StageTime t;
+  t.compute = 3 * forward + recompute;
+  t.traffic = analytic_traffic(config, part, layout);
+  const double micro = config.grad_accum_steps();
+  const int tp = config.parallel.tp, dp = config.parallel.dp;
+  // tp: 4 collectives per layer (6 with full recompute), the embedding's and the head's.
+  const double tp_calls = 4 * layers + (config.training.recompute == Recompute::kFull ? 2 * layers : 0) + 2;
+  t.tp = group_s(t.traffic.tp, tp, *links.tp, tp_calls * micro, cpu) / micro;
+  if (t.traffic.pp.send > 0) {
+    const double bw = links.pp->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
+    const double sends = (part.first_stage() || part.last_stage()) ? 1 : 2;
+    t.pp = t.traffic.pp.send / micro / bw + sends * links.pp->latency_s;
+  }
+  const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
+  const double dp_calls = std::ceil(t.traffic.dp.total() / bucket);
+  t.dp = group_s(t.traffic.dp, dp, *links.dp, dp_calls, cpu) +
+         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2, *links.pp, 1,
+                      cpu);
+  // AdamW over the local shard: read param (or master), grad, m, v; write them back
+  // (and the bf16 compute copy); one more read of the gradients for the norm.
+  const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
+  t.optimizer = local * (fp32 ? 32.0 : 38.0) / mem_rate;
+  return t;
+}
+
+// plan_params per distinct stage shape (the layer range matters only by its length).
+using LayoutKey = std::tuple<int, int, int, int>;  // tp, first, last, layers
+
+std::string recompute_text(Recompute r) { return recompute_name(r); }
+
+}  // namespace
+
+std::string layout_name(const PlanLayout& l) {
+  std::string s = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
+                  std::to_string(l.pp);
+  if (l.virtual_stages > 1) s += " v" + std::to_string(l.virtual_stages);
+  s += " z" + std::to_string(l.zero_stage);
+  if (l.sequence_parallel) s += " sp";
+  s += std::string(" ") + recompute_name(l.recompute) + " mbs" + std::to_string(l.micro_batch_size);
+  return s;
+}
+
+size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int /*HD*/) {
+  return static_cast<size_t>(B) * static_cast<size_t>(NH) * static_cast<size_t>(T) * sizeof(float);
+}
+
+PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                            const PlanOptions& options) {
+  const RankMemory m = estimate_rank_memory(config, part, dp_rank, options.attention_state_bytes);
+  PlanMemory p;
+  p.params = m.params;
+  p.grads = m.grads;
+  p.optimizer = m.optimizer + m.master;
+  p.activations = m.activations;
+  // Plus the two f64 device accumulators RankMemory leaves out: the loss sum
+  // (Ops::loss_accumulate) and the gradient norm's sum of squares.
+  p.buffers = m.comm_buffers + m.scratch + 2 * sizeof(double);
+  p.workspace = options.hardware.is_cpu ? 0.0 : kGpuWorkspaceBytes;
+  p.host = m.checkpoint + m.transient + m.tables;
+  p.total = p.device() + (options.hardware.is_cpu ? p.host : 0.0);
+  return p;
+}
+
+Config apply_layout(const Config& base, const PlanLayout& l) {
+  Config c = base;
+  if (l.pp != base.parallel.pp) c.parallel.stage_layers.clear();
+  c.parallel.dp = l.dp;
+  c.parallel.tp = l.tp;
+  c.parallel.pp = l.pp;
+  c.parallel.zero_stage = l.zero_stage;
+  c.parallel.sequence_parallel = l.sequence_parallel;
+  c.parallel.micro_batch_size = l.micro_batch_size;
+  c.training.recompute = l.recompute;
+  return c;
+}
+
+PlanLayout config_layout(const Config& config) {
+  PlanLayout l;
+  l.dp = config.parallel.dp;
+  l.tp = config.parallel.tp;
+  l.pp = config.parallel.pp;
+  l.zero_stage = config.parallel.zero_stage;
+  l.sequence_parallel = config.parallel.sequence_parallel;
+  l.recompute = config.training.recompute;
+  l.micro_batch_size = config.parallel.micro_batch_size;
+  return l;
+}
+
+std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
+  std::vector<PlanLayout> out;
+  if (devices < 1) return out;
+  const int gbs = base.training.global_batch_size;
+  for (int tp : divisors(devices)) {
+    for (int pp : divisors(devices / tp)) {
+      const int dp = devices / tp / pp;
+      if (gbs % dp != 0) continue;
+      for (int mbs : divisors(gbs / dp)) {
+        for (int v : {1}) {  // interleaved 1F1B (parallel.virtual_stages) is not built yet
+          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                const PlanLayout l{dp, tp, pp, v, zero, sp, r, mbs};
+                if (validate_config(apply_layout(base, l)).is_ok()) out.push_back(l);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// evaluate_layout with a cache of plan_params tables shared over layouts.
+LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
+                           std::map<LayoutKey, ParamLayout>* cache) {
+  const PlanLayout l = config_layout(config);
+  LayoutPlan r;
+  r.layout = l;
+  const Links links = links_for(l, o);
+  r.tp_crosses_nodes = links.tp_cross;
+  r.dp_crosses_nodes = links.dp_cross;
+  r.pp_crosses_nodes = links.pp_cross;
+  const int ranks_per_node = std::max(1, std::min(o.devices, o.gpus_per_node));
+  r.capacity = o.hardware.is_cpu ? o.hardware.memory_bytes / ranks_per_node : o.hardware.memory_bytes;
+  const std::vector<int> counts =
+      stage_layer_counts(config.model.n_layers, l.pp, config.parallel.stage_layers);
+  r.micro_batches = config.grad_accum_steps();
+  const int m = r.micro_batches;
+  // Stage time: the slowest stage paces the pipeline; dp and the optimizer of the stage
+  // spending the most on them follow the drain; memory: the fullest rank.
+  StageTime slowest, slowest_tail;
+  double slowest_micro = -1, slowest_step = -1;
+  std::map<LayoutKey, StageTime> times;
+  int begin = 0;
+  for (int s = 0; s < l.pp; ++s) {
+    ModelPartition part;
+    part.tp_size = l.tp;
+    part.pp_rank = s;
+    part.pp_size = l.pp;
+    part.layer_begin = begin;
+    part.layer_end = begin + counts[static_cast<size_t>(s)];
+    begin = part.layer_end;
+    const PlanMemory mem = plan_rank_memory(config, part, 0, o);
+    if (s == 0 || mem.total > r.memory.total) {
+      r.memory = mem;
+      r.peak_stage = s;
+    }
+    const LayoutKey key{l.tp, part.first_stage(), part.last_stage(), part.layer_end - part.layer_begin};
+    auto t = times.find(key);
+    if (t == times.end()) {
+      auto layout = cache->find(key);
+      if (layout == cache->end()) {
+        layout = cache->emplace(key, Transformer::plan_params(config.model, part)).first;
+      }
+      t = times.emplace(key, stage_time(config, part, layout->second, mem, o, links)).first;
+    }
+    const StageTime& st = t->second;
+    if (st.compute + st.tp + st.pp > slowest_micro) {
+      slowest_micro = st.compute + st.tp + st.pp;
+      slowest = st;
+    }
+    if (st.dp + st.optimizer > slowest_step) {
+      slowest_step = st.dp + st.optimizer;
+      slowest_tail = st;
+    }
+    r.comm_dp = std::max(r.comm_dp, st.traffic.dp.total() + st.traffic.embedding.total());
+    r.comm_tp = std::max(r.comm_tp, st.traffic.tp.total());
+    r.comm_pp = std::max(r.comm_pp, st.traffic.pp.total());
+  }
+  r.fits = r.memory.total <= r.capacity;
+  r.bubble = pipeline_bubble_fraction(l.pp, m);
+  r.compute_s = m * slowest.compute;
+  r.tp_s = m * slowest.tp;
+  r.pp_s = m * slowest.pp;
+  r.bubble_s = (l.pp - 1) * slowest_micro;
+  r.dp_s = slowest_tail.dp;
+  r.optimizer_s = slowest_tail.optimizer;
+  r.step_time_s = r.compute_s + r.tp_s + r.pp_s + r.bubble_s + r.dp_s + r.optimizer_s;
+  const double tokens = static_cast<double>(config.training.global_batch_size) * config.model.seq_len;
+  r.tokens_per_s_per_gpu = tokens / r.step_time_s / o.devices;
+  r.mfu = config.model.flops_per_token() * r.tokens_per_s_per_gpu / o.hardware.peak_flops;
+  return r;
+}
+
+// The biggest memory kind, for "does not fit" reasons.
+// Host copies count only where they share the device's memory (cpu).
+std::string biggest_kind(const PlanMemory& m) {
+  const bool host_counts = m.total > m.device();
+  const std::pair<double, const char*> kinds[] = {
+      {m.params, "parameters"}, {m.grads, "gradients"}, {m.optimizer, "optimizer state"},
+      {m.activations, "activations"}, {m.buffers, "buffers"}, {m.workspace, "workspace"},
+      {host_counts ? m.host : 0.0, "host copies"}};
+  const auto* top = std::max_element(std::begin(kinds), std::end(kinds),
+                                     [](const auto& a, const auto& b) { return a.first < b.first; });
+  return std::string(top->second) + " " + gib(top->first);
+}
+
+std::string misfit_text(const LayoutPlan& l) {
+  return "does not fit: " + gib(l.memory.total) + " > " + gib(l.capacity) + " (biggest: " +
+         biggest_kind(l.memory) + ")";
+}
+
+// What makes a's compute longer than best's.
+std::string compute_cause(const PlanLayout& a, const PlanLayout& best) {
+  if (a.recompute != best.recompute && a.recompute != Recompute::kNone) {
+    return std::string("recompute ") + recompute_name(a.recompute) + " reruns forward work";
+  }
+  if (!a.sequence_parallel && best.sequence_parallel) {
+    return "compute: without sequence parallelism norms and residuals run on whole sequences";
+  }
+  if (a.tp < best.tp) return "compute: a larger share of each layer per rank";
+  if (a.pp != best.pp) return "compute: the slowest pipeline stage carries more than its share";
+  if (a.micro_batch_size < best.micro_batch_size) {
+    return "compute: micro-batch " + std::to_string(a.micro_batch_size) + " (the head's share grows)";
+  }
+  return "compute";
+}
+
+// Why `l` is slower than `best`: the part of the step that grew the most.
+std::string slower_text(const LayoutPlan& l, const LayoutPlan& best) {
+  const double ratio = l.step_time_s / best.step_time_s;
+  if (ratio < 1.0005) return "as fast (within 0.05%); ranked after by memory";
+  struct Part {
+    double delta;
+    std::string what;
+  };
+  const PlanLayout& a = l.layout;
+  std::vector<Part> parts = {
+      {l.compute_s - best.compute_s, compute_cause(a, best.layout)},
+      {l.bubble_s - best.bubble_s, "pipeline bubble " + fmt("%.1f%%", 100 * l.bubble) + " (pp " +
+                                       std::to_string(a.pp) + ", " +
+                                       std::to_string(l.micro_batches) + " micro-batches)"},
+      {l.tp_s - best.tp_s, "tp " + std::to_string(a.tp) + " all-reduces" +
+                               (l.tp_crosses_nodes ? " cross nodes" : "")},
+      {l.pp_s - best.pp_s, std::string("pp sends") + (l.pp_crosses_nodes ? " across nodes" : "")},
+      {l.dp_s - best.dp_s, "dp " + std::to_string(a.dp) + " exposed gradient reduction" +
+                               (a.zero_stage == 3 ? " (ZeRO-3 gathers per micro-batch)" : "") +
+                               (l.dp_crosses_nodes ? " across nodes" : "")},
+      {l.optimizer_s - best.optimizer_s, "optimizer step on a bigger shard"},
+  };
+  const Part* top = &parts[0];
+  for (const Part& p : parts) {
+    if (p.delta > top->delta) top = &p;
+  }
+  return fmt("%.2fx slower: ", ratio) + top->what + fmt(" +%.3g s/step", top->delta);
+}
+
+bool faster(const LayoutPlan& a, const LayoutPlan& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.fits) {
+    if (a.step_time_s != b.step_time_s) return a.step_time_s < b.step_time_s;
+    return a.memory.total < b.memory.total;
+  }
+  return a.memory.total / a.capacity < b.memory.total / b.capacity;
+}
+
+}  // namespace
+
+LayoutPlan evaluate_layout(const Config& config, const PlanOptions& options) {
+  std::map<LayoutKey, ParamLayout> cache;
+  return evaluate_cached(config, options, &cache);
+}
+
+Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
+  const int n = options.devices;
+  if (n < 1) return Status::invalid_input("--devices: must be >= 1, got " + std::to_string(n));
+  if (options.gpus_per_node < 1) {
+    return Status::invalid_input("--gpus-per-node: must be >= 1, got " +
+                                 std::to_string(options.gpus_per_node));
+  }
+  Plan plan;
+  plan.devices = n;
+  plan.gpus_per_node = options.gpus_per_node;
+  plan.gpu = options.hardware.name;
+  // The configured layout on N devices: as written, or with dp rescaled.
+  Config configured = config;
+  const ParallelConfig& p = config.parallel;
+  const int64_t world = int64_t{p.dp} * p.tp * p.pp;
+  if (world != n) {
+    const int64_t tp_pp = int64_t{p.tp} * p.pp;
+    configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / tp_pp));
+    const Status st = validate_config(configured);
+    if (n % tp_pp != 0) {
+      plan.configured_error =
+          "parallel.tp * parallel.pp = " + std::to_string(p.tp) + " * " + std::to_string(p.pp) +
+          " does not divide --devices " + std::to_string(n) + " (the config's layout, parallel.dp=" +
+          std::to_string(p.dp) + ", is for " + std::to_string(world) + " devices)";
+    } else if (!st.is_ok()) {
+      plan.configured_error = "the config's layout (parallel.dp=" + std::to_string(p.dp) +
+                              ", parallel.tp=" + std::to_string(p.tp) + ", parallel.pp=" +
+                              std::to_string(p.pp) + ") with dp=" +
+                              std::to_string(configured.parallel.dp) + " for --devices " +
+                              std::to_string(n) + ": " + st.message();
+    } else {
+      plan.configured_note = "the config's layout is for " + std::to_string(world) +
+                             (world == 1 ? " device" : " devices") + " (parallel.dp=" +
+                             std::to_string(p.dp) + "); on " + std::to_string(n) +
+                             " it is evaluated with dp=" + std::to_string(configured.parallel.dp);
+    }
+  }
+  std::map<LayoutKey, ParamLayout> cache;
+  if (plan.configured_error.empty()) plan.configured = evaluate_cached(configured, options, &cache);
+  for (const PlanLayout& l : enumerate_layouts(config, n)) {
+    plan.layouts.push_back(evaluate_cached(apply_layout(config, l), options, &cache));
+  }
+  std::stable_sort(plan.layouts.begin(), plan.layouts.end(), faster);
+  if (!plan.layouts.empty() && plan.layouts[0].fits) plan.recommended = 0;
+  for (LayoutPlan& l : plan.layouts) {
+    if (!l.fits) {
+      l.reason = misfit_text(l);
+    } else if (&l == &plan.layouts[0]) {
+      l.reason = "recommended: the fastest layout that fits";
+    } else {
+      l.reason = slower_text(l, plan.layouts[0]);
+    }
+  }
+  LayoutPlan& c = plan.configured;
+  if (!plan.configured_error.empty()) {
+    c.reason = plan.configured_error;
+  } else if (!c.fits) {
+    c.reason = misfit_text(c);
+  } else if (plan.recommended >= 0 && plan.layouts[0].layout == c.layout) {
+    c.reason = "recommended: the fastest layout that fits";
+  } else if (plan.recommended >= 0) {
+    c.reason = slower_text(c, plan.layouts[0]);
+  }
+  return plan;
+}
+
+std::string configured_misfit(const Plan& plan) {
+  if (!plan.configured_error.empty()) return plan.configured_error;
+  const LayoutPlan& c = plan.configured;
+  if (c.fits) return "";
+  const PlanLayout& l = c.layout;
+  const PlanMemory& m = c.memory;
+  std::string s = "the configured layout (parallel.dp=" + std::to_string(l.dp) +
+                  ", parallel.tp=" + std::to_string(l.tp) + ", parallel.pp=" + std::to_string(l.pp) +
+                  ", parallel.zero_stage=" + std::to_string(l.zero_stage) +
+                  ", parallel.micro_batch_size=" + std::to_string(l.micro_batch_size) +
+                  ", parallel.sequence_parallel=" + (l.sequence_parallel ? "true" : "false") +
+                  ", training.recompute=" + recompute_text(l.recompute) + ") does not fit on " +
+                  plan.gpu + ": pipeline stage " + std::to_string(c.peak_stage) + " needs " +
+                  gib(m.total) + " per rank (parameters " + gib(m.params) + ", gradients " +
+                  gib(m.grads) + ", optimizer " + gib(m.optimizer) + ", activations " +
+                  gib(m.activations) + ", buffers " + gib(m.buffers) + ", workspace " +
+                  gib(m.workspace) + (m.host > 0 && plan.gpu == "cpu" ? ", host copies " + gib(m.host) : "") +
+                  ") but a rank has " + gib(c.capacity) + "; biggest: " + biggest_kind(m);
+  if (plan.recommended >= 0) s += "; plan recommends " + layout_name(plan.layouts[0].layout);
+  return s;
+}
+
+}  // namespace trident

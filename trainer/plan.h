@@ -1,0 +1,170 @@
+// `trident plan` (DESIGN.md "Memory for large models"; docs/PLAN.md): for every valid
+// layout of a config's model and batch on N devices, the memory per rank by kind, the
+// bytes and time per process group, the pipeline bubble, the predicted step time,
+// tokens/s and MFU; a ranking and the recommended layout.
+//
+// One source of truth: memory is trainer/memory_plan.h's estimate_rank_memory, traffic
+// trainer/traffic_model.h's analytic_traffic on Transformer::plan_params, validity
+// validate_config, the bubble parallel/pipeline.h's pipeline_bubble_fraction, model
+// FLOPs TransformerConfig::flops_per_token. What is new here is only the mapping of
+// those figures to a device and a time.
+//
+// Memory on the device (what the backend's Ops allocates; PlanMemory):
+//   params      compute weights (RankMemory::params)
+//   grads       gradients (RankMemory::grads)
+//   optimizer   AdamW moments plus, under bf16, the fp32 masters (RankMemory::optimizer
+//               + master: Megatron's distributed optimizer counts them alike)
+//   activations every live pipeline slot (RankMemory::activations: the pipeline's peak)
+//   buffers     the dp collectives' persistent buffers + the model's backward scratch and
+//               recompute set (RankMemory::comm_buffers + scratch), and the loss and
+//               gradient-norm f64 accumulators (16 bytes RankMemory leaves out)
+//   workspace   GPU: kGpuWorkspaceBytes (CUDA context, cuBLASLt/cuDNN workspaces, NCCL
+//               channel buffers; not allocated through Ops); cpu: 0
+// Host memory (RankMemory::checkpoint + transient + tables) is not on a GPU; on the CPU
+// device and host are one memory, so a cpu plan counts both against it.
+// GPU attention state: the fused (cuDNN / flash) path's log-sum-exp, B*NH*T*4 bytes per
+// layer (gpu_attention_state_bytes) — an assumption: the plain fallback keeps T^2.
+//
+// Time (per optimizer step, the most loaded pipeline stage):
+//   per micro-batch compute c = GEMM FLOPs / (peak * kGemmEfficiency)
+//                             + attention-core FLOPs (causal) / (peak * kAttentionEfficiency)
+//                             + elementwise bytes / (memory bandwidth * kMemoryEfficiency)
+//     forward once, backward twice, plus the forward recompute reruns (full: the layer,
+//     selective: the attention core). GPU fp32 runs at TF32 = half the bf16 peak. On the
+//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate.
+//   per micro-batch tp = tp payload * bus_factor / link bandwidth + calls * latency, on
+//     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
+//     pp likewise for one boundary send each way (NVLink only when a whole pipeline fits
+//     in a node). Neither overlaps compute (Trident does not overlap them).
+//   dp = its payload * bus_factor / bandwidth + one latency per bucket, fully exposed:
+//     Trident does not overlap gradient reduction with backward yet.
+//   optimizer = the AdamW pass over the local shard, memory bound.
+//   step = (m + p - 1) * (c + tp + pp) + dp + optimizer       (m micro-batches, p stages)
+// tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
+// tokens/s per GPU / peak (model FLOPs only, the bf16 peak; DESIGN.md "Observability").
+//
+// Thread-compatible; plans allocate nothing on a device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "model/transformer.h"
+#include "trainer/config.h"
+#include "trainer/hardware.h"
+#include "trainer/memory_plan.h"
+
+namespace trident {
+
+inline constexpr double kGemmEfficiency = 0.75;       // cuBLASLt bf16 on large GEMMs (H100:
+                                                      // ~700-750 of 989 TFLOP/s)
+inline constexpr double kAttentionEfficiency = 0.5;   // flash / cuDNN fwd+bwd, causal
+inline constexpr double kMemoryEfficiency = 0.8;      // of the datasheet HBM bandwidth
+inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandwidth
+inline constexpr double kGpuWorkspaceBytes = 2.0 * 1073741824.0;
+// --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
+// (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
+inline constexpr double kCpuEfficiency = 0.55;
+
+// A layout: the parallel and recompute choices plan varies. virtual_stages is 1 until
+// interleaved 1F1B exists (then it is one more loop in enumerate_layouts).
+struct PlanLayout {
+  int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero_stage = 0;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  int micro_batch_size = 1;
+  bool operator==(const PlanLayout&) const = default;
+};
+std::string layout_name(const PlanLayout& l);  // "dp4 tp8 pp8 z1 sp full mbs1"
+
+// Bytes of one rank (the kinds above). total: what counts against the device's memory
+// (GPU: the device kinds; cpu: device + host).
+struct PlanMemory {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, workspace = 0;
+  double host = 0;
+  double device() const { return params + grads + optimizer + activations + buffers + workspace; }
+  double total = 0;
+};
+
+struct PlanOptions {
+  int devices = 1;
+  int gpus_per_node = 8;
+  Hardware hardware;
+  AttentionStateBytes attention_state_bytes;  // per layer and micro-batch
+};
+
+// The fused attention path's saved state: the log-sum-exp [B, NH, T] in f32.
+size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD);
+
+// One rank's memory by kind (the PlanMemory mapping of estimate_rank_memory).
+PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
+                            const PlanOptions& options);
+
+struct LayoutPlan {
+  PlanLayout layout;
+  bool fits = false;
+  PlanMemory memory;           // the most loaded rank (largest total)
+  int peak_stage = 0;          // its pipeline stage
+  double capacity = 0;         // bytes one rank may hold
+  // Bytes per step of each group, on the stage that moves the most in it (dp includes the
+  // tied-embedding all-reduce).
+  double comm_dp = 0, comm_tp = 0, comm_pp = 0;
+  bool tp_crosses_nodes = false, dp_crosses_nodes = false, pp_crosses_nodes = false;
+  double bubble = 0;           // (p-1)/(m+p-1)
+  int micro_batches = 0;       // per dp rank per step
+  // Seconds per step by part; step_time_s is their sum.
+  double compute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, optimizer_s = 0;
+  double step_time_s = 0, tokens_per_s_per_gpu = 0, mfu = 0;
+  std::string reason;          // why it is recommended, or why it loses
+};
+
+// The config with `layout` in its parallel section and training.recompute (stage_layers
+// kept when pp is unchanged, else balanced).
+Config apply_layout(const Config& base, const PlanLayout& layout);
+// The layout a config describes.
+PlanLayout config_layout(const Config& config);
+
+// Every layout of dp * tp * pp == devices that validate_config accepts for base's model
+// and batch: tp and pp over the divisors, micro_batch_size over the divisors of
+// global_batch_size / dp, zero stages 0-3 (only 0 when dp == 1: the others equal it),
+// recompute none/selective/full, sequence parallelism off and (tp > 1) on.
+std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices);
+
+// Memory, traffic and time of one layout (`config` has it applied and is valid). Leaves
+// reason empty (make_plan ranks).
+LayoutPlan evaluate_layout(const Config& config, const PlanOptions& options);
+
+struct Plan {
+  int devices = 0, gpus_per_node = 0;
+  std::string gpu;
+  LayoutPlan configured;
+  std::string configured_note;      // how the config's layout was put on N devices, or ""
+  // Why the config's layout cannot be put on N devices (tp * pp does not divide N, or
+  // the batch does not split over the resulting dp), naming the keys; then `configured`
+  // is not evaluated (JSON null) and the command exits 2 after the table.
+  std::string configured_error;
+  std::vector<LayoutPlan> layouts;  // ranked: fitting by tokens/s, then the rest by memory
+  int recommended = -1;             // index into layouts; -1 when nothing fits
+};
+
+// The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,
+// gpus_per_node < 1. The config's layout on N devices: as written when dp * tp * pp ==
+// N, else with dp = N / (tp * pp) (configured_note), else configured_error.
+Result<Plan> make_plan(const Config& config, const PlanOptions& options);
+
+// Output (trainer/plan_output.cpp). The fixed-width table: the first `rows` layouts, the
+// configured one, the recommendation.
+std::string plan_table(const Plan& plan, int rows);
+// DESIGN.md's object: {devices, gpu, gpus_per_node, configured, recommended, layouts}.
+nlohmann::json plan_json(const Plan& plan);
+nlohmann::json layout_json(const LayoutPlan& l);
+
+// When the configured layout does not fit: "the configured layout (parallel.dp=4,
+// parallel.tp=8, ...) does not fit on h100: ..." naming the keys, the figures and the
+// biggest kind; configured_error when it could not be placed; "" when it fits.
+std::string configured_misfit(const Plan& plan);
+
+}  // namespace trident

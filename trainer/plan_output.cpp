@@ -1,0 +1,111 @@
+// The plan's table and JSON (trainer/plan.h).
+#include <algorithm>
+#include <cstdio>
+
+#include "trainer/plan.h"
+
+namespace trident {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, x);
+  return buf;
+}
+std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
+
+}  // namespace
+
+nlohmann::json layout_json(const LayoutPlan& r) {
+  const PlanLayout& l = r.layout;
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"virtual_stages", l.virtual_stages},
+          {"zero_stage", l.zero_stage},
+          {"sequence_parallel", l.sequence_parallel},
+          {"recompute", recompute_name(l.recompute)},
+          {"micro_batch_size", l.micro_batch_size},
+          {"fits", r.fits},
+          {"memory_bytes",
+           {{"params", r.memory.params},
+            {"grads", r.memory.grads},
+            {"optimizer", r.memory.optimizer},
+            {"activations", r.memory.activations},
+            {"buffers", r.memory.buffers + r.memory.workspace},
+            {"total", r.memory.total}}},
+          {"comm_bytes_per_step", {{"dp", r.comm_dp}, {"tp", r.comm_tp}, {"pp", r.comm_pp}}},
+          {"bubble", r.bubble},
+          {"step_time_s", r.step_time_s},
+          {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
+          {"mfu", r.mfu},
+          {"reason", r.reason}};
+}
+
+nlohmann::json plan_json(const Plan& plan) {
+  nlohmann::json layouts = nlohmann::json::array();
+  for (const LayoutPlan& l : plan.layouts) layouts.push_back(layout_json(l));
+  return {{"devices", plan.devices},
+          {"gpu", plan.gpu},
+          {"gpus_per_node", plan.gpus_per_node},
+          {"configured", plan.configured_error.empty() ? layout_json(plan.configured) : nlohmann::json()},
+          {"recommended", plan.recommended >= 0 ? layout_json(plan.layouts[0]) : nlohmann::json()},
+          {"layouts", std::move(layouts)}};
+}
+
+std::string plan_table(const Plan& plan, int rows) {
+  // GiB columns, or MiB when every layout is under 1 GiB (small CPU models).
+  double largest = plan.configured_error.empty() ? plan.configured.memory.total : 0.0;
+  for (const LayoutPlan& l : plan.layouts) largest = std::max(largest, l.memory.total);
+  const bool mib = largest < kGiB;
+  const double unit = mib ? 1048576.0 : kGiB;
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %9s %6s  %s\n",
+                "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
+                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "tok/s/gpu",
+                "MFU", "reason");
+  out += line;
+  auto row = [&](const std::string& rank, const LayoutPlan& r) {
+    const PlanMemory& m = r.memory;
+    std::snprintf(line, sizeof(line),
+                  "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
+                  "%5.1f%% %8.3f %9.0f %5.1f%%  %s\n",
+                  rank.c_str(), layout_name(r.layout).c_str(), r.fits ? "yes" : "NO",
+                  m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
+                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit, r.comm_dp / 1e9,
+                  r.comm_tp / 1e9, r.comm_pp / 1e9, 100 * r.bubble, r.step_time_s,
+                  r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
+    out += line;
+  };
+  const int shown = std::min<int>(rows, static_cast<int>(plan.layouts.size()));
+  for (int i = 0; i < shown; ++i) row(std::to_string(i + 1), plan.layouts[static_cast<size_t>(i)]);
+  if (shown < static_cast<int>(plan.layouts.size())) {
+    out += "  ... " + std::to_string(plan.layouts.size() - shown) + " more layouts (--json lists all)\n";
+  }
+  if (plan.configured_error.empty()) {
+    row("conf", plan.configured);
+  } else {
+    out += "# configured: " + plan.configured_error + "\n";
+  }
+  if (!plan.configured_note.empty()) out += "# configured: " + plan.configured_note + "\n";
+  int fitting = 0;
+  for (const LayoutPlan& l : plan.layouts) fitting += l.fits;
+  out += "# " + std::to_string(plan.layouts.size()) + " valid layouts on " +
+         std::to_string(plan.devices) + " x " + plan.gpu + " (" +
+         std::to_string(plan.gpus_per_node) + " per node), " + std::to_string(fitting) + " fit\n";
+  if (plan.recommended >= 0) {
+    const LayoutPlan& r = plan.layouts[0];
+    out += "recommended: " + layout_name(r.layout) + fmt(": %.3f s/step", r.step_time_s) +
+           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) + fmt(", MFU %.1f%%", 100 * r.mfu) +
+           ", " + gib(r.memory.total) + " per rank of " + gib(r.capacity) + "\n";
+  } else {
+    out += "recommended: none (no layout fits)\n";
+  }
+  return out;
+}
+
+}  // namespace trident
