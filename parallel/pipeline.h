@@ -65,8 +65,8 @@
 // - Threads: one thread (the training thread) calls run(); the model's hooks are called
 //   from it.
 // Misuse (too few slots, m < 1, a null boundary buffer, v > 1 with GPipe, p == 1 or m
-// not a multiple of p, a chunk count that is not v) aborts through TRIDENT_CHECK; the config
-// checks the same conditions first with interleave_problem / layer_split_problem.
+// not a multiple of p, a chunk count that is not v) aborts through TRIDENT_CHECK; the
+// config checks the same conditions first with interleave_problem / layer_split_problem.
 #pragma once
 
 #include <cstddef>
@@ -138,7 +138,7 @@ double pipeline_bubble_fraction(int pp, int num_micro, int virtual_stages = 1);
 
 // Activation slots each chunk of `stage` needs: the most micro-batches live at once in
 // any one chunk, in closed form (PipelineExecutor::required_slots walks the schedule;
-// tests check the two agree for p <= 8, v <= 4, every m), so the memory plan can use it:
+// tests check the two agree for p <= 8, v <= 4, m <= 8p), so the memory plan can use it:
 // - GPipe, p > 1: m.  1F1B, and either schedule with p == 1: min(p - stage, m).
 // - Interleaved (v > 1): min(m, 2p, (v+1)p - 1 - 2*stage). Chunk 0 holds the most: its
 //   forwards run a group ahead of its backwards, which wait for the gradient to come
