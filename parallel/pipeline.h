@@ -17,9 +17,9 @@
 // - Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving,
 //   parallel.virtual_stages v > 1; 1F1B and p > 1 only): each rank holds v model
 //   chunks; chunk c of rank s is virtual stage c*p + s of a p*v-stage pipeline (chunks
-//   round-robin, see chunk_layer_ranges). The v*m (micro, chunk) forwards run in groups of p
-//   micro-batches: group g does chunk 0 for micro-batches g*p .. g*p+p-1, then chunk 1
-//   for the same micro-batches, ..., then chunk v-1. The k-th backward is the k-th
+//   round-robin, see chunk_layer_ranges). The v*m (micro, chunk) forwards run in groups
+//   of p micro-batches: group g does chunk 0 for micro-batches g*p .. g*p+p-1, then
+//   chunk 1 for the same micro-batches, ..., then chunk v-1. The k-th backward is the k-th
 //   forward's micro-batch on chunk v-1-chunk (the gradient flows back through the chunks).
 //   Warmup w = min(2*(p - stage - 1) + (v-1)*p, v*m) forwards, then (v*m - w) pairs
 //   "F(w+i) B(i)", then the remaining w backwards. Needs m % p == 0: with groups of p,
@@ -36,12 +36,14 @@
 //   c-1: the wrap-around) in input_activation(slot), and sends output_activation(slot)
 //   to the virtual stage after it (stage s+1 chunk c, or for s == p-1 stage 0 chunk c+1).
 //   B(i) receives the gradient from the virtual stage after it into output_grad(slot)
-//   and sends input_grad(slot) to the one before. The first virtual stage (stage 0
-//   chunk 0) embeds and receives no activation; the last (stage p-1 chunk v-1) computes
-//   the loss and receives no gradient. Tags name the micro-batch, the boundary's chunk
-//   and the direction (mod 32768); on one (sender, receiver) pair the messages of every
-//   tag are sent in the order the receiver posts them (tests/parallel/
-//   pipeline_nccl_model_test.cpp checks it), as NCCL, which has no tags, needs.
+//   and sends input_grad(slot) to the one before. At most one gradient per chunk is in
+//   flight, so output_grad and input_grad may be one buffer per chunk for all slots.
+//   The first virtual stage (stage 0 chunk 0) embeds and receives no activation; the
+//   last (stage p-1 chunk v-1) computes the loss and receives no gradient. Tags name
+//   the micro-batch, the boundary's chunk and the direction (mod 32768); on one
+//   (sender, receiver) pair the messages of every tag are sent in the order the
+//   receiver posts them (tests/parallel/pipeline_nccl_model_test.cpp checks it), as
+//   NCCL, which has no tags, needs.
 // - Communication (Megatron's send_forward_recv_backward pattern): the first action's
 //   receive is posted alone; after each action, its send and the next action's receive
 //   go out together in one Communicator::batch_p2p. On NCCL, where a send completes only
@@ -65,8 +67,8 @@
 // - Threads: one thread (the training thread) calls run(); the model's hooks are called
 //   from it.
 // Misuse (too few slots, m < 1, a null boundary buffer, v > 1 with GPipe, p == 1 or m
-// not a multiple of p, a chunk count that is not v) aborts through TRIDENT_CHECK; the config
-// checks the same conditions first with interleave_problem / layer_split_problem.
+// not a multiple of p, a chunk count that is not v) aborts through TRIDENT_CHECK; the
+// config checks the same conditions first with interleave_problem / layer_split_problem.
 #pragma once
 
 #include <cstddef>
@@ -138,7 +140,7 @@ double pipeline_bubble_fraction(int pp, int num_micro, int virtual_stages = 1);
 
 // Activation slots each chunk of `stage` needs: the most micro-batches live at once in
 // any one chunk, in closed form (PipelineExecutor::required_slots walks the schedule;
-// tests check the two agree for p <= 8, v <= 4, every m), so the memory plan can use it:
+// tests check the two agree for p <= 8, v <= 4, m <= 8p), so the memory plan can use it:
 // - GPipe, p > 1: m.  1F1B, and either schedule with p == 1: min(p - stage, m).
 // - Interleaved (v > 1): min(m, 2p, (v+1)p - 1 - 2*stage). Chunk 0 holds the most: its
 //   forwards run a group ahead of its backwards, which wait for the gradient to come

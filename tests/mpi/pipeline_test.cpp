@@ -302,7 +302,8 @@ TEST(PipelineExecutor, InterleavedMatchesSequentialComputation) {
         const std::string where = "pp=" + std::to_string(pp) + " stage=" + std::to_string(stage) +
                                   " v=" + std::to_string(v) + " m=" + std::to_string(m);
         const int nv = pp * v;
-        const int slots = PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, pp, stage, m, v);
+        const int slots =
+            PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, pp, stage, m, v);
         std::vector<std::unique_ptr<AffineStage>> chunks;
         std::vector<PipelineStageModel*> models;
         for (int c = 0; c < v; ++c) {
@@ -360,8 +361,10 @@ TEST(PipelineExecutor, InterleavedMatchesSequentialComputation) {
         double sum = 0;
         for (std::size_t k = 0; k < schedule.size(); ++k) {
           sum += stats.action_seconds[k];
-          if (k > 0) EXPECT_GE(stats.action_start_seconds[k],
-                               stats.action_start_seconds[k - 1] + stats.action_seconds[k - 1]);
+          if (k > 0) {
+            EXPECT_GE(stats.action_start_seconds[k],
+                      stats.action_start_seconds[k - 1] + stats.action_seconds[k - 1]);
+          }
         }
         EXPECT_NEAR(sum, stats.compute_seconds, 1e-9) << where;
       }
@@ -377,7 +380,8 @@ TEST(PipelineExecutor, WrongChunkCountAborts) {
   if (w.rank() != 0) return;
   PipelineExecutor executor(w, PipeSchedule::kOneFOneB, 2, 2, 2);
   AffineStage one(0, 4, 2, 2);
-  EXPECT_DEATH(executor.run(one), "run\\(\\) got 1 model chunks, the executor has 2 virtual stages");
+  EXPECT_DEATH(executor.run(one),
+               "run\\(\\) got 1 model chunks, the executor has 2 virtual stages");
 }
 
 // ---- bubble ----------------------------------------------------------------------
@@ -461,7 +465,8 @@ TEST(PipelineExecutor, InterleavedIdleShareApproximatesTheBubble) {
       std::vector<std::unique_ptr<AffineStage>> chunks;
       std::vector<PipelineStageModel*> models;
       for (int c = 0; c < v; ++c) {
-        chunks.push_back(std::make_unique<AffineStage>(c * pp + stage, pp * v, m, slots, tf / v, tb / v));
+        chunks.push_back(
+            std::make_unique<AffineStage>(c * pp + stage, pp * v, m, slots, tf / v, tb / v));
         models.push_back(chunks.back().get());
       }
       PipelineExecutor executor(w, PipeSchedule::kOneFOneB, m, slots, v);

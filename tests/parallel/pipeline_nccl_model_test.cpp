@@ -257,8 +257,9 @@ void run_by_hand(Communicator& comm, std::vector<std::unique_ptr<StampStage>>& c
   const int stage = comm.rank(), pp = comm.size();
   const size_t n = chunks[0]->boundary_floats();
   const int slots = PipelineExecutor::required_slots(kind, pp, stage, m, v);
-  std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(m), -1));
-  std::vector<std::vector<bool>> busy(static_cast<size_t>(v), std::vector<bool>(static_cast<size_t>(slots)));
+  const auto nv = static_cast<size_t>(v);
+  std::vector<std::vector<int>> slot_of(nv, std::vector<int>(static_cast<size_t>(m), -1));
+  std::vector<std::vector<bool>> busy(nv, std::vector<bool>(static_cast<size_t>(slots)));
   const std::vector<PipeAction> schedule = make_schedule(kind, pp, stage, m, v);
   // Megatron's steps (the k-th forward in step k, the i-th backward in step w + i), or
   // one step per action.
@@ -295,7 +296,8 @@ void run_by_hand(Communicator& comm, std::vector<std::unique_ptr<StampStage>>& c
     const auto c = static_cast<size_t>(a.chunk);
     const int vs = a.chunk * pp + stage;
     if (a.kind == PipeAction::kForward) {
-      const int slot = static_cast<int>(std::find(busy[c].begin(), busy[c].end(), false) - busy[c].begin());
+      const int slot =
+          static_cast<int>(std::find(busy[c].begin(), busy[c].end(), false) - busy[c].begin());
       busy[c][static_cast<size_t>(slot)] = true;
       slot_of[c][static_cast<size_t>(a.micro)] = slot;
       const int prev = prev_rank(stage, a.chunk, pp);
@@ -363,7 +365,8 @@ Outcome run_pipeline(PipeSchedule kind, int pp, int m, bool batched, int v = 1,
   for (int s = 0; s < pp; ++s) {
     const int slots = PipelineExecutor::required_slots(kind, pp, s, m, v);
     for (int c = 0; c < v; ++c) {
-      stages[static_cast<size_t>(s)].push_back(std::make_unique<StampStage>(c * pp + s, pp * v, slots));
+      stages[static_cast<size_t>(s)].push_back(
+          std::make_unique<StampStage>(c * pp + s, pp * v, slots));
     }
     comms.push_back(std::make_unique<NcclModelCommunicator>(fabric, s, pp));
   }
