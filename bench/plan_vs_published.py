@@ -13,7 +13,7 @@ def plan(config, devices, gpu, sets):
         return None, r.stderr
     return json.loads(r.stdout), r.stderr
 def name(l):
-    return f"dp{l['dp']} tp{l['tp']} pp{l['pp']} z{l['zero_stage']}{' sp' if l['sequence_parallel'] else ''} {l['recompute']} mbs{l['micro_batch_size']}"
+    return f"dp{l['dp']} tp{l['tp']} pp{l['pp']}{(' v'+str(l['virtual_stages'])) if l['virtual_stages']>1 else ''} z{l['zero_stage']}{' sp' if l['sequence_parallel'] else ''} {l['recompute']} mbs{l['micro_batch_size']}"
 def show(l):
     if l is None: return "none fits"
     return f"{name(l)}: {l['step_time_s']:.2f} s/step, {l['tokens_per_s_per_gpu']:.0f} tok/s/GPU, MFU {100*l['mfu']:.1f}%, {l['memory_bytes']['total']/2**30:.1f} GiB, fits={l['fits']}"

@@ -156,7 +156,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   t.tp = group_s(t.traffic.tp, tp, *links.tp, tp_calls * micro, cpu) / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.pp->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
-    const double sends = (part.first_stage() || part.last_stage()) ? 1 : 2;
+    // One send each way per chunk boundary (the model's first and last excepted).
+    const int v = config.parallel.virtual_stages;
+    const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
     t.pp = t.traffic.pp.send / micro / bw + sends * links.pp->latency_s;
   }
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
@@ -211,7 +213,8 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
 
 Config apply_layout(const Config& base, const PlanLayout& l) {
   Config c = base;
-  if (l.pp != base.parallel.pp) c.parallel.stage_layers.clear();
+  if (l.pp != base.parallel.pp || l.virtual_stages > 1) c.parallel.stage_layers.clear();
+  c.parallel.virtual_stages = l.virtual_stages;
   c.parallel.dp = l.dp;
   c.parallel.tp = l.tp;
   c.parallel.pp = l.pp;
@@ -227,6 +230,7 @@ PlanLayout config_layout(const Config& config) {
   l.dp = config.parallel.dp;
   l.tp = config.parallel.tp;
   l.pp = config.parallel.pp;
+  l.virtual_stages = config.parallel.virtual_stages;
   l.zero_stage = config.parallel.zero_stage;
   l.sequence_parallel = config.parallel.sequence_parallel;
   l.recompute = config.training.recompute;
@@ -243,7 +247,14 @@ std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
       const int dp = devices / tp / pp;
       if (gbs % dp != 0) continue;
       for (int mbs : divisors(gbs / dp)) {
-        for (int v : {1}) {  // interleaved 1F1B (parallel.virtual_stages) is not built yet
+        // Interleaved 1F1B: v model chunks of equal size per stage, up to kMaxVirtualStages.
+        std::vector<int> chunk_counts = {1};
+        if (pp > 1 && base.model.n_layers % pp == 0) {
+          for (int v : divisors(base.model.n_layers / pp)) {
+            if (v > 1 && v <= kMaxVirtualStages) chunk_counts.push_back(v);
+          }
+        }
+        for (int v : chunk_counts) {
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
@@ -274,8 +285,10 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
   r.pp_crosses_nodes = links.pp_cross;
   const int ranks_per_node = std::max(1, std::min(o.devices, o.gpus_per_node));
   r.capacity = o.hardware.is_cpu ? o.hardware.memory_bytes / ranks_per_node : o.hardware.memory_bytes;
+  const int v = l.virtual_stages;
   const std::vector<int> counts =
-      stage_layer_counts(config.model.n_layers, l.pp, config.parallel.stage_layers);
+      v == 1 ? stage_layer_counts(config.model.n_layers, l.pp, config.parallel.stage_layers)
+             : std::vector<int>(static_cast<size_t>(l.pp), config.model.n_layers / l.pp);
   r.micro_batches = config.grad_accum_steps();
   const int m = r.micro_batches;
   // Stage time: the slowest stage paces the pipeline; dp and the optimizer of the stage
@@ -285,10 +298,14 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
   std::map<LayoutKey, StageTime> times;
   int begin = 0;
   for (int s = 0; s < l.pp; ++s) {
+    // The stage as one range of its layer count: with v > 1 chunks the memory plan and
+    // the traffic model take the real chunks from the config (trainer/partition.h); the
+    // work and the parameter table depend only on the count and the first / last stage.
     ModelPartition part;
     part.tp_size = l.tp;
     part.pp_rank = s;
     part.pp_size = l.pp;
+    part.sequence_parallel = l.sequence_parallel;
     part.layer_begin = begin;
     part.layer_end = begin + counts[static_cast<size_t>(s)];
     begin = part.layer_end;
@@ -320,11 +337,12 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
     r.comm_pp = std::max(r.comm_pp, st.traffic.pp.total());
   }
   r.fits = r.memory.total <= r.capacity;
-  r.bubble = pipeline_bubble_fraction(l.pp, m);
+  r.bubble = pipeline_bubble_fraction(l.pp, m, v);
   r.compute_s = m * slowest.compute;
   r.tp_s = m * slowest.tp;
   r.pp_s = m * slowest.pp;
-  r.bubble_s = (l.pp - 1) * slowest_micro;
+  // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
+  r.bubble_s = (l.pp - 1) * slowest_micro / v;
   r.dp_s = slowest_tail.dp;
   r.optimizer_s = slowest_tail.optimizer;
   r.step_time_s = r.compute_s + r.tp_s + r.pp_s + r.bubble_s + r.dp_s + r.optimizer_s;

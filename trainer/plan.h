@@ -34,12 +34,13 @@
 //     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate.
 //   per micro-batch tp = tp payload * bus_factor / link bandwidth + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
-//     pp likewise for one boundary send each way (NVLink only when a whole pipeline fits
-//     in a node). Neither overlaps compute (Trident does not overlap them).
+//     pp likewise for one boundary send each way per model chunk (NVLink only when a
+//     whole pipeline fits in a node). Neither overlaps compute (Trident does not overlap them).
 //   dp = its payload * bus_factor / bandwidth + one latency per bucket, fully exposed:
 //     Trident does not overlap gradient reduction with backward yet.
 //   optimizer = the AdamW pass over the local shard, memory bound.
-//   step = (m + p - 1) * (c + tp + pp) + dp + optimizer       (m micro-batches, p stages)
+//   step = (m + (p - 1) / v) * (c + tp + pp) + dp + optimizer
+//     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1))
 // tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
 // tokens/s per GPU / peak (model FLOPs only, the bf16 peak; DESIGN.md "Observability").
 //
@@ -68,9 +69,10 @@ inline constexpr double kGpuWorkspaceBytes = 2.0 * 1073741824.0;
 // --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
 // (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
 inline constexpr double kCpuEfficiency = 0.55;
+// Interleaved 1F1B: the most model chunks per stage plan tries (Megatron runs use 2-8).
+inline constexpr int kMaxVirtualStages = 8;
 
-// A layout: the parallel and recompute choices plan varies. virtual_stages is 1 until
-// interleaved 1F1B exists (then it is one more loop in enumerate_layouts).
+// A layout: the parallel and recompute choices plan varies.
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero_stage = 0;
   bool sequence_parallel = false;
@@ -129,7 +131,8 @@ PlanLayout config_layout(const Config& config);
 
 // Every layout of dp * tp * pp == devices that validate_config accepts for base's model
 // and batch: tp and pp over the divisors, micro_batch_size over the divisors of
-// global_batch_size / dp, zero stages 0-3 (only 0 when dp == 1: the others equal it),
+// global_batch_size / dp, virtual stages 1 and (pp > 1) the divisors of n_layers / pp up
+// to kMaxVirtualStages, zero stages 0-3 (only 0 when dp == 1: the others equal it),
 // recompute none/selective/full, sequence parallelism off and (tp > 1) on.
 std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices);
 

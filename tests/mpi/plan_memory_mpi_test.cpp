@@ -28,6 +28,7 @@ struct Case {
   int zero;
   const char* recompute;
   bool sp;
+  int virtual_stages = 1;  // interleaved 1F1B when > 1
 };
 
 std::vector<Case> cases_for_world(int n) {
@@ -39,12 +40,14 @@ std::vector<Case> cases_for_world(int n) {
     return {{{2, 1, 1}, 0, "none", false}, {{2, 1, 1}, 1, "none", false},
             {{2, 1, 1}, 2, "none", false}, {{2, 1, 1}, 3, "none", false},
             {{1, 2, 1}, 0, "none", false}, {{1, 2, 1}, 0, "selective", true},
-            {{1, 1, 2}, 0, "none", false}, {{1, 1, 2}, 0, "full", false}};
+            {{1, 1, 2}, 0, "none", false}, {{1, 1, 2}, 0, "full", false},
+            {{1, 1, 2}, 0, "none", false, 2}};
   }
   if (n == 4) {
     return {{{2, 2, 1}, 1, "none", false}, {{2, 1, 2}, 2, "none", false},
             {{1, 2, 2}, 0, "full", false}, {{4, 1, 1}, 3, "selective", false},
-            {{1, 2, 2}, 0, "selective", true},  {{1, 1, 4}, 0, "none", false}};
+            {{1, 2, 2}, 0, "selective", true},  {{1, 1, 4}, 0, "none", false},
+            {{2, 1, 2}, 1, "none", false, 2},   {{1, 2, 2}, 0, "none", true, 2}};
   }
   return {};
 }
@@ -62,14 +65,16 @@ TEST(PlanMemoryMpi, PlanPredictsMeasuredPeakWithinTenPercent) {
   };
   for (const Case& c : cases) {
     const std::string name = test::case_name("llama", c.layout, c.zero) + " " + c.recompute +
-                             (c.sp ? " sp" : "");
+                             (c.sp ? " sp" : "") +
+                             (c.virtual_stages > 1 ? " v" + std::to_string(c.virtual_stages) : "");
     SCOPED_TRACE(name);
     const std::string yaml =
         "model: {arch: llama, vocab_size: 512, seq_len: 64, n_layers: 4, n_heads: 4, "
         "n_kv_heads: 2, d_model: 128, d_ff: 512}\n"
         "parallel: {dp: " + std::to_string(c.layout.dp) + ", tp: " + std::to_string(c.layout.tp) +
         ", pp: " + std::to_string(c.layout.pp) + ", zero_stage: " + std::to_string(c.zero) +
-        ", micro_batch_size: 2, sequence_parallel: " + (c.sp ? "true" : "false") + "}\n" +
+        ", micro_batch_size: 2, sequence_parallel: " + (c.sp ? "true" : "false") +
+        ", virtual_stages: " + std::to_string(c.virtual_stages) + "}\n" +
         "data: {train: " + plan_data_file() + "}\n" +
         "training: {global_batch_size: " + std::to_string(4 * c.layout.dp) +
         ", max_steps: 2, recompute: " + c.recompute + "}\n";

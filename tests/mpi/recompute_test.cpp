@@ -24,11 +24,15 @@ struct Outcome {
   double activation_bytes = 0;
 };
 
-Outcome train(const std::string& arch, const Layout& l, int zero, bool sp, bool bf16,
+Outcome train(const std::string& arch, const Layout& l, int zero, bool sp, int v, bool bf16,
               Recompute r) {
+  const std::string extra = std::string(sp ? ", sequence_parallel: true" : "") +
+                            ", virtual_stages: " + std::to_string(v);
+  // Interleaving 2 stages x 2 chunks needs 4 layers (the small model has 2).
+  std::string model = test::small_model_yaml(arch);
+  if (v > 1) model.replace(model.find("n_layers: 2"), 11, "n_layers: " + std::to_string(2 * v));
   auto trainer = test::make_world_trainer(
-      test::small_model_yaml(arch) +
-          test::parallel_yaml(l, zero, sp ? ", sequence_parallel: true" : "") + "data: {train: " +
+      model + test::parallel_yaml(l, zero, extra) + "data: {train: " +
           data_file() + "}\n" +
           "training: {global_batch_size: 8, max_steps: 4, lr: 0.001, precision: " +
           (bf16 ? "bf16" : "fp32") + ", recompute: " + recompute_name(r) + "}\n",
@@ -55,27 +59,31 @@ struct Case {
   Layout layout;
   int zero = 0;
   bool sequence_parallel = false;
+  int virtual_stages = 1;  // interleaved 1F1B: every chunk recomputes its own layers
 };
 std::vector<Case> layouts(int n) {
   if (n == 1) return {{{1, 1, 1}, 0}};
-  if (n == 2) return {{{1, 2, 1}, 0}, {{1, 1, 2}, 0}, {{2, 1, 1}, 3}, {{1, 2, 1}, 0, true}};
+  if (n == 2) {
+    return {{{1, 2, 1}, 0}, {{1, 1, 2}, 0}, {{2, 1, 1}, 3}, {{1, 2, 1}, 0, true},
+            {{1, 1, 2}, 0, false, 2}};
+  }
   if (n == 4) return {{{1, 2, 2}, 0}, {{2, 1, 2}, 3}, {{1, 2, 2}, 0, true}};
   if (n == 8) return {{{2, 2, 2}, 3}, {{2, 2, 2}, 3, true}};
   return {};
 }
 
 TEST(Recompute, SelectiveAndFullTrainBitwiseLikeNoneAtEveryLayout) {
-  for (const auto& [l, zero, sp] : layouts(test::world().size())) {
+  for (const auto& [l, zero, sp, v] : layouts(test::world().size())) {
     for (const std::string arch : {"gpt2", "llama"}) {
       for (bool bf16 : {false, true}) {
-        SCOPED_TRACE(test::case_name(arch, l, zero) + (sp ? " sp" : "") +
-                     (bf16 ? " bf16" : " fp32"));
-        const Outcome none = train(arch, l, zero, sp, bf16, Recompute::kNone);
+        SCOPED_TRACE(test::case_name(arch, l, zero) + (sp ? " sp" : "") + " v" +
+                     std::to_string(v) + (bf16 ? " bf16" : " fp32"));
+        const Outcome none = train(arch, l, zero, sp, v, bf16, Recompute::kNone);
         ASSERT_EQ(none.losses.size(), 4u);
         double previous_bytes = none.activation_bytes;
         for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
           SCOPED_TRACE(recompute_name(r));
-          const Outcome got = train(arch, l, zero, sp, bf16, r);
+          const Outcome got = train(arch, l, zero, sp, v, bf16, r);
           ASSERT_EQ(got.losses.size(), none.losses.size());
           for (size_t s = 0; s < none.losses.size(); ++s) {
             EXPECT_EQ(std::memcmp(&got.losses[s], &none.losses[s], sizeof(double)), 0)
