@@ -114,15 +114,22 @@ TEST(PipelineSchedule, NamesAreTheConfigSpellings) {
 }
 
 // Runs all stages' schedules against each other: an action starts when its stage is
-// free and its input has arrived (F(i) needs F(i) of stage-1, B(i) needs B(i) of
-// stage+1); sends are instantaneous and never wait. Returns the makespan, or -1 when
-// some stage can never proceed (a cycle of blocked recvs).
+// free and its input has arrived (F(i) of chunk c on stage s needs F(i) of the virtual
+// stage before: stage s-1 chunk c, or stage p-1 chunk c-1; B(i) the virtual stage
+// after); sends are instantaneous and never wait. Returns the makespan, or -1 when some
+// stage can never proceed (a cycle of blocked recvs).
 double simulate(const std::vector<std::vector<PipeAction>>& s, double tf, double tb) {
   const int pp = static_cast<int>(s.size());
-  int m = 0;
-  for (const PipeAction& a : s[0]) m = std::max(m, a.micro + 1);
-  std::vector<std::vector<double>> f_done(pp, std::vector<double>(m, -1));
-  std::vector<std::vector<double>> b_done(pp, std::vector<double>(m, -1));
+  int m = 0, v = 1;
+  for (const auto& stage : s) {
+    for (const PipeAction& a : stage) {
+      m = std::max(m, a.micro + 1);
+      v = std::max(v, a.chunk + 1);
+    }
+  }
+  const int nv = pp * v;
+  // [virtual stage][micro]
+  std::vector<std::vector<double>> f_done(nv, std::vector<double>(m, -1)), b_done = f_done;
   std::vector<std::size_t> next(pp, 0);
   std::vector<double> clock(pp, 0);
   for (bool progress = true; progress;) {
@@ -130,15 +137,16 @@ double simulate(const std::vector<std::vector<PipeAction>>& s, double tf, double
     for (int st = 0; st < pp; ++st) {
       while (next[st] < s[st].size()) {
         const PipeAction a = s[st][next[st]];
+        const int vs = a.chunk * pp + st;
         double ready = 0;
         if (a.kind == PipeAction::kForward) {
-          if (st > 0 && (ready = f_done[st - 1][a.micro]) < 0) break;
-        } else if (st < pp - 1 && (ready = b_done[st + 1][a.micro]) < 0) {
+          if (vs > 0 && (ready = f_done[vs - 1][a.micro]) < 0) break;
+        } else if (vs < nv - 1 && (ready = b_done[vs + 1][a.micro]) < 0) {
           break;
         }
         const double start = std::max(clock[st], ready);
         clock[st] = start + (a.kind == PipeAction::kForward ? tf : tb);
-        (a.kind == PipeAction::kForward ? f_done : b_done)[st][a.micro] = clock[st];
+        (a.kind == PipeAction::kForward ? f_done : b_done)[vs][a.micro] = clock[st];
         ++next[st];
         progress = true;
       }
@@ -264,40 +272,11 @@ TEST(PipelineSchedule, InterleavedMatchesMegatronPp2V2M4) {
             "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0");
 }
 
-// simulate() over virtual stages: F(i) of chunk c on stage s needs F(i) of the virtual
-// stage before (stage s-1 chunk c, or stage p-1 chunk c-1), B(i) the virtual stage
-// after. Returns the makespan, or -1 on a cycle of waits.
+// simulate() of the interleaved schedules of every stage.
 double simulate_interleaved(int pp, int v, int m, double tf, double tb) {
   std::vector<std::vector<PipeAction>> s(pp);
   for (int st = 0; st < pp; ++st) s[st] = make_schedule(PipeSchedule::kOneFOneB, pp, st, m, v);
-  const int nv = pp * v;
-  // [virtual stage][micro]
-  std::vector<std::vector<double>> f_done(nv, std::vector<double>(m, -1)), b_done = f_done;
-  std::vector<std::size_t> next(pp, 0);
-  std::vector<double> clock(pp, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int st = 0; st < pp; ++st) {
-      while (next[st] < s[st].size()) {
-        const PipeAction a = s[st][next[st]];
-        const int vs = a.chunk * pp + st;
-        double ready = 0;
-        if (a.kind == PipeAction::kForward) {
-          if (vs > 0 && (ready = f_done[vs - 1][a.micro]) < 0) break;
-        } else if (vs < nv - 1 && (ready = b_done[vs + 1][a.micro]) < 0) {
-          break;
-        }
-        const double start = std::max(clock[st], ready);
-        clock[st] = start + (a.kind == PipeAction::kForward ? tf : tb);
-        (a.kind == PipeAction::kForward ? f_done : b_done)[vs][a.micro] = clock[st];
-        ++next[st];
-        progress = true;
-      }
-    }
-  }
-  for (int st = 0; st < pp; ++st)
-    if (next[st] != s[st].size()) return -1;
-  return *std::max_element(clock.begin(), clock.end());
+  return simulate(s, tf, tb);
 }
 
 TEST(PipelineSchedule, InterleavedSimulationFinishesWithTheAnalyticBubble) {
