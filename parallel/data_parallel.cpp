@@ -50,11 +50,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
   // moments (stage 3's shard store keeps its own: its param_shard()).
   if (mixed() && stage_ <= 2) master_ = DeviceBuffer(ops, moment_floats * kF);
   if (stage_ == 1 || stage_ == 2) {
-    // They all-gather the updated compute weights.
-    const size_t es = dtype_size(compute);
-    pack_ = DeviceBuffer(ops, dp.size() * plan_.max_chunk_floats() * es);
-    segment_ = DeviceBuffer(ops, plan_.max_chunk_floats() * es);
+    // They all-gather the updated compute weights; stage 1 also reduce-scatters f32
+    // gradients through the same buffer.
+    const size_t es = stage_ == 1 ? kF : dtype_size(compute);
+    collective_ = DeviceBuffer(ops, (dp.size() + 1) * plan_.max_chunk_floats() * es);
   }
+  if (stage_ == 1) grad_shard1_ = DeviceBuffer(ops, plan_.shard_floats() * kF);
   square_sum_ = DeviceBuffer(ops, sizeof(double));
 }
 
@@ -72,7 +73,8 @@ DevPtr DataParallel::param_data() const {
 }
 
 DevPtr DataParallel::grad_shard() const {
-  TRIDENT_CHECK(stage_ >= 2);
+  TRIDENT_CHECK(stage_ >= 1);
+  if (stage_ == 1) return grad_shard1_.as(DType::kF32);
   return zero2_ ? zero2_->grad_shard() : sharded_->grad_shard();
 }
 
@@ -89,13 +91,13 @@ std::pair<size_t, size_t> DataParallel::bucket_range(size_t b) const {
 
 void DataParallel::zero_grad() {
   if (resident_) ops_.zero(resident_->grad_data(), resident_->num_floats() * kF);
-  if (stage_ >= 2) ops_.zero(grad_shard(), plan_.shard_floats() * kF);
+  if (stage_ >= 1) ops_.zero(grad_shard(), plan_.shard_floats() * kF);
 }
 
 void DataParallel::reduce_gradients() {
   const int dp = dp_.size();
   const float inv_dp = 1.0f / static_cast<float>(dp);
-  if (stage_ == 0 || stage_ == 1) {
+  if (stage_ == 0) {
     DevPtr grads = resident_->grad_data();
     for (size_t b = 0; b < plan_.chunks().size(); ++b) {
       const auto [begin, end] = bucket_range(b);
@@ -104,13 +106,20 @@ void DataParallel::reduce_gradients() {
     }
     if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
   }
+  if (stage_ == 1) {
+    // Each bucket's owned rows, summed over dp and scaled by 1/dp, into the shard.
+    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
+      reduce_scatter_add(ops_, dp_, plan_.chunks()[b], resident_->grad_data(), grad_shard(),
+                         collective_.get(), "grad bucket " + std::to_string(b));
+    }
+  }
   // Stages 2-3: every group was reduced on release(kBackward).
 }
 
 double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const int rank = dp_.rank();
-  DevPtr shard = stage_ >= 2 ? grad_shard() : DevPtr();
+  DevPtr shard = stage_ >= 1 ? grad_shard() : DevPtr();
   const DevPtr acc = square_sum_.as(DType::kF64);
   ops_.zero(acc, sizeof(double));
   // Tensor by tensor in plan order, as the host sum did: the same double result.
@@ -121,10 +130,6 @@ double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
       if (stage_ == 0) {
         ops_.sum_squares_accumulate(acc, resident_->grad_data() + t.full_offset,
                                     static_cast<size_t>(info.numel()));
-      } else if (stage_ == 1) {
-        ops_.sum_squares_accumulate(
-            acc, resident_->grad_data() + t.full_offset + t.split.begin_float(rank),
-            t.split.owned_floats(rank));
       } else {
         ops_.sum_squares_accumulate(acc, shard + t.shard_offset, t.split.owned_floats(rank));
       }
@@ -136,7 +141,7 @@ double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
 }
 
 void DataParallel::scale_gradients(float s) {
-  if (stage_ == 0 || stage_ == 1) {
+  if (stage_ == 0) {
     ops_.scale(resident_->grad_data(), s, resident_->num_floats());
   } else {
     ops_.scale(grad_shard(), s, plan_.shard_floats());
@@ -177,7 +182,7 @@ void DataParallel::step(float lr) {
         continue;
       }
       const size_t off = t.full_offset + t.split.begin_float(rank);
-      DevPtr grad = stage_ == 1 ? resident_->grad_data() + off : grad_shard() + so;
+      DevPtr grad = grad_shard() + so;
       const DevPtr compute = param_data() + off;
       ops_.adamw_update(mixed() ? master() + so : compute, grad, m + so, v + so,
                         mixed() ? compute : DevPtr(), n, p);
@@ -190,14 +195,16 @@ void DataParallel::all_gather_params() {
   const int dp = dp_.size();
   const int rank = dp_.rank();
   DevPtr params = param_data();
+  const DevPtr pack = collective_.as(compute_);
+  const DevPtr segment = pack + static_cast<size_t>(dp) * plan_.max_chunk_floats();
   for (size_t b = 0; b < plan_.chunks().size(); ++b) {
     const ShardChunk& chunk = plan_.chunks()[b];
     // The compute weights travel (bf16 halves this all-gather).
-    pack_own(ops_, chunk, rank, params, segment_.as(compute_));
-    dp_.all_gather(CommBuf::device(segment_.as(compute_), chunk.chunk_floats),
-                   CommBuf::device(pack_.as(compute_), dp * chunk.chunk_floats),
+    pack_own(ops_, chunk, rank, params, segment);
+    dp_.all_gather(CommBuf::device(segment, chunk.chunk_floats),
+                   CommBuf::device(pack, dp * chunk.chunk_floats),
                    {.label = "param bucket " + std::to_string(b)});
-    unpack_chunk(ops_, chunk, dp, pack_.as(compute_), params);
+    unpack_chunk(ops_, chunk, dp, pack, params);
   }
 }
 
@@ -251,7 +258,7 @@ RowSplit DataParallel::shard_rows(int param) const { return plan_.tensor(param).
 DataParallel::GradSlice DataParallel::reduced_grad(int param) {
   const TensorShard& t = plan_.tensor(param);
   const int rank = dp_.rank();
-  if (stage_ <= 1) {
+  if (stage_ == 0) {
     return {resident_->grad_data() + t.full_offset,
             static_cast<size_t>(t.split.rows * t.split.row_elems)};
   }
@@ -288,7 +295,7 @@ DataParallel::Memory DataParallel::memory() const {
   const size_t shard = plan_.shard_floats();
   mem.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   mem.master = mixed() ? (stage_ == 3 ? plan_.shard_floats() * kF : master_.bytes()) : 0;
-  mem.comm_scratch = pack_.bytes() + segment_.bytes();
+  mem.comm_scratch = collective_.bytes();
   if (sharded_) {
     const DType compute = sharded_->compute_dtype();
     mem.params = shard * dtype_size(compute) + sharded_->param_pool_bytes();
@@ -301,7 +308,7 @@ DataParallel::Memory DataParallel::memory() const {
     mem.comm_scratch += zero2_->scratch_bytes();
   } else {
     mem.params = resident_->num_floats() * dtype_size(resident_->compute_dtype());
-    mem.grads = resident_->num_floats() * kF;
+    mem.grads = resident_->num_floats() * kF + grad_shard1_.bytes();
   }
   mem.params_peak = mem.params;
   mem.grads_peak = mem.grads;

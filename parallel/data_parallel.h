@@ -5,8 +5,10 @@
 // rows [r * ceil(R/dp), ...) of every (TP-local) tensor. The loss is the mean over dp
 // ranks, so gradients are summed over dp and scaled by 1/dp.
 //   stage 0: resident params and grads; all-reduce grads; full AdamW state everywhere.
-//   stage 1: as 0, but AdamW moments only for the owned rows; each rank updates its rows
-//            and the parameters are then all-gathered.
+//   stage 1: resident params and full gradients (backward accumulates into them), but
+//            the gradients are reduce-scattered into this rank's gradient shard (the
+//            owned rows: half an all-reduce's traffic), AdamW moments only for the owned
+//            rows; each rank updates its rows and the parameters are then all-gathered.
 //   stage 2: as 1, but gradients live only as a shard (GradShardedParamStore):
 //            backward accumulates into one group's full gradient buffer at a time, which
 //            is reduce-scattered into the shard on release(kBackward) and freed, so
@@ -14,11 +16,13 @@
 //            reduce_gradients does nothing. Parameters stay resident and replicated.
 //   stage 3: FSDP: params and grads only as shards (ShardedParamStore); gradients are
 //            reduced per group on release(kBackward), so reduce_gradients does nothing.
-// Stages 0-1 all-reduce in buckets of about bucket_bytes of full gradients (one
+// Stage 0 all-reduces in buckets of about bucket_bytes of full gradients (one
 // collective per bucket; a bucket never spans groups). The buckets partition the whole
 // flat gradient buffer, alignment gaps (zero) included, so a step all-reduces exactly
-// layout.total_floats() floats. Stages 1-2 all-gather the parameters in the same
-// buckets after the update: dp * (sum of padded shards) floats per step. Stages 2-3
+// layout.total_floats() floats. Stage 1 reduce-scatters the same buckets' tensors
+// (packed [dp, chunk] by rows, as stage 2 does per group): dp * (sum of padded shards)
+// floats per step. Stages 1-2 all-gather the parameters in the same buckets after the
+// update: dp * (sum of padded shards) floats per step. Stages 2-3
 // reduce-scatter dp * (padded shards of the group) floats per group per backward
 // acquire/release pair: dp * (sum of padded shards) per micro-batch.
 //
@@ -70,8 +74,9 @@ class DataParallel {
 
   // Zeroes the gradients of the coming step (full buffer and/or shard).
   void zero_grad();
-  // After all micro-batches: sum over dp, scale by 1/dp. No-op for stages 2-3 (the
-  // store reduced every group during backward).
+  // After all micro-batches: sum over dp, scale by 1/dp (stage 0: every element; stage 1:
+  // the owned rows, into the gradient shard). No-op for stages 2-3 (the store reduced
+  // every group during backward).
   void reduce_gradients();
   // Sum of squares of the reduced gradient elements this rank is responsible for, so
   // that the sum over dp ranks counts every element once: stage 0 all of them on dp
@@ -99,8 +104,8 @@ class DataParallel {
   RowSplit shard_rows(int param) const;
 
   // The reduced gradient of parameter `param` that this rank holds after
-  // reduce_gradients() (device memory): the whole tensor for stages 0-1, the owned rows
-  // for stages 2-3. For the tied-embedding sum over the embedding group: both ends have
+  // reduce_gradients() (device memory): the whole tensor for stage 0, the owned rows
+  // for stages 1-3. For the tied-embedding sum over the embedding group: both ends have
   // the same local shape and dp size, hence the same sizes.
   struct GradSlice {
     DevPtr data;  // f32
@@ -158,7 +163,7 @@ class DataParallel {
   DevPtr param_data() const;  // stages 0-2: the resident flat parameter buffer (compute dtype)
   bool mixed() const { return compute_ != DType::kF32; }
   DevPtr master() const { return master_.as(DType::kF32); }  // stages 0-2, mixed
-  DevPtr grad_shard() const;  // stages 2-3: this rank's gradient shard
+  DevPtr grad_shard() const;  // stages 1-3: this rank's (reduced) gradient shard
 
   const ParamLayout& layout_;
   Ops& ops_;
@@ -176,8 +181,11 @@ class DataParallel {
   DeviceBuffer master_;      // mixed, stages 0-2: fp32 masters, laid out like the moments
   DeviceBuffer exp_avg_;     // stage 0: total_floats (flat layout); else shard_floats
   DeviceBuffer exp_avg_sq_;
-  DeviceBuffer pack_;        // stages 1-2: dp * plan_.max_chunk_floats()
-  DeviceBuffer segment_;     // stages 1-2: plan_.max_chunk_floats()
+  // Stages 1-2: the parameter all-gather's [dp, chunk] output and this rank's segment
+  // (compute dtype); stage 1 sizes them in f32, for its gradient reduce-scatter too
+  // (reduce_scatter_add's scratch: the pack and then the segment, contiguous).
+  DeviceBuffer collective_;  // (dp + 1) * plan_.max_chunk_floats() elements
+  DeviceBuffer grad_shard1_;  // stage 1: the reduced gradients of the owned rows (f32)
   // (1) double: owned_grad_square_sum's device accumulator (allocated at construction,
   // written by a const query), so the norm costs one device -> host read however many
   // tensors there are.

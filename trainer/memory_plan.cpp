@@ -367,7 +367,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   if (config.training.precision == Precision::kBf16) {
     m.master = (stage == 0 ? total_floats : shard_floats) * kF;
   }
-  m.grads = (stage >= 2 ? shard_floats + held : total_floats) * kF;
+  // Stage 1 keeps the full gradients the model accumulates into and the reduced shard.
+  m.grads = (stage >= 2 ? shard_floats + held : total_floats + (stage == 1 ? shard_floats : 0)) * kF;
   m.optimizer = 2 * (stage == 0 ? total_floats : shard_floats) * kF;
 
   const int accum = config.grad_accum_steps();
@@ -390,7 +391,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     const double chunk =
         std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
                   g.head.max_chunk_floats(dp, bucket)});
-    m.comm_buffers = (dp + 1) * chunk * kA;  // they gather compute weights
+    // They gather compute weights; stage 1 reduce-scatters f32 gradients through them too.
+    m.comm_buffers = (dp + 1) * chunk * (stage == 1 ? kF : kA);
   }
   if (stage >= 2) {
     // The store's collective scratch (collective_scratch_bytes): the [dp + 1, chunk] f32

@@ -11,7 +11,8 @@
 //                               (parallel/data_parallel.h; ZeRO stage aware: stage 3
 //                               counts the shard plus the pool of the groups gathered at
 //                               once, stages 2-3 the gradient shard plus the pool of the
-//                               group gradients held in backward; all allocated at start)
+//                               group gradients held in backward, stage 1 the full
+//                               gradients plus the reduced shard; all allocated at start)
 //   activations               = Transformer::activation_bytes() with
 //                               PipelineExecutor::required_slots() slots (the attention
 //                               state is sized by the backend: Ops::attention_state_bytes)

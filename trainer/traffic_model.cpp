@@ -98,7 +98,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
       t.dp.all_reduce = total * kF;
       break;
     case 1:
-      t.dp.all_reduce = total * kF;
+      t.dp.reduce_scatter = total * kF;
       t.dp.all_gather = total * kA;
       break;
     case 2:
@@ -113,7 +113,8 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   if (config.model.tied() && par.pp > 1 && (first || last)) {
     const ParamInfo* wte = layout.find("wte");
     const double floats = static_cast<double>(wte->numel());
-    t.embedding.all_reduce = (par.zero_stage >= 2 ? floats / dp : floats) * kF;
+    // The reduced gradient each rank holds: the whole wte (ZeRO 0), its owned rows (1-3).
+    t.embedding.all_reduce = (par.zero_stage >= 1 ? floats / dp : floats) * kF;
   }
   return t;
 }

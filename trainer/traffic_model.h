@@ -21,8 +21,8 @@
 //   micro-batch by every stage but the last, one gradient of the same size sent back by
 //   every stage but the first; with parallel.virtual_stages, the same per model chunk
 //   (the model's first and last chunks excepted).
-// - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 also all-gathers the
-//   parameters; ZeRO 2 reduce-scatters each group's gradients after its backward, per
+// - dp, per step: ZeRO 0 all-reduces every gradient once; ZeRO 1 reduce-scatters every
+//   gradient once (into the owned rows) and all-gathers the parameters; ZeRO 2 reduce-scatters each group's gradients after its backward, per
 //   micro-batch, and all-gathers the parameters; ZeRO 3 all-gathers each group before
 //   its forward and again before its backward and reduce-scatters its gradients, per
 //   micro-batch (a tied one-stage head uses group 0 a second time, under ZeRO 2 and 3).

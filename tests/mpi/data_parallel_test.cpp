@@ -191,7 +191,9 @@ void run_case(const Case& c) {
   DataParallel::Memory mem = ddp.memory();
   EXPECT_EQ(mem.params, (c.stage == 3 ? shard + max_group : total) * F);
   EXPECT_EQ(mem.master, 0u);  // f32: the parameters are the masters
-  EXPECT_EQ(mem.grads, (grads_sharded ? shard + max_group : total) * F);
+  // Stage 1: the full gradients backward accumulates into, and the reduced shard.
+  EXPECT_EQ(mem.grads,
+            (grads_sharded ? shard + max_group : total + (c.stage == 1 ? shard : 0)) * F);
   EXPECT_EQ(mem.params_peak, mem.params);
   EXPECT_EQ(mem.grads_peak, mem.grads);
   EXPECT_EQ(mem.optimizer, 2 * (c.stage == 0 ? total : shard) * F);
@@ -277,14 +279,19 @@ void run_case(const Case& c) {
     const int64_t buckets = static_cast<int64_t>(ddp.num_buckets());
     switch (c.stage) {
       case 0:
-      case 1:
         EXPECT_EQ(ar, static_cast<int64_t>(total * F));
         EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllReduce), buckets);
         EXPECT_EQ(rs, 0);
-        EXPECT_EQ(ag, c.stage == 1 ? sharded : 0);
-        if (c.stage == 1) {
-          EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), buckets);
-        }
+        EXPECT_EQ(ag, 0);
+        break;
+      case 1:
+        // One reduce-scatter of the gradients and one all-gather of the parameters per
+        // bucket: half the bytes of stage 0's all-reduce each.
+        EXPECT_EQ(ar, 0);
+        EXPECT_EQ(rs, sharded);
+        EXPECT_EQ(traffic.calls_of(CollectiveKind::kReduceScatter), buckets);
+        EXPECT_EQ(ag, sharded);
+        EXPECT_EQ(traffic.calls_of(CollectiveKind::kAllGather), buckets);
         break;
       case 2:
         // Per micro-batch one reduce-scatter per non-empty group (during backward); per
@@ -368,8 +375,8 @@ void run_case(const Case& c) {
       state_wrong += mismatches(buf, slice(ref.v[k]), 1e-6);
       // The reduced gradient this rank holds: (clipped) mean over ranks.
       const DataParallel::GradSlice rg = ddp.reduced_grad(static_cast<int>(k));
-      const size_t rg_first = c.stage <= 1 ? 0 : split.begin_float(rank);
-      state_wrong += rg.floats != (c.stage <= 1 ? static_cast<size_t>(layout.params[k].numel())
+      const size_t rg_first = c.stage == 0 ? 0 : split.begin_float(rank);
+      state_wrong += rg.floats != (c.stage == 0 ? static_cast<size_t>(layout.params[k].numel())
                                                 : split.owned_floats(rank));
       std::vector<float> g(rg.floats);
       ops->download(g.data(), rg.data, g.size() * F);

@@ -178,8 +178,8 @@ TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
     ASSERT_TRUE(t->train_step().is_ok());
     const RankStats& s = t->last_step_stats();
     EXPECT_EQ(s.optimizer_bytes, 2 * P / n);  // stage >= 1: moments sharded
-    if (zero == 1) {
-      EXPECT_EQ(s.grad_bytes, P);
+    if (zero == 1) {  // the full gradients and the reduced shard
+      EXPECT_EQ(s.grad_bytes, P + P / n);
       EXPECT_EQ(s.param_bytes, P);
     }
     // Stages 2-3 allocate, at construction, pools for the group buffers held at once
@@ -256,7 +256,9 @@ TEST(Instrumentation, Bf16ModelStateMemoryFollowsZeroFormulas) {
     EXPECT_EQ(s.param_bytes, zero == 3 ? 2 * P / n + 2 * pool_elems : 2 * P);
     EXPECT_EQ(s.master_bytes, zero == 0 ? 4 * P : 4 * P / n);
     EXPECT_EQ(s.optimizer_bytes, zero == 0 ? 8 * P : 8 * P / n);
-    EXPECT_EQ(s.grad_bytes, zero <= 1 ? 4 * P : 4 * P / n + 4 * pool_elems);
+    EXPECT_EQ(s.grad_bytes, zero == 0   ? 4 * P
+                            : zero == 1 ? 4 * P + 4 * P / n
+                                        : 4 * P / n + 4 * pool_elems);
   }
 }
 
