@@ -527,18 +527,30 @@ TEST(AsyncOverlap, PrintsHowMuchComputeHides) {
   const double t_direct = ms_since(t);
   EXPECT_TRUE(bitwise_equal(again, sync));
 
+  // The caller off the CPU for 1.5 T_sync (as while a GPU or a peer works): with real
+  // progress the wait is then ~0 whatever the core count.
+  std::vector<float> slept = data;
+  w.barrier();
+  CommWork idle = w.iall_reduce(buf(w, slept), ReduceOp::kSum);
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(1.5 * t_sync));
+  t = Clock::now();
+  idle.wait();
+  const double wait_after_sleep = ms_since(t);
+  EXPECT_TRUE(bitwise_equal(slept, sync));
+
   const double hidden = t_sync > 0 ? (t_sync + c_alone - total) / t_sync : 0;
   // The slowest rank's times; the hidden fraction's range over ranks.
   std::vector<double> row = {t_sync, t_direct, c_alone, t_issue, c_overlapped, wait_ms, total,
-                             hidden, -hidden};
+                             hidden, -hidden, wait_after_sleep};
   w.all_reduce(buf(w, row), ReduceOp::kMax);
   if (w.rank() == 0 && w.size() > 1) {  // one rank: nothing to hide
     std::printf(
         "async overlap, all_reduce f32 %zu MiB, %d ranks (ms, max over ranks):\n"
         "  sync %.2f | issue+wait %.2f | compute alone %.2f | issue %.3f | compute overlapped "
-        "%.2f | wait %.2f | total %.2f | hidden %.0f%%..%.0f%% of sync\n",
+        "%.2f | wait %.2f | total %.2f | hidden %.0f%%..%.0f%% of sync\n"
+        "  issue, sleep 1.5 x sync, wait: wait %.2f\n",
         mib, w.size(), row[0], row[1], row[2], row[3], row[4], row[5], row[6], -100 * row[8],
-        100 * row[7]);
+        100 * row[7], row[9]);
   }
   (void)sink;
 }
