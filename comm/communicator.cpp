@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
@@ -162,7 +163,7 @@ void Communicator::check_peer(int peer, int tag, CollectiveKind kind,
                      "tag " + std::to_string(tag) + " outside [0, 32767]");
 }
 
-void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts) {
+void Communicator::check_all_reduce(const CommBuf& data, const CollectiveOptions& opts) const {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   check_space(data, kind, opts);
   const DType t = data.dtype;
@@ -171,14 +172,10 @@ void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions
                      kind, opts,
                      std::string("dtype ") + dtype_name(t) +
                          " cannot be reduced (f32, bf16, f64 and i64 can)");
-  count(kind, data.bytes());
-  if (data.count == 0) return;  // every rank has the same size, so every rank skips
-  WatchedCall watched(*this, "all_reduce", -1, opts);
-  DeviceWork device(data.space);
-  do_all_reduce(data, op, opts);
 }
 
-void Communicator::reduce_scatter(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+void Communicator::check_reduce_scatter(const CommBuf& input, const CommBuf& output,
+                                        const CollectiveOptions& opts) const {
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
   check_space(input, kind, opts);
   check_space(output, kind, opts);
@@ -190,14 +187,10 @@ void Communicator::reduce_scatter(CommBuf input, CommBuf output, const Collectiv
                      opts,
                      "input has " + std::to_string(input.count) + " elements, output " +
                          std::to_string(output.count) + "; need input = size * output");
-  count(kind, input.bytes());
-  if (output.count == 0) return;
-  WatchedCall watched(*this, "reduce_scatter", -1, opts);
-  DeviceWork device(input.space);
-  do_reduce_scatter(input, output, opts);
 }
 
-void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+void Communicator::check_all_gather(const CommBuf& input, const CommBuf& output,
+                                    const CollectiveOptions& opts) const {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   check_space(input, kind, opts);
   check_space(output, kind, opts);
@@ -206,7 +199,29 @@ void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOpt
                      opts,
                      "input has " + std::to_string(input.count) + " elements, output " +
                          std::to_string(output.count) + "; need output = size * input");
-  count(kind, output.bytes());
+}
+
+void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts) {
+  check_all_reduce(data, opts);
+  count(CollectiveKind::kAllReduce, data.bytes());
+  if (data.count == 0) return;  // every rank has the same size, so every rank skips
+  WatchedCall watched(*this, "all_reduce", -1, opts);
+  DeviceWork device(data.space);
+  do_all_reduce(data, op, opts);
+}
+
+void Communicator::reduce_scatter(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+  check_reduce_scatter(input, output, opts);
+  count(CollectiveKind::kReduceScatter, input.bytes());
+  if (output.count == 0) return;
+  WatchedCall watched(*this, "reduce_scatter", -1, opts);
+  DeviceWork device(input.space);
+  do_reduce_scatter(input, output, opts);
+}
+
+void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+  check_all_gather(input, output, opts);
+  count(CollectiveKind::kAllGather, output.bytes());
   if (input.count == 0) return;
   WatchedCall watched(*this, "all_gather", -1, opts);
   DeviceWork device(input.space);
@@ -306,6 +321,178 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   }
   if (child) child->set_default_timeout(default_timeout_);
   return child;
+}
+
+// ---- asynchronous collectives --------------------------------------------------------
+
+namespace {
+// The watchdog's name of a blocking wait (string literals: the observer may keep them).
+const char* wait_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return "all_reduce (wait)";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter (wait)";
+    case CollectiveKind::kAllGather:
+      return "all_gather (wait)";
+    default:
+      return "? (wait)";
+  }
+}
+}  // namespace
+
+CommWork::CommWork(CommWork&& other) noexcept
+    : comm_(std::exchange(other.comm_, nullptr)),
+      kind_(other.kind_),
+      opts_(std::move(other.opts_)),
+      backend_(std::move(other.backend_)),
+      staging_(std::move(other.staging_)),
+      copy_out_src_(other.copy_out_src_),
+      copy_out_dst_(other.copy_out_dst_),
+      copy_out_bytes_(other.copy_out_bytes_) {}
+
+CommWork& CommWork::operator=(CommWork&& other) {
+  if (this == &other) return *this;
+  if (!finished()) {
+    comm_->fail("finished()", kind_, opts_,
+                "an unfinished CommWork was assigned over (wait() it first)", __FILE__, __LINE__);
+  }
+  comm_ = std::exchange(other.comm_, nullptr);
+  kind_ = other.kind_;
+  opts_ = std::move(other.opts_);
+  backend_ = std::move(other.backend_);
+  staging_ = std::move(other.staging_);
+  copy_out_src_ = other.copy_out_src_;
+  copy_out_dst_ = other.copy_out_dst_;
+  copy_out_bytes_ = other.copy_out_bytes_;
+  return *this;
+}
+
+CommWork::~CommWork() {
+  if (!finished()) {
+    comm_->fail("finished()", kind_, opts_,
+                "CommWork destroyed before wait() (wait or test it to completion first)",
+                __FILE__, __LINE__);
+  }
+}
+
+void CommWork::wait() {
+  if (finished()) return;
+  if (backend_) {
+    WatchedCall watched(*comm_, wait_name(kind_), -1, opts_);
+    backend_->wait();
+  }
+  finish();
+}
+
+bool CommWork::test() {
+  if (finished()) return true;
+  if (backend_ && !backend_->test()) return false;
+  finish();
+  return true;
+}
+
+void CommWork::finish() {
+  if (copy_out_bytes_ > 0) {
+    DeviceAccessScope scope;  // the caller's buffer is device memory under a hook
+    std::memcpy(copy_out_dst_, copy_out_src_, copy_out_bytes_);
+  }
+  backend_.reset();
+  staging_.reset();
+  --comm_->outstanding_work_;
+  comm_ = nullptr;
+}
+
+template <class Issue>
+CommWork Communicator::issue_async(CollectiveKind kind, const CommBuf& input,
+                                   const CommBuf& output, std::size_t copy_in_bytes,
+                                   std::size_t copy_out_bytes, const CollectiveOptions& opts,
+                                   Issue&& issue) {
+  CommWork work;
+  work.comm_ = this;
+  work.kind_ = kind;
+  work.opts_ = opts;
+  ++outstanding_work_;
+  if (copy_in_bytes == 0) return work;  // empty: every rank skips, as in the sync call
+  // A protected device buffer may be touched by the backend only inside a scope, and the
+  // backend works outside one (another thread, later MPI calls): stage it on the host.
+  const bool staged = input.space == MemSpace::kDevice && device_access_hook() != nullptr;
+  CommBuf in = input, out = output;
+  if (staged) {
+    const bool in_place = input.data == output.data && copy_in_bytes == copy_out_bytes;
+    work.staging_ =
+        std::make_unique_for_overwrite<std::byte[]>(copy_in_bytes + (in_place ? 0 : copy_out_bytes));
+    {
+      DeviceAccessScope scope;
+      std::memcpy(work.staging_.get(), input.data, copy_in_bytes);
+    }
+    in.data = work.staging_.get();
+    out.data = in_place ? in.data : work.staging_.get() + copy_in_bytes;
+    work.copy_out_src_ = static_cast<const std::byte*>(out.data);
+    work.copy_out_dst_ = output.data;
+    work.copy_out_bytes_ = copy_out_bytes;
+  }
+  WatchedCall watched(*this, collective_name(kind), -1, opts);
+  DeviceWork device(staged ? MemSpace::kHost : input.space);
+  work.backend_ = issue(in, out);
+  return work;
+}
+
+CommWork Communicator::iall_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts) {
+  check_all_reduce(data, opts);
+  count(CollectiveKind::kAllReduce, data.bytes());
+  return issue_async(CollectiveKind::kAllReduce, data, data, data.bytes(), data.bytes(), opts,
+                     [&](const CommBuf& in, const CommBuf&) { return do_iall_reduce(in, op, opts); });
+}
+
+CommWork Communicator::ireduce_scatter(CommBuf input, CommBuf output,
+                                       const CollectiveOptions& opts) {
+  check_reduce_scatter(input, output, opts);
+  count(CollectiveKind::kReduceScatter, input.bytes());
+  return issue_async(CollectiveKind::kReduceScatter, input, output,
+                     output.count == 0 ? 0 : input.bytes(), output.bytes(), opts,
+                     [&](const CommBuf& in, const CommBuf& out) {
+                       return do_ireduce_scatter(in, out, opts);
+                     });
+}
+
+CommWork Communicator::iall_gather(CommBuf input, CommBuf output, const CollectiveOptions& opts) {
+  check_all_gather(input, output, opts);
+  count(CollectiveKind::kAllGather, output.bytes());
+  return issue_async(CollectiveKind::kAllGather, input, output, input.bytes(), output.bytes(),
+                     opts, [&](const CommBuf& in, const CommBuf& out) {
+                       return do_iall_gather(in, out, opts);
+                     });
+}
+
+std::unique_ptr<AsyncCollective> Communicator::do_iall_reduce(const CommBuf& data, ReduceOp op,
+                                                              const CollectiveOptions& opts) {
+  do_all_reduce(data, op, opts);
+  return nullptr;
+}
+
+std::unique_ptr<AsyncCollective> Communicator::do_ireduce_scatter(const CommBuf& input,
+                                                                  const CommBuf& output,
+                                                                  const CollectiveOptions& opts) {
+  do_reduce_scatter(input, output, opts);
+  return nullptr;
+}
+
+std::unique_ptr<AsyncCollective> Communicator::do_iall_gather(const CommBuf& input,
+                                                              const CommBuf& output,
+                                                              const CollectiveOptions& opts) {
+  do_all_gather(input, output, opts);
+  return nullptr;
+}
+
+void Communicator::check_no_outstanding_work() const {
+  if (outstanding_work_ == 0) return;
+  check_failed("outstanding_work() == 0",
+               "communicator '" + name_ + "' (rank " + std::to_string(rank()) + "/" +
+                   std::to_string(size()) + ", " + backend() + ") destroyed with " +
+                   std::to_string(outstanding_work_) +
+                   " unfinished async collective(s); wait() every CommWork first",
+               __FILE__, __LINE__);
 }
 
 // ---- SelfCommunicator ---------------------------------------------------------------

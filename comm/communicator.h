@@ -11,9 +11,11 @@
 //   why every call carries CollectiveOptions (timeout + label): the hang watchdog
 //   (comm/watchdog.h), when one is running, ends a rank blocked in a call past its
 //   timeout and names the call.
-// - Threads. A process calls into its communicators from one thread at a time (MPI runs
-//   at MPI_THREAD_SERIALIZED); in practice the training thread. The traffic counters are
-//   plain integers owned by that thread.
+// - Threads. A process calls into its communicators from one thread at a time; in
+//   practice the training thread. The traffic counters are plain integers owned by that
+//   thread. (The MPI backend asks for MPI_THREAD_MULTIPLE because its asynchronous
+//   collectives run on a communication thread of their own; see "Asynchronous
+//   collectives". The public calls, CommWork's included, stay single-threaded.)
 // - Buffers. Every call takes CommBuf values (address, count, dtype, memory space; see
 //   below). Collectives are in place or write to caller-owned buffers; chunked
 //   collectives (reduce_scatter, all_gather) take equal chunks: input/output count =
@@ -61,6 +63,46 @@
 // times, in the backend's order. That is NOT fp32-sum-then-round-once (for 2 ranks the two
 // agree exactly; for more they differ within bf16 rounding per step), and it is as
 // deterministic as any reduction here (fixed by group size and count). A bf16 max is exact.
+//
+// Asynchronous collectives (iall_reduce, ireduce_scatter, iall_gather -> CommWork), for
+// overlapping communication with compute (DESIGN.md "Data parallelism, FSDP and overlap"):
+// - Same arguments, checks, messages, dtype rules and traffic counting as the synchronous
+//   call (counted at issue). The result is bitwise equal to the synchronous call's for the
+//   same inputs (same group, sizes and op), so overlap on and off train identically.
+// - The caller must neither read nor write the call's buffers until the work is finished
+//   (wait() returned, or test() returned true); the communicator must outlive the work.
+// - Ordering. The issue counts as the collective's call for the ordering rule: every rank
+//   issues the same sequence of collectives on a communicator, sync and async mixed, in
+//   the same order (MPI requires matching order; NCCL runs in launch order). Works may be
+//   waited in any order. Async calls on one communicator execute one at a time in issue
+//   order; they may run concurrently with later synchronous calls of the same group.
+// - Progress (MPI). A per-communicator communication thread (started at the first async
+//   call, which also duplicates the MPI communicator, collectively) runs the very same
+//   blocking MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather on that duplicate,
+//   in issue order, while the caller computes: the transfer really progresses without the
+//   caller entering MPI, and bitwise equality holds by construction (same call, same
+//   algorithm choice). MPI's own non-blocking collectives (libnbc) were not used: their
+//   MPI_Ireduce_scatter_block sums in another order than MPI_Reduce_scatter_block at 4 and
+//   8 ranks (measured, Open MPI 4.1), and they progress only inside MPI calls. Needs
+//   MPI_THREAD_MULTIPLE (requested at init); where MPI provides less (a caller that
+//   initialized MPI itself at a lower level), the async calls run synchronously at issue
+//   and return a finished work. The self backend also completes at issue.
+// - Device memory (the checked backend, core/device_access.h). When a DeviceAccessHook is
+//   installed, device buffers of an async call are staged: at issue the inputs are copied
+//   into a host buffer owned by the work (inside a DeviceAccessScope), the backend works on
+//   the host copy outside any scope, and at completion (wait/test, on the caller's thread)
+//   the result is copied back inside a scope. Without a hook device memory is host RAM on
+//   CPU and the backend works on the caller's buffers directly (NCCL: device memory,
+//   the comm stream; never a hook).
+// - Watchdog. A wait that blocks is a blocking call: reported to the CallObserver as
+//   "all_reduce (wait)", "reduce_scatter (wait)" or "all_gather (wait)" with the issue's
+//   options (timeout, label). The issue is reported under the collective's own name (it
+//   blocks only on backends that complete at issue).
+// - Lifetime. A CommWork must be finished before it is destroyed or assigned over: an
+//   unfinished one CHECK-fails ("... destroyed before wait()"), so a forgotten wait cannot
+//   silently leave a buffer half-written. Destroying a communicator with unfinished works
+//   CHECK-fails too, naming how many (every backend destructor calls
+//   check_no_outstanding_work() first).
 #pragma once
 
 #include <array>
@@ -151,6 +193,53 @@ double bus_factor(CollectiveKind kind, int group_size);
 inline constexpr int kNoGroup = -1;
 
 class Communicator;
+
+// The backend's side of one asynchronous collective (Communicator::do_i*). Called only from
+// the caller's thread, through CommWork.
+class AsyncCollective {
+ public:
+  virtual ~AsyncCollective() = default;
+  // Non-blocking: whether the collective has completed (aborts on a transport error).
+  virtual bool test() = 0;
+  // Blocks until it has completed (aborts on a transport error).
+  virtual void wait() = 0;
+};
+
+// A handle on an asynchronous collective (Communicator::iall_reduce, ireduce_scatter,
+// iall_gather; contract: "Asynchronous collectives" above). Movable, not copyable. An
+// empty work (default-constructed or moved-from) is finished.
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(CommWork&& other) noexcept;
+  CommWork& operator=(CommWork&& other);  // CHECK-fails if *this is unfinished
+  CommWork(const CommWork&) = delete;
+  CommWork& operator=(const CommWork&) = delete;
+  ~CommWork();  // CHECK-fails if unfinished
+
+  // Blocks until the collective has completed and its result is in the caller's buffers;
+  // reported to the watchdog. No-op once finished.
+  void wait();
+  // Non-blocking: true once the collective has completed and its result is in the
+  // caller's buffers (the work is then finished).
+  bool test();
+  bool finished() const { return comm_ == nullptr; }
+
+ private:
+  friend class Communicator;
+  void finish();  // copy-out (staged), then release from the communicator
+
+  Communicator* comm_ = nullptr;  // null = finished
+  CollectiveKind kind_ = CollectiveKind::kAllReduce;
+  CollectiveOptions opts_;
+  std::unique_ptr<AsyncCollective> backend_;  // null: completed at issue
+  // Staging (device buffers under a DeviceAccessHook): the backend's host copy and where
+  // its result goes back to.
+  std::unique_ptr<std::byte[]> staging_;
+  const std::byte* copy_out_src_ = nullptr;
+  void* copy_out_dst_ = nullptr;
+  std::size_t copy_out_bytes_ = 0;
+};
 
 // Sees every blocking call of every communicator of the process, for the hang watchdog
 // (comm/watchdog.h), which implements it; this layer does not depend on it. The
@@ -257,6 +346,16 @@ class Communicator {
 
   void barrier(const CollectiveOptions& opts = {});
 
+  // Asynchronous all_reduce, reduce_scatter and all_gather: same arguments and rules as
+  // the synchronous calls; see "Asynchronous collectives" above.
+  [[nodiscard]] CommWork iall_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts = {});
+  [[nodiscard]] CommWork ireduce_scatter(CommBuf input, CommBuf output,
+                                         const CollectiveOptions& opts = {});
+  [[nodiscard]] CommWork iall_gather(CommBuf input, CommBuf output,
+                                     const CollectiveOptions& opts = {});
+  // Works issued by this communicator and not yet finished.
+  std::size_t outstanding_work() const { return outstanding_work_; }
+
   // Collective over this group. Ranks with the same color form a new group named
   // `name`, ordered by (key, parent rank), serving `space` (default: this group's).
   // color == kNoGroup: this rank joins none and gets nullptr. The child inherits the
@@ -295,8 +394,37 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
                                                  MemSpace space,
                                                  const CollectiveOptions& opts) = 0;
+  // Async hooks: same arguments as the synchronous hooks (buffers already staged where the
+  // contract says so; no DeviceAccessScope is open when the buffers are staged). Return
+  // the backend's work, or nullptr when the collective has already completed. The
+  // default runs the synchronous hook and returns nullptr (backends without async).
+  virtual std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf& data, ReduceOp op,
+                                                          const CollectiveOptions& opts);
+  virtual std::unique_ptr<AsyncCollective> do_ireduce_scatter(const CommBuf& input,
+                                                              const CommBuf& output,
+                                                              const CollectiveOptions& opts);
+  virtual std::unique_ptr<AsyncCollective> do_iall_gather(const CommBuf& input,
+                                                          const CommBuf& output,
+                                                          const CollectiveOptions& opts);
+  // Aborts, naming the group and the count, if works are unfinished. Every backend's
+  // destructor calls it first (the base destructor cannot: rank() is virtual).
+  void check_no_outstanding_work() const;
 
  private:
+  friend class CommWork;
+  // The argument checks of all_reduce / reduce_scatter / all_gather, shared by the
+  // synchronous and asynchronous calls.
+  void check_all_reduce(const CommBuf& data, const CollectiveOptions& opts) const;
+  void check_reduce_scatter(const CommBuf& input, const CommBuf& output,
+                            const CollectiveOptions& opts) const;
+  void check_all_gather(const CommBuf& input, const CommBuf& output,
+                        const CollectiveOptions& opts) const;
+  // The common tail of the three async calls: staging, watching, the backend hook.
+  template <class Issue>
+  CommWork issue_async(CollectiveKind kind, const CommBuf& input, const CommBuf& output,
+                       std::size_t copy_in_bytes, std::size_t copy_out_bytes,
+                       const CollectiveOptions& opts, Issue&& issue);
+
   void count(CollectiveKind kind, std::size_t bytes);
   // Aborts unless buf is in space() (and, with a hook installed, really is).
   void check_space(const CommBuf& buf, CollectiveKind kind, const CollectiveOptions& opts) const;
@@ -309,6 +437,7 @@ class Communicator {
   MemSpace space_;
   std::chrono::milliseconds default_timeout_ = kDefaultTimeout;
   TrafficCounters traffic_;
+  std::size_t outstanding_work_ = 0;
 };
 
 // Aborts through Communicator::fail when cond is false.
@@ -324,6 +453,7 @@ class SelfCommunicator final : public Communicator {
  public:
   explicit SelfCommunicator(std::string name = "world", MemSpace space = MemSpace::kHost)
       : Communicator(std::move(name), space) {}
+  ~SelfCommunicator() override { check_no_outstanding_work(); }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }

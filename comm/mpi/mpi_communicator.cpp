@@ -1,8 +1,14 @@
 #include "comm/mpi/mpi_communicator.h"
 
+#include <atomic>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -37,6 +43,93 @@ void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
     if (bf16_to_float(a[i]) > bf16_to_float(b[i])) b[i] = a[i];
   }
 }
+
+// One async collective, shared by the caller's work and the communication thread: the
+// thread runs `run` (a blocking MPI call), stores its return code, then releases `done`.
+struct AsyncTask {
+  std::function<int()> run;
+  int rc = MPI_SUCCESS;  // written before done is released
+  std::atomic<bool> done{false};
+};
+
+// A communicator's communication thread: runs queued tasks one at a time in submit order
+// (the issue order, which MPI's matching rule needs). The destructor finishes the queue
+// (empty in practice: the communicator checks its works first) and joins.
+class CommThread {
+ public:
+  CommThread() : thread_([this] { loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  void submit(std::shared_ptr<AsyncTask> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<AsyncTask> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task->rc = task->run();
+      task->done.store(true, std::memory_order_release);
+      task->done.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<AsyncTask>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The caller's side of a task (Communicator::do_i*): completion is the task's flag, so
+// the caller never touches an MPI request the thread owns.
+class MpiAsyncCollective final : public AsyncCollective {
+ public:
+  MpiAsyncCollective(const Communicator& comm, const char* call, CollectiveKind kind,
+                     CollectiveOptions opts, std::shared_ptr<AsyncTask> task)
+      : comm_(comm), call_(call), kind_(kind), opts_(std::move(opts)), task_(std::move(task)) {}
+  bool test() override {
+    if (!task_->done.load(std::memory_order_acquire)) return false;
+    check();
+    return true;
+  }
+  void wait() override {
+    task_->done.wait(false, std::memory_order_acquire);
+    check();
+  }
+
+ private:
+  void check() const {
+    if (task_->rc != MPI_SUCCESS) {
+      comm_.fail(call_, kind_, opts_, mpi_error_string(task_->rc), __FILE__, __LINE__);
+    }
+  }
+  const Communicator& comm_;
+  const char* call_;  // the MPI call, for the message
+  CollectiveKind kind_;
+  CollectiveOptions opts_;
+  std::shared_ptr<AsyncTask> task_;
+};
 
 // MPI_Init / MPI_Finalize as RAII. One per process, shared by every communicator, so
 // MPI_Finalize runs after the last MPI_Comm_free whatever the destruction order. Also
@@ -78,7 +171,8 @@ class MpiRuntime {
     bool owns = false;
     if (!initialized) {
       int provided = 0;
-      const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+      // MULTIPLE for the async collectives' communication threads (mpi_communicator.h).
+      const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
       TRIDENT_CHECK_MSG(rc == MPI_SUCCESS, "MPI_Init_thread: " + mpi_error_string(rc));
       TRIDENT_CHECK_MSG(provided >= MPI_THREAD_SERIALIZED,
                         "MPI provides thread level " + std::to_string(provided) +
@@ -86,6 +180,9 @@ class MpiRuntime {
       owns = true;
     }
     auto runtime = std::make_shared<MpiRuntime>(owns);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    runtime->thread_multiple_ = level >= MPI_THREAD_MULTIPLE;
     current = runtime;
     return runtime;
   }
@@ -107,6 +204,8 @@ class MpiRuntime {
     }
     return MPI_BYTE;
   }
+  // Whether MPI runs at MPI_THREAD_MULTIPLE (then async collectives get a thread).
+  bool thread_multiple() const { return thread_multiple_; }
   MPI_Op op_of(ReduceOp op, DType dtype) const {
     if (dtype == DType::kBF16) return op == ReduceOp::kSum ? bf16_sum_ : bf16_max_;
     return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
@@ -114,6 +213,7 @@ class MpiRuntime {
 
  private:
   bool owns_mpi_;
+  bool thread_multiple_ = false;
   MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_max_ = MPI_OP_NULL;
@@ -132,8 +232,11 @@ class MpiCommunicator final : public Communicator {
     TRIDENT_MPI_CHECK(*this, MPI_Comm_size(comm_, &size_), CollectiveKind::kSplit, opts);
   }
   ~MpiCommunicator() override {
+    check_no_outstanding_work();
     // An isend's buffer must outlive its request, and MPI_Comm_free does not cancel it.
     if (!pending_requests_.empty()) do_wait_sends({.label = "pending isends at destruction"});
+    comm_thread_.reset();  // joins: every task is done (no outstanding work)
+    if (async_comm_ != MPI_COMM_NULL) MPI_Comm_free(&async_comm_);
     MPI_Comm_free(&comm_);
   }
 
@@ -231,6 +334,50 @@ class MpiCommunicator final : public Communicator {
     return total;
   }
 
+  // Async: the same blocking call as the synchronous hook, with the same arguments, on
+  // async_comm_, run by the communication thread (see mpi_communicator.h).
+  std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf& data, ReduceOp op,
+                                                  const CollectiveOptions& opts) override {
+    constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
+    if (!runtime_->thread_multiple()) return Communicator::do_iall_reduce(data, op, opts);
+    const int n = to_int(data.count, kind, opts);
+    const MPI_Comm comm = async_comm(kind, opts);
+    const MPI_Datatype type = runtime_->type_of(data.dtype);
+    const MPI_Op mpi_op = runtime_->op_of(op, data.dtype);
+    void* buf = data.data;
+    return submit("MPI_Allreduce (async)", kind, opts, [=] {
+      return MPI_Allreduce(MPI_IN_PLACE, buf, n, type, mpi_op, comm);
+    });
+  }
+
+  std::unique_ptr<AsyncCollective> do_ireduce_scatter(const CommBuf& input, const CommBuf& output,
+                                                      const CollectiveOptions& opts) override {
+    constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
+    if (!runtime_->thread_multiple()) return Communicator::do_ireduce_scatter(input, output, opts);
+    const int n = to_int(output.count, kind, opts);
+    const MPI_Comm comm = async_comm(kind, opts);
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    const MPI_Op mpi_op = runtime_->op_of(ReduceOp::kSum, input.dtype);
+    const void* in = input.data;
+    void* out = output.data;
+    return submit("MPI_Reduce_scatter_block (async)", kind, opts, [=] {
+      return MPI_Reduce_scatter_block(in, out, n, type, mpi_op, comm);
+    });
+  }
+
+  std::unique_ptr<AsyncCollective> do_iall_gather(const CommBuf& input, const CommBuf& output,
+                                                  const CollectiveOptions& opts) override {
+    constexpr CollectiveKind kind = CollectiveKind::kAllGather;
+    if (!runtime_->thread_multiple()) return Communicator::do_iall_gather(input, output, opts);
+    const int n = to_int(input.count, kind, opts);
+    const MPI_Comm comm = async_comm(kind, opts);
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    const void* in = input.data;
+    void* out = output.data;
+    return submit("MPI_Allgather (async)", kind, opts,
+                  [=] { return MPI_Allgather(in, n, type, out, n, type, comm); });
+  }
+
   void do_barrier(const CollectiveOptions& opts) override {
     TRIDENT_MPI_CHECK(*this, MPI_Barrier(comm_), CollectiveKind::kBarrier, opts);
   }
@@ -250,6 +397,26 @@ class MpiCommunicator final : public Communicator {
     TRIDENT_COMM_CHECK(*this, count <= static_cast<std::size_t>(INT_MAX), kind, opts,
                        std::to_string(count) + " elements exceed MPI's int count; split the call");
     return static_cast<int>(count);
+  }
+
+  // The duplicate the async calls run on, and its thread; made by the first async call
+  // (a collective of this group, issued in call order like any other).
+  MPI_Comm async_comm(CollectiveKind kind, const CollectiveOptions& opts) {
+    if (async_comm_ == MPI_COMM_NULL) {
+      TRIDENT_MPI_CHECK(*this, MPI_Comm_dup(comm_, &async_comm_), kind, opts);
+      TRIDENT_MPI_CHECK(*this, MPI_Comm_set_errhandler(async_comm_, MPI_ERRORS_RETURN), kind,
+                        opts);
+      comm_thread_ = std::make_unique<CommThread>();
+    }
+    return async_comm_;
+  }
+
+  std::unique_ptr<AsyncCollective> submit(const char* call, CollectiveKind kind,
+                                          const CollectiveOptions& opts, std::function<int()> run) {
+    auto task = std::make_shared<AsyncTask>();
+    task->run = std::move(run);
+    comm_thread_->submit(task);
+    return std::make_unique<MpiAsyncCollective>(*this, call, kind, opts, std::move(task));
   }
 
   // Returns the staging buffers of completed isends to the pool, keeping call order for
@@ -319,6 +486,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::size_t> pending_staging_;   // (pending_requests_) their staging slots
   std::vector<StagingBuffer> staging_;          // the pool
   std::vector<std::size_t> free_staging_;       // slots not in flight
+  MPI_Comm async_comm_ = MPI_COMM_NULL;         // the async calls' duplicate of comm_
+  std::unique_ptr<CommThread> comm_thread_;     // runs them; joined before the frees
 };
 
 }  // namespace

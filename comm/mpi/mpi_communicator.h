@@ -3,8 +3,21 @@
 // reaches MPI only through comm/communicator.h and this factory.
 //
 // Contract (beyond comm/communicator.h):
-// - MPI is initialized with MPI_THREAD_SERIALIZED if nobody has initialized it; a process
-//   that initialized MPI itself (tests/mpi/main.cpp) keeps that duty and its finalize.
+// - MPI is initialized with MPI_THREAD_MULTIPLE (at least MPI_THREAD_SERIALIZED must be
+//   provided) if nobody has initialized it; a process that initialized MPI itself
+//   (tests/mpi/main.cpp) keeps that duty and its finalize.
+// - Async collectives (communicator.h "Asynchronous collectives"): when MPI provides
+//   MPI_THREAD_MULTIPLE, the first async call of a communicator duplicates its MPI_Comm
+//   (MPI_Comm_dup, collective, in call order) and starts its communication thread; each
+//   async call queues the same blocking MPI call the synchronous one makes, on the
+//   duplicate, and that thread runs the queue in issue order (the caller's later
+//   synchronous calls go on the original MPI_Comm concurrently: separate communicators,
+//   each matched in order on every rank). wait() blocks on the task's completion flag,
+//   not in MPI; a transport error is reported by wait()/test() on the caller's thread.
+//   Below MPI_THREAD_MULTIPLE the async calls complete at issue (the base default). The
+//   destructor joins the thread and frees the duplicate after check_no_outstanding_work().
+//   Cost: the thread busy-polls inside MPI while a collective is in flight (Open MPI's
+//   blocking progress), i.e. one core per communicator with work in flight.
 // - Every communicator (world and split children) shares one runtime handle; the last
 //   one destroyed calls MPI_Finalize when this file did the MPI_Init. Children free their
 //   MPI_Comm on destruction.

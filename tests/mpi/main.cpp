@@ -67,7 +67,8 @@ Communicator& device_world() { return *g_device_world; }
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  // MULTIPLE, as make_world_communicator asks: the async collectives' threads need it.
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   std::string abort_demo;
   for (int i = 1; i < argc; ++i) {
