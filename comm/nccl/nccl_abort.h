@@ -44,9 +44,9 @@ void unregister_nccl_abort(std::uint64_t id);
 std::size_t registered_nccl_aborts();
 
 struct NcclAbortOutcome {
-  std::size_t aborted = 0;   // actions that returned within the bound
-  std::size_t pending = 0;   // actions still running (or not started) at the bound
-  std::string names;         // "group 'dp' (rank 1/4), group 'world' (rank 1/4)"
+  std::size_t aborted = 0;  // actions that returned within the bound
+  std::size_t pending = 0;  // actions still running (or not started) at the bound
+  std::string names;        // "group 'dp' (rank 1/4), group 'world' (rank 1/4)"
 };
 // Runs and unregisters every action (newest first) and waits at most `bound`.
 NcclAbortOutcome abort_nccl_communicators(std::chrono::milliseconds bound = kNcclAbortBound);

@@ -117,8 +117,8 @@ class NcclComm {
   ncclComm_t comm_;
   std::shared_ptr<NcclComm> parent_;  // kept alive until this one is gone
   std::uint64_t abort_id_ = 0;
-  std::mutex mutex_;           // orders abort against teardown
-  bool closed_ = false;        // guarded by mutex_
+  std::mutex mutex_;     // orders abort against teardown
+  bool closed_ = false;  // guarded by mutex_
   std::atomic<bool> aborted_{false};
 };
 
@@ -282,11 +282,11 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = nonblocking_config(name.c_str());
     ncclComm_t child = nullptr;
     const Clock::time_point started = Clock::now();
-    const ncclResult_t r = ncclCommSplit(nccl_->get(), nccl_split_color(color), key, &child, &config);
+    const ncclResult_t r =
+        ncclCommSplit(nccl_->get(), nccl_split_color(color), key, &child, &config);
     // Non-blocking: the child (when there is one) reports the split's progress.
     if (child != nullptr && (r == ncclSuccess || r == ncclInProgress)) {
-      const ncclResult_t state =
-          settle(child, r, started + effective_timeout(opts) + kGrace);
+      const ncclResult_t state = settle(child, r, started + effective_timeout(opts) + kGrace);
       if (state == ncclInProgress) timed_out(CollectiveKind::kSplit, opts, started);
       if (state != ncclSuccess) {
         const std::string text = nccl_result_text(state, ncclGetLastError(child));
@@ -318,7 +318,8 @@ class NcclCommunicator final : public Communicator {
     return o;
   }
   cudaStream_t stream() const {
-    if (options_.compute_stream != nullptr) return static_cast<cudaStream_t>(options_.compute_stream);
+    if (options_.compute_stream != nullptr)
+      return static_cast<cudaStream_t>(options_.compute_stream);
     return own_stream_;
   }
   bool host_synchronous() const {
@@ -382,15 +383,14 @@ class NcclCommunicator final : public Communicator {
   void check_nccl(ncclResult_t r, const char* call, CollectiveKind kind,
                   const CollectiveOptions& opts) const {
     if (r == ncclSuccess) return;
-    fail(call, kind, opts, nccl_result_text(r, ncclGetLastError(nccl_->get())), __FILE__,
-         __LINE__);
+    fail(call, kind, opts, nccl_result_text(r, ncclGetLastError(nccl_->get())), __FILE__, __LINE__);
   }
   void check_cuda(cudaError_t e, const char* call, CollectiveKind kind,
                   const CollectiveOptions& opts) const {
     if (e == cudaSuccess) return;
-    fail(call, kind, opts, std::string("CUDA error ") + cudaGetErrorName(e) + ": " +
-                               cudaGetErrorString(e),
-         __FILE__, __LINE__);
+    fail(call, kind, opts,
+         std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e), __FILE__,
+         __LINE__);
   }
 
   [[noreturn]] void timed_out(CollectiveKind kind, const CollectiveOptions& opts,
@@ -506,8 +506,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_world_communicator(
     }
   }
   if (any_rank_failed(*host, !local.empty(), "nccl device check")) {
-    return world_error(*host, local.empty() ? "another rank has no usable CUDA device (see its log)"
-                                            : local);
+    return world_error(
+        *host, local.empty() ? "another rank has no usable CUDA device (see its log)" : local);
   }
   // 2. The unique id over the host world (rank 0's failure is everyone's).
   Result<NcclUniqueId> id = share_nccl_unique_id(*host);
@@ -521,16 +521,16 @@ Result<std::unique_ptr<Communicator>> make_nccl_world_communicator(
   if (comm != nullptr) r = settle(comm, r, deadline_after(options.init_timeout));
   if (r != ncclSuccess) {
     local = "ncclCommInitRankConfig " +
-            (r == ncclInProgress ? "still in progress after " +
-                                       std::to_string(options.init_timeout.count()) + " ms"
-                                 : "failed: " + nccl_result_text(r, ncclGetLastError(comm)));
+            (r == ncclInProgress
+                 ? "still in progress after " + std::to_string(options.init_timeout.count()) + " ms"
+                 : "failed: " + nccl_result_text(r, ncclGetLastError(comm)));
     if (comm != nullptr) ncclCommAbort(comm);
     comm = nullptr;
   }
   if (any_rank_failed(*host, comm == nullptr, "nccl init check")) {
     if (comm != nullptr) ncclCommAbort(comm);
-    return world_error(*host, local.empty() ? "NCCL failed to initialise on another rank (see its log)"
-                                            : local);
+    return world_error(
+        *host, local.empty() ? "NCCL failed to initialise on another rank (see its log)" : local);
   }
   auto shared = std::make_shared<NcclComm>(comm, nullptr);
   NcclComm::register_abort(shared, "group 'world' (rank " + std::to_string(host->rank()) + "/" +

@@ -24,9 +24,10 @@ TEST(NcclMapping, EveryDtypeMapsToItsNcclType) {
     DType dtype;
     ncclDataType_t nccl;
     const char* name;
-  } table[] = {{DType::kF32, ncclFloat32, "ncclFloat32"}, {DType::kBF16, ncclBfloat16, "ncclBfloat16"},
-               {DType::kI32, ncclInt32, "ncclInt32"},     {DType::kF64, ncclFloat64, "ncclFloat64"},
-               {DType::kI64, ncclInt64, "ncclInt64"},     {DType::kU8, ncclUint8, "ncclUint8"}};
+  } table[] = {
+      {DType::kF32, ncclFloat32, "ncclFloat32"}, {DType::kBF16, ncclBfloat16, "ncclBfloat16"},
+      {DType::kI32, ncclInt32, "ncclInt32"},     {DType::kF64, ncclFloat64, "ncclFloat64"},
+      {DType::kI64, ncclInt64, "ncclInt64"},     {DType::kU8, ncclUint8, "ncclUint8"}};
   for (const auto& row : table) {
     ASSERT_TRUE(nccl_data_type(row.dtype).has_value()) << dtype_name(row.dtype);
     EXPECT_EQ(*nccl_data_type(row.dtype), static_cast<int>(row.nccl)) << dtype_name(row.dtype);
@@ -43,8 +44,8 @@ TEST(NcclMapping, ReduceOpsAndSplitColors) {
 }
 
 TEST(NcclMessages, AResultNamesTheErrorNcclsTextAndTheLastError) {
-  const std::string text =
-      nccl_result_text(ncclUnhandledCudaError, "Cuda failure 35 'CUDA driver version is insufficient'");
+  const std::string text = nccl_result_text(
+      ncclUnhandledCudaError, "Cuda failure 35 'CUDA driver version is insufficient'");
   EXPECT_EQ(text.rfind("ncclUnhandledCudaError (1): ", 0), 0u) << text;
   EXPECT_NE(text.find(ncclGetErrorString(ncclUnhandledCudaError)), std::string::npos) << text;
   EXPECT_NE(text.find(": Cuda failure 35 'CUDA driver version is insufficient'"), std::string::npos)
@@ -55,9 +56,9 @@ TEST(NcclMessages, AResultNamesTheErrorNcclsTextAndTheLastError) {
 }
 
 TEST(NcclMessages, ATimeoutNamesCallLabelGroupRankAndTimes) {
-  const std::string m = nccl_timeout_message("dp", 1, 4, "all_reduce", "grad bucket 3",
-                                             std::chrono::milliseconds(31000),
-                                             std::chrono::milliseconds(30000));
+  const std::string m =
+      nccl_timeout_message("dp", 1, 4, "all_reduce", "grad bucket 3",
+                           std::chrono::milliseconds(31000), std::chrono::milliseconds(30000));
   EXPECT_EQ(m,
             "NCCL: all_reduce 'grad bucket 3' in group 'dp' (rank 1/4) still in progress after "
             "31000 ms (timeout 30000 ms + 1000 ms grace); aborting every NCCL communicator");
@@ -95,7 +96,8 @@ TEST(NcclWorld, TheCommFacadeHasNcclAndFailsTheSameWay) {
 
 TEST(NcclAbort, RunsEveryActionOnceNewestFirst) {
   std::vector<int> order;
-  const std::uint64_t a = register_nccl_abort("group 'world' (rank 0/1)", [&] { order.push_back(1); });
+  const std::uint64_t a =
+      register_nccl_abort("group 'world' (rank 0/1)", [&] { order.push_back(1); });
   const std::uint64_t b = register_nccl_abort("group 'dp' (rank 0/1)", [&] { order.push_back(2); });
   register_nccl_abort("group 'tp' (rank 0/1)", [&] { order.push_back(3); });
   unregister_nccl_abort(b);

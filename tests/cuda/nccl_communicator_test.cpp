@@ -8,6 +8,8 @@
 // batch_p2p need a peer (peer != rank), so a world of one cannot run them: they wait
 // for a multi-GPU machine (tests/mpi's collective suite, parametrised by backend).
 // scripts/gpu_check.sh's nccl step runs this file's tests (--gtest_filter=Nccl*).
+#include "comm/nccl/nccl_communicator.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "comm/nccl/nccl_abort.h"
-#include "comm/nccl/nccl_communicator.h"
 #include "core/tensor.h"
 
 namespace trident {
@@ -42,23 +43,25 @@ World make_world(void* stream = nullptr) {
   options.compute_stream = stream;
   Result<std::unique_ptr<Communicator>> w =
       make_nccl_world_communicator(std::make_unique<SelfCommunicator>("world"), options);
-  if (!w.is_ok()) return {nullptr, "a GPU is visible but the NCCL world failed: " + w.status().message()};
+  if (!w.is_ok())
+    return {nullptr, "a GPU is visible but the NCCL world failed: " + w.status().message()};
   return {std::move(w).value(), ""};
 }
 
-#define TRIDENT_REQUIRE_NCCL_WORLD(name, ...)                          \
-  World name##_made = make_world(__VA_ARGS__);                         \
-  if (!name##_made.world) {                                            \
+#define TRIDENT_REQUIRE_NCCL_WORLD(name, ...)                                               \
+  World name##_made = make_world(__VA_ARGS__);                                              \
+  if (!name##_made.world) {                                                                 \
     if (name##_made.skip.rfind("no CUDA device", 0) == 0) GTEST_SKIP() << name##_made.skip; \
-    FAIL() << name##_made.skip;                                        \
-  }                                                                    \
+    FAIL() << name##_made.skip;                                                             \
+  }                                                                                         \
   Communicator& name = *name##_made.world
 
 // A device copy of host values; freed at scope end.
 class DeviceArray {
  public:
   template <class T>
-  explicit DeviceArray(const std::vector<T>& host) : bytes_(host.size() * sizeof(T)), count_(host.size()) {
+  explicit DeviceArray(const std::vector<T>& host)
+      : bytes_(host.size() * sizeof(T)), count_(host.size()) {
     dtype_ = dtype_of<T>();
     EXPECT_EQ(cudaMalloc(&ptr_, bytes_ == 0 ? 1 : bytes_), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
@@ -194,11 +197,13 @@ TEST(NcclWorldGpu, CollectivesAreStreamOrderedOnTheCallersStream) {
     std::vector<float> back(v.size(), 0.0f);
     float* d = nullptr;
     ASSERT_EQ(cudaMalloc(&d, v.size() * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+        cudaSuccess);
     tp->all_reduce(CommBuf(d, v.size(), DType::kF32, MemSpace::kDevice), ReduceOp::kSum);
-    ASSERT_EQ(cudaMemcpyAsync(back.data(), d, v.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(back.data(), d, v.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(back, v);
     cudaFree(d);

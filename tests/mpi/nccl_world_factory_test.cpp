@@ -3,10 +3,9 @@
 // anyone enters NCCL, so none waits in ncclCommInitRankConfig for a peer that gave up).
 #if TRIDENT_HAVE_NCCL
 
-#include "comm/nccl_world.h"
-
 #include <gtest/gtest.h>
 
+#include "comm/nccl_world.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -24,7 +23,8 @@ TEST(NcclWorldFactory, WithoutAGpuEveryRankFailsFastNamingItsRank) {
   ASSERT_FALSE(world.is_ok()) << "an NCCL world without a GPU?";
   EXPECT_LT(timer.elapsed_s(), 10.0);
   const std::string want = "NCCL world: rank " + std::to_string(w.rank()) + " of " +
-                           std::to_string(w.size()) + ": no usable CUDA device (cudaGetDeviceCount: ";
+                           std::to_string(w.size()) +
+                           ": no usable CUDA device (cudaGetDeviceCount: ";
   EXPECT_NE(world.status().message().find(want), std::string::npos) << world.status().message();
   w.barrier();  // every rank is back: nobody hangs in the factory
 }
