@@ -11,9 +11,10 @@
 # data, checkpoints, the unpacked prefix; default /tmp/trident-gpu-check), --build-dir DIR
 # (default build-gpu, or build-gpu-dry for --dry-run; an existing one is reused), --budget S
 # (whole-run deadline in seconds, default 530), --steps LIST (comma list of env, build, ops,
-# parity, bench, sanitizer, run in that order; default all), --parity-steps N (default
-# 30), --jobs N. The benchmark runs before the sanitizer so that a slow build squeezes the
-# memcheck, not the figures.
+# nccl, parity, bench, sanitizer, run in that order; default all), --parity-steps N
+# (default 30), --jobs N. The benchmark runs before the sanitizer so that a slow build
+# squeezes the memcheck, not the figures. Step nccl: cuda_tests' Nccl* tests (a world of
+# one: split, every collective in f32/bf16, both stream modes, the abort path).
 #
 # The machine it is written for (CUDA-DESIGN.md §5, ENVIRONMENT.md "A GPU, sometimes"):
 # nvcc, CMake, ninja, python3 with PyTorch and the pip cuDNN/NCCL/cuBLAS wheels, no apt, no
@@ -38,12 +39,12 @@ OUT_DIR=${OUT:-}
 WORK=${TMPDIR:-/tmp}/trident-gpu-check
 BUILD=""
 BUDGET=530
-STEPS="env,build,ops,parity,bench,sanitizer"
+STEPS="env,build,ops,nccl,parity,bench,sanitizer"
 PARITY_STEPS=30
 JOBS=$(nproc)
 CARRY_LIMIT=$((64 * 1024 * 1024))
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare) MODE=prepare ;;
@@ -585,24 +586,24 @@ for c in cases:
 print(n, f, s)
 EOF
 }
-gtest_run() {  # gtest_run NAME BINARY TIMEOUT ENV... -- ARGS...
-  local name=$1 bin=$2 t0=$3; shift 3
+gtest_run() {  # gtest_run NAME BINARY TIMEOUT ENV... -- ARGS...  (GTEST_STEP: the step, default ops)
+  local name=$1 bin=$2 t0=$3 st=${GTEST_STEP:-ops}; shift 3
   local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
   local t; t=$(cap "$t0")
-  if (( t == 0 )); then check ops "$name" SKIPPED "no time left"; return; fi
-  local xml="$RES/ops/$name.xml"
-  tri env "${envs[@]}" timeout -k 5 "$t" "$BUILD/$bin" "$@" --gtest_output="xml:$xml" >"$RES/ops/$name.log" 2>&1
+  if (( t == 0 )); then check "$st" "$name" SKIPPED "no time left"; return; fi
+  local xml="$RES/$st/$name.xml"
+  tri env "${envs[@]}" timeout -k 5 "$t" "$BUILD/$bin" "$@" --gtest_output="xml:$xml" >"$RES/$st/$name.log" 2>&1
   local rc=$?
   read -r n f s <<<"$(gtest_counts "$xml")"
   local what="$n tests, $f failed, $s skipped (${envs[*]:-default env}, rc $rc)"
-  if (( rc == 124 || rc == 137 )); then check ops "$name" FAIL "TIMEOUT after $t s; $what"
-  elif (( rc != 0 || f > 0 )); then check ops "$name" FAIL "$what: $(grep -m3 '^\[  FAILED  \]' "$RES/ops/$name.log" | paste -sd' ' | cut -c1-300)"
-  elif (( n == 0 )); then check ops "$name" FAIL "no tests matched $*"
-  elif (( s == n && HAVE_GPU == 1 )); then check ops "$name" FAIL "$what: every test skipped on a GPU machine (device not seen?)"
-  elif (( s == n )); then check ops "$name" SKIPPED "$what: every test skipped (no GPU)"
+  if (( rc == 124 || rc == 137 )); then check "$st" "$name" FAIL "TIMEOUT after $t s; $what"
+  elif (( rc != 0 || f > 0 )); then check "$st" "$name" FAIL "$what: $(grep -m3 '^\[  FAILED  \]' "$RES/$st/$name.log" | paste -sd' ' | cut -c1-300)"
+  elif (( n == 0 )); then check "$st" "$name" FAIL "no tests matched $*"
+  elif (( s == n && HAVE_GPU == 1 )); then check "$st" "$name" FAIL "$what: every test skipped on a GPU machine (device not seen?)"
+  elif (( s == n )); then check "$st" "$name" SKIPPED "$what: every test skipped (no GPU)"
   elif (( s > 0 && HAVE_GPU == 1 )); then
-    check ops "$name" PASS "$what; skipped on this GPU machine: $(grep -B1 -m3 '^\[  SKIPPED \]' "$RES/ops/$name.log" | grep -o '\[  SKIPPED \] [^ ]*' | cut -c14- | paste -sd' ')"
-  else check ops "$name" PASS "$what"
+    check "$st" "$name" PASS "$what; skipped on this GPU machine: $(grep -B1 -m3 '^\[  SKIPPED \]' "$RES/$st/$name.log" | grep -o '\[  SKIPPED \] [^ ]*' | cut -c14- | paste -sd' ')"
+  else check "$st" "$name" PASS "$what"
   fi
 }
 step_ops() {
@@ -610,7 +611,7 @@ step_ops() {
   local att
   for att in plain cudnn; do
     if built cuda_tests; then
-      gtest_run "cuda_tests_$att" cuda_tests 90 "TRIDENT_ATTENTION=$att" --
+      gtest_run "cuda_tests_$att" cuda_tests 90 "TRIDENT_ATTENTION=$att" -- --gtest_filter='-Nccl*'
     else
       check ops "cuda_tests_$att" SKIPPED "cuda_tests not built (tests/cuda not in this tree, or the build failed)"
     fi
@@ -623,6 +624,23 @@ step_ops() {
     fi
   done
   step_done ops "$(checks_status ops)" $(( $(now) - t0 )) "$(checks_detail ops)"
+}
+
+# --------------------------------------------------------------------------------------
+# step nccl: the NCCL backend on one GPU (tests/cuda/nccl_*_test.cpp, filter Nccl*): the
+# bootstrap, the world of one from the factory, device and host splits, all-reduce /
+# reduce-scatter / all-gather / broadcast in f32 and bf16 against host references (both
+# stream modes), and the abort path (abort in process; abort-and-exit 1 in a child). In a
+# dry run the host tests pass and the GPU tests skip. Send/recv need two GPUs.
+# --------------------------------------------------------------------------------------
+step_nccl() {
+  local t0; t0=$(now); mkdir -p "$RES/nccl"
+  if built cuda_tests; then
+    GTEST_STEP=nccl gtest_run nccl_tests cuda_tests 120 "NCCL_DEBUG=WARN" -- --gtest_filter='Nccl*'
+  else
+    check nccl nccl_tests SKIPPED "cuda_tests not built (tests/cuda not in this tree, or the build failed)"
+  fi
+  step_done nccl "$(checks_status nccl)" $(( $(now) - t0 )) "$(checks_detail nccl)"
 }
 
 # --------------------------------------------------------------------------------------
@@ -889,7 +907,7 @@ step_bench() {
 log "gpu_check.sh: mode $MODE, out $OUT_DIR, work $WORK, build $BUILD, budget $BUDGET s, steps $STEPS"
 write_summary
 SITE_DIRS=()
-for s in env build ops parity bench sanitizer; do
+for s in env build ops nccl parity bench sanitizer; do
   if ! want "$s"; then continue; fi
   if [[ $s != env ]] && (( $(left) < 15 )); then
     printf '%s\tSKIPPED\t0\tout of time (budget %s s)\n' "$s" "$BUDGET" >>"$RES/steps.tsv"; continue

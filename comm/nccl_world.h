@@ -1,0 +1,45 @@
+// The NCCL world for layers above comm/ (comm/nccl/ is private to comm/): whether this
+// build has NCCL, the world factory, and the watchdog's NCCL abort handler. No NCCL or
+// CUDA header here; without NCCL (a build without nvcc) the factory fails naming why.
+//
+// Selecting NCCL (what the trainer does when runtime.device resolves to cuda and the world
+// has more than one rank; one rank keeps the SelfCommunicator, as Ops copies are local):
+//   world = make_world_communicator(argc, argv);                  // MPI, host space
+//   world = make_nccl_world(std::move(world), {.device = d, .compute_stream = s}).value();
+//   Watchdog watchdog({.on_hang = nccl_watchdog_handler()});     // aborts NCCL, exit 1
+//   groups = make_process_groups(*world, layout);                // dp/tp/pp/embedding: NCCL
+// The world stays host space (flags, losses, agreement go over MPI); its device splits
+// are NCCL groups with host twins (comm/nccl/nccl_communicator.h has the contract).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/watchdog.h"
+#include "core/status.h"
+
+namespace trident {
+
+// True when comm/nccl/ is built (TRIDENT_HAVE_CUDA).
+bool build_has_nccl();
+
+struct NcclWorldConfig {
+  int device = -1;                 // cudaSetDevice first; -1 = the current device
+  void* compute_stream = nullptr;  // the CUDA Ops' cudaStream_t; null = host-synchronous calls
+  bool synchronous = false;        // wait for every device call (debugging)
+  std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
+};
+
+// The NCCL world over `host` (see above). Errors: no NCCL in this build
+// (invalid_config, naming runtime.device), no usable device on some rank, NCCL failing
+// to initialise (internal; message names the rank). Collective over `host`.
+Result<std::unique_ptr<Communicator>> make_nccl_world(std::unique_ptr<Communicator> host,
+                                                      const NcclWorldConfig& config = {});
+
+// WatchdogOptions::on_hang that aborts every NCCL communicator (bounded, 2 s) and exits
+// 1 after the watchdog's line; without NCCL, the watchdog's default (line, exit 1).
+std::function<void(const HangReport&)> nccl_watchdog_handler();
+
+}  // namespace trident
