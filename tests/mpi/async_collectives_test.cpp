@@ -22,6 +22,7 @@
 #include "comm/watchdog.h"
 #include "core/device_access.h"
 #include "mpi_test_util.h"
+#include "protected_device_memory.h"
 
 namespace trident::test {
 namespace {
@@ -202,60 +203,6 @@ TEST(AsyncCollectives, TestIsEventuallyTrue) {
 
 // ---- device memory under a protecting hook (the checked backend's behaviour) -----------
 
-// "Device memory" that faults outside a DeviceAccessScope (as in comm_buf_test.cpp): one
-// mapping, PROT_NONE except while a scope is open. Installed as the process's hook.
-class ProtectedDeviceMemory final : public DeviceAccessHook {
- public:
-  explicit ProtectedDeviceMemory(std::size_t bytes) {
-    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-    bytes_ = (bytes + page - 1) / page * page;
-    base_ = static_cast<std::byte*>(
-        mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    EXPECT_NE(base_, MAP_FAILED);
-    set_device_access_hook(this);
-  }
-  ~ProtectedDeviceMemory() override {
-    set_device_access_hook(nullptr);
-    munmap(base_, bytes_);
-  }
-  void open() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++opens_;
-    if (depth_++ == 0) mprotect(base_, bytes_, PROT_READ | PROT_WRITE);
-  }
-  void close() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (--depth_ == 0) mprotect(base_, bytes_, PROT_NONE);
-  }
-  bool is_device_range(const void* address, std::size_t bytes) const override {
-    const auto* a = static_cast<const std::byte*>(address);
-    return a >= base_ && a + bytes <= base_ + bytes_;
-  }
-  std::byte* at(std::size_t offset) const { return base_ + offset; }
-  template <class T>
-  void upload(std::size_t offset, const std::vector<T>& src) {
-    DeviceAccessScope scope;
-    std::memcpy(at(offset), src.data(), src.size() * sizeof(T));
-  }
-  template <class T>
-  std::vector<T> download(std::size_t offset, std::size_t n) {
-    DeviceAccessScope scope;
-    std::vector<T> out(n);
-    std::memcpy(out.data(), at(offset), n * sizeof(T));
-    return out;
-  }
-  bool is_open() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return depth_ > 0;
-  }
-
- private:
-  std::byte* base_ = nullptr;
-  std::size_t bytes_ = 0;
-  std::mutex mutex_;
-  int depth_ = 0;
-  int opens_ = 0;
-};
 
 // The async calls on protected device buffers: the backend (communication thread, later
 // MPI calls) works outside any scope, so without staging this faults. Results equal the
@@ -267,13 +214,12 @@ void expect_staged_async_is_correct(Communicator& dev, Communicator& host) {
   ProtectedDeviceMemory device(4 * bytes);
   const std::vector<float> x = seeded_f32(dev.rank(), chunk * p, 61);
   const std::size_t a = 0, in = bytes, out = 2 * bytes, gathered = 3 * bytes;
-  device.upload(a, x);
-  device.upload(in, x);
-  device.upload(gathered, std::vector<float>(x.begin(), x.begin() + chunk));
+  auto at = [&](std::size_t offset) { return device.at(offset, DType::kF32); };
+  device.upload(at(a), x);
+  device.upload(at(in), x);
+  device.upload(at(gathered), std::vector<float>(x.begin(), x.begin() + chunk));
 
-  auto dbuf = [&](std::size_t offset, std::size_t n) {
-    return CommBuf(device.at(offset), n, DType::kF32, MemSpace::kDevice);
-  };
+  auto dbuf = [&](std::size_t offset, std::size_t n) { return CommBuf::device(at(offset), n); };
   CommWork ar = dev.iall_reduce(dbuf(a, chunk * p), ReduceOp::kSum, {.label = "staged ar"});
   CommWork rs = dev.ireduce_scatter(dbuf(in, chunk * p), dbuf(out, chunk));
   EXPECT_FALSE(device.is_open()) << "issue must not leave device memory open";
@@ -288,11 +234,11 @@ void expect_staged_async_is_correct(Communicator& dev, Communicator& host) {
   rs.wait();
   // all_gather's output overlaps nothing else; its input is the first chunk at `gathered`,
   // its output the whole `a` range (already read back below first).
-  EXPECT_TRUE(bitwise_equal(device.download<float>(a, chunk * p), ref_ar));
-  EXPECT_TRUE(bitwise_equal(device.download<float>(out, chunk), ref_rs));
+  EXPECT_TRUE(bitwise_equal(device.download<float>(at(a), chunk * p), ref_ar));
+  EXPECT_TRUE(bitwise_equal(device.download<float>(at(out), chunk), ref_rs));
   CommWork ag = dev.iall_gather(dbuf(gathered, chunk), dbuf(a, chunk * p));
   while (!ag.test()) std::this_thread::yield();
-  EXPECT_TRUE(bitwise_equal(device.download<float>(a, chunk * p), ref_g));
+  EXPECT_TRUE(bitwise_equal(device.download<float>(at(a), chunk * p), ref_g));
   EXPECT_FALSE(device.is_open());
 }
 
