@@ -99,6 +99,7 @@ class Trainer::StageRunner : public PipelineStageModel {
   }
 
   const Status& status() const { return status_; }
+  void reset_status() { status_ = Status::ok(); }
 
  private:
   Trainer& t_;
@@ -226,6 +227,10 @@ Status Trainer::init() {
                                                     compute, config_.training.recompute));
   }
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots, v);
+  for (size_t k = 0; k < models_.size(); ++k) {
+    runners_.push_back(std::make_unique<StageRunner>(*this, static_cast<int>(k)));
+    stages_.push_back(runners_.back().get());
+  }
 
   if (init_ckpt || init_hf) {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
@@ -550,15 +555,11 @@ Result<StepMetrics> Trainer::train_step() {
   reset_traffic();
   dp_->zero_grad();
   if (computes_loss()) last_model().reset_loss_sum();  // clean even after a failed step
-  std::vector<StageRunner> runners;
-  std::vector<PipelineStageModel*> stages;
-  runners.reserve(models_.size());
-  for (size_t k = 0; k < models_.size(); ++k) runners.emplace_back(*this, static_cast<int>(k));
-  for (StageRunner& r : runners) stages.push_back(&r);
-  const PipelineExecutor::Stats pipe = executor_->run(stages);
+  for (const auto& r : runners_) r->reset_status();
+  const PipelineExecutor::Stats pipe = executor_->run(stages_);
   Status data_status;
-  for (const StageRunner& r : runners) {
-    if (data_status.is_ok()) data_status = r.status();
+  for (const auto& r : runners_) {
+    if (data_status.is_ok()) data_status = r->status();
   }
 
   // A data error on any rank stops every rank with the same step.

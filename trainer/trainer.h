@@ -139,6 +139,9 @@ class Trainer {
   Transformer& last_model() { return *models_.back(); }
   bool computes_loss() const { return chunks_.back().last_stage(); }
   std::unique_ptr<PipelineExecutor> executor_;
+  // One adapter per chunk for the executor (built once: a step allocates nothing here).
+  std::vector<std::unique_ptr<StageRunner>> runners_;
+  std::vector<PipelineStageModel*> stages_;
   std::unique_ptr<CheckpointWriter> writer_;
   DirLock dir_lock_;                    // rank 0: checkpoint.dir is ours while we live
   std::string run_id_;                  // the run's lineage id
