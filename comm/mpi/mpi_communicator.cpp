@@ -245,30 +245,50 @@ class MpiCommunicator final : public Communicator {
   const char* backend() const override { return "mpi"; }
 
  protected:
-  void do_all_reduce(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts) override {
+  // The MPI call of each reduction and gather on `comm`, as a callable returning its MPI
+  // error code: the synchronous hooks run it on comm_, the async ones hand it to the
+  // communication thread on async_comm_. One definition for both, so an async call is
+  // the synchronous one (hence bitwise its result). Returned by value (no allocation).
+  auto all_reduce_call(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts,
+                       MPI_Comm comm) const {
     const int n = to_int(data.count, CollectiveKind::kAllReduce, opts);
-    TRIDENT_MPI_CHECK(*this,
-                      MPI_Allreduce(MPI_IN_PLACE, data.data, n, runtime_->type_of(data.dtype),
-                                    runtime_->op_of(op, data.dtype), comm_),
-                      CollectiveKind::kAllReduce, opts);
+    const MPI_Datatype type = runtime_->type_of(data.dtype);
+    const MPI_Op mpi_op = runtime_->op_of(op, data.dtype);
+    void* buf = data.data;
+    return [=] { return MPI_Allreduce(MPI_IN_PLACE, buf, n, type, mpi_op, comm); };
+  }
+  auto reduce_scatter_call(const CommBuf& input, const CommBuf& output,
+                           const CollectiveOptions& opts, MPI_Comm comm) const {
+    const int n = to_int(output.count, CollectiveKind::kReduceScatter, opts);
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    const MPI_Op mpi_op = runtime_->op_of(ReduceOp::kSum, input.dtype);
+    const void* in = input.data;
+    void* out = output.data;
+    return [=] { return MPI_Reduce_scatter_block(in, out, n, type, mpi_op, comm); };
+  }
+  auto all_gather_call(const CommBuf& input, const CommBuf& output, const CollectiveOptions& opts,
+                       MPI_Comm comm) const {
+    const int n = to_int(input.count, CollectiveKind::kAllGather, opts);
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    const void* in = input.data;
+    void* out = output.data;
+    return [=] { return MPI_Allgather(in, n, type, out, n, type, comm); };
+  }
+
+  void do_all_reduce(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts) override {
+    TRIDENT_MPI_CHECK(*this, all_reduce_call(data, op, opts, comm_)(), CollectiveKind::kAllReduce,
+                      opts);
   }
 
   void do_reduce_scatter(const CommBuf& input, const CommBuf& output,
                          const CollectiveOptions& opts) override {
-    const int n = to_int(output.count, CollectiveKind::kReduceScatter, opts);
-    TRIDENT_MPI_CHECK(*this,
-                      MPI_Reduce_scatter_block(input.data, output.data, n,
-                                               runtime_->type_of(input.dtype),
-                                               runtime_->op_of(ReduceOp::kSum, input.dtype),
-                                               comm_),
+    TRIDENT_MPI_CHECK(*this, reduce_scatter_call(input, output, opts, comm_)(),
                       CollectiveKind::kReduceScatter, opts);
   }
 
   void do_all_gather(const CommBuf& input, const CommBuf& output,
                      const CollectiveOptions& opts) override {
-    const int n = to_int(input.count, CollectiveKind::kAllGather, opts);
-    const MPI_Datatype type = runtime_->type_of(input.dtype);
-    TRIDENT_MPI_CHECK(*this, MPI_Allgather(input.data, n, type, output.data, n, type, comm_),
+    TRIDENT_MPI_CHECK(*this, all_gather_call(input, output, opts, comm_)(),
                       CollectiveKind::kAllGather, opts);
   }
 
@@ -340,42 +360,24 @@ class MpiCommunicator final : public Communicator {
                                                   const CollectiveOptions& opts) override {
     constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
     if (!runtime_->thread_multiple()) return Communicator::do_iall_reduce(data, op, opts);
-    const int n = to_int(data.count, kind, opts);
-    const MPI_Comm comm = async_comm(kind, opts);
-    const MPI_Datatype type = runtime_->type_of(data.dtype);
-    const MPI_Op mpi_op = runtime_->op_of(op, data.dtype);
-    void* buf = data.data;
-    return submit("MPI_Allreduce (async)", kind, opts, [=] {
-      return MPI_Allreduce(MPI_IN_PLACE, buf, n, type, mpi_op, comm);
-    });
+    return submit("MPI_Allreduce (async)", kind, opts,
+                  all_reduce_call(data, op, opts, async_comm(kind, opts)));
   }
 
   std::unique_ptr<AsyncCollective> do_ireduce_scatter(const CommBuf& input, const CommBuf& output,
                                                       const CollectiveOptions& opts) override {
     constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
     if (!runtime_->thread_multiple()) return Communicator::do_ireduce_scatter(input, output, opts);
-    const int n = to_int(output.count, kind, opts);
-    const MPI_Comm comm = async_comm(kind, opts);
-    const MPI_Datatype type = runtime_->type_of(input.dtype);
-    const MPI_Op mpi_op = runtime_->op_of(ReduceOp::kSum, input.dtype);
-    const void* in = input.data;
-    void* out = output.data;
-    return submit("MPI_Reduce_scatter_block (async)", kind, opts, [=] {
-      return MPI_Reduce_scatter_block(in, out, n, type, mpi_op, comm);
-    });
+    return submit("MPI_Reduce_scatter_block (async)", kind, opts,
+                  reduce_scatter_call(input, output, opts, async_comm(kind, opts)));
   }
 
   std::unique_ptr<AsyncCollective> do_iall_gather(const CommBuf& input, const CommBuf& output,
                                                   const CollectiveOptions& opts) override {
     constexpr CollectiveKind kind = CollectiveKind::kAllGather;
     if (!runtime_->thread_multiple()) return Communicator::do_iall_gather(input, output, opts);
-    const int n = to_int(input.count, kind, opts);
-    const MPI_Comm comm = async_comm(kind, opts);
-    const MPI_Datatype type = runtime_->type_of(input.dtype);
-    const void* in = input.data;
-    void* out = output.data;
     return submit("MPI_Allgather (async)", kind, opts,
-                  [=] { return MPI_Allgather(in, n, type, out, n, type, comm); });
+                  all_gather_call(input, output, opts, async_comm(kind, opts)));
   }
 
   void do_barrier(const CollectiveOptions& opts) override {
