@@ -1,8 +1,10 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/check.h"
+#include "parallel/reduce_scatter_queue.h"
 
 namespace trident {
 
@@ -10,9 +12,36 @@ namespace {
 constexpr size_t kF = sizeof(float);
 }  // namespace
 
+// The resident store as the model sees it with overlap (stages 0-1): every backward
+// release is reported to the owner, which issues a group's buckets at its last one.
+class DataParallel::ReleaseCounter : public ParamStore {
+ public:
+  ReleaseCounter(DataParallel& owner, ResidentParamStore& inner) : owner_(owner), inner_(inner) {}
+  void acquire(int group, Phase phase) override { inner_.acquire(group, phase); }
+  void release(int group, Phase phase) override {
+    inner_.release(group, phase);
+    if (phase == Phase::kBackward) owner_.on_backward_release(group);
+  }
+  DevPtr params(int group) override { return inner_.params(group); }
+  DevPtr grads(int group) override { return inner_.grads(group); }
+  DType compute_dtype() const override { return inner_.compute_dtype(); }
+
+ private:
+  DataParallel& owner_;
+  ResidentParamStore& inner_;
+};
+
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-                           size_t bucket_bytes, const AdamWParams& adamw, DType compute)
-    : layout_(layout), ops_(ops), dp_(dp), stage_(zero_stage), adamw_(adamw), compute_(compute) {
+                           size_t bucket_bytes, const AdamWParams& adamw, DType compute,
+                           const OverlapOptions& overlap)
+    : layout_(layout),
+      ops_(ops),
+      dp_(dp),
+      stage_(zero_stage),
+      adamw_(adamw),
+      compute_(compute),
+      overlap_(overlap) {
+  TRIDENT_CHECK_MSG(overlap.micro_batches >= 1, "micro_batches must be >= 1");
   TRIDENT_CHECK_MSG(is_float_dtype(compute), "compute dtype must be f32 or bf16");
   TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
                     "zero_stage must be 0..3, got " + std::to_string(zero_stage));
@@ -57,11 +86,31 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
   }
   if (stage_ == 1) grad_shard1_ = DeviceBuffer(ops, plan_.shard_floats() * kF);
   square_sum_ = DeviceBuffer(ops, sizeof(double));
+  if (overlap_.grad_reduce) {
+    if (stage_ >= 1) {
+      // Stage 2's store reduces whole groups (its own plan), not the buckets.
+      const size_t chunk = zero2_ ? zero2_->plan().max_chunk_floats() : plan_.max_chunk_floats();
+      queue_ = std::make_unique<ReduceScatterQueue>(ops, dp, chunk);
+      if (zero2_) zero2_->set_reduce_queue(queue_.get());
+      if (sharded_) sharded_->set_reduce_queue(queue_.get());
+    }
+    if (stage_ <= 1) {
+      counter_ = std::make_unique<ReleaseCounter>(*this, *resident_);
+      const int tied = head_reads_embeddings(layout) ? 2 : 1;
+      expected_.assign(layout.groups.size(), 0);
+      for (size_t g = 0; g < layout.groups.size(); ++g) {
+        if (plan_.group_chunks(static_cast<int>(g)).empty()) continue;
+        expected_[g] = overlap_.micro_batches * (g == 0 ? tied : 1);
+      }
+      released_.assign(layout.groups.size(), 0);
+    }
+  }
 }
 
 DataParallel::~DataParallel() = default;
 
 ParamStore& DataParallel::store() {
+  if (counter_) return *counter_;
   if (sharded_) return *sharded_;
   if (zero2_) return *zero2_;
   return *resident_;
@@ -90,30 +139,67 @@ std::pair<size_t, size_t> DataParallel::bucket_range(size_t b) const {
 }
 
 void DataParallel::zero_grad() {
+  TRIDENT_CHECK_MSG(all_reduces_.empty() && (!queue_ || queue_->in_flight() == 0),
+                    "zero_grad() with gradient reductions in flight (reduce_gradients() first)");
   if (resident_) ops_.zero(resident_->grad_data(), resident_->num_floats() * kF);
   if (stage_ >= 1) ops_.zero(grad_shard(), plan_.shard_floats() * kF);
+  std::fill(released_.begin(), released_.end(), 0);
+}
+
+void DataParallel::issue_bucket(size_t b) {
+  const std::string label = "grad bucket " + std::to_string(b);
+  if (stage_ == 0) {
+    const auto [begin, end] = bucket_range(b);
+    const CommBuf data = CommBuf::device(resident_->grad_data() + begin, end - begin);
+    if (overlap_.grad_reduce) {
+      all_reduces_.push_back(dp_.iall_reduce(data, ReduceOp::kSum, {.label = label}));
+    } else {
+      dp_.all_reduce(data, ReduceOp::kSum, {.label = label});
+    }
+    return;
+  }
+  // Stage 1: the bucket's owned rows, summed over dp and scaled by 1/dp, into the shard.
+  if (overlap_.grad_reduce) {
+    queue_->issue(plan_.chunks()[b], resident_->grad_data(), grad_shard(), label);
+  } else {
+    reduce_scatter_add(ops_, dp_, plan_.chunks()[b], resident_->grad_data(), grad_shard(),
+                       collective_.get(), label);
+  }
+}
+
+void DataParallel::on_backward_release(int group) {
+  const size_t g = static_cast<size_t>(group);
+  if (expected_[g] == 0) return;  // no buckets (another pipeline stage's group)
+  TRIDENT_CHECK_MSG(released_[g] < expected_[g],
+                    "group " + std::to_string(group) + " released for backward after its " +
+                        std::to_string(expected_[g]) +
+                        " releases of the step issued its gradient buckets (micro_batches " +
+                        std::to_string(overlap_.micro_batches) + ")");
+  if (++released_[g] < expected_[g]) return;
+  for (int b : plan_.group_chunks(group)) issue_bucket(static_cast<size_t>(b));
 }
 
 void DataParallel::reduce_gradients() {
   const int dp = dp_.size();
-  const float inv_dp = 1.0f / static_cast<float>(dp);
-  if (stage_ == 0) {
-    DevPtr grads = resident_->grad_data();
-    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
-      const auto [begin, end] = bucket_range(b);
-      dp_.all_reduce(CommBuf::device((grads + begin), end - begin), ReduceOp::kSum,
-                     {.label = "grad bucket " + std::to_string(b)});
-    }
-    if (dp > 1) ops_.scale(grads, inv_dp, resident_->num_floats());
-  }
-  if (stage_ == 1) {
-    // Each bucket's owned rows, summed over dp and scaled by 1/dp, into the shard.
-    for (size_t b = 0; b < plan_.chunks().size(); ++b) {
-      reduce_scatter_add(ops_, dp_, plan_.chunks()[b], resident_->grad_data(), grad_shard(),
-                         collective_.get(), "grad bucket " + std::to_string(b));
+  if (stage_ <= 1) {
+    if (overlap_.grad_reduce) {
+      for (size_t g = 0; g < expected_.size(); ++g) {
+        TRIDENT_CHECK_MSG(released_[g] == expected_[g],
+                          "group " + std::to_string(g) + ": " + std::to_string(released_[g]) +
+                              " backward releases in the step, expected " +
+                              std::to_string(expected_[g]));
+      }
+    } else {
+      for (size_t b = 0; b < plan_.chunks().size(); ++b) issue_bucket(b);
     }
   }
-  // Stages 2-3: every group was reduced on release(kBackward).
+  for (CommWork& w : all_reduces_) w.wait();
+  all_reduces_.clear();
+  if (queue_) queue_->drain();
+  if (stage_ == 0 && dp > 1) {
+    ops_.scale(resident_->grad_data(), 1.0f / static_cast<float>(dp), resident_->num_floats());
+  }
+  // Stages 2-3 without overlap: every group was reduced on release(kBackward).
 }
 
 double DataParallel::owned_grad_square_sum(bool count_tp_replicated) const {
@@ -295,7 +381,7 @@ DataParallel::Memory DataParallel::memory() const {
   const size_t shard = plan_.shard_floats();
   mem.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   mem.master = mixed() ? (stage_ == 3 ? plan_.shard_floats() * kF : master_.bytes()) : 0;
-  mem.comm_scratch = collective_.bytes();
+  mem.comm_scratch = collective_.bytes() + (queue_ ? queue_->scratch_bytes() : 0);
   if (sharded_) {
     const DType compute = sharded_->compute_dtype();
     mem.params = shard * dtype_size(compute) + sharded_->param_pool_bytes();

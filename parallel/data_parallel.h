@@ -26,6 +26,23 @@
 // reduce-scatter dp * (padded shards of the group) floats per group per backward
 // acquire/release pair: dp * (sum of padded shards) per micro-batch.
 //
+// Overlap (OverlapOptions::grad_reduce, parallel.overlap_grad_reduce): the same
+// collectives on the same data, issued asynchronously during backward instead of after
+// it, so communication runs while the rank computes; results are bitwise those of the
+// synchronous path (each element gets the same sums and additions in the same order).
+//   stages 0-1: a group's gradients are final at its last backward release of the step
+//            (micro_batches releases; twice that for group 0 when a tied one-stage head
+//            also writes wte: head_reads_embeddings), so that release issues the group's
+//            buckets (stage 0 iall_reduce in place, stage 1 ireduce_scatter through a
+//            ReduceScatterQueue): buckets go out in reverse layer order as backward
+//            produces them, one collective per bucket. A backward release after its
+//            group's buckets were issued CHECK-fails (the count would be wrong).
+//   stages 2-3: each release(kBackward) issues its group's reduce-scatter on a
+//            ReduceScatterQueue instead of running it.
+// reduce_gradients() waits for everything issued (stage 0 then scales by 1/dp), and
+// CHECKs that every group saw exactly its expected releases. Memory: stages 1-3 add the
+// queue's scratch (ReduceScatterQueue::scratch_bytes, 2 slots) to comm_scratch.
+//
 // Mixed precision (`compute` = bf16, training.precision bf16): the store holds bf16
 // compute weights, gradients stay fp32, and the fp32 masters sit beside the moments and
 // are sharded like them (stage 0 every element; stages 1-3 the owned rows; stage 3's
@@ -54,6 +71,13 @@
 
 namespace trident {
 
+class ReduceScatterQueue;
+
+struct OverlapOptions {
+  bool grad_reduce = false;  // parallel.overlap_grad_reduce
+  int micro_batches = 1;     // micro-batches per step (backward passes between zero_grad calls)
+};
+
 class DataParallel {
  public:
   // zero_stage in 0..3 (CHECK); bucket_bytes > 0. `adamw`: beta1, beta2, eps and
@@ -61,7 +85,8 @@ class DataParallel {
   // ignored (step() takes the learning rate and counts the steps). `compute`: the
   // stores' parameter dtype (f32, or bf16 for training.precision bf16).
   DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp, int zero_stage,
-               size_t bucket_bytes, const AdamWParams& adamw, DType compute = DType::kF32);
+               size_t bucket_bytes, const AdamWParams& adamw, DType compute = DType::kF32,
+               const OverlapOptions& overlap = {});
   ~DataParallel();
 
   // What the model reads parameters and accumulates gradients through: a
@@ -69,6 +94,7 @@ class DataParallel {
   // ShardedParamStore (stage 3).
   ParamStore& store();
   int zero_stage() const { return stage_; }
+  bool overlaps_grad_reduce() const { return overlap_.grad_reduce; }
   DType compute_dtype() const { return compute_; }
   Communicator& dp() const { return dp_; }
 
@@ -76,7 +102,7 @@ class DataParallel {
   void zero_grad();
   // After all micro-batches: sum over dp, scale by 1/dp (stage 0: every element; stage 1:
   // the owned rows, into the gradient shard). No-op for stages 2-3 (the store reduced
-  // every group during backward).
+  // every group during backward). With overlap: waits for what backward issued.
   void reduce_gradients();
   // Sum of squares of the reduced gradient elements this rank is responsible for, so
   // that the sum over dp ranks counts every element once: stage 0 all of them on dp
@@ -164,6 +190,11 @@ class DataParallel {
   bool mixed() const { return compute_ != DType::kF32; }
   DevPtr master() const { return master_.as(DType::kF32); }  // stages 0-2, mixed
   DevPtr grad_shard() const;  // stages 1-3: this rank's (reduced) gradient shard
+  class ReleaseCounter;       // stages 0-1 with overlap: the store the model sees
+  // Stages 0-1 with overlap: called on every release(group, kBackward); issues the
+  // group's buckets at its last one of the step.
+  void on_backward_release(int group);
+  void issue_bucket(size_t b);  // stages 0-1: bucket b's reduction (sync or async)
 
   const ParamLayout& layout_;
   Ops& ops_;
@@ -186,6 +217,12 @@ class DataParallel {
   // (reduce_scatter_add's scratch: the pack and then the segment, contiguous).
   DeviceBuffer collective_;  // (dp + 1) * plan_.max_chunk_floats() elements
   DeviceBuffer grad_shard1_;  // stage 1: the reduced gradients of the owned rows (f32)
+  OverlapOptions overlap_;
+  std::unique_ptr<ReleaseCounter> counter_;
+  std::unique_ptr<ReduceScatterQueue> queue_;  // stages 1-3 with overlap
+  std::vector<CommWork> all_reduces_;          // stage 0 with overlap: this step's buckets
+  std::vector<int> released_;  // by group: backward releases since zero_grad
+  std::vector<int> expected_;  // by group: releases per step (0: no buckets)
   // (1) double: owned_grad_square_sum's device accumulator (allocated at construction,
   // written by a const query), so the norm costs one device -> host read however many
   // tensors there are.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "parallel/reduce_scatter_queue.h"
 
 namespace trident {
 
@@ -138,10 +139,31 @@ void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, Dev
   pack_chunk(ops, chunk, dp.size(), full, packed);
   dp.reduce_scatter(CommBuf::device(packed, n * chunk.chunk_floats),
                     CommBuf::device(mine, chunk.chunk_floats), {.label = label});
-  // Mean over dp ranks, then accumulate over micro-batches.
-  if (n > 1) ops.scale(mine, 1.0f / static_cast<float>(n), chunk.chunk_floats);
-  ops.accumulate(shard + chunk.shard_offset, mine, chunk.chunk_floats);
+  finish_reduce_scatter(ops, dp.size(), mine, shard + chunk.shard_offset, chunk.chunk_floats);
 }
+
+void finish_reduce_scatter(Ops& ops, int dp, DevPtr summed, DevPtr shard, size_t floats) {
+  // Mean over dp ranks, then accumulate over micro-batches.
+  if (dp > 1) ops.scale(summed, 1.0f / static_cast<float>(dp), floats);
+  ops.accumulate(shard, summed, floats);
+}
+
+namespace {
+// A ZeRO-2/3 release(kBackward): group g's chunks reduce-scattered into the shard, now
+// (scratch) or on the overlap queue.
+void reduce_group(Ops& ops, Communicator& dp, const ShardPlan& plan, int group, DevPtr grads,
+                  DevPtr shard, DevPtr scratch, ReduceScatterQueue* queue,
+                  const std::string& label) {
+  for (int c : plan.group_chunks(group)) {
+    const ShardChunk& chunk = plan.chunks()[static_cast<size_t>(c)];
+    if (queue != nullptr) {
+      queue->issue(chunk, grads, shard, label);
+    } else {
+      reduce_scatter_add(ops, dp, chunk, grads, shard, scratch, label);
+    }
+  }
+}
+}  // namespace
 
 bool head_reads_embeddings(const ParamLayout& layout) {
   if (layout.groups.size() < 2) return false;
@@ -246,10 +268,8 @@ void ShardedParamStore::release(int group, Phase phase) {
   if (phase == Phase::kBackward) {
     TRIDENT_CHECK_MSG(!g.grads.is_null(),
                       "group " + std::to_string(group) + " released for backward, not acquired");
-    for (int c : chunks) {
-      reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], g.grads, grad_shard(),
-                         scratch_.get(), "zero3 reduce group " + std::to_string(group));
-    }
+    reduce_group(ops_, dp_, plan_, group, g.grads, grad_shard(), scratch_.get(), queue_,
+                 "zero3 reduce group " + std::to_string(group));
     const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
     grad_pool_.pop(g.grads);
     held_grads_ -= floats * sizeof(float);
@@ -342,10 +362,8 @@ void GradShardedParamStore::release(int group, Phase phase) {
   TRIDENT_CHECK_MSG(h.refs > 0,
                     "group " + std::to_string(group) + " released for backward, not acquired");
   if (--h.refs > 0) return;
-  for (int c : plan_.group_chunks(group)) {
-    reduce_scatter_add(ops_, dp_, plan_.chunks()[static_cast<size_t>(c)], h.grads, grad_shard(),
-                       scratch_.get(), "zero2 reduce group " + std::to_string(group));
-  }
+  reduce_group(ops_, dp_, plan_, group, h.grads, grad_shard(), scratch_.get(), queue_,
+               "zero2 reduce group " + std::to_string(group));
   grad_pool_.pop(h.grads);
   held_grads_ -= layout_.groups[static_cast<size_t>(group)].num_floats * sizeof(float);
   h.grads = DevPtr();

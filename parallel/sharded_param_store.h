@@ -74,6 +74,8 @@
 
 namespace trident {
 
+class ReduceScatterQueue;
+
 // How one tensor is split by rows over `dp` ranks.
 struct RowSplit {
   int64_t rows = 0;           // R: local_shape[0] (numel for 1-D, 1 for 0-D)
@@ -147,6 +149,10 @@ void pack_own(Ops& ops, const ShardChunk& chunk, int rank, DevPtr full, DevPtr s
 void reduce_scatter_add(Ops& ops, Communicator& dp, const ShardChunk& chunk, DevPtr full,
                         DevPtr shard, DevPtr scratch, const std::string& label);
 
+// The local end of reduce_scatter_add: scales this rank's summed segment (`floats` f32)
+// by 1/dp and adds it to `shard` (the segment's place in the shard buffer).
+void finish_reduce_scatter(Ops& ops, int dp, DevPtr summed, DevPtr shard, size_t floats);
+
 // Bytes of the scratch one collective of a store needs for chunks of at most
 // max_chunk_floats: (dp + 1) * max_chunk_floats f32 (a reduce-scatter's [dp, chunk] pack
 // and its result; an all-gather needs dp * chunk elements of at most 4 bytes).
@@ -180,6 +186,11 @@ class ShardedParamStore : public ParamStore {
   DevPtr compute_shard() {
     return compute_ == DType::kF32 ? param_shard() : compute_shard_.as(compute_);
   }
+  // Overlapped gradient reduction (parallel.overlap_grad_reduce): release(g, kBackward)
+  // issues its reduce-scatters on `queue` instead of running them (the owner drains it
+  // before reading the gradient shard); null = synchronous. The queue must outlive the
+  // store's use.
+  void set_reduce_queue(ReduceScatterQueue* queue) { queue_ = queue; }
   // compute_shard = cast(param_shard) (round to nearest even), after the masters were
   // written directly (checkpoint restore). Nothing to do for f32.
   void refresh_compute_shard();
@@ -232,6 +243,7 @@ class ShardedParamStore : public ParamStore {
   BufferStack grad_pool_;
   DeviceBuffer scratch_;
   std::vector<Gathered> gathered_;  // by group
+  ReduceScatterQueue* queue_ = nullptr;
   size_t held_params_ = 0;
   size_t held_grads_ = 0;
   size_t peak_ = 0;
@@ -258,6 +270,8 @@ class GradShardedParamStore : public ParamStore {
   size_t num_floats() const { return total_; }
   // This rank's gradient shard (plan().shard_floats() floats); one chunk per group.
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
+  // As ShardedParamStore::set_reduce_queue.
+  void set_reduce_queue(ReduceScatterQueue* queue) { queue_ = queue; }
   const ShardPlan& plan() const { return plan_; }
 
   // Bytes allocated at construction: the gradient pool (max_held_group_floats() f32)
@@ -287,6 +301,7 @@ class GradShardedParamStore : public ParamStore {
   BufferStack grad_pool_;
   DeviceBuffer scratch_;
   std::vector<Held> held_;  // by group
+  ReduceScatterQueue* queue_ = nullptr;
   size_t held_grads_ = 0;
   size_t peak_grads_ = 0;
 };

@@ -35,6 +35,9 @@ struct ParallelConfig {
   // Interleaved 1F1B: model chunks per pipeline rank (1 = the plain schedules).
   int virtual_stages = 1;
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
+  // Gradient reduction issued asynchronously during backward (parallel/data_parallel.h
+  // "Overlap"); bitwise the same results as false.
+  bool overlap_grad_reduce = true;
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };
 

@@ -384,23 +384,28 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     m.scratch += scratch;
   }
 
+  const double bucket =
+      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));
+  const double bucket_chunk =
+      std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
+                g.head.max_chunk_floats(dp, bucket)});
+  const double group_chunk =
+      std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
   if (stage == 1 || stage == 2) {
     // DataParallel's pack (dp chunks) and segment (one chunk) of the largest bucket.
-    const double bucket =
-        std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));
-    const double chunk =
-        std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
-                  g.head.max_chunk_floats(dp, bucket)});
     // They gather compute weights; stage 1 reduce-scatters f32 gradients through them too.
-    m.comm_buffers = (dp + 1) * chunk * (stage == 1 ? kF : kA);
+    m.comm_buffers = (dp + 1) * bucket_chunk * (stage == 1 ? kF : kA);
   }
   if (stage >= 2) {
     // The store's collective scratch (collective_scratch_bytes): the [dp + 1, chunk] f32
     // pack of one group's reduce-scatter (a group is one chunk), which its all-gathers
     // reuse.
-    const double group_chunk =
-        std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
     m.comm_buffers += (dp + 1) * group_chunk * kF;
+  }
+  if (par.overlap_grad_reduce && stage >= 1) {
+    // The overlap queue's two slots (ReduceScatterQueue): stage 1 reduces buckets,
+    // stages 2-3 whole groups.
+    m.comm_buffers += 2 * (dp + 1) * (stage == 1 ? bucket_chunk : group_chunk) * kF;
   }
   // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =

@@ -82,6 +82,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.sequence_parallel", Rule::kLayout},
       {"parallel.virtual_stages", Rule::kLayout},
       {"parallel.bucket_mb", Rule::kIgnore},
+      {"parallel.overlap_grad_reduce", Rule::kIgnore},  // bitwise the same results
       {"parallel.comm_timeout_s", Rule::kIgnore},
       {"runtime.device", Rule::kIgnore},
       {"runtime.threads", Rule::kIgnore},

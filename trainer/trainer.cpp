@@ -214,9 +214,13 @@ Status Trainer::init() {
   adamw.weight_decay = config_.training.weight_decay;
   const DType compute =
       config_.training.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-  dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
-                                       static_cast<size_t>(par.bucket_mb) << 20, adamw, compute);
   const int accum = config_.grad_accum_steps();
+  OverlapOptions overlap;
+  overlap.grad_reduce = par.overlap_grad_reduce;
+  overlap.micro_batches = accum;
+  dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
+                                       static_cast<size_t>(par.bucket_mb) << 20, adamw, compute,
+                                       overlap);
   const PipeSchedule schedule = par.pipeline_schedule;
   const int v = par.virtual_stages;
   const int slots =
@@ -561,6 +565,8 @@ Result<StepMetrics> Trainer::train_step() {
   for (const auto& r : runners_) {
     if (data_status.is_ok()) data_status = r->status();
   }
+  // Before the step can stop on a data error: what backward issued must complete.
+  dp_->reduce_gradients();
 
   // A data error on any rank stops every rank with the same step.
   const double failed = all_reduce_scalar(data_status.is_ok() ? 0.0 : 1.0, "step data status");
@@ -569,7 +575,6 @@ Result<StepMetrics> Trainer::train_step() {
     return Status::invalid_input("another rank failed to load step " + std::to_string(step_ + 1) +
                                  "'s data (see its message)");
   }
-  dp_->reduce_gradients();
   if (groups_.embedding) {
     // The tied embedding lives on the first and the last stage: sum the two gradients.
     const ParamInfo* wte = layout_.find("wte");

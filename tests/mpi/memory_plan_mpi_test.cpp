@@ -127,6 +127,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
       for (int pp : {1, 2}) {
         for (int zero = 0; zero <= 3; ++zero) {
           for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+           for (bool overlap : {false, true}) {
             Config c;
             c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
             c.model.vocab_size = 200;
@@ -144,6 +145,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
             c.parallel.bucket_mb = 1;
             c.training.global_batch_size = n;
             c.training.precision = precision;
+            c.parallel.overlap_grad_reduce = overlap;
             const DType compute = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
             const std::vector<int> counts = stage_layer_counts(c.model.n_layers, pp, {});
             int layer = 0;
@@ -151,7 +153,8 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
               for (int tr = 0; tr < tp; ++tr) {
                 SCOPED_TRACE(arch + " dp" + std::to_string(n) + " tp" + std::to_string(tp) +
                              " pp" + std::to_string(pp) + " zero" + std::to_string(zero) +
-                             " stage " + std::to_string(pr) + " " + dtype_name(compute));
+                             " stage " + std::to_string(pr) + " " + dtype_name(compute) +
+                             (overlap ? " overlap" : ""));
                 ModelPartition part;
                 part.tp_rank = tr;
                 part.tp_size = tp;
@@ -162,7 +165,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
                 const ParamLayout layout = Transformer::plan_params(c.model, part);
                 const std::unique_ptr<Ops> ops = make_cpu_ops(1);
                 DataParallel ddp(layout, *ops, test::device_world(), zero, size_t{1} << 20,
-                                 AdamWParams{}, compute);
+                                 AdamWParams{}, compute, OverlapOptions{.grad_reduce = overlap});
                 const DataParallel::Memory real = ddp.memory();
                 const RankMemory m =
                     estimate_rank_memory(c, part, test::world().rank(), *ops);
@@ -180,12 +183,13 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
               }
               layer += counts[static_cast<size_t>(pr)];
             }
+           }
           }
         }
       }
     }
   }
-  EXPECT_EQ(checked, 2 * (1 + 2 + 2 + 4) * 4 * 2);
+  EXPECT_EQ(checked, 2 * (1 + 2 + 2 + 4) * 4 * 2 * 2);
 }
 
 }  // namespace

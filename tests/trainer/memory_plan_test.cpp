@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "data/token_file.h"
 #include "parallel/pipeline.h"
+#include "parallel/reduce_scatter_queue.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/common/scratch_dir.h"
 #include "trainer/trainer.h"
@@ -140,15 +141,22 @@ TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
                   EXPECT_EQ(m.grads, zero >= 2 ? shard + held : total + (zero == 1 ? shard : 0));
                   EXPECT_EQ(m.optimizer, 2 * (zero == 0 ? total : shard));
                   double comm = 0;
+                  const ShardPlan buckets(layout, dp,
+                                          std::vector<size_t>(layout.groups.size(), 0),
+                                          (size_t{1} << 20) / sizeof(float));
                   if (zero == 1 || zero == 2) {
-                    const ShardPlan buckets(layout, dp,
-                                            std::vector<size_t>(layout.groups.size(), 0),
-                                            (size_t{1} << 20) / sizeof(float));
                     comm += static_cast<double>((dp + 1) * buckets.max_chunk_floats()) * F;
                   }
                   if (zero >= 2) {  // the store's collective scratch
                     comm += static_cast<double>(
                         collective_scratch_bytes(dp, groups.max_chunk_floats()));
+                  }
+                  // overlap_grad_reduce (the default): the queue's two slots, of buckets
+                  // (stage 1) or whole groups (stages 2-3).
+                  EXPECT_TRUE(c.parallel.overlap_grad_reduce);
+                  if (zero >= 1) {
+                    comm += static_cast<double>(ReduceScatterQueue::scratch_bytes(
+                        dp, (zero == 1 ? buckets : groups).max_chunk_floats(), 2));
                   }
                   EXPECT_EQ(m.comm_buffers, comm);
                   EXPECT_GT(m.total, m.params + m.grads + m.optimizer);
@@ -179,6 +187,11 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
   const ParamLayout layout = Transformer::plan_params(c.model, part);
   const ShardPlan buckets(layout, 2, std::vector<size_t>(layout.groups.size(), 0),
                           (size_t{1} << 20) / sizeof(float));
+  // The stage-1 pack and segment (dp + 1 = 3 chunks), and the overlap queue's two slots
+  // of as many.
+  EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).comm_buffers,
+            static_cast<double>((3 + 2 * 3) * buckets.max_chunk_floats() * sizeof(float)));
+  c.parallel.overlap_grad_reduce = false;
   EXPECT_EQ(estimate_rank_memory(c, part, 0, *cpu_ops()).comm_buffers,
             static_cast<double>(3 * buckets.max_chunk_floats() * sizeof(float)));
 }
@@ -208,8 +221,9 @@ TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
                   const ModelPartition part = partition(c, tr, pr);
                   const ParamLayout layout = Transformer::plan_params(c.model, part);
                   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
-                  DataParallel ddp(layout, *ops, self, zero, size_t{1} << 20, AdamWParams{},
-                                   compute);
+                  DataParallel ddp(
+                      layout, *ops, self, zero, size_t{1} << 20, AdamWParams{}, compute,
+                      OverlapOptions{.grad_reduce = c.parallel.overlap_grad_reduce});
                   const DataParallel::Memory real = ddp.memory();
                   const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
                   EXPECT_EQ(m.params, static_cast<double>(real.params));
