@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
 #include "core/device_access.h"
+#include "core/timer.h"
 
 namespace trident {
 
@@ -27,16 +29,27 @@ std::string rank_range(int value, int size) {
 // so an observer's construction is visible to the calls that load it.
 std::atomic<CallObserver*> g_call_observer{nullptr};
 
+}  // namespace
+
+namespace detail {
 // Tells the observer (if any) that a blocking backend call starts; its destructor, that
 // the call has returned. Declared right before the do_* call.
+// Also times the call into the communicator's CommTimes::exposed_s (`seconds`, when
+// given, gets the same figure).
 class WatchedCall {
  public:
-  WatchedCall(const Communicator& comm, const char* call, int peer, const CollectiveOptions& opts)
-      : observer_(g_call_observer.load(std::memory_order_acquire)) {
+  WatchedCall(const Communicator& comm, const char* call, int peer, const CollectiveOptions& opts,
+              double* seconds = nullptr)
+      : observer_(g_call_observer.load(std::memory_order_acquire)),
+        exposed_(comm.times_.exposed_s),
+        seconds_(seconds) {
     if (observer_ != nullptr) token_ = observer_->call_started(comm, call, peer, opts);
   }
   ~WatchedCall() {
     if (observer_ != nullptr) observer_->call_ended(token_);
+    const double s = timer_.elapsed_s();
+    exposed_ += s;
+    if (seconds_ != nullptr) *seconds_ = s;
   }
   WatchedCall(const WatchedCall&) = delete;
   WatchedCall& operator=(const WatchedCall&) = delete;
@@ -44,7 +57,14 @@ class WatchedCall {
  private:
   CallObserver* observer_;
   std::uint64_t token_ = 0;
+  double& exposed_;
+  double* seconds_;
+  Timer timer_;
 };
+}  // namespace detail
+
+namespace {
+using detail::WatchedCall;
 
 // The DeviceAccessScope of a call whose buffers are in `space`: open for device memory
 // only, so host calls never touch the hook.
@@ -379,7 +399,7 @@ CommWork::~CommWork() {
 void CommWork::wait() {
   if (finished()) return;
   if (backend_) {
-    WatchedCall watched(*comm_, wait_name(kind_), -1, opts_);
+    WatchedCall watched(*comm_, wait_name(kind_), -1, opts_, &waited_s_);
     backend_->wait();
   }
   finish();
@@ -393,6 +413,11 @@ bool CommWork::test() {
 }
 
 void CommWork::finish() {
+  if (backend_) {
+    const double ran = backend_->seconds();
+    comm_->times_.async_s += ran;
+    comm_->times_.hidden_s += std::max(0.0, ran - waited_s_);
+  }
   if (copy_out_bytes_ > 0) {
     DeviceAccessScope scope;  // the caller's buffer is device memory under a hook
     std::memcpy(copy_out_dst_, copy_out_src_, copy_out_bytes_);

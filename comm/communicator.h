@@ -186,6 +186,19 @@ struct TrafficCounters {
   std::int64_t calls_of(CollectiveKind k) const { return calls[static_cast<int>(k)]; }
 };
 
+// Where the calling thread's communication time went, in seconds since reset_traffic()
+// (the overlap instrumentation, DESIGN.md "Observability"):
+//   exposed_s  time the caller was blocked inside this communicator's calls: synchronous
+//              collectives and point-to-point calls, async issues (they block only where
+//              the backend completes at issue) and CommWork::wait. The compute waited.
+//   async_s    the asynchronous collectives' own running time (AsyncCollective::seconds:
+//              MPI, the communication thread's call; 0 where a backend cannot tell).
+//   hidden_s   per work, max(0, its running time - the time the caller waited for it):
+//              communication that ran while the caller computed.
+struct CommTimes {
+  double exposed_s = 0, async_s = 0, hidden_s = 0;
+};
+
 // Ring-algorithm wire bytes per payload byte for a group of group_size ranks.
 double bus_factor(CollectiveKind kind, int group_size);
 
@@ -193,6 +206,9 @@ double bus_factor(CollectiveKind kind, int group_size);
 inline constexpr int kNoGroup = -1;
 
 class Communicator;
+namespace detail {
+class WatchedCall;  // comm/communicator.cpp: watchdog reporting and CommTimes of a call
+}  // namespace detail
 
 // The backend's side of one asynchronous collective (Communicator::do_i*). Called only from
 // the caller's thread, through CommWork.
@@ -203,6 +219,9 @@ class AsyncCollective {
   virtual bool test() = 0;
   // Blocks until it has completed (aborts on a transport error).
   virtual void wait() = 0;
+  // Once completed: how long the collective itself ran (seconds), for CommTimes; 0 when
+  // the backend does not measure it.
+  virtual double seconds() const { return 0; }
 };
 
 // A handle on an asynchronous collective (Communicator::iall_reduce, ireduce_scatter,
@@ -239,6 +258,7 @@ class CommWork {
   const std::byte* copy_out_src_ = nullptr;
   void* copy_out_dst_ = nullptr;
   std::size_t copy_out_bytes_ = 0;
+  double waited_s_ = 0;  // time wait() blocked, for CommTimes::hidden_s
 };
 
 // Sees every blocking call of every communicator of the process, for the hang watchdog
@@ -366,7 +386,12 @@ class Communicator {
                                       const CollectiveOptions& opts = {});
 
   const TrafficCounters& traffic() const { return traffic_; }
-  void reset_traffic() { traffic_ = {}; }
+  // Also resets times().
+  void reset_traffic() {
+    traffic_ = {};
+    times_ = {};
+  }
+  const CommTimes& times() const { return times_; }
 
   // Aborts with a message naming rank, group, collective and label; for backends.
   [[noreturn]] void fail(const char* statement, CollectiveKind kind, const CollectiveOptions& opts,
@@ -412,6 +437,7 @@ class Communicator {
 
  private:
   friend class CommWork;
+  friend class detail::WatchedCall;
   // The argument checks of all_reduce / reduce_scatter / all_gather, shared by the
   // synchronous and asynchronous calls.
   void check_all_reduce(const CommBuf& data, const CollectiveOptions& opts) const;
@@ -437,6 +463,8 @@ class Communicator {
   MemSpace space_;
   std::chrono::milliseconds default_timeout_ = kDefaultTimeout;
   TrafficCounters traffic_;
+  // Written by the blocking calls' WatchedCall (const calls too) and CommWork::finish.
+  mutable CommTimes times_;
   std::size_t outstanding_work_ = 0;
 };
 

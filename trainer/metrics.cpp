@@ -45,6 +45,11 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                       {"lr", m.lr},              {"grad_norm", m.grad_norm},
                       {"step_ms", m.step_ms},    {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu}};
+  auto groups = [](const StepMetrics::GroupMs& g) {
+    return nlohmann::ordered_json{{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
+  };
+  j["comm_exposed_ms"] = groups(m.comm_exposed_ms);
+  j["comm_hidden_ms"] = groups(m.comm_hidden_ms);
   write_line(j.dump());
 }
 

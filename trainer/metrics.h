@@ -26,6 +26,14 @@ struct StepMetrics {
   double step_ms = 0;
   double tokens_per_s = 0;
   double mfu = 0;  // fraction of peak, 0..1
+  // This rank's communication time in the step, per group (Communicator::times()):
+  // exposed = the compute waited; hidden = asynchronous communication that ran behind
+  // computation. Written as {"comm_exposed_ms": {"tp", "dp", "pp", "embedding"},
+  // "comm_hidden_ms": {...}}.
+  struct GroupMs {
+    double tp = 0, dp = 0, pp = 0, embedding = 0;
+  };
+  GroupMs comm_exposed_ms, comm_hidden_ms;
 };
 
 // "step 12/300 | loss 2.4817 | norm 0.8123 | lr 1.00e-03 | 153.2 ms | 13371 tok/s | MFU 41.2%"

@@ -372,6 +372,24 @@ void Trainer::collect_traffic() {
   stats_.traffic.dp = measure(groups_.dp.get());
   stats_.traffic.pp = measure(groups_.pp.get());
   stats_.traffic.embedding = measure(groups_.embedding.get());
+  // Where the communication time went (a one-rank group's calls are local copies).
+  auto times = [&](double CommTimes::*field) {
+    auto ms = [&](const Communicator* c) {
+      return c == nullptr || c->size() == 1 ? 0.0 : c->times().*field * 1e3;
+    };
+    return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(groups_.dp.get()), ms(groups_.pp.get()),
+                                ms(groups_.embedding.get())};
+  };
+  auto add = [](StepMetrics::GroupMs& total, const StepMetrics::GroupMs& step) {
+    total.tp += step.tp;
+    total.dp += step.dp;
+    total.pp += step.pp;
+    total.embedding += step.embedding;
+  };
+  stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
+  stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
+  add(stats_.total_comm_exposed_ms, stats_.comm_exposed_ms);
+  add(stats_.total_comm_hidden_ms, stats_.comm_hidden_ms);
   stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
   const DataParallel::Memory mem = dp_->memory();
   stats_.param_bytes = static_cast<double>(mem.params);
@@ -622,6 +640,8 @@ Result<StepMetrics> Trainer::train_step() {
   m.step_ms = timer.elapsed_ms();
   const double tokens = static_cast<double>(c.training.global_batch_size) * T;
   m.tokens_per_s = tokens / (m.step_ms / 1000.0);
+  m.comm_exposed_ms = stats_.comm_exposed_ms;
+  m.comm_hidden_ms = stats_.comm_hidden_ms;
   m.mfu = peak_flops_ > 0
               ? c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size())
               : 0.0;  // an unknown peak (a GPU missing from the table): no MFU
@@ -730,6 +750,9 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                                   {"pp", t.pp.total()},
                                   {"embedding", t.embedding.total()}};
   };
+  auto groups = [](const StepMetrics::GroupMs& g) {
+    return nlohmann::ordered_json{{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
+  };
   for (int r = 0; r < n; ++r) {
     const RankStats& x = stats[r];
     const RankCoords rc = topo.coords_of(r);
@@ -746,7 +769,11 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                      {"bytes_sent_per_step_analytic", traffic(x.analytic)},
                      {"pipeline_idle_ms", x.pipeline_idle_ms},
                      {"pipeline_step_ms", x.pipeline_total_ms},
-                     {"peak_live_micro_batches", x.peak_live_micro_batches}});
+                     {"peak_live_micro_batches", x.peak_live_micro_batches},
+                     {"comm_exposed_ms_last_step", groups(x.comm_exposed_ms)},
+                     {"comm_hidden_ms_last_step", groups(x.comm_hidden_ms)},
+                     {"comm_exposed_ms_total", groups(x.total_comm_exposed_ms)},
+                     {"comm_hidden_ms_total", groups(x.total_comm_hidden_ms)}});
   }
   nlohmann::ordered_json j = {{"summary", {{"ranks", ranks}}}};
   return j.dump();
@@ -787,6 +814,18 @@ void Trainer::print_summary() {
               pair(x.traffic.dp.total(), x.analytic.dp.total()),
               pair(x.traffic.pp.total(), x.analytic.pp.total()),
               pair(x.traffic.embedding.total(), x.analytic.embedding.total()), idle);
+  }
+  log::info("communication over the run, ms exposed (the compute waited) / hidden (ran "
+            "behind compute):");
+  log::info("{:>5} {:>17} {:>17} {:>17} {:>17}", "rank", "tp", "dp", "pp", "embedding");
+  auto times = [](double exposed, double hidden) {
+    return fmt::format("{:.1f}/{:.1f}", exposed, hidden);
+  };
+  for (int r = 0; r < n; ++r) {
+    const StepMetrics::GroupMs& e = s[r].total_comm_exposed_ms;
+    const StepMetrics::GroupMs& h = s[r].total_comm_hidden_ms;
+    log::info("{:>5} {:>17} {:>17} {:>17} {:>17}", r, times(e.tp, h.tp), times(e.dp, h.dp),
+              times(e.pp, h.pp), times(e.embedding, h.embedding));
   }
 }
 

@@ -63,6 +63,10 @@ struct RankStats {
          activation_bytes = 0;
   double pipeline_idle_ms = 0, pipeline_total_ms = 0;
   int peak_live_micro_batches = 0;
+  // Communication time per group (Communicator::times()): the last step's, and the sum
+  // over this launch's steps.
+  StepMetrics::GroupMs comm_exposed_ms, comm_hidden_ms;
+  StepMetrics::GroupMs total_comm_exposed_ms, total_comm_hidden_ms;
 };
 
 class Trainer {

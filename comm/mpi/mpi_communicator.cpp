@@ -14,6 +14,7 @@
 
 #include "comm/mpi/mpi_check.h"
 #include "core/check.h"
+#include "core/timer.h"
 
 namespace trident {
 
@@ -49,6 +50,7 @@ void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
 struct AsyncTask {
   std::function<int()> run;
   int rc = MPI_SUCCESS;  // written before done is released
+  double seconds = 0;    // how long run() took; written before done is released
   std::atomic<bool> done{false};
 };
 
@@ -88,7 +90,9 @@ class CommThread {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
+      const Timer timer;
       task->rc = task->run();
+      task->seconds = timer.elapsed_s();
       task->done.store(true, std::memory_order_release);
       task->done.notify_all();
     }
@@ -117,6 +121,7 @@ class MpiAsyncCollective final : public AsyncCollective {
     task_->done.wait(false, std::memory_order_acquire);
     check();
   }
+  double seconds() const override { return task_->seconds; }
 
  private:
   void check() const {

@@ -186,6 +186,48 @@ TEST(AsyncCollectives, SeveralOutstandingMixedWithSync) {
   EXPECT_TRUE(bitwise_equal(m, x_ref));
 }
 
+// CommTimes (the overlap instrumentation). A synchronous call is all exposed; an async
+// one is hidden as far as it ran while the caller did something else. Rank 1 issues
+// 150 ms late, so rank 0's work runs >= ~150 ms and rank 0, waiting at once, is exposed
+// for it; rank 1 sleeps 150 ms after issuing (the collective can finish meanwhile, rank 0
+// being there), so its wait is short and what the collective ran is hidden.
+TEST(AsyncCollectives, TimesSplitExposedAndHidden) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::vector<float> data(1024, 1.0f);
+  // The first async call of a communicator duplicates it (collectively, at issue).
+  w.iall_reduce(buf(w, data), ReduceOp::kSum).wait();
+  w.barrier();
+  w.reset_traffic();
+  w.all_reduce(buf(w, data), ReduceOp::kSum);
+  EXPECT_GT(w.times().exposed_s, 0.0);
+  EXPECT_EQ(w.times().async_s, 0.0);
+  EXPECT_EQ(w.times().hidden_s, 0.0);
+
+  w.barrier();
+  w.reset_traffic();
+  constexpr auto kDelay = std::chrono::milliseconds(150);
+  if (w.rank() == 1) std::this_thread::sleep_for(kDelay);
+  CommWork work = w.iall_reduce(buf(w, data), ReduceOp::kSum);
+  if (w.rank() == 1) std::this_thread::sleep_for(kDelay);
+  work.wait();
+  const CommTimes t = w.times();
+  std::printf("rank %d: exposed %.1f ms, async %.1f ms, hidden %.1f ms\n", w.rank(),
+              t.exposed_s * 1e3, t.async_s * 1e3, t.hidden_s * 1e3);
+  EXPECT_GT(t.async_s, 0.0);
+  EXPECT_LE(t.hidden_s, t.async_s);
+  if (w.rank() == 0) {
+    EXPECT_GE(t.async_s, 0.1);    // it could not finish before rank 1 issued
+    EXPECT_GE(t.exposed_s, 0.1);  // and rank 0 waited for it
+    EXPECT_LT(t.hidden_s, t.async_s);
+  }
+  if (w.rank() == 1) {
+    EXPECT_GT(t.hidden_s, 0.0);
+    EXPECT_LT(t.exposed_s, 0.1);  // it had 150 ms to finish a 4 KiB all-reduce
+  }
+  w.barrier();
+}
+
 TEST(AsyncCollectives, TestIsEventuallyTrue) {
   Communicator& w = world();
   std::vector<float> v = seeded_f32(w.rank(), 1 << 16, 51), ref = v;

@@ -75,6 +75,36 @@ TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
   }
 }
 
+// parallel.overlap_grad_reduce moves the same bytes (the traffic test above runs with it
+// on, the default) and is instrumented: with it on, the dp group's asynchronous
+// reductions count hidden time; off, nothing is hidden and the reductions are exposed.
+TEST(Instrumentation, OverlapCountsHiddenCommunication) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs dp > 1";
+  // dp <= 4 keeps the volumes exact (see make_trainer).
+  const Layout l = n == 8 ? Layout{4, 2, 1} : Layout{n, 1, 1};
+  for (int zero = 0; zero <= 3; ++zero) {
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(test::case_name("gpt2", l, zero) + (overlap ? " overlap" : " sync"));
+      auto trainer = make_trainer(l, zero, "gpt2", "fp32", "",
+                                  std::string(", overlap_grad_reduce: ") +
+                                      (overlap ? "true" : "false"));
+      ASSERT_NE(trainer, nullptr);
+      ASSERT_TRUE(trainer->train_step().is_ok());
+      const RankStats& s = trainer->last_step_stats();
+      expect_group(s.traffic.dp, s.analytic.dp, "dp");
+      EXPECT_GT(s.comm_exposed_ms.dp, 0.0);  // at least the parameter gathers / the waits
+      if (overlap) {
+        EXPECT_GT(s.comm_hidden_ms.dp, 0.0);
+      } else {
+        EXPECT_EQ(s.comm_hidden_ms.dp, 0.0);
+      }
+      EXPECT_EQ(s.comm_hidden_ms.tp, 0.0);  // tp is synchronous
+      EXPECT_EQ(s.comm_exposed_ms.pp, 0.0);  // a one-rank group counts nothing
+    }
+  }
+}
+
 // Sequence parallelism: the tp all-gathers, reduce-scatters and (norm-weight and
 // cross-entropy) all-reduces each equal the analytic volumes, with and without full
 // recomputation, in fp32 and bf16; the pipeline boundary shrinks by tp; and the forward's
