@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Overlapped gradient reduction, on vs off, in one run: the medium model (bench/medium.yaml)
+# Overlap (parallel.overlap_grad_reduce and overlap_param_gather together), on vs off, in one run: the medium model (bench/medium.yaml)
 # at dp 2 with ZeRO-1 and ZeRO-3, alternating on and off `rounds` times, printing per
 # configuration the mean step time (first step excluded) and rank 0's dp communication
 # time per step, exposed (the compute waited) and hidden (ran behind compute), from the
@@ -25,7 +25,8 @@ for round in $(seq "$rounds"); do
       mpirun "${root_flag[@]}" --oversubscribe --mca btl self,vader -np 2 \
         build/trident train --config bench/medium.yaml --set data.train="$work/data/train_*.bin" \
         --set parallel.dp=2 --set parallel.zero_stage="$zero" \
-        --set parallel.overlap_grad_reduce="$overlap" --set training.max_steps="$steps" \
+        --set parallel.overlap_grad_reduce="$overlap" --set parallel.overlap_param_gather="$overlap" \
+        --set training.max_steps="$steps" \
         --set logging.metrics="$metrics" --set checkpoint.dir="$work/ck_${round}_${zero}_${overlap}" \
         > "$work/log" 2>&1 || { cat "$work/log"; exit 1; }
       python3 - "$metrics" "$round" "$zero" "$overlap" <<'PY'

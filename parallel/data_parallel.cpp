@@ -86,6 +86,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
   }
   if (stage_ == 1) grad_shard1_ = DeviceBuffer(ops, plan_.shard_floats() * kF);
   square_sum_ = DeviceBuffer(ops, sizeof(double));
+  if (overlap_.param_gather && sharded_) sharded_->enable_prefetch();
   if (overlap_.grad_reduce) {
     if (stage_ >= 1) {
       // Stage 2's store reduces whole groups (its own plan), not the buckets.
@@ -144,6 +145,7 @@ void DataParallel::zero_grad() {
   if (resident_) ops_.zero(resident_->grad_data(), resident_->num_floats() * kF);
   if (stage_ >= 1) ops_.zero(grad_shard(), plan_.shard_floats() * kF);
   std::fill(released_.begin(), released_.end(), 0);
+  if (sharded_) sharded_->begin_step();
 }
 
 void DataParallel::issue_bucket(size_t b) {
@@ -181,6 +183,7 @@ void DataParallel::on_backward_release(int group) {
 
 void DataParallel::reduce_gradients() {
   const int dp = dp_.size();
+  if (sharded_) sharded_->end_step();
   if (stage_ <= 1) {
     if (overlap_.grad_reduce) {
       for (size_t g = 0; g < expected_.size(); ++g) {
@@ -387,7 +390,7 @@ DataParallel::Memory DataParallel::memory() const {
     mem.params = shard * dtype_size(compute) + sharded_->param_pool_bytes();
     if (compute != DType::kF32) mem.master = shard * kF;
     mem.grads = shard * kF + sharded_->grad_pool_bytes();
-    mem.comm_scratch += sharded_->scratch_bytes();
+    mem.comm_scratch += sharded_->scratch_bytes() + sharded_->prefetch_bytes();
   } else if (zero2_) {
     mem.params = layout_.total_floats() * dtype_size(zero2_->compute_dtype());
     mem.grads = shard * kF + zero2_->grad_pool_bytes();

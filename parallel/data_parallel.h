@@ -42,6 +42,10 @@
 // reduce_gradients() waits for everything issued (stage 0 then scales by 1/dp), and
 // CHECKs that every group saw exactly its expected releases. Memory: stages 1-3 add the
 // queue's scratch (ReduceScatterQueue::scratch_bytes, 2 slots) to comm_scratch.
+// OverlapOptions::param_gather (stage 3): the store prefetches each group's all-gather
+// one gather ahead, in the zero_grad() .. reduce_gradients() window (its begin_step /
+// end_step); comm_scratch adds its prefetch buffer. Stages 1-2 all-gather the updated
+// parameters after step() synchronously either way.
 //
 // Mixed precision (`compute` = bf16, training.precision bf16): the store holds bf16
 // compute weights, gradients stay fp32, and the fp32 masters sit beside the moments and
@@ -75,6 +79,9 @@ class ReduceScatterQueue;
 
 struct OverlapOptions {
   bool grad_reduce = false;  // parallel.overlap_grad_reduce
+  // parallel.overlap_param_gather: ZeRO-3 prefetches the next group's all-gather
+  // (ShardedParamStore::enable_prefetch), learned in the first step.
+  bool param_gather = false;
   int micro_batches = 1;     // micro-batches per step (backward passes between zero_grad calls)
 };
 

@@ -230,7 +230,6 @@ void ShardedParamStore::acquire(int group, Phase phase) {
   if (chunks.empty()) return;
   Gathered& g = gathered_[static_cast<size_t>(group)];
   const size_t floats = layout_.groups[static_cast<size_t>(group)].num_floats;
-  const int dp = dp_.size();
   if (g.refs++ == 0) {
     const size_t bytes = floats * dtype_size(compute_);
     // Zeroed: the alignment gaps between tensors read zero, as in a resident buffer (the
@@ -239,15 +238,8 @@ void ShardedParamStore::acquire(int group, Phase phase) {
                    .as(compute_);
     held_params_ += bytes;
     note_held();
-    const DevPtr packed = scratch_.as(compute_);
-    for (int c : chunks) {
-      const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
-      dp_.all_gather(
-          CommBuf::device((compute_shard() + chunk.shard_offset), chunk.chunk_floats),
-          CommBuf::device(packed, dp * chunk.chunk_floats),
-          {.label = "zero3 gather group " + std::to_string(group)});
-      unpack_chunk(ops_, chunk, dp, packed, g.params);
-    }
+    gather_into(group, g.params);
+    prefetch_after(group);
   }
   if (phase == Phase::kBackward) {
     TRIDENT_CHECK_MSG(g.grads.is_null(),
@@ -258,6 +250,83 @@ void ShardedParamStore::acquire(int group, Phase phase) {
     held_grads_ += bytes;
     note_held();
   }
+}
+
+void ShardedParamStore::gather_into(int group, DevPtr params) {
+  const int dp = dp_.size();
+  const std::vector<int>& chunks = plan_.group_chunks(group);
+  const std::string label = "zero3 gather group " + std::to_string(group);
+  if (prefetched_group_ >= 0 && prefetched_group_ != group) cancel_prefetch();
+  if (prefetched_group_ == group) {
+    // One chunk per group: the prefetch buffer holds the whole packed group.
+    prefetch_work_.wait();
+    unpack_chunk(ops_, plan_.chunks()[static_cast<size_t>(chunks.front())], dp,
+                 prefetch_.as(compute_), params);
+    prefetched_group_ = -1;
+    return;
+  }
+  const DevPtr packed = scratch_.as(compute_);
+  for (int c : chunks) {
+    const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
+    dp_.all_gather(CommBuf::device((compute_shard() + chunk.shard_offset), chunk.chunk_floats),
+                   CommBuf::device(packed, dp * chunk.chunk_floats), {.label = label});
+    unpack_chunk(ops_, chunk, dp, packed, params);
+  }
+}
+
+void ShardedParamStore::prefetch_after(int group) {
+  if (!prefetch_on_ || !in_step_) return;
+  if (learning_) {
+    order_.push_back(group);
+    return;
+  }
+  if (!following_) return;
+  if (cursor_ >= order_.size() || order_[cursor_] != group) {
+    following_ = false;  // departed from the learned order: no more guesses this window
+    return;
+  }
+  ++cursor_;
+  if (cursor_ == order_.size()) return;
+  const int next = order_[cursor_];
+  if (gathered_[static_cast<size_t>(next)].refs > 0) return;  // held: acquiring it gathers nothing
+  const std::vector<int>& chunks = plan_.group_chunks(next);
+  TRIDENT_CHECK(chunks.size() == 1);
+  const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(chunks.front())];
+  prefetch_work_ = dp_.iall_gather(
+      CommBuf::device(compute_shard() + chunk.shard_offset, chunk.chunk_floats),
+      CommBuf::device(prefetch_.as(compute_), dp_.size() * chunk.chunk_floats),
+      {.label = "zero3 prefetch group " + std::to_string(next)});
+  prefetched_group_ = next;
+}
+
+void ShardedParamStore::cancel_prefetch() {
+  if (prefetched_group_ < 0) return;
+  prefetch_work_.wait();
+  prefetched_group_ = -1;
+  ++prefetch_misses_;
+  following_ = false;
+}
+
+void ShardedParamStore::enable_prefetch() {
+  if (prefetch_on_) return;
+  prefetch_ = DeviceBuffer(ops_, static_cast<size_t>(dp_.size()) * plan_.max_chunk_floats() *
+                                     dtype_size(compute_));
+  prefetch_on_ = true;
+}
+
+void ShardedParamStore::begin_step() {
+  if (learning_) order_.clear();  // the window that ends first is the one learned
+  in_step_ = true;
+  cursor_ = 0;
+  following_ = !learning_;
+}
+
+void ShardedParamStore::end_step() {
+  // A prefetch is issued only for a gather the window still makes, so none is pending
+  // at its end; complete one anyway rather than leave a work in flight.
+  cancel_prefetch();
+  if (in_step_ && learning_ && prefetch_on_) learning_ = false;
+  in_step_ = false;
 }
 
 void ShardedParamStore::release(int group, Phase phase) {

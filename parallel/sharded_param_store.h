@@ -191,6 +191,26 @@ class ShardedParamStore : public ParamStore {
   // before reading the gradient shard); null = synchronous. The queue must outlive the
   // store's use.
   void set_reduce_queue(ReduceScatterQueue* queue) { queue_ = queue; }
+  // Prefetch (parallel.overlap_param_gather): allocates the prefetch buffer (dp chunks of
+  // the compute dtype: prefetch_bytes()) and turns the prefetch on. The store learns the
+  // step's order of gathers (the acquires that find a group not gathered) in the first
+  // begin_step()..end_step() window, and in later windows issues, at each gather, the
+  // next one's all-gather asynchronously (one gather ahead, in forward and in backward,
+  // whatever the schedule or recomputation), into the prefetch buffer; the acquire that
+  // needs it waits for it and unpacks it into its pool slice as a synchronous gather
+  // would: the same bytes, the same values. An acquire that departs from the learned
+  // order (it does not, for a fixed schedule; evaluation runs outside the window) waits
+  // for the pending prefetch, discards it and gathers synchronously for the rest of the
+  // window, so a wrong guess costs traffic, never correctness.
+  void enable_prefetch();
+  size_t prefetch_bytes() const { return prefetch_.bytes(); }
+  // The training step's window (DataParallel::zero_grad .. reduce_gradients): gathers in
+  // it are learned (first window) or prefetched (later ones). end_step() completes a
+  // pending prefetch.
+  void begin_step();
+  void end_step();
+  // Prefetched all-gathers discarded because the acquire order departed (tests).
+  int prefetch_misses() const { return prefetch_misses_; }
   // compute_shard = cast(param_shard) (round to nearest even), after the masters were
   // written directly (checkpoint restore). Nothing to do for f32.
   void refresh_compute_shard();
@@ -244,6 +264,20 @@ class ShardedParamStore : public ParamStore {
   DeviceBuffer scratch_;
   std::vector<Gathered> gathered_;  // by group
   ReduceScatterQueue* queue_ = nullptr;
+  // Prefetch: the learned gather order, where this window is in it, the pending gather.
+  void gather_into(int group, DevPtr params);  // synchronous (or the prefetched one)
+  void prefetch_after(int group);              // at a gather: the next one, if known
+  void cancel_prefetch();
+  bool prefetch_on_ = false;
+  bool in_step_ = false;
+  bool learning_ = true;   // the first window records order_
+  bool following_ = false;  // this window still follows order_
+  std::vector<int> order_;
+  size_t cursor_ = 0;  // gathers of this window so far
+  DeviceBuffer prefetch_;  // [dp, max chunk] of the compute dtype
+  int prefetched_group_ = -1;
+  CommWork prefetch_work_;
+  int prefetch_misses_ = 0;
   size_t held_params_ = 0;
   size_t held_grads_ = 0;
   size_t peak_ = 0;

@@ -60,6 +60,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(parallel, virtual_stages, kInt),
         TRIDENT_FIELD(parallel, sequence_parallel, kBool), TRIDENT_FIELD(parallel, bucket_mb, kInt),
         TRIDENT_FIELD(parallel, overlap_grad_reduce, kBool),
+        TRIDENT_FIELD(parallel, overlap_param_gather, kBool),
         TRIDENT_FIELD(parallel, comm_timeout_s, kInt)}},
       {"runtime",
        {TRIDENT_FIELD(runtime, device, kDevice), TRIDENT_FIELD(runtime, threads, kInt),

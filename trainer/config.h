@@ -38,6 +38,8 @@ struct ParallelConfig {
   // Gradient reduction issued asynchronously during backward (parallel/data_parallel.h
   // "Overlap"); bitwise the same results as false.
   bool overlap_grad_reduce = true;
+  // ZeRO-3: each group's all-gather prefetched one ahead; bitwise the same results.
+  bool overlap_param_gather = true;
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };
 

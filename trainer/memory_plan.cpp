@@ -407,6 +407,10 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     // stages 2-3 whole groups.
     m.comm_buffers += 2 * (dp + 1) * (stage == 1 ? bucket_chunk : group_chunk) * kF;
   }
+  if (par.overlap_param_gather && stage == 3) {
+    // The store's prefetch buffer: one packed group of compute weights.
+    m.comm_buffers += dp * group_chunk * kA;
+  }
   // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =
       std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.head.largest_tensor()}) *

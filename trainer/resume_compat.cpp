@@ -83,6 +83,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.virtual_stages", Rule::kLayout},
       {"parallel.bucket_mb", Rule::kIgnore},
       {"parallel.overlap_grad_reduce", Rule::kIgnore},  // bitwise the same results
+      {"parallel.overlap_param_gather", Rule::kIgnore},
       {"parallel.comm_timeout_s", Rule::kIgnore},
       {"runtime.device", Rule::kIgnore},
       {"runtime.threads", Rule::kIgnore},

@@ -217,6 +217,7 @@ Status Trainer::init() {
   const int accum = config_.grad_accum_steps();
   OverlapOptions overlap;
   overlap.grad_reduce = par.overlap_grad_reduce;
+  overlap.param_gather = par.overlap_param_gather;
   overlap.micro_batches = accum;
   dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
                                        static_cast<size_t>(par.bucket_mb) << 20, adamw, compute,

@@ -4,7 +4,8 @@
 // 1e-5 relative — for gpt2 (tied embeddings) and llama (GQA, untied head). Sequence
 // parallelism at tp 2 and 4, alone and in dp 2 x tp 2 x pp 2 with every ZeRO stage, the
 // same (llama at tp 4 with 4 kv heads, since tp must divide them). Every layout with
-// dp > 1 also runs with parallel.overlap_grad_reduce off, bitwise equal to on.
+// dp > 1 also runs with parallel.overlap_grad_reduce and overlap_param_gather off,
+// bitwise equal to on.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +44,7 @@ struct Case {
   int kv_heads = 0;  // llama's n_kv_heads; 0: the default 2 (GQA)
   int virtual_stages = 1;  // interleaved 1F1B when > 1
   int n_layers = 4;
-  bool overlap = true;  // parallel.overlap_grad_reduce
+  bool overlap = true;  // parallel.overlap_grad_reduce and overlap_param_gather
 };
 
 std::string data_file() {
@@ -64,7 +65,8 @@ Config make_config(Arch arch, const Case& c) {
       (c.schedule == PipeSchedule::kGPipe ? "gpipe" : "1f1b") +
       ", sequence_parallel: " + (c.sequence_parallel ? "true" : "false") +
       ", virtual_stages: " + std::to_string(c.virtual_stages) +
-      ", overlap_grad_reduce: " + (c.overlap ? "true" : "false") + "}\n"
+      ", overlap_grad_reduce: " + (c.overlap ? "true" : "false") +
+      ", overlap_param_gather: " + (c.overlap ? "true" : "false") + "}\n"
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: 8, max_steps: 10, lr: 0.001, warmup_steps: 2,"
       " weight_decay: 0.1, grad_clip: 1.0, precision: " + (c.bf16 ? "bf16" : "fp32") + "}\n"
@@ -138,14 +140,14 @@ void check_case(Arch arch, const Case& c) {
   }
   EXPECT_LT(ref.losses.back(), ref.losses.front());  // it trained
   if (c.layout.dp > 1) {
-    // Overlapped gradient reduction (the default) changes when the collectives run, never
-    // what they sum: the synchronous run is bitwise the same.
+    // Overlap (the default: async gradient reduction, ZeRO-3 prefetch) changes when the
+    // collectives run, never what they compute: the synchronous run is bitwise the same.
     Case sync = c;
     sync.overlap = false;
     const Trajectory off = train(arch, sync, &world);
-    EXPECT_EQ(off.losses, got.losses) << "overlap_grad_reduce on vs off: losses differ";
+    EXPECT_EQ(off.losses, got.losses) << "overlap on vs off: losses differ";
     if (world.rank() == 0) {
-      EXPECT_EQ(off.params, got.params) << "overlap_grad_reduce on vs off: parameters differ";
+      EXPECT_EQ(off.params, got.params) << "overlap on vs off: parameters differ";
     }
   }
   // Activation memory: 1F1B keeps at most pp micro-batches alive per stage, GPipe all.

@@ -146,6 +146,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
             c.training.global_batch_size = n;
             c.training.precision = precision;
             c.parallel.overlap_grad_reduce = overlap;
+            c.parallel.overlap_param_gather = overlap;
             const DType compute = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
             const std::vector<int> counts = stage_layer_counts(c.model.n_layers, pp, {});
             int layer = 0;
@@ -165,7 +166,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
                 const ParamLayout layout = Transformer::plan_params(c.model, part);
                 const std::unique_ptr<Ops> ops = make_cpu_ops(1);
                 DataParallel ddp(layout, *ops, test::device_world(), zero, size_t{1} << 20,
-                                 AdamWParams{}, compute, OverlapOptions{.grad_reduce = overlap});
+                                 AdamWParams{}, compute, OverlapOptions{.grad_reduce = overlap, .param_gather = overlap});
                 const DataParallel::Memory real = ddp.memory();
                 const RankMemory m =
                     estimate_rank_memory(c, part, test::world().rank(), *ops);

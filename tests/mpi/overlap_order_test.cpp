@@ -3,7 +3,8 @@
 // model's backward: with ZeRO-0/1 every bucket is issued exactly once per step, during
 // the last micro-batch's backward, right after its group's last release and in reverse
 // layer order (none before the last micro-batch; none left for reduce_gradients); with
-// ZeRO-2/3 each group's reduce-scatter is issued at each of its releases. The bytes the
+// ZeRO-2/3 each group's reduce-scatter is issued at each of its releases; ZeRO-3's
+// prefetch issues the all-gather of layer g-1 before the reduce-scatter of layer g. The bytes the
 // communicator counts equal the analytic volumes (ZeRO-1: one reduce-scatter of the padded
 // shards, half an all-reduce), and with overlap off the same collectives are issued
 // synchronously after backward instead.
@@ -160,23 +161,29 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
       RecordingCommunicator dp(world, log);
       const std::unique_ptr<Ops> ops = make_cpu_ops(1);
       DataParallel ddp(layout, *ops, dp, zero, kBucketBytes, AdamWParams{}, DType::kF32,
-                       {.grad_reduce = overlap, .micro_batches = kMicro});
+                       {.grad_reduce = overlap, .param_gather = overlap, .micro_batches = kMicro});
       for (size_t i = 0; i < layout.params.size(); ++i) {
         ddp.load_param(static_cast<int>(i), Transformer::initial_value(mc, layout.params[i], 5));
       }
       LoggingStore store(ddp.store(), log);
       Transformer model(mc, *ops, part, nullptr, &store, B, 1);
-      ddp.zero_grad();
-      log.clear();
-      dp.reset_traffic();
+      // Two steps (ZeRO-3 learns its gather order in the first); the second is checked.
       std::vector<size_t> backward_end;  // log size when each micro-batch's backward returned
-      for (int m = 0; m < kMicro; ++m) {
-        model.forward_stage(0, tokens.data(), targets.data(), B, mc.seq_len);
-        model.backward_stage(0, 1.0f / kMicro);
-        backward_end.push_back(log.size());
+      TrafficCounters traffic;
+      for (int step = 0; step < 2; ++step) {
+        if (step > 0) ddp.step(1e-3f);
+        ddp.zero_grad();
+        log.clear();
+        dp.reset_traffic();
+        backward_end.clear();
+        for (int m = 0; m < kMicro; ++m) {
+          model.forward_stage(0, tokens.data(), targets.data(), B, mc.seq_len);
+          model.backward_stage(0, 1.0f / kMicro);
+          backward_end.push_back(log.size());
+        }
+        ddp.reduce_gradients();
+        traffic = dp.traffic();
       }
-      ddp.reduce_gradients();
-      const TrafficCounters traffic = dp.traffic();
 
       // The releases the model made, per micro-batch: the head (and group 0 for its tied
       // wte), then the layers in reverse, then the embedding.
@@ -223,7 +230,9 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
             }
             const int g = buckets.chunks()[static_cast<size_t>(trailing_int(e.label))].group;
             EXPECT_EQ(g, last_release) << e.label;
-            if (g == 0) EXPECT_EQ(releases_of_0, 2) << e.label;
+            if (g == 0) {
+              EXPECT_EQ(releases_of_0, 2) << e.label;
+            }
             if (order.empty() || order.back() != g) order.push_back(g);
           }
           std::vector<int> want_order;
@@ -254,8 +263,38 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
           EXPECT_EQ(trailing_int(log[i].label), log[i - 1].group) << log[i].label;
         }
         EXPECT_EQ(rs, static_cast<size_t>(kMicro * (groups + 1)));
-        for (const Event& e : calls) {
-          if (e.kind == Event::kAllGather) EXPECT_FALSE(e.async) << e.label;
+        // ZeRO-3: the all-gathers. Step 1 learns the order of the gathers (all
+        // synchronous); from step 2 each gather issues the next one asynchronously, so
+        // in backward the all-gather of layer g-1 is issued before the reduce-scatter of
+        // layer g. ZeRO-2 gathers nothing in the step.
+        int gathers = 0, prefetched = 0;
+        for (size_t i = 0; i < log.size(); ++i) {
+          const Event& e = log[i];
+          if (e.kind != Event::kAllGather) continue;
+          ++gathers;
+          if (e.async) {
+            ++prefetched;
+            EXPECT_EQ(e.label.rfind("zero3 prefetch group ", 0), 0u) << e.label;
+          }
+        }
+        EXPECT_EQ(gathers > 0, zero == 3);
+        EXPECT_EQ(prefetched > 0, zero == 3 && overlap);
+        if (zero == 3 && overlap) {
+          EXPECT_EQ(ddp.sharded()->prefetch_misses(), 0);
+          int checked = 0;
+          for (size_t i = 0; i < log.size(); ++i) {
+            const Event& e = log[i];
+            if (e.kind != Event::kReduceScatter) continue;
+            const int g = trailing_int(e.label);
+            if (g < 1 || g > groups - 2) continue;  // the layers
+            size_t j = i;
+            while (j > 0 && log[j - 1].kind != Event::kAllGather) --j;
+            ASSERT_GT(j, 0u) << e.label;
+            EXPECT_EQ(log[j - 1].label, "zero3 prefetch group " + std::to_string(g - 1))
+                << "the all-gather issued last before '" << e.label << "'";
+            ++checked;
+          }
+          EXPECT_EQ(checked, kMicro * (groups - 2));
         }
       }
     }

@@ -158,6 +158,12 @@ TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
                     comm += static_cast<double>(ReduceScatterQueue::scratch_bytes(
                         dp, (zero == 1 ? buckets : groups).max_chunk_floats(), 2));
                   }
+                  // overlap_param_gather (the default): ZeRO-3's prefetch buffer, one
+                  // packed group of (f32) compute weights.
+                  EXPECT_TRUE(c.parallel.overlap_param_gather);
+                  if (zero == 3) {
+                    comm += static_cast<double>(dp * groups.max_chunk_floats()) * F;
+                  }
                   EXPECT_EQ(m.comm_buffers, comm);
                   EXPECT_GT(m.total, m.params + m.grads + m.optimizer);
                   ++checked;
@@ -223,7 +229,8 @@ TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
                   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
                   DataParallel ddp(
                       layout, *ops, self, zero, size_t{1} << 20, AdamWParams{}, compute,
-                      OverlapOptions{.grad_reduce = c.parallel.overlap_grad_reduce});
+                      OverlapOptions{.grad_reduce = c.parallel.overlap_grad_reduce,
+                                     .param_gather = c.parallel.overlap_param_gather});
                   const DataParallel::Memory real = ddp.memory();
                   const RankMemory m = estimate_rank_memory(c, part, 0, *cpu_ops());
                   EXPECT_EQ(m.params, static_cast<double>(real.params));
