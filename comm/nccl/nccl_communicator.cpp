@@ -262,6 +262,43 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // Asynchronous collectives (the communicator contract's "Asynchronous collectives"):
+  // stream-ordered mode only; host-synchronous mode (no compute stream, or synchronous)
+  // and the host world complete at issue (the base class's hooks).
+  std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf& data, ReduceOp op,
+                                                  const CollectiveOptions& opts) override {
+    if (space() == MemSpace::kHost || host_synchronous()) {
+      return Communicator::do_iall_reduce(data, op, opts);
+    }
+    return launch(CollectiveKind::kAllReduce, "ncclAllReduce", opts,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return ncclAllReduce(data.data, data.data, data.count, to_nccl(data.dtype),
+                                         static_cast<ncclRedOp_t>(nccl_red_op(op)), c, s);
+                  });
+  }
+  std::unique_ptr<AsyncCollective> do_ireduce_scatter(const CommBuf& input, const CommBuf& output,
+                                                      const CollectiveOptions& opts) override {
+    if (space() == MemSpace::kHost || host_synchronous()) {
+      return Communicator::do_ireduce_scatter(input, output, opts);
+    }
+    return launch(CollectiveKind::kReduceScatter, "ncclReduceScatter", opts,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return ncclReduceScatter(input.data, output.data, output.count,
+                                             to_nccl(input.dtype), ncclSum, c, s);
+                  });
+  }
+  std::unique_ptr<AsyncCollective> do_iall_gather(const CommBuf& input, const CommBuf& output,
+                                                  const CollectiveOptions& opts) override {
+    if (space() == MemSpace::kHost || host_synchronous()) {
+      return Communicator::do_iall_gather(input, output, opts);
+    }
+    return launch(CollectiveKind::kAllGather, "ncclAllGather", opts,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return ncclAllGather(input.data, output.data, input.count,
+                                         to_nccl(input.dtype), c, s);
+                  });
+  }
+
   void do_barrier(const CollectiveOptions& opts) override {
     if (space() == MemSpace::kDevice) {
       // This rank's NCCL work has finished, then the host twin's barrier.
@@ -354,6 +391,75 @@ class NcclCommunicator final : public Communicator {
       }
     }
     check_async(kind, opts);
+  }
+
+  // One asynchronous collective, stream-ordered: the communication stream (this group's
+  // own high-priority stream) waits for the compute stream's work so far (`ready`), runs
+  // the collective between the `start` and `done` events, and the work's wait() makes the
+  // compute stream wait for `done`: kernels issued after the wait see the result, kernels
+  // issued before it run concurrently with the transfer. The host never blocks (the
+  // watchdog sees a hang at the next host synchronisation; errors at the next call's poll).
+  class NcclAsync final : public AsyncCollective {
+   public:
+    NcclAsync(NcclCommunicator& comm, CollectiveKind kind, CollectiveOptions opts,
+              cudaEvent_t start, cudaEvent_t done)
+        : comm_(comm), kind_(kind), opts_(std::move(opts)), start_(start), done_(done) {}
+    ~NcclAsync() override {
+      cudaEventDestroy(start_);  // released once the events complete
+      cudaEventDestroy(done_);
+    }
+    bool test() override {
+      const cudaError_t e = cudaEventQuery(done_);
+      if (e == cudaErrorNotReady) {
+        comm_.check_async(kind_, opts_);
+        return false;
+      }
+      comm_.check_cuda(e, "cudaEventQuery", kind_, opts_);
+      join();
+      return true;
+    }
+    void wait() override { join(); }
+    double seconds() const override {
+      // Known once `done` has completed: a work finished by test() has; one finished by
+      // wait() (a stream join, not a host wait) usually has not, and counts 0.
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, start_, done_) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      return ms / 1e3;
+    }
+
+   private:
+    void join() {
+      comm_.check_cuda(cudaStreamWaitEvent(comm_.stream(), done_, 0), "cudaStreamWaitEvent",
+                       kind_, opts_);
+      comm_.check_async(kind_, opts_);
+    }
+    NcclCommunicator& comm_;
+    CollectiveKind kind_;
+    CollectiveOptions opts_;
+    cudaEvent_t start_;
+    cudaEvent_t done_;
+  };
+
+  template <class Enqueue>
+  std::unique_ptr<AsyncCollective> launch(CollectiveKind kind, const char* call,
+                                          const CollectiveOptions& opts, Enqueue enqueue) {
+    check_alive(kind, opts);
+    cudaEvent_t ready = nullptr, start = nullptr, done = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate", kind,
+               opts);
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate", kind, opts);
+    check_cuda(cudaEventCreate(&done), "cudaEventCreate", kind, opts);
+    check_cuda(cudaEventRecord(ready, stream()), "cudaEventRecord", kind, opts);
+    check_cuda(cudaStreamWaitEvent(own_stream_, ready, 0), "cudaStreamWaitEvent", kind, opts);
+    cudaEventDestroy(ready);  // released once recorded work completes
+    check_cuda(cudaEventRecord(start, own_stream_), "cudaEventRecord", kind, opts);
+    const Clock::time_point started = Clock::now();
+    settle_or_fail(enqueue(nccl_->get(), own_stream_), call, kind, opts, started);
+    check_cuda(cudaEventRecord(done, own_stream_), "cudaEventRecord", kind, opts);
+    return std::make_unique<NcclAsync>(*this, kind, opts, start, done);
   }
 
   // A call issued at `started` returned r: poll until it leaves ncclInProgress; fail on

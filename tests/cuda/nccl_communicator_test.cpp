@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -208,6 +210,59 @@ TEST(NcclWorldGpu, CollectivesAreStreamOrderedOnTheCallersStream) {
     EXPECT_EQ(back, v);
     cudaFree(d);
     chunked_case(*tp, values_bf16(64));
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The async path (overlap): on the communication stream, joined to the caller's stream by
+// wait(). A world of one: all-reduce leaves the values, reduce-scatter and all-gather copy
+// them; the download, queued on the caller's stream after wait(), must see the result.
+TEST(NcclWorldGpu, AsyncCollectivesJoinTheCallersStream) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device: cannot create a stream";
+  }
+  {
+    TRIDENT_REQUIRE_NCCL_WORLD(w, stream);
+    std::unique_ptr<Communicator> dp = w.split(0, 0, "dp", MemSpace::kDevice);
+    ASSERT_NE(dp, nullptr);
+    const std::vector<float> v = values_f32(1 << 20);
+    const std::size_t bytes = v.size() * sizeof(float);
+    float* a = nullptr;
+    float* b = nullptr;
+    ASSERT_EQ(cudaMalloc(&a, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+    const CommBuf da(a, v.size(), DType::kF32, MemSpace::kDevice);
+    const CommBuf db(b, v.size(), DType::kF32, MemSpace::kDevice);
+    for (const char* which : {"all_reduce", "reduce_scatter", "all_gather"}) {
+      SCOPED_TRACE(which);
+      ASSERT_EQ(cudaMemcpyAsync(a, v.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(b, 0, bytes, stream), cudaSuccess);
+      const std::string kind = which;
+      CommWork work = kind == "all_reduce"       ? dp->iall_reduce(da, ReduceOp::kSum)
+                      : kind == "reduce_scatter" ? dp->ireduce_scatter(da, db)
+                                                 : dp->iall_gather(da, db);
+      work.wait();
+      std::vector<float> back(v.size(), -1.0f);
+      ASSERT_EQ(cudaMemcpyAsync(back.data(), kind == "all_reduce" ? a : b, bytes,
+                                cudaMemcpyDeviceToHost, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(back, v);
+    }
+    EXPECT_EQ(dp->outstanding_work(), 0u);
+    // A work finished by test() has completed on the device: its own running time (CUDA
+    // events) goes into times(). (One finished by wait() may not have completed yet.)
+    dp->reset_traffic();
+    CommWork polled = dp->iall_reduce(da, ReduceOp::kSum);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!polled.test() && std::chrono::steady_clock::now() < until) {
+    }
+    ASSERT_TRUE(polled.finished());
+    EXPECT_GT(dp->times().async_s, 0.0);
+    cudaFree(a);
+    cudaFree(b);
   }
   cudaStreamDestroy(stream);
 }

@@ -209,9 +209,10 @@ TEST(Watchdog, HungRankEndsTheJobWithinTheTimeout) {
   EXPECT_LT(after_hang, kTimeout + 10.0) << log;
   // It waited for the deadline, not less (the job did not die of something else).
   EXPECT_GT(after_hang, kTimeout - 0.5) << log;
-  // Rank 0 names the call, the group and the step it was stuck in.
+  // Rank 0 names the call (an overlapped reduction's wait: "all_reduce (wait)"), the group
+  // and the step it was stuck in.
   const std::regex report(
-      R"(\[rank 0 on [^\]]+\] watchdog: (all_reduce|reduce_scatter|all_gather|broadcast|barrier|recv|send|wait_sends)( '[^']*')? in group '(dp|world)' \(rank 0/2\) has not completed after [0-9.]+ s \(timeout 3\.0 s\) at step 3;)");
+      R"(\[rank 0 on [^\]]+\] watchdog: (all_reduce|reduce_scatter|all_gather|broadcast|barrier|recv|send|wait_sends)( \(wait\))?( '[^']*')? in group '(dp|world)' \(rank 0/2\) has not completed after [0-9.]+ s \(timeout 3\.0 s\) at step 3;)");
   EXPECT_TRUE(std::regex_search(log, report)) << log;
   EXPECT_EQ(log.find("step 3/50 |"), std::string::npos) << "step 3 must never finish:\n" << log;
 }

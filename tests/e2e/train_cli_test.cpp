@@ -109,10 +109,17 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
         EXPECT_LT(r["val_loss"].get<double>(), first);
         ++evals;
       } else {
-        for (const char* key : {"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu"}) {
+        for (const char* key : {"step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu",
+                                "comm_exposed_ms", "comm_hidden_ms"}) {
           EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
         }
-        EXPECT_EQ(r.size(), 7u) << r.dump();
+        EXPECT_EQ(r.size(), 9u) << r.dump();
+        // One process: no group has another rank, so no communication time.
+        for (const char* key : {"comm_exposed_ms", "comm_hidden_ms"}) {
+          for (const char* group : {"tp", "dp", "pp", "embedding"}) {
+            EXPECT_EQ(r[key][group], 0.0) << key << "." << group << " in " << r.dump();
+          }
+        }
       }
     }
     EXPECT_EQ(evals, 2);
