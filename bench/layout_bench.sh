@@ -8,14 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-4}
-[[ -x build/trident ]] || cmake --build build --target trident
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# Any English text will do for timing; the repository's docs, repeated.
-for _ in $(seq 40); do cat README.md docs/*.md; done > "$work/text.txt"
-build/trident prepare --input "$work/text.txt" --out "$work/data" --tokenizer byte > /dev/null
-root_flag=()
-if [[ $(id -u) -eq 0 ]]; then root_flag=(--allow-run-as-root); fi
+source bench/medium_run_setup.sh
 
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; medium GPT-2 (L6 H6 C384 T256), global batch 8 x 256 tokens, micro-batch 1"
 printf "# %-18s %5s %9s %14s %14s %8s %9s %9s\n" layout ranks tok/s "MiB/step meas" "MiB/step anal" ratio bubble "(p-1)/(m+p-1)"

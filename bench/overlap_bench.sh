@@ -9,13 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-5}
 rounds=${2:-2}
-[[ -x build/trident ]] || cmake --build build --target trident
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-for _ in $(seq 40); do cat README.md docs/*.md; done > "$work/text.txt"
-build/trident prepare --input "$work/text.txt" --out "$work/data" --tokenizer byte > /dev/null
-root_flag=()
-if [[ $(id -u) -eq 0 ]]; then root_flag=(--allow-run-as-root); fi
+source bench/medium_run_setup.sh
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); medium GPT-2 (L6 H6 C384 T256), dp 2, global batch 8 x 256 tokens, micro-batch 1 (4 per rank per step)"
 printf "# %-5s %-4s %-8s %10s %14s %13s %10s\n" round zero overlap "ms/step" "dp exposed ms" "dp hidden ms" "loss last"
 for round in $(seq "$rounds"); do
