@@ -2,12 +2,15 @@
 // build has NCCL, the world factory, and the watchdog's NCCL abort handler. No NCCL or
 // CUDA header here; without NCCL (a build without nvcc) the factory fails naming why.
 //
-// Selecting NCCL (what the trainer does when runtime.device resolves to cuda and the world
-// has more than one rank; one rank keeps the SelfCommunicator, as Ops copies are local):
+// Selecting NCCL (what the trainer does when its Ops have a device stream, i.e.
+// runtime.device resolves to cuda, at any world size: a world of one then gets NCCL
+// groups of one instead of SelfCommunicator copies, which are host memmoves):
 //   world = make_world_communicator(argc, argv);                  // MPI, host space
-//   world = make_nccl_world(std::move(world), {.device = d, .compute_stream = s}).value();
 //   Watchdog watchdog({.on_hang = nccl_watchdog_handler()});     // aborts NCCL, exit 1
-//   groups = make_process_groups(*world, layout);                // dp/tp/pp/embedding: NCCL
+//   nccl = make_nccl_world(world->split(0, rank, "world", kHost),  // a host duplicate
+//                          {.compute_stream = ops.native_stream()}).value();
+//   groups = make_process_groups(*nccl, layout);                 // dp/tp/pp/embedding: NCCL
+// (trainer/trainer.cpp, Trainer::init; compiled, not yet run on a GPU.)
 // The world stays host space (flags, losses, agreement go over MPI); its device splits
 // are NCCL groups with host twins (comm/nccl/nccl_communicator.h has the contract).
 #pragma once

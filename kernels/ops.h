@@ -70,6 +70,10 @@ class Ops {
   // Peak FLOP/s of the device this object runs on, the denominator of MFU. The CPU
   // backend measures its sgemm rate on the first call (under a second) and caches it.
   virtual double peak_flops() const = 0;
+  // The backend's compute stream (CUDA: its cudaStream_t), for communicators that order
+  // their device collectives on it (comm/nccl_world.h); null = none (CPU: every op is
+  // synchronous).
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- memory -------------------------------------------------------------------
   // 64-byte aligned, zero-filled, returned as u8 (callers .as() their dtype). Counted

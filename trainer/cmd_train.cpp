@@ -8,6 +8,7 @@
 
 #include "checkpoint/dir_check.h"
 #include "comm/communicator.h"
+#include "comm/nccl_world.h"
 #include "comm/watchdog.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -124,7 +125,8 @@ int cmd_train(const std::vector<std::string>& args) {
   // Child groups copy the default timeout when they are split off the world.
   world->set_default_timeout(std::chrono::seconds(config->parallel.comm_timeout_s));
   if (int code = check_checkpoint_dir(*world, config->checkpoint.dir); code != 0) return code;
-  Watchdog watchdog;
+  // On a hang: the line, then (CUDA runs) every NCCL communicator aborted, exit 1.
+  Watchdog watchdog({.on_hang = nccl_watchdog_handler()});
 
   TrainerOptions options;
   options.world = world.get();

@@ -11,6 +11,7 @@
 #include "checkpoint/lineage.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
+#include "comm/nccl_world.h"
 #include "comm/versions.h"
 #include "comm/watchdog.h"
 #include "core/log.h"
@@ -146,15 +147,29 @@ Status Trainer::init() {
   }
   const auto& mc = config_.model;
   const auto& par = config_.parallel;
-  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*world_, Layout{par.dp, par.tp, par.pp},
-                                                        mc.tied()));
-  chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
-  // The backend first: it sizes the attention state the memory plan counts. The ranks
-  // of this world share the machine's cores (make_ops divides them).
+  // The backend first: it sizes the attention state the memory plan counts, and on CUDA
+  // its stream orders the NCCL groups. The ranks of this world share the machine's cores
+  // (make_ops divides them).
   const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
   Result<std::unique_ptr<Ops>> ops = make_ops(config_.runtime.device, threads, world_->size());
   if (!ops.is_ok()) return ops.status();
   ops_ = std::move(ops).value();
+  Communicator* group_world = world_;
+  if (ops_->native_stream() != nullptr && build_has_nccl()) {
+    // CUDA: the model's groups (dp, tp, pp, embedding) are NCCL groups on device memory,
+    // stream-ordered on the Ops' stream (comm/nccl_world.h); the world itself stays the
+    // host (MPI) world for flags, losses and agreement. The NCCL world owns its host
+    // side, so it gets a duplicate of the world. (Compiled, not yet run on a GPU.)
+    std::unique_ptr<Communicator> host =
+        world_->split(0, world_->rank(), "world", MemSpace::kHost, {.label = "NCCL host world"});
+    NcclWorldConfig nccl;
+    nccl.compute_stream = ops_->native_stream();
+    TRIDENT_ASSIGN_OR_RETURN(nccl_world_, make_nccl_world(std::move(host), nccl));
+    group_world = nccl_world_.get();
+  }
+  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*group_world,
+                                                        Layout{par.dp, par.tp, par.pp}, mc.tied()));
+  chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
   // an allocation or be OOM-killed later (trainer/memory_plan.h).

@@ -132,6 +132,9 @@ class Trainer {
   Config config_;
   TrainerOptions options_;
   std::unique_ptr<Communicator> own_world_;
+  // CUDA: the NCCL world the model's groups are split from (host space, over a host
+  // duplicate of world_); null on the CPU. Destroyed after the groups.
+  std::unique_ptr<Communicator> nccl_world_;
   Communicator* world_ = nullptr;
   ProcessGroups groups_;
   std::vector<ModelPartition> chunks_;  // this rank's model chunks, in layer order

@@ -167,6 +167,7 @@ class CudaOps final : public Ops {
            (sync_ ? " | TRIDENT_CUDA_SYNC=1" : "");
   }
 
+  void* native_stream() const override { return stream_; }
   double peak_flops() const override {
     const double peak = peak_bf16_flops_for(device_name_);
     if (peak <= 0 && !peak_logged_) {
