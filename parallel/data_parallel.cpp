@@ -42,6 +42,8 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, Communicator& dp
       compute_(compute),
       overlap_(overlap) {
   TRIDENT_CHECK_MSG(overlap.micro_batches >= 1, "micro_batches must be >= 1");
+  // One dp rank: nothing to overlap (the reductions are local copies).
+  if (dp.size() == 1) overlap_.grad_reduce = overlap_.param_gather = false;
   TRIDENT_CHECK_MSG(is_float_dtype(compute), "compute dtype must be f32 or bf16");
   TRIDENT_CHECK_MSG(zero_stage >= 0 && zero_stage <= 3,
                     "zero_stage must be 0..3, got " + std::to_string(zero_stage));

@@ -77,6 +77,7 @@ namespace trident {
 
 class ReduceScatterQueue;
 
+// Ignored (both off) when the dp group has one rank.
 struct OverlapOptions {
   bool grad_reduce = false;  // parallel.overlap_grad_reduce
   // parallel.overlap_param_gather: ZeRO-3 prefetches the next group's all-gather

@@ -402,12 +402,12 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     // reuse.
     m.comm_buffers += (dp + 1) * group_chunk * kF;
   }
-  if (par.overlap_grad_reduce && stage >= 1) {
+  if (par.overlap_grad_reduce && stage >= 1 && dp > 1) {  // dp 1: nothing to overlap
     // The overlap queue's two slots (ReduceScatterQueue): stage 1 reduces buckets,
     // stages 2-3 whole groups.
     m.comm_buffers += 2 * (dp + 1) * (stage == 1 ? bucket_chunk : group_chunk) * kF;
   }
-  if (par.overlap_param_gather && stage == 3) {
+  if (par.overlap_param_gather && stage == 3 && dp > 1) {
     // The store's prefetch buffer: one packed group of compute weights.
     m.comm_buffers += dp * group_chunk * kA;
   }
