@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/sharded_param_store.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace trident {
@@ -299,6 +300,74 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace trident
+
+namespace trident {
+namespace {
+
+// ZeRO-3's prefetch when the acquires depart from the learned order: the pending
+// prefetch is waited for and discarded (a miss), the group asked for is gathered
+// synchronously, every gathered group holds its true values, and the next window
+// follows the learned order again.
+TEST(OverlapOrder, Zero3PrefetchSurvivesADepartureFromTheLearnedOrder) {
+  Communicator& world = test::device_world();
+  if (world.size() < 2) GTEST_SKIP() << "needs dp > 1";
+  TransformerConfig mc;
+  mc.arch = Arch::kLlama;  // untied: no group is held twice
+  mc.vocab_size = 64;
+  mc.seq_len = 16;
+  mc.n_layers = 3;
+  mc.n_heads = 4;
+  mc.n_kv_heads = 2;
+  mc.d_model = 32;
+  mc.finalize();
+  const ParamLayout layout = Transformer::plan_params(mc, ModelPartition{});
+  const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ShardedParamStore store(layout, *ops, world);
+  world.reset_traffic();
+  store.enable_prefetch();
+  std::vector<std::vector<float>> values;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    values.push_back(Transformer::initial_value(mc, layout.params[i], 11));
+    store.load_param(static_cast<int>(i), values.back().data());
+  }
+  int wrong = 0;
+  auto visit = [&](int g) {
+    store.acquire(g, Phase::kForward);
+    const ParamGroup& group = layout.groups[static_cast<size_t>(g)];
+    for (int k : group.params) {
+      const ParamInfo& info = layout.params[static_cast<size_t>(k)];
+      std::vector<float> got(static_cast<size_t>(info.numel()));
+      ops->download(got.data(), store.params(g) + (info.offset - group.offset),
+                    got.size() * kF);
+      wrong += got != values[static_cast<size_t>(k)];
+    }
+    store.release(g, Phase::kForward);
+  };
+  const int groups = static_cast<int>(layout.groups.size());
+  auto window = [&](const std::vector<int>& order) {
+    store.begin_step();
+    for (int g : order) visit(g);
+    store.end_step();
+  };
+  std::vector<int> forward;
+  for (int g = 0; g < groups; ++g) forward.push_back(g);
+  window(forward);  // learned: synchronous gathers only
+  EXPECT_EQ(world.times().async_s, 0.0);
+  world.reset_traffic();
+  window(forward);  // followed: every gather but the first was prefetched
+  EXPECT_GT(world.times().async_s, 0.0);
+  EXPECT_EQ(store.prefetch_misses(), 0);
+  std::vector<int> skip_one = {0, 2, 1};  // group 1 was prefetched after 0: discarded
+  for (int g = 3; g < groups; ++g) skip_one.push_back(g);
+  window(skip_one);
+  EXPECT_EQ(store.prefetch_misses(), 1);
+  window(forward);  // the learned order again: prefetched without a miss
+  EXPECT_EQ(store.prefetch_misses(), 1);
+  EXPECT_EQ(wrong, 0) << "a gathered group held wrong values";
 }
 
 }  // namespace
