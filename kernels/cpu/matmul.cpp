@@ -16,9 +16,12 @@
 namespace trident::cpu {
 namespace {
 
-// Tiles of about this many multiply-adds (~3 ms on one Zen 3 core): few enough that the
-// panels are repacked rarely, enough that the medium model's GEMMs split 2 to 6 ways.
-constexpr long kTileMacs = long{1} << 27;
+// Tiles of about this many multiply-adds (~7 ms on one Zen 3 core). Fewer, larger tiles
+// repack the shared panel fewer times: on the 2-core machines this project runs on, two
+// row bands per GEMM took 2-7% less time than the 4-6 tiles of 2^27 MACs (bench_gemm,
+// docs/PERFORMANCE.md), and with one thread per MPI rank fewer tiles are faster still.
+// GEMMs larger than the medium preset's still get enough tiles for more threads.
+constexpr long kTileMacs = long{1} << 28;
 // Below this (~25 us on one core) one tile: the fork costs more than it saves.
 constexpr long kSplitMacs = long{1} << 20;
 // Band heights / widths are multiples of this (a multiple of OpenBLAS's x86 sgemm
