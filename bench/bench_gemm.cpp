@@ -4,7 +4,8 @@
 //             sgemm_grid; thread-count independent)
 //   grid      sgemm_tiled's shape-only grid (what the model runs; thread-count independent)
 //   halves    two row bands of M/2 x N: the fewest tiles that keep two threads busy (the
-//             grid uses more on the larger GEMMs, so that more threads have work too)
+//             grid is the same on most GEMMs of these presets; it takes more tiles above
+//             ~2^29 multiply-adds and splits columns when there are few rows)
 //   threaded  one multi-threaded OpenBLAS sgemm (NOT thread-count independent: what that
 //             guarantee costs is threaded vs grid)
 // Also the process CPU time of each variant (min of the reps): with OMP_WAIT_POLICY=passive
