@@ -34,10 +34,22 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 // matmul.cpp
 // Row-major C[M, N] = alpha * op(A) op(B) + beta * C, op = transpose when asked. Cut into
-// fixed tiles, one single-threaded OpenBLAS call per tile, tiles spread over the OpenMP
-// threads: bitwise the same for any thread count.
+// the tiles of sgemm_grid(M, N, K), one single-threaded OpenBLAS call per tile, tiles
+// spread over the OpenMP threads: bitwise the same for any thread count (the bits do
+// depend on the tile shape, which depends on the problem shape only).
 void sgemm_tiled(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc);
+// The output tile shape sgemm_tiled uses for C[M, N] with inner dimension K: a function
+// of (M, N, K) only, never of the thread count (that is the determinism contract).
+struct SgemmGrid {
+  int tile_m;  // rows of C per tile (the last row band may be shorter)
+  int tile_n;  // columns of C per tile (the last column band may be narrower)
+};
+SgemmGrid sgemm_grid(int M, int N, int K);
+// sgemm_tiled on an explicit grid (benchmarks and tests compare grids with it).
+void sgemm_on_grid(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                   int ldc);
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int IC, int OC);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
