@@ -404,6 +404,7 @@ void Trainer::collect_traffic() {
   };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
   stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
+  stats_.comm_async_ms = times(&CommTimes::async_s);
   add(stats_.total_comm_exposed_ms, stats_.comm_exposed_ms);
   add(stats_.total_comm_hidden_ms, stats_.comm_hidden_ms);
   stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);

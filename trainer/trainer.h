@@ -67,6 +67,9 @@ struct RankStats {
   // over this launch's steps.
   StepMetrics::GroupMs comm_exposed_ms, comm_hidden_ms;
   StepMetrics::GroupMs total_comm_exposed_ms, total_comm_hidden_ms;
+  // The last step's asynchronous collectives' own running time (CommTimes::async_s):
+  // > 0 whenever one ran. (How much of it was hidden depends on the machine's timing.)
+  StepMetrics::GroupMs comm_async_ms;
 };
 
 class Trainer {

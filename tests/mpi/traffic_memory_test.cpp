@@ -60,7 +60,7 @@ TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
         ASSERT_TRUE(trainer->train_step().is_ok());
         const RankStats& s = trainer->last_step_stats();
         if (zero == 3 && l.dp > 1) {
-          EXPECT_GT(s.comm_hidden_ms.dp, 0.0);  // the prefetches and reduce-scatters ran async
+          EXPECT_GT(s.comm_async_ms.dp, 0.0);  // the prefetches and reduce-scatters ran async
         }
         expect_group(s.traffic.tp, s.analytic.tp, "tp");
         expect_group(s.traffic.dp, s.analytic.dp, "dp");
@@ -82,8 +82,9 @@ TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
 }
 
 // parallel.overlap_grad_reduce moves the same bytes (the traffic test above runs with it
-// on, the default) and is instrumented: with it on, the dp group's asynchronous
-// reductions count hidden time; off, nothing is hidden and the reductions are exposed.
+// on, the default) and is instrumented: with it on, the dp reductions run
+// asynchronously (counted in async time, part of it hidden); off,
+// nothing is asynchronous or hidden and the reductions are exposed.
 TEST(Instrumentation, OverlapCountsHiddenCommunication) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
@@ -100,9 +101,16 @@ TEST(Instrumentation, OverlapCountsHiddenCommunication) {
       const RankStats& s = trainer->last_step_stats();
       expect_group(s.traffic.dp, s.analytic.dp, "dp");
       EXPECT_GT(s.comm_exposed_ms.dp, 0.0);  // at least the parameter gathers / the waits
+      // Overlap on: the dp reductions ran asynchronously (how much of that was hidden
+      // depends on the machine: on an oversubscribed one the communication thread may
+      // only get a core once the training thread waits, and then nothing is hidden).
+      // Off: nothing asynchronous, nothing hidden.
       if (overlap) {
-        EXPECT_GT(s.comm_hidden_ms.dp, 0.0);
+        EXPECT_GT(s.comm_async_ms.dp, 0.0);
+        EXPECT_GE(s.comm_hidden_ms.dp, 0.0);
+        EXPECT_LE(s.comm_hidden_ms.dp, s.comm_async_ms.dp);
       } else {
+        EXPECT_EQ(s.comm_async_ms.dp, 0.0);
         EXPECT_EQ(s.comm_hidden_ms.dp, 0.0);
       }
       EXPECT_EQ(s.comm_hidden_ms.tp, 0.0);  // tp is synchronous
