@@ -369,7 +369,8 @@ CommWork::CommWork(CommWork&& other) noexcept
       staging_(std::move(other.staging_)),
       copy_out_src_(other.copy_out_src_),
       copy_out_dst_(other.copy_out_dst_),
-      copy_out_bytes_(other.copy_out_bytes_) {}
+      copy_out_bytes_(other.copy_out_bytes_),
+      waited_s_(other.waited_s_) {}
 
 CommWork& CommWork::operator=(CommWork&& other) {
   if (this == &other) return *this;
@@ -385,6 +386,7 @@ CommWork& CommWork::operator=(CommWork&& other) {
   copy_out_src_ = other.copy_out_src_;
   copy_out_dst_ = other.copy_out_dst_;
   copy_out_bytes_ = other.copy_out_bytes_;
+  waited_s_ = other.waited_s_;
   return *this;
 }
 
