@@ -40,16 +40,17 @@ void MetricsWriter::write_line(const std::string& line) {
   std::fflush(file_);
 }
 
+void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g) {
+  j = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
+}
+
 void MetricsWriter::write_step(const StepMetrics& m) {
   nlohmann::ordered_json j = {{"step", m.step},          {"loss", m.loss},
                       {"lr", m.lr},              {"grad_norm", m.grad_norm},
                       {"step_ms", m.step_ms},    {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu}};
-  auto groups = [](const StepMetrics::GroupMs& g) {
-    return nlohmann::ordered_json{{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
-  };
-  j["comm_exposed_ms"] = groups(m.comm_exposed_ms);
-  j["comm_hidden_ms"] = groups(m.comm_hidden_ms);
+  j["comm_exposed_ms"] = m.comm_exposed_ms;
+  j["comm_hidden_ms"] = m.comm_hidden_ms;
   write_line(j.dump());
 }
 

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/status.h"
 
 namespace trident {
@@ -32,9 +34,19 @@ struct StepMetrics {
   // "comm_hidden_ms": {...}}.
   struct GroupMs {
     double tp = 0, dp = 0, pp = 0, embedding = 0;
+    GroupMs& operator+=(const GroupMs& o) {
+      tp += o.tp;
+      dp += o.dp;
+      pp += o.pp;
+      embedding += o.embedding;
+      return *this;
+    }
   };
   GroupMs comm_exposed_ms, comm_hidden_ms;
 };
+
+// {"tp", "dp", "pp", "embedding"}: the metrics file's and the summary's form of GroupMs.
+void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g);
 
 // "step 12/300 | loss 2.4817 | norm 0.8123 | lr 1.00e-03 | 153.2 ms | 13371 tok/s | MFU 41.2%"
 std::string format_progress_line(const StepMetrics& m);

@@ -396,17 +396,11 @@ void Trainer::collect_traffic() {
     return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(groups_.dp.get()), ms(groups_.pp.get()),
                                 ms(groups_.embedding.get())};
   };
-  auto add = [](StepMetrics::GroupMs& total, const StepMetrics::GroupMs& step) {
-    total.tp += step.tp;
-    total.dp += step.dp;
-    total.pp += step.pp;
-    total.embedding += step.embedding;
-  };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
   stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
   stats_.comm_async_ms = times(&CommTimes::async_s);
-  add(stats_.total_comm_exposed_ms, stats_.comm_exposed_ms);
-  add(stats_.total_comm_hidden_ms, stats_.comm_hidden_ms);
+  stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
+  stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
   stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
   const DataParallel::Memory mem = dp_->memory();
   stats_.param_bytes = static_cast<double>(mem.params);
@@ -767,9 +761,6 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                                   {"pp", t.pp.total()},
                                   {"embedding", t.embedding.total()}};
   };
-  auto groups = [](const StepMetrics::GroupMs& g) {
-    return nlohmann::ordered_json{{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
-  };
   for (int r = 0; r < n; ++r) {
     const RankStats& x = stats[r];
     const RankCoords rc = topo.coords_of(r);
@@ -787,10 +778,10 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                      {"pipeline_idle_ms", x.pipeline_idle_ms},
                      {"pipeline_step_ms", x.pipeline_total_ms},
                      {"peak_live_micro_batches", x.peak_live_micro_batches},
-                     {"comm_exposed_ms_last_step", groups(x.comm_exposed_ms)},
-                     {"comm_hidden_ms_last_step", groups(x.comm_hidden_ms)},
-                     {"comm_exposed_ms_total", groups(x.total_comm_exposed_ms)},
-                     {"comm_hidden_ms_total", groups(x.total_comm_hidden_ms)}});
+                     {"comm_exposed_ms_last_step", x.comm_exposed_ms},
+                     {"comm_hidden_ms_last_step", x.comm_hidden_ms},
+                     {"comm_exposed_ms_total", x.total_comm_exposed_ms},
+                     {"comm_hidden_ms_total", x.total_comm_hidden_ms}});
   }
   nlohmann::ordered_json j = {{"summary", {{"ranks", ranks}}}};
   return j.dump();

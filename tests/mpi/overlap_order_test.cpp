@@ -123,6 +123,20 @@ class LoggingStore final : public ParamStore {
   std::vector<Event>& log_;
 };
 
+// 3 layers, d_model 32, 4 heads, vocabulary 64, seq_len 16.
+TransformerConfig tiny_model(Arch arch, int kv_heads) {
+  TransformerConfig mc;
+  mc.arch = arch;
+  mc.vocab_size = 64;
+  mc.seq_len = 16;
+  mc.n_layers = 3;
+  mc.n_heads = 4;
+  mc.n_kv_heads = kv_heads;
+  mc.d_model = 32;
+  mc.finalize();
+  return mc;
+}
+
 int trailing_int(const std::string& label) {
   return std::stoi(label.substr(label.find_last_of(' ') + 1));
 }
@@ -131,15 +145,7 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
   Communicator& world = test::device_world();
   const int n = world.size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
-  TransformerConfig mc;
-  mc.arch = Arch::kGpt2;
-  mc.vocab_size = 64;
-  mc.seq_len = 16;
-  mc.n_layers = 3;
-  mc.n_heads = 4;
-  mc.n_kv_heads = 4;
-  mc.d_model = 32;
-  mc.finalize();
+  const TransformerConfig mc = tiny_model(Arch::kGpt2, 4);
   const ModelPartition part;  // one stage, no tp: the tied head writes group 0's wte too
   const ParamLayout layout = Transformer::plan_params(mc, part);
   const int groups = static_cast<int>(layout.groups.size());
@@ -302,12 +308,6 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
   }
 }
 
-}  // namespace
-}  // namespace trident
-
-namespace trident {
-namespace {
-
 // ZeRO-3's prefetch when the acquires depart from the learned order: the pending
 // prefetch is waited for and discarded (a miss), the group asked for is gathered
 // synchronously, every gathered group holds its true values, and the next window
@@ -315,15 +315,7 @@ namespace {
 TEST(OverlapOrder, Zero3PrefetchSurvivesADepartureFromTheLearnedOrder) {
   Communicator& world = test::device_world();
   if (world.size() < 2) GTEST_SKIP() << "needs dp > 1";
-  TransformerConfig mc;
-  mc.arch = Arch::kLlama;  // untied: no group is held twice
-  mc.vocab_size = 64;
-  mc.seq_len = 16;
-  mc.n_layers = 3;
-  mc.n_heads = 4;
-  mc.n_kv_heads = 2;
-  mc.d_model = 32;
-  mc.finalize();
+  const TransformerConfig mc = tiny_model(Arch::kLlama, 2);  // untied: no group held twice
   const ParamLayout layout = Transformer::plan_params(mc, ModelPartition{});
   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
   ShardedParamStore store(layout, *ops, world);
