@@ -2,6 +2,9 @@
 // GFLOP/s and the share of the measured sgemm peak, with a correctness column (the
 // loss of the first step must be ~ln(V) and finite). Prints a '#' header and a
 // fixed-width table; bench/model_bench.sh runs it next to PyTorch eager.
+// Every step is timed on its own: ms/step (and tokens/s, GFLOP/s, %peak from it) is the
+// median step, which a step slowed by another process on a shared machine does not
+// move; mean_ms is the mean. bench/torch_model.py reports PyTorch the same way.
 //
 //   build/bench/bench_model [--preset small|medium|all] [--steps N] [--threads N]
 //                           [--precision fp32|bf16] [--profile]
@@ -11,6 +14,7 @@
 // step and its GFLOP/s (GEMM-shaped ops) or GB/s (the rest), forward and backward.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +33,18 @@ namespace trident {
 namespace {
 
 using bench::ProfilingOps;
+
+double sum_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 struct Preset {
   const char* name;
@@ -75,8 +91,8 @@ int run(int argc, char** argv) {
   const double peak = measure_sgemm_peak_gflops();
   std::printf("# trident CPU training step (fwd + bwd + AdamW), %s, %d threads, sgemm peak %.1f GFLOP/s\n",
               precision.c_str(), omp_get_max_threads(), peak);
-  std::printf("# %-8s %10s %8s %10s %12s %10s %8s %10s %6s\n", "preset", "params", "tokens",
-              "ms/step", "tokens/s", "GFLOP/s", "%peak", "loss0", "ok");
+  std::printf("# %-8s %10s %8s %10s %10s %12s %10s %8s %10s %6s\n", "preset", "params",
+              "tokens", "ms/step", "mean_ms", "tokens/s", "GFLOP/s", "%peak", "loss0", "ok");
   for (const Preset& p : kPresets) {
     if (preset != "all" && preset != p.name) continue;
     TransformerConfig c;
@@ -89,7 +105,7 @@ int run(int argc, char** argv) {
     c.finalize();
     // The training step of `trident train` in one process: ZeRO stage 0 over a
     // single-rank data-parallel group (no communication), on `step_ops`; returns the
-    // first step's loss and the seconds of `steps` steps after two warm-up steps.
+    // first step's loss and the seconds of each of `steps` steps after two warm-up steps.
     const int N = p.micro_batch * p.seq_len;
     auto measure = [&](Ops& step_ops, ProfilingOps* profiler, float* loss0) {
       SelfCommunicator self("dp", MemSpace::kDevice);  // the dp group carries device buffers
@@ -121,25 +137,30 @@ int run(int argc, char** argv) {
       *loss0 = step();  // warm-up, and the correctness check
       step();
       if (profiler) profiler->reset();
-      Timer timer;
-      for (int s = 0; s < steps; ++s) step();
-      return timer.elapsed_s();
+      std::vector<double> seconds;
+      for (int s = 0; s < steps; ++s) {
+        Timer timer;
+        step();
+        seconds.push_back(timer.elapsed_s());
+      }
+      return seconds;
     };
     float loss0 = 0;
-    const double seconds = measure(*ops, nullptr, &loss0);
-    const double ms = 1e3 * seconds / steps;
+    std::vector<double> seconds = measure(*ops, nullptr, &loss0);
+    const double mean_ms = 1e3 * sum_of(seconds) / steps;
+    const double ms = 1e3 * median_of(seconds);
     const double tok_s = N / (ms / 1000.0);
     const double gflops = c.flops_per_token() * tok_s / 1e9;
     const bool ok = std::isfinite(loss0) && std::fabs(loss0 - std::log(p.vocab)) < 0.5;
-    std::printf("  %-8s %10lld %8d %10.2f %12.0f %10.1f %7.1f%% %10.4f %6s\n", p.name,
-                static_cast<long long>(c.num_parameters()), N, ms, tok_s, gflops,
+    std::printf("  %-8s %10lld %8d %10.2f %10.2f %12.0f %10.1f %7.1f%% %10.4f %6s\n", p.name,
+                static_cast<long long>(c.num_parameters()), N, ms, mean_ms, tok_s, gflops,
                 100.0 * gflops / peak, loss0, ok ? "yes" : "NO");
     if (profile) {
       ProfilingOps profiler(*ops);
       float profiled_loss0 = 0;
-      const double profiled = measure(profiler, &profiler, &profiled_loss0);
+      const double profiled = sum_of(measure(profiler, &profiler, &profiled_loss0));
       std::printf("# profile: %s, %d steps of %.2f ms (%.2f ms unprofiled), %s\n", p.name, steps,
-                  1e3 * profiled / steps, ms, precision.c_str());
+                  1e3 * profiled / steps, mean_ms, precision.c_str());
       profiler.print(profiled, steps);
     }
   }

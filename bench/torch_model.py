@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch eager baseline for bench/bench_model: the same GPT-2 presets, batch, fp32
 and thread count, one training step = forward + backward + AdamW. Prints a table in the
-format of bench_model. Run with Debian's /usr/bin/python3 (python3-torch).
+format of bench_model: ms/step (and tokens/s, GFLOP/s from it) is the median of the timed
+steps, mean_ms their mean. Run with Debian's /usr/bin/python3 (python3-torch).
 
     /usr/bin/python3 bench/torch_model.py [--preset small|medium|all] [--steps N] [--threads N]
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -282,7 +284,8 @@ def main():
     torch.manual_seed(0)
     print(f"# pytorch {torch.__version__} eager training step (fwd + bwd + AdamW), fp32, "
           f"{torch.get_num_threads()} threads")
-    print(f"# {'preset':<8} {'tokens':>8} {'ms/step':>10} {'tokens/s':>12} {'GFLOP/s':>10} {'loss0':>10}")
+    print(f"# {'preset':<8} {'tokens':>8} {'ms/step':>10} {'mean_ms':>10} {'tokens/s':>12} "
+          f"{'GFLOP/s':>10} {'loss0':>10}")
     for name, p in PRESETS.items():
         if a.preset not in ("all", name):
             continue
@@ -302,12 +305,14 @@ def main():
 
         loss0 = step()
         step()
-        start = time.perf_counter()
+        times = []
         for _ in range(a.steps):
+            start = time.perf_counter()
             step()
-        ms = (time.perf_counter() - start) * 1000 / a.steps
+            times.append(time.perf_counter() - start)
+        ms, mean_ms = statistics.median(times) * 1000, statistics.fmean(times) * 1000
         tok_s = b * t / (ms / 1000)
-        print(f"  {name:<8} {b * t:>8} {ms:>10.2f} {tok_s:>12.0f} "
+        print(f"  {name:<8} {b * t:>8} {ms:>10.2f} {mean_ms:>10.2f} {tok_s:>12.0f} "
               f"{flops_per_token(p) * tok_s / 1e9:>10.1f} {loss0:>10.4f}")
 
 

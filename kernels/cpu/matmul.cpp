@@ -75,9 +75,14 @@ SgemmGrid sgemm_grid(int M, int N, int K) {
   return fallback;
 }
 
-void sgemm_on_grid(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                   const float* A, int lda, const float* B, int ldb, float beta, float* C,
-                   int ldc) {
+namespace {
+
+// sgemm_on_grid, then (bias != null) C[i, j] += bias[j] on each tile right after its
+// sgemm, while the tile is still in cache: the same two roundings per element as a
+// separate pass over C, without reading C back from memory.
+void sgemm_grid_bias(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int K,
+                     float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                     float* C, int ldc, const float* bias) {
   if (M <= 0 || N <= 0) return;
   const int tile_m = std::max(1, grid.tile_m), tile_n = std::max(1, grid.tile_n);
   const int tm = ceil_div(M, tile_m), tn = ceil_div(N, tile_n);
@@ -89,10 +94,25 @@ void sgemm_on_grid(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int
     const int m = std::min(tile_m, M - i0), n = std::min(tile_n, N - j0);
     const float* a = trans_a ? A + i0 : A + static_cast<long>(i0) * lda;
     const float* b = trans_b ? B + static_cast<long>(j0) * ldb : B + j0;
+    float* c = C + static_cast<long>(i0) * ldc + j0;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, beta,
-                C + static_cast<long>(i0) * ldc + j0, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, beta, c,
+                ldc);
+    if (bias == nullptr) continue;
+    const float* bj = bias + j0;
+    for (int i = 0; i < m; ++i) {
+      float* row = c + static_cast<long>(i) * ldc;
+      for (int j = 0; j < n; ++j) row[j] += bj[j];
+    }
   }
+}
+
+}  // namespace
+
+void sgemm_on_grid(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                   int ldc) {
+  sgemm_grid_bias(grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr);
 }
 
 void sgemm_tiled(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
@@ -101,16 +121,11 @@ void sgemm_tiled(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
                 ldc);
 }
 
+// out = inp @ weight^T (+ bias): the bias joins each output tile after its sgemm.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int IC, int OC) {
-  sgemm_tiled(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
-  if (bias == nullptr) return;
-#pragma omp parallel for schedule(static) if (static_cast<long>(N) * OC >= \
-                                                  static_cast<long>(kParallelMinElems))
-  for (int n = 0; n < N; ++n) {
-    float* o = out + static_cast<long>(n) * OC;
-    for (int c = 0; c < OC; ++c) o[c] += bias[c];
-  }
+  sgemm_grid_bias(sgemm_grid(N, OC, IC), false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f,
+                  out, OC, bias);
 }
 
 void column_sum_accumulate(float* dst, const float* src, int N, int C) {
