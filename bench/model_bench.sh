@@ -14,8 +14,13 @@ load() {
   [[ -r /proc/pressure/cpu ]] && psi=" | cpu pressure $(head -n1 /proc/pressure/cpu | cut -d' ' -f2-4)"
   echo "$(date -u +%T) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)$psi"
 }
-echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
-     "$(grep -o -w -m1 'avx512f' /proc/cpuinfo || echo 'no avx512f')"
+# The CPU, its vector width, and whether the cores are SMT siblings (two vCPUs on one
+# physical core share its FMA units and caches, which changes what threading buys).
+lscpu_field() { lscpu 2>/dev/null | sed -n "s/^$1: *//p" | head -n1; }
+echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores" \
+     "($(lscpu_field 'Thread(s) per core') threads per core)," \
+     "$(grep -o -w -m1 'avx512f' /proc/cpuinfo || echo 'no avx512f')," \
+     "$(grep -o -w -m1 'avx2' /proc/cpuinfo || echo 'no avx2')"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for round in 1 2; do

@@ -15,7 +15,6 @@
 // stored, so outputs that alias inputs (add, cross-entropy backward) stay correct. The
 // scratch is grow-only and owned by the object: no allocation per call once warm.
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -34,13 +33,6 @@
 
 namespace trident {
 namespace {
-
-// Buffers of at least this size start on a multiple of it and ask for transparent huge
-// pages (MADV_HUGEPAGE: Debian's default THP mode is "madvise", so without the advice a
-// buffer gets 4 KiB pages). Fewer TLB misses made the medium preset's GEMMs about 3%
-// faster (docs/PERFORMANCE.md, AMD EPYC).
-constexpr size_t kHugePage = size_t{2} << 20;
-
 
 void widen(float* dst, const bf16_t* src, size_t n) {
   cpu::parallel_blocks(n, [&](size_t b, size_t e) {
@@ -470,12 +462,8 @@ class CpuOps final : public Ops {
   DevPtr do_allocate(size_t bytes) override {
     if (checked_) return DevPtr::wrap(cpu::checked_allocate(bytes), DType::kU8);
     const size_t rounded = (bytes + 63) / 64 * 64 + (bytes == 0 ? 64 : 0);
-    const bool huge = bytes >= kHugePage;
-    void* p = nullptr;
-    if (::posix_memalign(&p, huge ? kHugePage : 64, rounded) != 0) p = nullptr;
+    void* p = std::aligned_alloc(64, rounded);
     TRIDENT_CHECK_MSG(p != nullptr, "cpu allocate of " + std::to_string(bytes) + " bytes failed");
-    // Advice only: where the kernel has no transparent huge pages this fails harmlessly.
-    if (huge) ::madvise(p, rounded / kHugePage * kHugePage, MADV_HUGEPAGE);
     std::memset(p, 0, rounded);
     return DevPtr::wrap(p, DType::kU8);
   }
