@@ -36,8 +36,10 @@
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
 //     pp likewise for one boundary send each way per model chunk (NVLink only when a
 //     whole pipeline fits in a node). Neither overlaps compute (Trident does not overlap them).
-//   dp = its payload * bus_factor / bandwidth + one latency per bucket, fully exposed:
-//     Trident does not overlap gradient reduction with backward yet.
+//   dp = its payload * bus_factor / bandwidth + one latency per bucket, fully exposed: an
+//     upper bound. Trident overlaps the gradient reduction with backward
+//     (parallel.overlap_grad_reduce) and ZeRO-3's gathers with compute
+//     (parallel.overlap_param_gather), but this model does not count that overlap yet.
 //   optimizer = the AdamW pass over the local shard, memory bound.
 //   step = (m + (p - 1) / v) * (c + tp + pp) + dp + optimizer
 //     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1))
