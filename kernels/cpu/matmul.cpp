@@ -78,8 +78,8 @@ SgemmGrid sgemm_grid(int M, int N, int K) {
 namespace {
 
 // sgemm_on_grid, then (bias != null) C[i, j] += bias[j] on each tile right after its
-// sgemm, while the tile is still in cache: the same two roundings per element as a
-// separate pass over C, without reading C back from memory.
+// sgemm, while the tile is still (partly) in cache: the same two roundings per element as
+// the separate parallel pass over C it replaces (no step time difference was measurable).
 void sgemm_grid_bias(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int K,
                      float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                      float* C, int ldc, const float* bias) {
