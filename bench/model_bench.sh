@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs the Trident and PyTorch training-step benchmarks on the same presets, batch and
-# thread count, alternating twice so that machine noise shows, and prints both tables,
-# then per round the ratio of their tokens/s (both from the median step; see
-# bench/bench_model.cpp). Each round starts and ends with the load average and the CPU
-# pressure, since another process on the machine slows either side.
-#   bench/model_bench.sh [threads]   (default: all cores)
+# thread count, alternating (two rounds by default) so that machine noise shows, and
+# prints both tables, then per round the ratio of their tokens/s (both from the median
+# step; see bench/bench_model.cpp). Each round starts and ends with the load average and
+# the CPU pressure, since another process on the machine slows either side.
+#   bench/model_bench.sh [threads [rounds]]   (defaults: all cores, 2 rounds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-$(nproc)}
+rounds=${2:-2}
 [[ -x build/bench/bench_model ]] || cmake --build build --target bench_model
 load() {
   local psi=""
@@ -23,7 +24,7 @@ echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ 
      "$(grep -o -w -m1 'avx2' /proc/cpuinfo || echo 'no avx2')"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-for round in 1 2; do
+for round in $(seq "$rounds"); do
   echo "# round $round: $(load)"
   build/bench/bench_model --threads "$threads" --steps 10 | tee "$out/trident"
   /usr/bin/python3 bench/torch_model.py --threads "$threads" --steps 10 | tee "$out/torch"
