@@ -34,6 +34,7 @@
 
 #include <unistd.h>
 
+#include "bench/presets.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
@@ -49,14 +50,8 @@
 namespace trident {
 namespace {
 
-struct Preset {
-  const char* name;
-  int n_layers, n_heads, d_model, seq_len, vocab;
-};
-constexpr Preset kPresets[] = {
-    {"small", 4, 4, 128, 64, 256},
-    {"medium", 6, 6, 384, 256, 256},
-};
+using bench::kPresets;
+using bench::Preset;
 
 struct Sample {
   double save_ms = 0;      // the training thread inside save()

@@ -27,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/presets.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/kernels/sgemm_reference.h"
 
 namespace trident {
 namespace {
@@ -39,14 +41,8 @@ using cpu::sgemm_grid;
 using cpu::sgemm_on_grid;
 using cpu::sgemm_tiled;
 
-struct Preset {
-  const char* name;
-  int n_layers, d_model, seq_len, micro_batch, vocab;
-};
-constexpr Preset kPresets[] = {
-    {"small", 4, 128, 64, 4, 256},
-    {"medium", 6, 384, 256, 4, 256},
-};
+using bench::kPresets;
+using bench::Preset;
 
 // One GEMM of a step: C[M, N] (+)= op(A) op(B), `calls` times per step.
 struct Gemm {
@@ -117,16 +113,11 @@ bool check(const Gemm& g, const std::vector<float>& A, int lda, const std::vecto
   if (std::memcmp(c1.data(), cn.data(), c1.size() * sizeof(float)) != 0) return false;
   for (int i = 0; i < g.M; i += 97) {  // a sample of rows against float64
     for (int j = 0; j < g.N; ++j) {
-      double s = g.beta * C0[static_cast<size_t>(i) * g.N + j], mag = std::fabs(s);
-      for (int k = 0; k < g.K; ++k) {
-        const double a = g.trans_a ? A[static_cast<size_t>(k) * lda + i]
-                                   : A[static_cast<size_t>(i) * lda + k];
-        const double b = g.trans_b ? B[static_cast<size_t>(j) * ldb + k]
-                                   : B[static_cast<size_t>(k) * ldb + j];
-        s += a * b;
-        mag += std::fabs(a * b);
-      }
-      if (std::fabs(s - c1[static_cast<size_t>(i) * g.N + j]) > 1e-4 * (mag + 1e-30)) return false;
+      const testing::SgemmReference r =
+          testing::sgemm_reference(g.trans_a, g.trans_b, g.K, A.data(), lda, B.data(), ldb,
+                                   g.beta, C0[static_cast<size_t>(i) * g.N + j], i, j);
+      const double err = std::fabs(r.value - c1[static_cast<size_t>(i) * g.N + j]);
+      if (err > 1e-4 * (r.magnitude + 1e-30)) return false;
     }
   }
   return true;

@@ -24,9 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/presets.h"
+#include "bench/profiling_ops.h"
 #include "comm/communicator.h"
 #include "core/rng.h"
-#include "bench/profiling_ops.h"
 #include "core/timer.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/transformer.h"
@@ -49,14 +50,8 @@ double median_of(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Preset {
-  const char* name;
-  int n_layers, n_heads, d_model, seq_len, micro_batch, vocab;
-};
-constexpr Preset kPresets[] = {
-    {"small", 4, 4, 128, 64, 4, 256},
-    {"medium", 6, 6, 384, 256, 4, 256},
-};
+using bench::kPresets;
+using bench::Preset;
 
 int run(int argc, char** argv) {
   std::string preset = "all";

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/sgemm_reference.h"
 
 namespace trident::testing {
 namespace {
@@ -93,16 +94,11 @@ TEST(SgemmGrid, BitwiseSameForOneTwoThreeThreadsAndCloseToFloat64) {
     double worst = 0;
     for (int i = 0; i < c.M; i += 3) {  // every third row: enough, and fast
       for (int j = 0; j < c.N; ++j) {
-        double s = c.beta * C0[static_cast<size_t>(i) * c.N + j], mag = std::fabs(s);
-        for (int k = 0; k < c.K; ++k) {
-          const double a = c.trans_a ? A[static_cast<size_t>(k) * lda + i]
-                                     : A[static_cast<size_t>(i) * lda + k];
-          const double b = c.trans_b ? B[static_cast<size_t>(j) * ldb + k]
-                                     : B[static_cast<size_t>(k) * ldb + j];
-          s += a * b;
-          mag += std::fabs(a * b);
-        }
-        worst = std::max(worst, std::fabs(one[static_cast<size_t>(i) * c.N + j] - s) / mag);
+        const SgemmReference r = sgemm_reference(c.trans_a, c.trans_b, c.K, A.data(), lda,
+                                                 B.data(), ldb, c.beta,
+                                                 C0[static_cast<size_t>(i) * c.N + j], i, j);
+        worst = std::max(worst,
+                         std::fabs(one[static_cast<size_t>(i) * c.N + j] - r.value) / r.magnitude);
       }
     }
     EXPECT_LT(worst, 1e-6) << what << ": error relative to sum |a b|";
