@@ -151,9 +151,9 @@ Status Trainer::init() {
   // its stream orders the device groups. The ranks of this world share the machine's
   // cores (make_ops divides them).
   const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
-  Result<std::unique_ptr<Ops>> ops = options_.make_ops
-                                         ? options_.make_ops()
-                                         : make_ops(config_.runtime.device, threads, world_->size());
+  Result<std::unique_ptr<Ops>> ops =
+      options_.make_ops ? options_.make_ops()
+                        : make_ops(config_.runtime.device, threads, world_->size());
   if (!ops.is_ok()) return ops.status();
   ops_ = std::move(ops).value();
   if (options_.make_group_world) {
@@ -165,8 +165,8 @@ Status Trainer::init() {
     Ops& backend = *ops_;
     group_world_ = std::make_unique<SelfCommunicator>(
         "world", MemSpace::kHost, [&backend](void* dst, const void* src, std::size_t bytes) {
-          backend.copy(DevPtr::wrap(dst, DType::kU8), DevPtr::wrap(const_cast<void*>(src), DType::kU8),
-                       bytes);
+          backend.copy(DevPtr::wrap(dst, DType::kU8),
+                       DevPtr::wrap(const_cast<void*>(src), DType::kU8), bytes);
         });
   } else if (ops_->native_stream() != nullptr && build_has_nccl()) {
     // CUDA with more than one rank: the model's groups (dp, tp, pp, embedding) are NCCL

@@ -300,7 +300,8 @@ TEST(DetectLauncher, FromEnvironment) {
 TEST(LaunchEnvironment, NamesTheLauncherItsRankVariablesAndTheVisibleDevices) {
   std::map<std::string, std::string> env;
   g_fake_env = &env;
-  EXPECT_EQ(launch_environment(fake_env), "no launcher; no rank variables; CUDA_VISIBLE_DEVICES unset");
+  EXPECT_EQ(launch_environment(fake_env),
+            "no launcher; no rank variables; CUDA_VISIBLE_DEVICES unset");
   env = {{"OMPI_COMM_WORLD_SIZE", "2"},
          {"OMPI_COMM_WORLD_RANK", "1"},
          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},

@@ -211,7 +211,8 @@ TEST_F(Lifecycle, AWorldOfOneOnADeviceBackendNeedsNoNcclAndCopiesThroughTheOps) 
       };
       auto made = Trainer::create(c, options);
       ASSERT_TRUE(made.is_ok()) << made.status().message();
-      EXPECT_FALSE(dynamic_cast<const SelfCommunicator&>(*made.value()->groups().dp).has_device_copy());
+      const auto& dp = dynamic_cast<const SelfCommunicator&>(*made.value()->groups().dp);
+      EXPECT_FALSE(dp.has_device_copy());
       for (int s = 0; s < 3; ++s) ASSERT_TRUE(made.value()->train_step().is_ok());
       want = made.value()->losses();
     }
