@@ -443,7 +443,8 @@ CommWork Communicator::issue_async(CollectiveKind kind, const CommBuf& input,
   if (copy_in_bytes == 0) return work;  // empty: every rank skips, as in the sync call
   // A protected device buffer may be touched by the backend only inside a scope, and the
   // backend works outside one (another thread, later MPI calls): stage it on the host.
-  const bool staged = input.space == MemSpace::kDevice && device_access_hook() != nullptr;
+  const bool staged = input.space == MemSpace::kDevice && device_access_hook() != nullptr &&
+                      stages_async_device_buffers();
   CommBuf in = input, out = output;
   if (staged) {
     const bool in_place = input.data == output.data && copy_in_bytes == copy_out_bytes;
@@ -524,14 +525,24 @@ void Communicator::check_no_outstanding_work() const {
 
 // ---- SelfCommunicator ---------------------------------------------------------------
 
+void SelfCommunicator::move(const CommBuf& input, const CommBuf& output,
+                            std::size_t bytes) const {
+  if (input.data == output.data) return;
+  if (input.space == MemSpace::kDevice && device_copy_) {
+    device_copy_(output.data, input.data, bytes);
+  } else {
+    std::memmove(output.data, input.data, bytes);
+  }
+}
+
 void SelfCommunicator::do_reduce_scatter(const CommBuf& input, const CommBuf& output,
                                          const CollectiveOptions&) {
-  if (input.data != output.data) std::memmove(output.data, input.data, output.bytes());
+  move(input, output, output.bytes());
 }
 
 void SelfCommunicator::do_all_gather(const CommBuf& input, const CommBuf& output,
                                      const CollectiveOptions&) {
-  if (input.data != output.data) std::memmove(output.data, input.data, input.bytes());
+  move(input, output, input.bytes());
 }
 
 // Unreachable: the public send/recv reject peer == rank() and size() is 1.
@@ -548,7 +559,7 @@ std::unique_ptr<Communicator> SelfCommunicator::do_split(int color, int, std::st
                                                          MemSpace space,
                                                          const CollectiveOptions&) {
   if (color == kNoGroup) return nullptr;
-  return std::make_unique<SelfCommunicator>(std::move(name), space);
+  return std::make_unique<SelfCommunicator>(std::move(name), space, device_copy_);
 }
 
 // ---- launcher detection and the world ---------------------------------------------------
@@ -562,6 +573,35 @@ std::string detect_launcher(EnvLookup env) {
   const char* tasks = env("SLURM_STEP_NUM_TASKS");
   if (step != nullptr && tasks != nullptr && std::atoi(tasks) > 1) return "SLURM_STEP_ID";
   return "";
+}
+
+std::string launch_environment(EnvLookup env) {
+  if (env == nullptr) env = [](const char* key) -> const char* { return std::getenv(key); };
+  const std::string launcher = detect_launcher(env);
+  std::string text = launcher.empty() ? "no launcher" : "launcher " + launcher;
+  // The rank, size and local-rank variables of the launchers detect_launcher knows, and
+  // of torchrun-style launches (kernels/cuda picks its device from the local rank).
+  std::string vars;
+  for (const char* key :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
+        "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_STEP_ID",
+        "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "RANK", "WORLD_SIZE",
+        "LOCAL_RANK"}) {
+    if (const char* value = env(key)) {
+      if (!vars.empty()) vars += ' ';
+      vars += std::string(key) + "=" + value;
+    }
+  }
+  text += "; " + (vars.empty() ? std::string("no rank variables") : vars);
+  const char* devices = env("CUDA_VISIBLE_DEVICES");
+  if (devices == nullptr) {
+    text += "; CUDA_VISIBLE_DEVICES unset";
+  } else if (*devices == '\0') {
+    text += "; CUDA_VISIBLE_DEVICES=\"\" (hides every GPU)";
+  } else {
+    text += "; CUDA_VISIBLE_DEVICES=" + std::string(devices);
+  }
+  return text;
 }
 
 std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv) {

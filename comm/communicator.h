@@ -1,7 +1,8 @@
 // Communicator: the only way model, parallel and trainer code talks to other ranks.
 // One Communicator per process group ("world", "dp", "tp", "pp", "embedding"), in the
-// style of PyTorch c10d. Backends: SelfCommunicator (one process, no launcher; this file)
-// and the MPI one (comm/mpi/). No MPI or NCCL header is visible through this file.
+// style of PyTorch c10d. Backends: SelfCommunicator (a group of one: a process without a
+// launcher, or any group of size 1; this file), the MPI one (comm/mpi/) and the NCCL one
+// (comm/nccl/). No MPI, NCCL or CUDA header is visible through this file.
 //
 // Contract (every backend, every group):
 // - Ordering. Every rank of a group calls the same collectives, in the same order, with
@@ -86,9 +87,12 @@
 //   8 ranks (measured, Open MPI 4.1), and they progress only inside MPI calls. Needs
 //   MPI_THREAD_MULTIPLE (requested at init); where MPI provides less (a caller that
 //   initialized MPI itself at a lower level), the async calls run synchronously at issue
-//   and return a finished work. The self backend also completes at issue.
+//   and return a finished work. The self backend also completes at issue (its device
+//   copies are stream-ordered where its DeviceCopy is: a later kernel on that stream sees
+//   them), and it is never staged (below): it works inside the call's scope.
 // - Device memory (the checked backend, core/device_access.h). When a DeviceAccessHook is
-//   installed, device buffers of an async call are staged: at issue the inputs are copied
+//   installed, device buffers of an async call are staged (every backend but the self
+//   one): at issue the inputs are copied
 //   into a host buffer owned by the work (inside a DeviceAccessScope), the backend works on
 //   the host copy outside any scope, and at completion (wait/test, on the caller's thread)
 //   the result is copied back inside a scope. Without a hook device memory is host RAM on
@@ -109,6 +113,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -434,6 +439,10 @@ class Communicator {
   // Aborts, naming the group and the count, if works are unfinished. Every backend's
   // destructor calls it first (the base destructor cannot: rank() is virtual).
   void check_no_outstanding_work() const;
+  // Whether the async calls stage device buffers on the host under a DeviceAccessHook
+  // (the contract's "Device memory"): true for backends that work outside the call's
+  // DeviceAccessScope; false for one that completes at issue inside it (self).
+  virtual bool stages_async_device_buffers() const { return true; }
 
  private:
   friend class CommWork;
@@ -474,17 +483,35 @@ class Communicator {
     if (!(cond)) (comm).fail(#cond, (kind), (opts), (detail), __FILE__, __LINE__); \
   } while (0)
 
-// One process, no launcher: size 1, collectives are copies or no-ops, send/recv abort
-// (there is no peer). Serves either space (on CPU both are host RAM; a device buffer's
-// copies run inside the DeviceAccessScope the public call opens).
+// Moves `bytes` from device address src to device address dst (the ranges may overlap
+// only when equal), ordered after the device work issued before it and before the work
+// issued after it: the compute backend's stream-ordered device-to-device copy (the
+// trainer passes Ops::copy; the NCCL backend, cudaMemcpyAsync on the compute stream).
+// Aborts on a device error. comm/ needs no device header for it.
+using DeviceCopy = std::function<void(void* dst, const void* src, std::size_t bytes)>;
+
+// A group of one: size 1; all_reduce, broadcast and barrier are no-ops (a reduction over
+// one rank is its input), reduce_scatter and all_gather copy input to output (nothing
+// when in place), send/recv abort (there is no peer). Traffic is counted as for any
+// backend. Async calls complete at issue. Serves either space:
+// - host buffers, and device buffers without a DeviceCopy: memmove (CPU, where device
+//   memory is host RAM; a device buffer's copy runs inside the DeviceAccessScope the
+//   public call opens);
+// - device buffers with a DeviceCopy (`device_copy`): through it, never touched by host
+//   code, so device memory a host cannot address (CUDA) works. The trainer uses this for
+//   the groups of a world of one (no NCCL), the NCCL backend for its groups of size 1.
+// split() children inherit the DeviceCopy.
 class SelfCommunicator final : public Communicator {
  public:
-  explicit SelfCommunicator(std::string name = "world", MemSpace space = MemSpace::kHost)
-      : Communicator(std::move(name), space) {}
+  explicit SelfCommunicator(std::string name = "world", MemSpace space = MemSpace::kHost,
+                            DeviceCopy device_copy = {})
+      : Communicator(std::move(name), space), device_copy_(std::move(device_copy)) {}
   ~SelfCommunicator() override { check_no_outstanding_work(); }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }
+  // Whether device buffers move through a DeviceCopy.
+  bool has_device_copy() const { return static_cast<bool>(device_copy_); }
 
  protected:
   void do_all_reduce(const CommBuf&, ReduceOp, const CollectiveOptions&) override {}
@@ -498,6 +525,13 @@ class SelfCommunicator final : public Communicator {
   void do_barrier(const CollectiveOptions&) override {}
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, MemSpace space,
                                          const CollectiveOptions& opts) override;
+  bool stages_async_device_buffers() const override { return false; }
+
+ private:
+  // input -> output (bytes), through device_copy_ for device buffers when there is one.
+  void move(const CommBuf& input, const CommBuf& output, std::size_t bytes) const;
+
+  DeviceCopy device_copy_;
 };
 
 // Which launcher started this process, from its environment: the name of the first
@@ -508,6 +542,15 @@ class SelfCommunicator final : public Communicator {
 // pass a fake).
 using EnvLookup = const char* (*)(const char*);
 std::string detect_launcher(EnvLookup env = nullptr);
+
+// What a process was launched with, for error messages (e.g. NCCL failing to
+// initialise): the launcher detect_launcher finds, every rank, size and local-rank
+// variable that is set (Open MPI, PMIx, PMI, Slurm, torchrun-style), and
+// CUDA_VISIBLE_DEVICES, e.g. "launcher OMPI_COMM_WORLD_SIZE; OMPI_COMM_WORLD_RANK=1
+// OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1; CUDA_VISIBLE_DEVICES=0,1", or
+// "no launcher; no rank variables; CUDA_VISIBLE_DEVICES unset" (set but empty:
+// CUDA_VISIBLE_DEVICES="" (hides every GPU)). env as for detect_launcher.
+std::string launch_environment(EnvLookup env = nullptr);
 
 // The world communicator, serving HOST memory (the trainer's flags, losses, agreement,
 // stats and strings; device groups are split from it with MemSpace::kDevice): MPI when

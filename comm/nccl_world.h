@@ -3,8 +3,9 @@
 // CUDA header here; without NCCL (a build without nvcc) the factory fails naming why.
 //
 // Selecting NCCL (what the trainer does when its Ops have a device stream, i.e.
-// runtime.device resolves to cuda, at any world size: a world of one then gets NCCL
-// groups of one instead of SelfCommunicator copies, which are host memmoves):
+// runtime.device resolves to cuda, and the world has more than one rank; a world of one
+// gets no NCCL: its groups are SelfCommunicators copying through Ops::copy, and groups of
+// one inside an NCCL world are SelfCommunicators too, comm/nccl/nccl_communicator.h):
 //   world = make_world_communicator(argc, argv);                  // MPI, host space
 //   Watchdog watchdog({.on_hang = nccl_watchdog_handler()});     // aborts NCCL, exit 1
 //   nccl = make_nccl_world(world->split(0, rank, "world", kHost),  // a host duplicate

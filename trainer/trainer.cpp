@@ -148,25 +148,40 @@ Status Trainer::init() {
   const auto& mc = config_.model;
   const auto& par = config_.parallel;
   // The backend first: it sizes the attention state the memory plan counts, and on CUDA
-  // its stream orders the NCCL groups. The ranks of this world share the machine's cores
-  // (make_ops divides them).
+  // its stream orders the device groups. The ranks of this world share the machine's
+  // cores (make_ops divides them).
   const int threads = options_.threads > 0 ? options_.threads : config_.runtime.threads;
-  Result<std::unique_ptr<Ops>> ops = make_ops(config_.runtime.device, threads, world_->size());
+  Result<std::unique_ptr<Ops>> ops =
+      options_.make_ops ? options_.make_ops()
+                        : make_ops(config_.runtime.device, threads, world_->size());
   if (!ops.is_ok()) return ops.status();
   ops_ = std::move(ops).value();
-  Communicator* group_world = world_;
-  if (ops_->native_stream() != nullptr && build_has_nccl()) {
-    // CUDA: the model's groups (dp, tp, pp, embedding) are NCCL groups on device memory,
-    // stream-ordered on the Ops' stream (comm/nccl_world.h); the world itself stays the
-    // host (MPI) world for flags, losses and agreement. The NCCL world owns its host
-    // side, so it gets a duplicate of the world. (Compiled, not yet run on a GPU.)
+  if (options_.make_group_world) {
+    TRIDENT_ASSIGN_OR_RETURN(group_world_, options_.make_group_world(*world_, *ops_));
+  } else if (world_->size() == 1) {
+    // A world of one: every group has one rank, so no NCCL (nothing to initialise, nothing
+    // that can fail): reductions are no-ops and the reduce-scatter / all-gather copies go
+    // through Ops::copy, device to device and ordered on the Ops' stream.
+    Ops& backend = *ops_;
+    group_world_ = std::make_unique<SelfCommunicator>(
+        "world", MemSpace::kHost, [&backend](void* dst, const void* src, std::size_t bytes) {
+          backend.copy(DevPtr::wrap(dst, DType::kU8),
+                       DevPtr::wrap(const_cast<void*>(src), DType::kU8), bytes);
+        });
+  } else if (ops_->native_stream() != nullptr && build_has_nccl()) {
+    // CUDA with more than one rank: the model's groups (dp, tp, pp, embedding) are NCCL
+    // groups on device memory, stream-ordered on the Ops' stream (comm/nccl_world.h;
+    // groups of one among them are SelfCommunicators); the world itself stays the host
+    // (MPI) world for flags, losses and agreement. The NCCL world owns its host side, so
+    // it gets a duplicate of the world. (Compiled, not yet run on a GPU.)
     std::unique_ptr<Communicator> host =
         world_->split(0, world_->rank(), "world", MemSpace::kHost, {.label = "NCCL host world"});
     NcclWorldConfig nccl;
     nccl.compute_stream = ops_->native_stream();
-    TRIDENT_ASSIGN_OR_RETURN(nccl_world_, make_nccl_world(std::move(host), nccl));
-    group_world = nccl_world_.get();
+    TRIDENT_ASSIGN_OR_RETURN(group_world_, make_nccl_world(std::move(host), nccl));
   }
+  if (group_world_) group_world_->set_default_timeout(world_->default_timeout());
+  Communicator* group_world = group_world_ ? group_world_.get() : world_;
   TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*group_world,
                                                         Layout{par.dp, par.tp, par.pp}, mc.tied()));
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);

@@ -52,6 +52,14 @@ struct TrainerOptions {
   double peak_flops = 0;          // per device, for MFU; 0 = Ops::peak_flops() (CPU: sgemm rate)
   bool quiet = false;             // no progress lines (benchmarks, tests)
   int threads = 0;                // CPU threads per rank; > 0 overrides runtime.threads
+  // Test hooks (tests/trainer/teardown_test.cpp). make_ops: the compute backend instead of
+  // make_ops(runtime.device). make_group_world: the communicator the device groups are
+  // split from, given the world and the Ops, instead of the default (see Trainer::init:
+  // NCCL for a CUDA world of more than one rank, else SelfCommunicators moving device
+  // data through Ops::copy for a world of one, else the world itself).
+  std::function<Result<std::unique_ptr<Ops>>()> make_ops;
+  std::function<Result<std::unique_ptr<Communicator>>(Communicator& world, Ops& ops)>
+      make_group_world;
 };
 
 // Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").
@@ -103,6 +111,8 @@ class Trainer {
   // This rank's instrumentation for the last step (traffic) and now (memory).
   const RankStats& last_step_stats() const { return stats_; }
   const RankCoords& coords() const { return groups_.coords; }
+  // This rank's communicators (dp, tp, pp, embedding; tests: their backends).
+  const ProcessGroups& groups() const { return groups_; }
   // This rank's first model chunk (the only one unless parallel.virtual_stages > 1) and
   // its model; chunks() has them all, in layer order (trainer/partition.h).
   const ModelPartition& partition() const { return chunks_.front(); }
@@ -132,17 +142,24 @@ class Trainer {
   void reset_traffic();
   void collect_traffic();
 
+  // Members are destroyed in reverse order of declaration. The Ops (and on CUDA its
+  // stream and device memory) are declared before every member that may use them: the
+  // communicators, whose device work is ordered on the Ops' stream, the model and
+  // data-parallel buffers, the executor and the checkpoint writer, so they all go first
+  // and the Ops last (tests/trainer/teardown_test.cpp checks this order).
   Config config_;
   TrainerOptions options_;
+  std::unique_ptr<Ops> ops_;
   std::unique_ptr<Communicator> own_world_;
-  // CUDA: the NCCL world the model's groups are split from (host space, over a host
-  // duplicate of world_); null on the CPU. Destroyed after the groups.
-  std::unique_ptr<Communicator> nccl_world_;
   Communicator* world_ = nullptr;
+  // The world the model's device groups are split from (host space): on CUDA with more
+  // than one rank the NCCL world (over a host duplicate of world_); for a world of one a
+  // SelfCommunicator whose device copies go through ops_ (no NCCL); null on the CPU with
+  // more than one rank (the groups split from world_). Destroyed after the groups.
+  std::unique_ptr<Communicator> group_world_;
   ProcessGroups groups_;
   std::vector<ModelPartition> chunks_;  // this rank's model chunks, in layer order
   ParamLayout layout_;
-  std::unique_ptr<Ops> ops_;
   std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<Transformer>> models_;  // one per chunk
   // The model of the last chunk, and whether it computes the loss (the model's last stage).

@@ -120,7 +120,8 @@ Status init_nccl_world(const NcclUniqueId& id, int nranks, int rank) {
     if (comm != nullptr) ncclCommAbort(comm);
     return Status::internal("NCCL: rank " + std::to_string(rank) + " of " +
                             std::to_string(nranks) + ": ncclCommInitRankConfig failed: " +
-                            nccl_error(r) + (last && *last ? std::string(": ") + last : ""));
+                            nccl_error(r) + (last && *last ? std::string(": ") + last : "") +
+                            " (" + launch_environment() + ")");
   }
   ncclCommDestroy(comm);
   return Status::ok();

@@ -12,8 +12,9 @@
 //   the directory do not mix; a stale file of an earlier run with the same name is the
 //   caller's to remove before rank 0 writes.
 // - init_nccl_world: ncclCommInitRankConfig (blocking mode) on the current CUDA device.
-//   Without a usable GPU it fails with NCCL's reason, never hangs: the error names the rank
-//   and ends with NCCL's error string and last-error text.
+//   Without a usable GPU it fails with NCCL's reason, never hangs: the error names the rank,
+//   NCCL's error string and last-error text, and the launch environment
+//   (comm/communicator.h launch_environment).
 #pragma once
 
 #include <array>

@@ -167,9 +167,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    // This group's work first (the event and stream may still be in use), then NCCL
-    // (nccl_ is declared after host_, so it is released first), then the twin.
-    if (own_stream_ != nullptr && !nccl_->aborted()) cudaStreamSynchronize(stream());
+    // Only what this communicator owns: its communication stream (the async collectives
+    // run there), then its event and stream, then NCCL (nccl_ is declared after host_, so
+    // it is released first; ncclCommFinalize flushes NCCL's own work), then the twin. Never
+    // the compute stream: it belongs to the Ops, which may already be gone.
+    check_no_outstanding_work();
+    if (own_stream_ != nullptr && !nccl_->aborted()) cudaStreamSynchronize(own_stream_);
     if (done_ != nullptr) cudaEventDestroy(done_);
     if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
   }
@@ -316,11 +319,16 @@ class NcclCommunicator final : public Communicator {
         host_->split(color, key, name, MemSpace::kHost, timed(opts));
     if (space == MemSpace::kHost) return twin;
     check_alive(CollectiveKind::kSplit, opts);
+    // A group of one needs no NCCL: a SelfCommunicator whose device copies are
+    // stream-ordered (device_copy). Every member of a group sees the same twin size, so a
+    // group is NCCL on all its ranks or on none; ncclCommSplit is collective over the
+    // parent, so this rank still takes part, joining no NCCL group.
+    const bool alone = twin != nullptr && twin->size() == 1 && !options_.nccl_groups_of_one;
     ncclConfig_t config = nonblocking_config(name.c_str());
     ncclComm_t child = nullptr;
     const Clock::time_point started = Clock::now();
-    const ncclResult_t r =
-        ncclCommSplit(nccl_->get(), nccl_split_color(color), key, &child, &config);
+    const ncclResult_t r = ncclCommSplit(nccl_->get(), nccl_split_color(alone ? kNoGroup : color),
+                                         key, &child, &config);
     // Non-blocking: the child (when there is one) reports the split's progress.
     if (child != nullptr && (r == ncclSuccess || r == ncclInProgress)) {
       const ncclResult_t state = settle(child, r, started + effective_timeout(opts) + kGrace);
@@ -336,6 +344,12 @@ class NcclCommunicator final : public Communicator {
       TRIDENT_COMM_CHECK(*this, twin == nullptr && child == nullptr, CollectiveKind::kSplit, opts,
                          "a rank that joins no group got a communicator back");
       return nullptr;
+    }
+    if (alone) {
+      TRIDENT_COMM_CHECK(*this, child == nullptr, CollectiveKind::kSplit, opts,
+                         "ncclCommSplit returned a communicator for a group of one");
+      DeviceCopy copy = device_copy(name);
+      return std::make_unique<SelfCommunicator>(std::move(name), space, std::move(copy));
     }
     TRIDENT_COMM_CHECK(*this, twin != nullptr && child != nullptr, CollectiveKind::kSplit, opts,
                        "ncclCommSplit or the host split returned no communicator for color " +
@@ -353,6 +367,28 @@ class NcclCommunicator final : public Communicator {
     CollectiveOptions o = opts;
     o.timeout = effective_timeout(opts);
     return o;
+  }
+  // The data moves of a group of one (SelfCommunicator): stream-ordered on the compute
+  // stream like the NCCL calls; without one (or synchronous), host-synchronous like them.
+  DeviceCopy device_copy(const std::string& group) const {
+    const auto compute = static_cast<cudaStream_t>(options_.compute_stream);
+    const bool synchronous = host_synchronous();
+    return [compute, synchronous, group](void* dst, const void* src, std::size_t bytes) {
+      auto check = [&group](cudaError_t e, const char* call) {
+        if (e == cudaSuccess) return;
+        check_failed(call,
+                     "group '" + group + "' (a group of one): CUDA error " + cudaGetErrorName(e) +
+                         ": " + cudaGetErrorString(e),
+                     __FILE__, __LINE__);
+      };
+      if (compute == nullptr) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute),
+            "cudaMemcpyAsync");
+      if (synchronous) {
+        check(compute != nullptr ? cudaStreamSynchronize(compute) : cudaDeviceSynchronize(),
+              "cudaStreamSynchronize");
+      }
+    };
   }
   cudaStream_t stream() const {
     if (options_.compute_stream != nullptr)
@@ -518,8 +554,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 Status world_error(const Communicator& host, const std::string& what) {
-  return Status::internal("NCCL world: rank " + std::to_string(host.rank()) + " of " +
-                          std::to_string(host.size()) + ": " + what);
+  return Status::internal(nccl_world_error_text(host.rank(), host.size(), what,
+                                                launch_environment()));
 }
 
 // Every rank learns whether any rank failed (an i64 max over the host world), so a rank
@@ -590,6 +626,12 @@ std::string nccl_timeout_message(const std::string& group, int rank, int size, c
        std::to_string(timeout.count()) + " ms + " + std::to_string(kGrace.count()) +
        " ms grace); aborting every NCCL communicator";
   return m;
+}
+
+std::string nccl_world_error_text(int rank, int size, const std::string& what,
+                                  const std::string& environment) {
+  return "NCCL world: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " +
+         what + " (" + environment + ")";
 }
 
 Result<std::unique_ptr<Communicator>> make_nccl_world_communicator(

@@ -10,6 +10,14 @@
 //   for one process), and which owns the NCCL world communicator. Its split(...,
 //   MemSpace::kDevice) makes an NCCL group (ncclCommSplit of its NCCL communicator); its
 //   split(..., MemSpace::kHost) returns the host split itself.
+// - A group of ONE (its host twin has size 1, e.g. tp = 1 or pp = 1 inside a bigger world)
+//   is not an NCCL group: split returns a device-space SelfCommunicator (backend "self")
+//   whose reduce-scatter / all-gather copies are cudaMemcpyAsync on the compute stream
+//   (host-synchronous without one, like the NCCL calls); its reductions are no-ops. The
+//   rank still takes part in the parent's ncclCommSplit (collective), with
+//   NCCL_SPLIT_NOCOLOR. NcclWorldOptions::nccl_groups_of_one keeps NCCL for them (the GPU
+//   tests: a one-GPU machine can test NCCL only on groups of one). The trainer makes no
+//   NCCL world at all for a world of one (trainer/trainer.h).
 // - An NCCL group (device space, backend "nccl") runs every collective on device buffers
 //   through NCCL and owns its HOST TWIN: the split of the parent's host communicator with
 //   the same color and key (so the same members in the same order; checked: the NCCL
@@ -51,7 +59,9 @@
 //   "Reductions": results are not bitwise equal to the MPI backend's; they are
 //   deterministic for a fixed group, size, count and NCCL version/topology (NCCL's
 //   reductions do not depend on timing), but only a GPU run can confirm it.
-// - Teardown: a group's NCCL communicator is finalized (ncclCommFinalize, polled to
+// - Teardown: a communicator synchronises only what it owns (its communication stream),
+//   never the compute stream it was given (the Ops own it, and may be gone). A group's
+//   NCCL communicator is finalized (ncclCommFinalize, polled to
 //   completion, bounded) and destroyed (ncclCommDestroy) when its last user goes; every
 //   child keeps its parent's NCCL communicator alive, so children are destroyed before
 //   the world whatever order the caller destroys them in; the host twin goes after the
@@ -82,12 +92,15 @@ struct NcclWorldOptions {
   bool synchronous = false;
   // How long ncclCommInitRankConfig may stay in progress before the world gives up.
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
+  // Device groups of one are NCCL groups too, instead of SelfCommunicators (above).
+  bool nccl_groups_of_one = false;
 };
 
 // The world (see above) over `host` (host space; the MPI world or a SelfCommunicator).
 // Collective over `host`. Fails (every rank, never a hang) when a rank has no usable CUDA
 // device, the unique id cannot be shared, or NCCL cannot initialise; the message names
-// the rank, e.g. "NCCL world: rank 0 of 1: no usable CUDA device (cudaGetDeviceCount: ...)".
+// the rank, the reason (NCCL's: its error name, ncclGetErrorString and ncclGetLastError)
+// and the launch environment this rank saw (nccl_world_error_text).
 // Takes `host` (the world owns it); on failure it is destroyed.
 Result<std::unique_ptr<Communicator>> make_nccl_world_communicator(
     std::unique_ptr<Communicator> host, const NcclWorldOptions& options = {});
@@ -105,6 +118,11 @@ int nccl_split_color(int color);
 // "ncclUnhandledCudaError (1): unhandled cuda error (...): <last error>" for an
 // ncclResult_t; `last` (ncclGetLastError) may be null or empty.
 std::string nccl_result_text(int result, const char* last);
+// The message of a failed world, e.g. "NCCL world: rank 1 of 2: ncclCommInitRankConfig
+// failed: ncclSystemError (2): ...: <last error> (launcher OMPI_COMM_WORLD_SIZE;
+// OMPI_COMM_WORLD_RANK=1 ...; CUDA_VISIBLE_DEVICES=1)"; environment: launch_environment().
+std::string nccl_world_error_text(int rank, int size, const std::string& what,
+                                  const std::string& environment);
 // The message of a call that outlived its timeout, e.g. "NCCL: all_reduce 'grad bucket 3'
 // in group 'dp' (rank 1/4) still in progress after 30000 ms (timeout 29000 ms + 1000 ms
 // grace); aborting every NCCL communicator".

@@ -80,7 +80,24 @@ TEST(NcclWorld, WithoutAGpuTheFactoryFailsFastNamingTheRank) {
                 "NCCL world: rank 0 of 1: no usable CUDA device (cudaGetDeviceCount: "),
             std::string::npos)
       << world.status().message();
+  // ... and the launch environment this rank saw.
+  EXPECT_NE(world.status().message().find(" (" + launch_environment() + ")"), std::string::npos)
+      << world.status().message();
   EXPECT_EQ(registered_nccl_aborts(), before) << "a failed world left an abort registered";
+}
+
+TEST(NcclMessages, AFailedWorldNamesNcclsReasonAndTheLaunchEnvironment) {
+  const std::string reason =
+      "ncclCommInitRankConfig failed: " +
+      nccl_result_text(ncclSystemError, "socketStartConnect: Connect to 10.0.0.2<43123> failed");
+  const std::string env =
+      "launcher OMPI_COMM_WORLD_SIZE; OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 "
+      "OMPI_COMM_WORLD_LOCAL_RANK=1; CUDA_VISIBLE_DEVICES=1";
+  EXPECT_EQ(nccl_world_error_text(1, 2, reason, env),
+            std::string("NCCL world: rank 1 of 2: ncclCommInitRankConfig failed: ncclSystemError "
+                        "(2): ") +
+                ncclGetErrorString(ncclSystemError) +
+                ": socketStartConnect: Connect to 10.0.0.2<43123> failed (" + env + ")");
 }
 
 TEST(NcclWorld, TheCommFacadeHasNcclAndFailsTheSameWay) {

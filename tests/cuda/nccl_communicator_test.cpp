@@ -1,6 +1,8 @@
 // GPU tests of the NCCL backend (comm/nccl/nccl_communicator.h) on a world of one, the
 // only NCCL world a one-GPU machine can make (NCCL refuses two ranks on one device):
-// the world from the factory, device splits (and kNoGroup, and host splits), every
+// the world from the factory, device splits (NCCL groups of one, forced with
+// nccl_groups_of_one; and the default SelfCommunicator for a group of one; and kNoGroup,
+// and host splits), every
 // collective in f32 and bf16 (all_reduce also f64 and i64, sum and max) against host
 // references, both stream modes (host-synchronous and stream-ordered on a caller's
 // stream), traffic counting, and the abort path (in process, and abort-and-exit in a
@@ -32,7 +34,9 @@ struct World {
   std::string skip;  // why there is none
 };
 
-World make_world(void* stream = nullptr) {
+// groups_of_one: NCCL for the groups of one too (the tests of the NCCL collectives: a
+// world of one has no other groups); false: the production default (SelfCommunicators).
+World make_world(void* stream = nullptr, bool nccl_groups_of_one = true) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
@@ -43,6 +47,7 @@ World make_world(void* stream = nullptr) {
   NcclWorldOptions options;
   options.device = 0;
   options.compute_stream = stream;
+  options.nccl_groups_of_one = nccl_groups_of_one;
   Result<std::unique_ptr<Communicator>> w =
       make_nccl_world_communicator(std::make_unique<SelfCommunicator>("world"), options);
   if (!w.is_ok())
@@ -263,6 +268,50 @@ TEST(NcclWorldGpu, AsyncCollectivesJoinTheCallersStream) {
     EXPECT_GT(dp->times().async_s, 0.0);
     cudaFree(a);
     cudaFree(b);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The production default: a group of one is a SelfCommunicator (no NCCL communicator),
+// its copies cudaMemcpyAsync on the caller's stream, sync and async, in stream order.
+TEST(NcclWorldGpu, AGroupOfOneIsASelfCommunicatorOrderedOnTheCallersStream) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device: cannot create a stream";
+  }
+  {
+    TRIDENT_REQUIRE_NCCL_WORLD(w, stream, /*nccl_groups_of_one=*/false);
+    const std::size_t aborts = registered_nccl_aborts();
+    std::unique_ptr<Communicator> dp = w.split(0, 0, "dp", MemSpace::kDevice);
+    ASSERT_NE(dp, nullptr);
+    EXPECT_STREQ(dp->backend(), "self");
+    EXPECT_EQ(dp->space(), MemSpace::kDevice);
+    EXPECT_EQ(registered_nccl_aborts(), aborts) << "a group of one made an NCCL communicator";
+    EXPECT_EQ(w.split(kNoGroup, 0, "none", MemSpace::kDevice), nullptr);
+    const std::vector<float> v = values_f32(1 << 20);
+    const std::size_t bytes = v.size() * sizeof(float);
+    const DeviceArray da_(std::vector<float>(v.size())), db_(std::vector<float>(v.size()));
+    const CommBuf da = da_.buf(), db = db_.buf();
+    void* a = da.data;
+    void* b = db.data;
+    for (const bool async : {false, true}) {
+      SCOPED_TRACE(async ? "async" : "sync");
+      ASSERT_EQ(cudaMemcpyAsync(a, v.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(b, 0, bytes, stream), cudaSuccess);
+      if (async) {
+        CommWork work = dp->iall_gather(da, db);
+        work.wait();
+      } else {
+        dp->all_reduce(da, ReduceOp::kSum);
+        dp->reduce_scatter(da, db);
+      }
+      std::vector<float> back(v.size(), -1.0f);
+      ASSERT_EQ(cudaMemcpyAsync(back.data(), b, bytes, cudaMemcpyDeviceToHost, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(back, v);
+    }
   }
   cudaStreamDestroy(stream);
 }

@@ -246,9 +246,10 @@ TEST(AsyncCollectives, TestIsEventuallyTrue) {
 // ---- device memory under a protecting hook (the checked backend's behaviour) -----------
 
 
-// The async calls on protected device buffers: the backend (communication thread, later
-// MPI calls) works outside any scope, so without staging this faults. Results equal the
-// synchronous calls' on host copies of the same inputs.
+// The async calls on protected device buffers: the MPI backend (communication thread,
+// later MPI calls) works outside any scope, so without staging this faults; the self
+// backend completes at issue inside the call's scope and is not staged. Results equal the
+// synchronous calls' on host copies of the same inputs, and no scope stays open.
 void expect_staged_async_is_correct(Communicator& dev, Communicator& host) {
   const int p = dev.size();
   const std::size_t chunk = 4099;
@@ -288,7 +289,7 @@ TEST(AsyncCollectives, CheckedDeviceMemoryIsStagedMpi) {
   expect_staged_async_is_correct(device_world(), world());
 }
 
-TEST(AsyncCollectives, CheckedDeviceMemoryIsStagedSelf) {
+TEST(AsyncCollectives, CheckedDeviceMemoryIsCorrectSelf) {
   SelfCommunicator dev("tp", MemSpace::kDevice);
   SelfCommunicator host;
   expect_staged_async_is_correct(dev, host);

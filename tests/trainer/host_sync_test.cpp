@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "tests/common/pattern_tokens.h"
 #include "tests/common/scratch_dir.h"
 #include "trainer/trainer.h"
 
@@ -18,10 +18,7 @@ namespace {
 class HostSync : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::vector<uint32_t> tokens(8000);
-    for (size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 200);
-    ASSERT_TRUE(write_token_file(dir_.file("train.bin"), tokens, 1).is_ok());
+    ASSERT_TRUE(testing::write_pattern_tokens(dir_.file("train.bin")).is_ok());
   }
 
   Config make_config(const std::string& arch, int zero) {
