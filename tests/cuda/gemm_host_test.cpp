@@ -178,6 +178,39 @@ TEST(GemmEngine, CreateWithoutADeviceSaysSo) {
       << engine.status().message();
 }
 
+// The bias pointer's alignment, which keys the algorithm cache (the heuristic reads it
+// from the pointer): the largest power of two up to 256 dividing the address.
+TEST(GemmAlignment, PointerAlignmentIsTheLargestPowerOfTwoUpTo256) {
+  auto at = [](uintptr_t a) { return pointer_alignment(reinterpret_cast<const void*>(a)); };
+  EXPECT_EQ(at(0), 256u);
+  EXPECT_EQ(at(0x1000), 256u);
+  EXPECT_EQ(at(0x1100), 256u);
+  EXPECT_EQ(at(0x1080), 128u);
+  EXPECT_EQ(at(0x1040), 64u);
+  EXPECT_EQ(at(0x1020), 32u);  // a bf16 bias slice of the parameter layout (16 floats apart)
+  EXPECT_EQ(at(0x1002), 2u);
+  EXPECT_EQ(at(0x1001), 1u);
+}
+
+// No algorithm never aborts: the heuristic is asked with the alignment preferences, then
+// without, then the simple kernel runs; each question only when the one before found none.
+TEST(GemmRoute, FallsBackWithoutAlignmentThenToTheSimpleKernel) {
+  std::vector<bool> asked;
+  auto answers = [&](int with, int without) {
+    asked.clear();
+    return choose_gemm_route([&, with, without](bool prefs) {
+      asked.push_back(prefs);
+      return prefs ? with : without;
+    });
+  };
+  EXPECT_EQ(answers(1, 1), GemmRoute::kAligned);
+  EXPECT_EQ(asked, std::vector<bool>({true}));
+  EXPECT_EQ(answers(0, 1), GemmRoute::kUnaligned);
+  EXPECT_EQ(asked, std::vector<bool>({true, false}));
+  EXPECT_EQ(answers(0, 0), GemmRoute::kSimple);
+  EXPECT_EQ(asked, std::vector<bool>({true, false}));
+}
+
 // ---- GPU: run() against a double reference ---------------------------------------------
 
 bool has_device() {
