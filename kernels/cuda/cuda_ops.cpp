@@ -101,6 +101,26 @@ std::string attention_fallback_message(AttentionChoice choice, const AttentionSh
          "); the plain path runs this shape";
 }
 
+AttentionStatePath AttentionPlanner::decide(const AttentionShape& s, bool asked,
+                                            const PrepareCudnn& prepare_cudnn) {
+  const auto key = std::make_tuple(s.B, s.T, s.NH, s.NKV, s.HD, s.dtype);
+  auto it = decisions_.find(key);
+  if (it != decisions_.end()) return it->second;
+  AttentionStatePath path = AttentionStatePath::kPlain;
+  if (attention_tries_cudnn(choice_, s.dtype)) {
+    const Status ready = prepare_cudnn(s);
+    if (ready.is_ok()) {
+      path = AttentionStatePath::kCudnn;
+    } else {
+      log::warn("{}", attention_fallback_message(choice_, s, ready));
+      ++fallbacks_;
+      if (!asked) path = AttentionStatePath::kPlainRecompute;
+    }
+  }
+  decisions_.emplace(key, path);
+  return path;
+}
+
 GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC) {
   GemmDesc d;
   switch (which) {
@@ -144,7 +164,7 @@ std::string library_version_text(size_t v) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(int device, AttentionChoice choice) : device_(device), choice_(choice) {}
+  CudaOps(int device, AttentionChoice choice) : device_(device), choice_(choice), planner_(choice) {}
 
   // Everything that can fail cleanly (no device, no cuBLASLt) is here, not in the
   // constructor. Called once by make_cuda_ops.
@@ -727,28 +747,12 @@ class CudaOps final : public Ops {
     return AttentionShape{B, T, NH, NKV, HD, dtype};
   }
 
-  // The path of a shape: the one decided when the shape was first seen (kept, so a
-  // backward always runs its forward's path). `asked`: first seen by
-  // attention_state_bytes (the buffer is sized for this shape, so a plain fallback keeps
-  // its probabilities), else by a call (the buffer was sized for a larger shape: a plain
-  // fallback recomputes). A query that builds cuDNN plans is still const to callers: the
-  // decisions and plans are caches, nothing is allocated on the device.
+  // The path of a shape (AttentionPlanner). A query that builds cuDNN plans is still
+  // const to callers: the decisions and plans are caches, nothing is allocated on the
+  // device.
   AttentionStatePath decide(const AttentionShape& s, bool asked) const {
-    const auto key = std::make_tuple(s.B, s.T, s.NH, s.NKV, s.HD, s.dtype);
-    auto it = decisions_.find(key);
-    if (it != decisions_.end()) return it->second;
-    AttentionStatePath path = AttentionStatePath::kPlain;
-    if (attention_tries_cudnn(choice_, s.dtype)) {
-      const Status ready = const_cast<CudaOps*>(this)->prepare_cudnn(s);
-      if (ready.is_ok()) {
-        path = AttentionStatePath::kCudnn;
-      } else {
-        log::warn("{}", attention_fallback_message(choice_, s, ready));
-        if (!asked) path = AttentionStatePath::kPlainRecompute;
-      }
-    }
-    decisions_.emplace(key, path);
-    return path;
+    CudaOps* self = const_cast<CudaOps*>(this);
+    return planner_.decide(s, asked, [self](const AttentionShape& x) { return self->prepare_cudnn(x); });
   }
   Status prepare_cudnn(const AttentionShape& s) {
     if (cudnn_ != nullptr) return cudnn_->prepare(s);
@@ -784,8 +788,7 @@ class CudaOps final : public Ops {
   bool sync_ = false;
   std::unique_ptr<GemmEngine> gemm_;
   std::unique_ptr<AttentionPath> plain_, cudnn_;  // cudnn_: made for the first bf16 shape
-  // The path of every shape seen (decide).
-  mutable std::map<std::tuple<int, int, int, int, int, DType>, AttentionStatePath> decisions_;
+  mutable AttentionPlanner planner_;  // the path of every shape seen
   Scratch scratch_[kSlots];
   void* staging_ = nullptr;  // pinned host memory
   size_t staging_bytes_ = 0;

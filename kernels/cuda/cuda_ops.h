@@ -29,8 +29,11 @@
 //   after the first allocates nothing.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "core/status.h"
 #include "kernels/cuda/attention.h"
@@ -67,6 +70,29 @@ size_t attention_state_total_bytes(AttentionStatePath path, AttentionShape shape
 // The warning logged once per shape that falls back from cuDNN to plain.
 std::string attention_fallback_message(AttentionChoice choice, const AttentionShape& shape,
                                        const Status& why);
+
+// The CUDA Ops' choice of path per shape, apart from the device so host tests can drive it
+// with a fake cuDNN. A shape (B, T, NH, NKV, HD, dtype) is decided the first time it is
+// seen and kept, so a backward always runs its forward's path: bf16 (unless plain is
+// forced) asks prepare_cudnn and takes cuDNN when it succeeds; otherwise plain, logging
+// attention_fallback_message once. `asked`: the shape is first seen by
+// attention_state_bytes (its buffer is sized for it: plain keeps the probabilities), else
+// by a call (a buffer sized for a larger shape: plain recomputes). Not thread-safe (one
+// per Ops).
+class AttentionPlanner {
+ public:
+  using PrepareCudnn = std::function<Status(const AttentionShape&)>;
+  explicit AttentionPlanner(AttentionChoice choice) : choice_(choice) {}
+  AttentionChoice choice() const { return choice_; }
+  AttentionStatePath decide(const AttentionShape& shape, bool asked,
+                            const PrepareCudnn& prepare_cudnn);
+  size_t fallbacks() const { return fallbacks_; }  // shapes that fell back (one line each)
+
+ private:
+  AttentionChoice choice_;
+  std::map<std::tuple<int, int, int, int, int, DType>, AttentionStatePath> decisions_;
+  size_t fallbacks_ = 0;
+};
 
 // The three GEMMs of a linear layer (kernels/ops.h matmul_*), as GemmDescs with the shape
 // fields set (dtypes, bias: by the caller from the buffers):

@@ -326,6 +326,54 @@ TEST(CudaAttentionChoice, FallbackLineNamesTheShapeAndTheReason) {
       << forced;
 }
 
+// The per-shape choice with a fake cuDNN that serves T >= 128 only: bf16 takes cuDNN where
+// it plans; a shape it rejects runs plain (keeping P when asked for, recomputing when first
+// seen at a call) with one line; a decision is kept, so backward follows forward even if
+// cuDNN would now answer otherwise; f32 and forced plain never ask cuDNN.
+TEST(CudaAttentionPlanner, ChoosesPerShapeAndKeepsTheChoice) {
+  int asked_cudnn = 0;
+  bool serve_all = false;
+  const AttentionPlanner::PrepareCudnn fake = [&](const AttentionShape& s) {
+    ++asked_cudnn;
+    return serve_all || s.T >= 128 ? Status::ok() : Status::invalid_config("T too short");
+  };
+  const AttentionShape train{8, 1024, 12, 12, 64, DType::kBF16};
+  const AttentionShape decode{1, 1, 12, 12, 64, DType::kBF16};
+  const AttentionShape last{8, 100, 12, 12, 64, DType::kBF16};
+  for (AttentionChoice choice : {AttentionChoice::kAuto, AttentionChoice::kCudnn}) {
+    AttentionPlanner planner(choice);
+    asked_cudnn = 0;
+    serve_all = false;
+    EXPECT_EQ(planner.decide(train, true, fake), AttentionStatePath::kCudnn);
+    EXPECT_EQ(planner.decide(decode, true, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(planner.decide(last, false, fake), AttentionStatePath::kPlainRecompute);
+    EXPECT_EQ(planner.fallbacks(), 2u);
+    EXPECT_EQ(asked_cudnn, 3);
+    // Kept: the same answers without asking again (one line per shape), even though the
+    // fake would serve every shape now.
+    serve_all = true;
+    for (bool asked : {true, false}) {
+      EXPECT_EQ(planner.decide(train, asked, fake), AttentionStatePath::kCudnn);
+      EXPECT_EQ(planner.decide(decode, asked, fake), AttentionStatePath::kPlain);
+      EXPECT_EQ(planner.decide(last, asked, fake), AttentionStatePath::kPlainRecompute);
+    }
+    EXPECT_EQ(asked_cudnn, 3);
+    EXPECT_EQ(planner.fallbacks(), 2u);
+    // Another dtype is another shape: f32 runs plain without asking cuDNN.
+    AttentionShape f32 = train;
+    f32.dtype = DType::kF32;
+    EXPECT_EQ(planner.decide(f32, true, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(planner.decide(f32, false, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(asked_cudnn, 3);
+  }
+  AttentionPlanner plain(AttentionChoice::kPlain);
+  asked_cudnn = 0;
+  EXPECT_EQ(plain.decide(train, true, fake), AttentionStatePath::kPlain);
+  EXPECT_EQ(plain.decide(last, false, fake), AttentionStatePath::kPlain);
+  EXPECT_EQ(asked_cudnn, 0);
+  EXPECT_EQ(plain.fallbacks(), 0u);
+}
+
 // The runtime cuDNN's rules, version by version (cudnn-frontend's for these graphs): T = 1
 // is refused whatever the version (and says so first), T % 128 != 0 below 9.16, anything
 // below 9.10.2.
