@@ -235,6 +235,7 @@ std::string GemmDesc::str() const {
 struct GemmEngine::Impl {
   cublasLtHandle_t handle = nullptr;
   CUstream_st* stream = nullptr;
+  bool simple_only = false;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   struct Entry {
@@ -251,11 +252,13 @@ struct GemmEngine::Impl {
                 cublasLtMatmulAlgo_t* algo);
 };
 
-Result<std::unique_ptr<GemmEngine>> GemmEngine::create(CUstream_st* stream, size_t workspace_bytes) {
+Result<std::unique_ptr<GemmEngine>> GemmEngine::create(CUstream_st* stream, size_t workspace_bytes,
+                                                      bool simple_only) {
   std::unique_ptr<GemmEngine> engine(new GemmEngine());
   engine->impl_ = std::make_unique<Impl>();
   Impl& im = *engine->impl_;
   im.stream = stream;
+  im.simple_only = simple_only;
   cublasStatus_t s = cublasLtCreate(&im.handle);
   if (s != CUBLAS_STATUS_SUCCESS) {
     im.handle = nullptr;
@@ -337,9 +340,12 @@ GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc, const
     TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
                       "GEMM " + desc.str() + ": CUBLASLT_MATMUL_DESC_BIAS_POINTER: " + status_text(s));
   }
-  entry->route = choose_gemm_route(
-      [&](bool prefs) { return heuristic(desc, entry->descs, prefs, &entry->algo); });
-  if (entry->route == GemmRoute::kUnaligned) {
+  entry->route = simple_only ? GemmRoute::kSimple : choose_gemm_route([&](bool prefs) {
+    return heuristic(desc, entry->descs, prefs, &entry->algo);
+  });
+  if (simple_only) {
+    // (tests: no warning)
+  } else if (entry->route == GemmRoute::kUnaligned) {
     log::warn("cuBLASLt: no algorithm for GEMM {} with {}-byte aligned operands; using one that "
               "needs 256-byte aligned pointers (the simple kernel runs when they are not)",
               desc.str(), desc_alignment(desc));

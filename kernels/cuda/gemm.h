@@ -70,9 +70,11 @@ GemmRoute choose_gemm_route(const std::function<int(bool alignment_prefs)>& foun
 class GemmEngine {
  public:
   // Creates the cuBLASLt handle and the workspace (cudaMallocAsync on `stream`).
-  // Without a usable device: an error saying so (no crash).
+  // Without a usable device: an error saying so (no crash). `simple_only` (tests): every
+  // desc takes the last-resort route, simple_gemm, without asking cuBLASLt.
   static Result<std::unique_ptr<GemmEngine>> create(CUstream_st* stream,
-                                                    size_t workspace_bytes = size_t{32} << 20);
+                                                    size_t workspace_bytes = size_t{32} << 20,
+                                                    bool simple_only = false);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
