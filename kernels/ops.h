@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <unordered_map>
@@ -74,6 +75,15 @@ class Ops {
   // their device collectives on it (comm/nccl_world.h); null = none (CPU: every op is
   // synchronous).
   virtual void* native_stream() const { return nullptr; }
+  // The memory of the device this object allocates on, for the memory plan: none
+  // (nullopt) when device memory is host memory (CPU). CUDA: cudaMemGetInfo's free and
+  // total bytes, and the pinned host memory the backend keeps for transfers.
+  struct DeviceMemory {
+    size_t free_bytes = 0, total_bytes = 0;
+    size_t pinned_host_bytes = 0;
+    std::string source;  // where the figures come from, e.g. "cudaMemGetInfo"
+  };
+  virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
 
   // ---- memory -------------------------------------------------------------------
   // 64-byte aligned, zero-filled, returned as u8 (callers .as() their dtype). Counted
@@ -153,10 +163,13 @@ class Ops {
   // The state saved for backward is opaque and its size is the backend's choice: the
   // CPU keeps the softmax probabilities [B, NH, T, T] (float); a flash backend keeps
   // the row log-sum-exp [B, NH, T] and recomputes the probabilities in backward.
-  // - attention_state_bytes: the bytes one call with these shapes needs. It is
-  //   non-decreasing in B and T, so a buffer sized for the largest call serves every
-  //   smaller one; it saturates at SIZE_MAX instead of wrapping. A pure query (no
-  //   device work), also used by the memory plan before anything is allocated.
+  // - attention_state_bytes: the bytes calls with these shapes and `dtype` (the dtype of
+  //   q, k, v and out) need. A buffer of that size serves every call with the same heads
+  //   and dtype and a B and T no larger (the size itself need not grow with B and T: a
+  //   backend may pick another algorithm per shape, CUDA: cuDNN or plain); it saturates
+  //   at SIZE_MAX instead of wrapping. Allocates nothing and touches no device memory
+  //   (a backend may decide and cache its algorithm for the shape here); also used by
+  //   the memory plan before anything is allocated.
   // - The caller owns the state: it allocates at least attention_state_bytes through
   //   this Ops object (64-byte aligned, as allocate() returns) and never reads, writes
   //   or interprets it; only attention_forward writes it and attention_backward reads it.
@@ -165,7 +178,16 @@ class Ops {
   //   rowsum(dout * out)), the same shapes, and may run any number of times.
   // - dq, dk, dv ACCUMULATE (+=) like every backward; any of them may be null (not
   //   needed).
-  virtual size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const = 0;
+  virtual size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
+                                       DType dtype) const = 0;
+  // Device memory the backend itself allocates for attention calls of these shapes
+  // (scratch and library workspaces, kept across calls; not the state): part of the
+  // memory plan. Default 0 (the CPU's scratch is counted by the model).
+  virtual size_t attention_workspace_bytes(int B, int T, int NH, int NKV, int HD,
+                                           DType dtype) const {
+    (void)B, (void)T, (void)NH, (void)NKV, (void)HD, (void)dtype;
+    return 0;
+  }
   virtual void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B,
                                  int T, int NH, int NKV, int HD) = 0;
   virtual void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,

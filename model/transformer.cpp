@@ -363,7 +363,8 @@ void Transformer::plan_activations() {
   // tensors (activations and their gradients, logits) are of the compute dtype;
   // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
   const size_t att_bytes =
-      ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim);
+      ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim,
+                                 compute_dtype_);
   const bool llama = !c.is_gpt2();
   const bool last = part_.last_stage();
   const DType cd = compute_dtype_, f32 = DType::kF32, i32 = DType::kI32;

@@ -112,9 +112,9 @@ int cmd_plan(const std::vector<std::string>& args) {
         config->runtime.peak_tflops > 0 ? config->runtime.peak_tflops * 1e12 : ops->peak_flops();
     options.hardware = cpu_hardware(peak, memory->bytes);
     options.gpus_per_node = options.devices;
-    options.attention_state_bytes = [](int B, int T, int NH, int NKV, int HD) {
+    options.attention_state_bytes = [](int B, int T, int NH, int NKV, int HD, DType dtype) {
       static const std::unique_ptr<Ops> cpu = make_cpu_ops(1);
-      return cpu->attention_state_bytes(B, T, NH, NKV, HD);
+      return cpu->attention_state_bytes(B, T, NH, NKV, HD, dtype);
     };
   } else {
     auto table = load_hardware_table(hardware_path.empty() ? default_hardware_path() : hardware_path);

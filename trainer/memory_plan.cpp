@@ -15,6 +15,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -33,6 +34,9 @@ double align(double x, double multiple) { return std::ceil(x / multiple) * multi
 // Bytes per element of the compute weights and activations (training.precision).
 double compute_bytes(const Config& config) {
   return config.training.precision == Precision::kBf16 ? 2.0 : kF;
+}
+DType compute_dtype(const Config& config) {
+  return config.training.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
 }
 
 // A tensor's tensor-parallel local shape as dim-0 rows of row_elems floats each (the
@@ -171,7 +175,7 @@ void activation_plan(const Config& config, const ModelPartition& part,
   const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
   const double att_bytes = static_cast<double>(attention_state_bytes(
       config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
-      c.n_kv_heads / part.tp_size, c.head_dim));
+      c.n_kv_heads / part.tp_size, c.head_dim, compute_dtype(config)));
   const bool llama = !c.is_gpt2(), last = part.last_stage();
   // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
   // the same, so an arena of n layers is n times one layer's aligned slices.
@@ -324,6 +328,26 @@ std::string breakdown(const RankMemory& m) {
          ", checkpoint snapshot " + bytes_text(m.checkpoint) + ", other " + bytes_text(m.other);
 }
 
+// The device-resident kinds, then the host-resident ones (a rank with its own device).
+std::string device_breakdown(const RankMemory& m) {
+  const std::string master = m.master > 0 ? ", fp32 masters " + bytes_text(m.master) : "";
+  return "parameters " + bytes_text(m.params) + master + ", gradients " + bytes_text(m.grads) +
+         ", optimizer " + bytes_text(m.optimizer) + ", activations " + bytes_text(m.activations) +
+         ", scratch and comm buffers " + bytes_text(m.scratch + m.comm_buffers) +
+         ", workspaces " + bytes_text(m.workspace);
+}
+std::string host_breakdown(const RankMemory& m) {
+  return "checkpoint snapshot " + bytes_text(m.checkpoint) + ", pinned staging " +
+         bytes_text(m.pinned) + ", tables and transient " + bytes_text(m.tables + m.transient);
+}
+
+const char* biggest_device_consumer(const RankMemory& m) {
+  RankMemory d = m;  // only the device kinds compete
+  d.checkpoint = 0;
+  d.other = d.scratch + d.comm_buffers + d.workspace;
+  return biggest_consumer(d);
+}
+
 }  // namespace
 
 int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro, int virtual_stages) {
@@ -332,9 +356,30 @@ int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro, int 
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const Ops& ops) {
-  return estimate_rank_memory(config, part, dp_rank, [&ops](int B, int T, int NH, int NKV, int HD) {
-    return ops.attention_state_bytes(B, T, NH, NKV, HD);
-  });
+  RankMemory m = estimate_rank_memory(
+      config, part, dp_rank, [&ops](int B, int T, int NH, int NKV, int HD, DType dtype) {
+        return ops.attention_state_bytes(B, T, NH, NKV, HD, dtype);
+      });
+  // The backend's own buffers: its attention scratch for this rank's shape (every layer
+  // of every chunk shares it; none without a local layer) and its pinned staging.
+  const TransformerConfig& c = config.model;
+  bool layers = false;
+  for (const ModelPartition& chunk : config.parallel.virtual_stages > 1
+                                         ? rank_chunks(config, part.tp_rank, part.pp_rank)
+                                         : std::vector<ModelPartition>{part}) {
+    layers = layers || (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) > chunk.layer_begin;
+  }
+  if (layers) {
+    m.workspace = static_cast<double>(ops.attention_workspace_bytes(
+        config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
+        c.n_kv_heads / part.tp_size, c.head_dim, compute_dtype(config)));
+  }
+  if (const std::optional<Ops::DeviceMemory> device = ops.device_memory()) {
+    m.pinned = static_cast<double>(device->pinned_host_bytes);
+  }
+  m.other += m.workspace + m.pinned;
+  m.total += m.workspace + m.pinned;
+  return m;
 }
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
@@ -455,19 +500,45 @@ std::string describe_rank_memory(const RankMemory& m) {
 }
 
 Status check_memory_fits(const Config& config, std::span<const RankMemoryReport> reports,
-                         const std::string& source) {
+                         const std::string& source, const std::string& device_source) {
+  // Devices first: each rank's device-resident parts against its own device.
+  const RankMemoryReport* worst_device = nullptr;
+  for (const RankMemoryReport& r : reports) {
+    if (r.device_free <= 0 || r.need.device_resident() <= r.device_free) continue;
+    if (!worst_device || r.need.device_resident() / r.device_free >
+                             worst_device->need.device_resident() / worst_device->device_free) {
+      worst_device = &r;
+    }
+  }
+  if (worst_device) {
+    const RankMemory& m = worst_device->need;
+    return Status::invalid_config(
+        "model needs " + bytes_text(m.device_resident()) + " of device memory per rank (" +
+        device_breakdown(m) + "; biggest: " + biggest_device_consumer(m) + ") but the device has " +
+        bytes_text(worst_device->device_free) + " free of " +
+        bytes_text(worst_device->device_total) + " (" + device_source + "); " +
+        shrink_hint(config, m));
+  }
+  // Then every machine: the host parts of ranks with a device, the totals of the others.
   struct Host {
     double need = 0, available = std::numeric_limits<double>::infinity();
     int ranks = 0;
     const RankMemory* largest = nullptr;
+    double largest_need = 0;
+    bool device = false;  // the largest rank has its own device: only its host parts count
   };
   std::map<uint64_t, Host> hosts;
   for (const RankMemoryReport& r : reports) {
     Host& h = hosts[r.host];
-    h.need += r.need.total;
+    const double need = r.device_free > 0 ? r.need.host_resident() : r.need.total;
+    h.need += need;
     h.available = std::min(h.available, r.available);
     h.ranks++;
-    if (!h.largest || r.need.total > h.largest->total) h.largest = &r.need;
+    if (!h.largest || need > h.largest_need) {
+      h.largest = &r.need;
+      h.largest_need = need;
+      h.device = r.device_free > 0;
+    }
   }
   // The most over-committed machine, so that every rank names the same one.
   const Host* worst = nullptr;
@@ -479,8 +550,12 @@ Status check_memory_fits(const Config& config, std::span<const RankMemoryReport>
   if (!worst) return Status::ok();
   const RankMemory& m = *worst->largest;
   const bool many = worst->ranks > 1;
-  std::string msg = "model needs " + std::string(many ? "up to " : "") + bytes_text(m.total) +
-                    " per rank (" + breakdown(m) + "; biggest: " + biggest_consumer(m) + ")";
+  std::string msg =
+      worst->device
+          ? "model needs " + std::string(many ? "up to " : "") + bytes_text(m.host_resident()) +
+                " of host memory per rank (" + host_breakdown(m) + ")"
+          : "model needs " + std::string(many ? "up to " : "") + bytes_text(m.total) +
+                " per rank (" + breakdown(m) + "; biggest: " + biggest_consumer(m) + ")";
   if (many) {
     msg += ", " + std::to_string(worst->ranks) + " ranks on one machine need " +
            bytes_text(worst->need) + " together,";
@@ -499,6 +574,12 @@ Status plan_and_check_memory(const Config& config, const ModelPartition& part, i
   mine.host = host_hash();
   mine.available = host.is_ok() ? host->bytes : std::numeric_limits<double>::infinity();
   mine.need = estimate_rank_memory(config, part, dp_rank, ops);
+  const std::optional<Ops::DeviceMemory> device = ops.device_memory();
+  if (device) {
+    mine.device_free = static_cast<double>(device->free_bytes);
+    mine.device_total = static_cast<double>(device->total_bytes);
+  }
+  const std::string device_source = device ? device->source : "";
   std::vector<RankMemoryReport> all(static_cast<size_t>(world.size()));
   world.all_gather(CommBuf::host(std::as_bytes(std::span<const RankMemoryReport>(&mine, 1))),
                    CommBuf::host(std::as_writable_bytes(std::span<RankMemoryReport>(all))),
@@ -512,11 +593,24 @@ Status plan_and_check_memory(const Config& config, const ModelPartition& part, i
       if (r.need.total > largest->need.total) largest = &r;
       if (r.host == mine.host) same_host++;
     }
-    log::info("memory plan: {}{}; {} rank{} on this machine, {} available ({})",
-              world.size() > 1 ? "up to " : "", describe_rank_memory(largest->need), same_host,
-              same_host > 1 ? "s" : "", bytes_text(host->bytes), source);
+    const char* up_to = world.size() > 1 ? "up to " : "";
+    if (device) {
+      // This rank's device (every rank checks its own): device-resident parts against it,
+      // host-resident ones against the machine.
+      log::info("memory plan: device {}{} per rank ({}), this rank's device has {} free of {} "
+                "({}); host {}{} per rank ({}); {} rank{} on this machine, {} available ({})",
+                up_to, bytes_text(largest->need.device_resident()),
+                device_breakdown(largest->need), bytes_text(mine.device_free),
+                bytes_text(mine.device_total), device_source, up_to,
+                bytes_text(largest->need.host_resident()), host_breakdown(largest->need),
+                same_host, same_host > 1 ? "s" : "", bytes_text(host->bytes), source);
+    } else {
+      log::info("memory plan: {}{}; {} rank{} on this machine, {} available ({})", up_to,
+                describe_rank_memory(largest->need), same_host, same_host > 1 ? "s" : "",
+                bytes_text(host->bytes), source);
+    }
   }
-  return check_memory_fits(config, all, source);
+  return check_memory_fits(config, all, source, device_source.empty() ? "device" : device_source);
 }
 
 }  // namespace trident

@@ -29,7 +29,11 @@
 // The check (check_memory_fits) compares, for every machine, the sum over the ranks on
 // it with the memory available to them: physical memory capped by the cgroup limit
 // (v2 memory.max, v1 memory.limit_in_bytes), or TRIDENT_MEMORY_LIMIT_BYTES when set (a
-// test and override hook). Every rank decides from the same all-gathered reports, so
+// test and override hook). On a backend with its own device memory (Ops::device_memory:
+// CUDA) the device-resident kinds (parameters, masters, gradients, optimizer state,
+// activations, scratch, comm buffers, workspaces) are compared with each rank's free
+// device memory instead, and only the host-resident ones (checkpoint snapshot, transient
+// host copies, tables, pinned staging) count against the machine's memory. Every rank decides from the same all-gathered reports, so
 // every rank returns the same Status (no rank trains while another gives up).
 // Thread-compatible; plan_and_check_memory is collective over the world.
 #pragma once
@@ -62,19 +66,32 @@ struct RankMemory {
   double comm_buffers = 0;  // persistent buffers of the dp collectives
   double transient = 0;     // the largest short-lived buffer
   double tables = 0;        // parameter tables, pipeline schedule, token buffers
+  double workspace = 0;     // the backend's attention scratch and library workspaces
+                            // (Ops::attention_workspace_bytes; device-resident)
+  double pinned = 0;        // pinned host staging of transfers (Ops::device_memory)
   double total = 0;  // params + master + grads + optimizer + activations + checkpoint + other
+  // The parts that live on the device when the backend has one (else in host memory too),
+  // and those that live in host memory whatever the backend; they add up to total.
+  double device_resident() const {
+    return params + master + grads + optimizer + activations + scratch + comm_buffers +
+           workspace;
+  }
+  double host_resident() const { return checkpoint + transient + tables + pinned; }
 };
 
 // The bytes of one layer's attention state for a micro-batch (Ops::attention_state_bytes
 // of the backend that will run): lets a plan be made without constructing that backend.
-using AttentionStateBytes = std::function<size_t(int B, int T, int NH, int NKV, int HD)>;
+// `dtype` is the compute dtype (training.precision).
+using AttentionStateBytes =
+    std::function<size_t(int B, int T, int NH, int NKV, int HD, DType dtype)>;
 
 // The plan of the rank with this partition and data-parallel rank (with
 // parallel.virtual_stages > 1, `part` names the rank by its tp and pp rank and the plan
 // counts every chunk of trainer/partition.h: each chunk's model holds its own slots and
 // backward scratch). `config` is
 // validated (validate_config) and its model finalized. `ops` is the backend the run
-// uses; only its size queries are called (Ops::attention_state_bytes).
+// uses; only its size queries are called (Ops::attention_state_bytes,
+// attention_workspace_bytes, device_memory's pinned staging).
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const Ops& ops);
 // The same with the attention state size given directly (trident plan, for a GPU).
@@ -98,20 +115,26 @@ struct HostMemory {
 Result<HostMemory> available_host_memory();
 
 // One rank's entry in the check: its machine (a hash of the host name), the memory
-// available there, and its plan. Trivially copyable (it is all-gathered as bytes).
+// available there, its device's free and total memory (0: no device memory of its own,
+// everything counts against the host), and its plan. Trivially copyable (it is
+// all-gathered as bytes).
 struct RankMemoryReport {
   uint64_t host = 0;
   double available = 0;
+  double device_free = 0, device_total = 0;
   RankMemory need;
 };
 static_assert(std::is_trivially_copyable_v<RankMemoryReport>);
 
-// OK when, on every machine, the ranks' totals sum to at most its available memory.
-// Otherwise kInvalidConfig (exit 2) naming the figures of the most over-committed
-// machine, its biggest consumer and the keys to change. `source` says where the
-// available figure came from (for the message). Pure: tests call it directly.
+// OK when every rank with a device fits its device-resident parts into its free device
+// memory, and, on every machine, the ranks' host parts (their totals for ranks without
+// a device) sum to at most its available memory. Otherwise kInvalidConfig (exit 2)
+// naming the figures of the most over-committed device or machine, its biggest consumer
+// and the keys to change. `source` says where the host figure came from,
+// `device_source` the device figure (for the message). Pure: tests call it directly.
 Status check_memory_fits(const Config& config, std::span<const RankMemoryReport> reports,
-                         const std::string& source);
+                         const std::string& source,
+                         const std::string& device_source = "cudaMemGetInfo");
 
 // "<total> per rank (parameters ..., ...)" of `m`, for logs and messages.
 std::string describe_rank_memory(const RankMemory& m);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -190,8 +191,16 @@ std::string layout_name(const PlanLayout& l) {
   return s;
 }
 
-size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int /*HD*/) {
-  return static_cast<size_t>(B) * static_cast<size_t>(NH) * static_cast<size_t>(T) * sizeof(float);
+size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
+  // The CUDA backend's choice (kernels/cuda/cuda_ops.cpp): bf16 with a head dim cuDNN's
+  // flash attention takes runs cuDNN; everything else runs the plain path. Both states
+  // start with the backend's 64-byte tag.
+  constexpr double kTag = 64;
+  const double rows = static_cast<double>(B) * NH * T;
+  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+  const double ld = std::ceil(T / 8.0) * 8.0;  // plain: probabilities [B, NH, T, ld]
+  const double bytes = kTag + (fused ? rows * sizeof(float) : rows * ld * dtype_size(dtype));
+  return bytes >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(bytes);
 }
 
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,

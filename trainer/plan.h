@@ -22,8 +22,10 @@
 //               channel buffers; not allocated through Ops); cpu: 0
 // Host memory (RankMemory::checkpoint + transient + tables) is not on a GPU; on the CPU
 // device and host are one memory, so a cpu plan counts both against it.
-// GPU attention state: the fused (cuDNN / flash) path's log-sum-exp, B*NH*T*4 bytes per
-// layer (gpu_attention_state_bytes) — an assumption: the plain fallback keeps T^2.
+// GPU attention state (gpu_attention_state_bytes): what the CUDA backend's default path
+// keeps per layer: in bf16 the fused (cuDNN) path's log-sum-exp, B*NH*T*4 bytes; in fp32
+// the plain path's probabilities, B*NH*T*T*4 bytes (cuDNN's flash attention is bf16 only).
+// That the runtime's cuDNN has a plan for the shape is an assumption here.
 //
 // Time (per optimizer step, the most loaded pipeline stage):
 //   per micro-batch compute c = GEMM FLOPs / (peak * kGemmEfficiency)
@@ -100,8 +102,10 @@ struct PlanOptions {
   AttentionStateBytes attention_state_bytes;  // per layer and micro-batch
 };
 
-// The fused attention path's saved state: the log-sum-exp [B, NH, T] in f32.
-size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD);
+// The CUDA backend's attention state for a compute dtype: bf16 (with a head dim cuDNN
+// takes) runs the fused path, whose state is the log-sum-exp [B, NH, T] in f32; f32 runs
+// the plain path, which keeps the probabilities [B, NH, T, T rounded up to 8] in f32.
+size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
 
 // One rank's memory by kind (the PlanMemory mapping of estimate_rank_memory).
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,

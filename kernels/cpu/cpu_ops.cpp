@@ -301,7 +301,9 @@ class CpuOps final : public Ops {
   // The state is the softmax probabilities [B, NH, T, T] as fp32 (upper triangle 0), the
   // exact arithmetic of cpu::attention_forward / _backward; `out` is not needed by
   // backward.
-  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
+  // The probabilities [B, NH, T, T], f32 whatever the io dtype (the CPU's attention
+  // computes in f32: kernels/cpu/attention.cpp).
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType) const override {
     (void)NKV;
     (void)HD;
     size_t floats = 0;

@@ -10,7 +10,9 @@
 // alignment rule wants).
 //
 // Forward: S = Qg Kg^T (f32 D), P = causal_softmax(S / sqrt(HD)) in the io dtype (the
-// state), Og = P Vg, out = permute(Og).
+// state; with shape.recompute kept scratch instead, and backward recomputes S and P from
+// q and k first: the same kernels on the same inputs, so the same bits), Og = P Vg,
+// out = permute(Og).
 // Backward: dVg = P^T dOg (the G*T rows of a group sum over its query heads), dP = dOg Vg^T,
 // dS = P (dP - rowsum(P dP)) / sqrt(HD) in the io dtype, dQg = dS Kg, dKg = dS^T Qg; each
 // gradient in f32, permuted back, then ops.accumulate into dq / dk / dv (one rounding of
@@ -129,19 +131,43 @@ class PlainAttention final : public AttentionPath {
  public:
   PlainAttention(Ops& ops, GemmEngine& gemm, CUstream_st* stream) : ops_(ops), gemm_(gemm), stream_(stream) {}
   ~PlainAttention() override {
-    for (Scratch* s : {&q_, &k_, &v_, &o_, &scores_, &ds_, &grad_, &grad_out_}) s->release(ops_);
+    for (Scratch* s : {&q_, &k_, &v_, &o_, &scores_, &ds_, &grad_, &grad_out_, &probs_}) s->release(ops_);
   }
 
   const char* name() const override { return "plain"; }
 
-  // The probabilities [B, NH, T, ld] in the io dtype. The query carries no dtype, so it
-  // is sized for f32 (4 bytes per probability); a bf16 call uses the first half.
-  size_t state_bytes(int B, int T, int NH, int NKV, int HD) const override {
-    (void)NKV;
-    (void)HD;
-    if (B <= 0 || T <= 0 || NH <= 0) return 0;
-    size_t n = mul_sat(mul_sat(static_cast<size_t>(B), static_cast<size_t>(NH)), static_cast<size_t>(T));
-    return mul_sat(mul_sat(n, static_cast<size_t>(padded_ld(T))), sizeof(float));
+  Status prepare(const AttentionShape& s) override {
+    if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.NKV <= 0 || s.HD <= 0 || s.NH % s.NKV != 0 ||
+        !is_float_dtype(s.dtype)) {
+      return Status::invalid_input("plain attention: bad shape B=" + std::to_string(s.B) + " T=" +
+                                   std::to_string(s.T) + " NH=" + std::to_string(s.NH) + " NKV=" +
+                                   std::to_string(s.NKV) + " HD=" + std::to_string(s.HD) + " " +
+                                   dtype_name(s.dtype));
+    }
+    return Status::ok();
+  }
+
+  // The kept scratch a call of this shape grows: q, k, v, out/dout permuted (io dtype),
+  // the scores / dP (f32) and dS (io dtype), two f32 gradients, and with recompute the
+  // probabilities (io dtype).
+  size_t workspace_bytes(const AttentionShape& s) const override {
+    if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.NKV <= 0 || s.HD <= 0) return 0;
+    const size_t e = dtype_size(s.dtype);
+    const size_t rows = mul_sat(mul_sat(static_cast<size_t>(s.B), static_cast<size_t>(s.NH)),
+                                static_cast<size_t>(s.T));
+    const size_t q = mul_sat(rows, static_cast<size_t>(s.HD));
+    const size_t kv = mul_sat(mul_sat(mul_sat(static_cast<size_t>(s.B), static_cast<size_t>(s.NKV)),
+                                      static_cast<size_t>(s.T)),
+                              static_cast<size_t>(s.HD));
+    const size_t scores = mul_sat(rows, static_cast<size_t>(padded_ld(s.T)));
+    size_t total = 0;
+    for (size_t part : {mul_sat(q, 2 * e), mul_sat(kv, 2 * e), mul_sat(scores, sizeof(float)),
+                        mul_sat(scores, e), mul_sat(q, 2 * sizeof(float)),
+                        s.recompute ? mul_sat(scores, e) : size_t{0}}) {
+      if (total > std::numeric_limits<size_t>::max() - part) return std::numeric_limits<size_t>::max();
+      total += part;
+    }
+    return total;
   }
 
   void forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, const AttentionShape& s) override {
@@ -155,7 +181,7 @@ class PlainAttention final : public AttentionPath {
     DevPtr vp = v_.get(ops_, d.kv_elems * d.esize, dt);
     DevPtr op = o_.get(ops_, d.q_elems * d.esize, dt);
     DevPtr scores = scores_.get(ops_, d.score_elems * sizeof(float), DType::kF32);
-    DevPtr probs = state.as(dt);
+    DevPtr probs = s.recompute ? probs_.get(ops_, d.score_elems * d.esize, dt) : state.as(dt);
     permute_bthd_to_bhtd(qp.raw(), q.raw(), dt, s.B, s.T, s.NH, s.HD, stream_);
     permute_bthd_to_bhtd(kp.raw(), k.raw(), dt, s.B, s.T, s.NKV, s.HD, stream_);
     permute_bthd_to_bhtd(vp.raw(), v.raw(), dt, s.B, s.T, s.NKV, s.HD, stream_);
@@ -175,11 +201,19 @@ class PlainAttention final : public AttentionPath {
     TRIDENT_CHECK_MSG(!state.is_null() && !dout.is_null(), "plain attention backward: null state or dout");
     if (dq.is_null() && dk.is_null() && dv.is_null()) return;
     const Dims d = dims(s);
-    DevPtr probs = state.as(dt);
     DevPtr qp = q_.get(ops_, d.q_elems * d.esize, dt);
     DevPtr kp = k_.get(ops_, d.kv_elems * d.esize, dt);
     DevPtr vp = v_.get(ops_, d.kv_elems * d.esize, dt);
     DevPtr dop = o_.get(ops_, d.q_elems * d.esize, dt);
+    DevPtr probs = state.as(dt);
+    if (s.recompute) {  // P again, as forward computed it
+      DevPtr scores = scores_.get(ops_, d.score_elems * sizeof(float), DType::kF32);
+      probs = probs_.get(ops_, d.score_elems * d.esize, dt);
+      permute_bthd_to_bhtd(qp.raw(), q.raw(), dt, s.B, s.T, s.NH, s.HD, stream_);
+      permute_bthd_to_bhtd(kp.raw(), k.raw(), dt, s.B, s.T, s.NKV, s.HD, stream_);
+      gemm_.run(scores_desc(s, dt), qp, kp, scores);
+      causal_softmax_forward(probs.raw(), dt, scores.raw_as<float>(), d.rows, s.T, d.ld, d.scale, stream_);
+    }
     DevPtr grad = grad_.get(ops_, d.q_elems * sizeof(float), DType::kF32);          // [B, H, T, HD]
     DevPtr grad_out = grad_out_.get(ops_, d.q_elems * sizeof(float), DType::kF32);  // [B, T, H, HD]
     permute_bthd_to_bhtd(dop.raw(), dout.raw(), dt, s.B, s.T, s.NH, s.HD, stream_);
@@ -255,12 +289,19 @@ class PlainAttention final : public AttentionPath {
   Ops& ops_;
   GemmEngine& gemm_;
   CUstream_st* stream_;
-  // Kept scratch: permuted q, k, v, the permuted out / dout, scores or dP (f32), dS, and
-  // the f32 gradient before and after its permute.
-  Scratch q_, k_, v_, o_, scores_, ds_, grad_, grad_out_;
+  // Kept scratch: permuted q, k, v, the permuted out / dout, scores or dP (f32), dS, the
+  // f32 gradient before and after its permute, and the probabilities under recompute.
+  Scratch q_, k_, v_, o_, scores_, ds_, grad_, grad_out_, probs_;
 };
 
 }  // namespace
+
+size_t plain_attention_state_bytes(const AttentionShape& s) {
+  if (s.recompute || s.B <= 0 || s.T <= 0 || s.NH <= 0) return 0;
+  const size_t rows = mul_sat(mul_sat(static_cast<size_t>(s.B), static_cast<size_t>(s.NH)),
+                              static_cast<size_t>(s.T));
+  return mul_sat(mul_sat(rows, static_cast<size_t>(padded_ld(s.T))), dtype_size(s.dtype));
+}
 
 PlainAttentionGemms plain_attention_gemms(const AttentionShape& shape) {
   return {scores_desc(shape, shape.dtype), pv_desc(shape, shape.dtype, shape.dtype),

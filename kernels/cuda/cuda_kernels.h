@@ -48,6 +48,17 @@ void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, floa
 // models), not for the aligned shapes of real models.
 void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
                  FArg bias, bool accumulate, Stream s);
+// The same with row strides (elements), `batch` matrices at batch strides (elements) and
+// D = alpha * op(A) op(B) (+ D) (+ bias): GemmEngine's last resort when cuBLASLt offers
+// no algorithm for a desc (gemm.h).
+struct SimpleGemmLayout {
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  int batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0;
+  float alpha = 1.0f;
+};
+void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
+                 FArg bias, bool accumulate, const SimpleGemmLayout& layout, Stream s);
 
 // norm.cu
 // The dweight / dbias / column-sum reductions take `partials`: scratch of

@@ -2,15 +2,22 @@
 // C++: the kernels are behind the launchers of cuda_kernels.h, the GEMMs behind
 // GemmEngine, attention behind AttentionPath.
 //
-// Attention path (decided at construction, so attention_state_bytes is known before the
-// model plans its arena):
-// - TRIDENT_ATTENTION unset or "plain": the plain path for every call. This is the
-//   default until a GPU run has validated the cuDNN path against it.
-// - "cudnn": bf16 calls try the cuDNN path, built at the first call for that call's shape
-//   (rebuilt when a larger shape appears); when cuDNN offers no plan the reason is logged
-//   and every later call uses plain. f32 calls always use plain (cuDNN's path is bf16
-//   only). The state bytes are then the larger of the two paths' needs, so the buffer the
-//   model allocated fits whichever path runs.
+// Attention path, decided per shape (B, T, NH, NKV, HD, dtype) the first time the shape is
+// seen — normally when the model asks attention_state_bytes, before it plans its arena —
+// and kept for that shape (so backward always runs the path its forward ran):
+// - bf16, TRIDENT_ATTENTION unset or "cudnn": cuDNN when it builds both plans for the
+//   shape (cuDNN's flash attention; the default for bf16 training), else plain, with one
+//   warning line per shape naming cuDNN's reason (T = 1, a short last batch below cuDNN
+//   9.16's T % 128 rule, a head dim it lacks). Forcing "cudnn" falls back the same way:
+//   a run never aborts over a shape cuDNN rejects.
+// - TRIDENT_ATTENTION=plain, or f32 (cuDNN's path is bf16 only): plain.
+// The state is a 64-byte tag (byte 0: the path, attention_state_tag) and then the path.s
+// state: cuDNN the row log-sum-exp, plain the probabilities in the io dtype. A shape first
+// seen at a call (not asked for) runs in a buffer sized for a larger shape, so a plain
+// fallback there keeps nothing and recomputes the probabilities in backward (the tag
+// says so). With TRIDENT_CUDA_SYNC=1 backward reads the tag back and CHECK-fails when it
+// is not the path forward wrote (without it, reading it would cost a synchronisation per
+// layer).
 #include "kernels/cuda/cuda_ops.h"
 
 #include <cublasLt.h>
@@ -21,7 +28,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -35,15 +45,80 @@
 namespace trident::cuda {
 
 const char* attention_choice_name(AttentionChoice choice) {
-  return choice == AttentionChoice::kCudnn ? "cudnn" : "plain";
+  switch (choice) {
+    case AttentionChoice::kCudnn:
+      return "cudnn";
+    case AttentionChoice::kPlain:
+      return "plain";
+    case AttentionChoice::kAuto:
+      break;
+  }
+  return "auto";
 }
 
 Result<AttentionChoice> attention_choice_from_env(const char* value) {
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "plain") == 0)
-    return AttentionChoice::kPlain;
+  if (value == nullptr || *value == '\0') return AttentionChoice::kAuto;
+  if (std::strcmp(value, "plain") == 0) return AttentionChoice::kPlain;
   if (std::strcmp(value, "cudnn") == 0) return AttentionChoice::kCudnn;
   return Status::invalid_config(std::string("TRIDENT_ATTENTION: expected plain or cudnn, got '") +
                                 value + "'");
+}
+
+bool attention_tries_cudnn(AttentionChoice choice, DType dtype) {
+  return choice != AttentionChoice::kPlain && dtype == DType::kBF16;
+}
+
+char attention_state_tag(AttentionStatePath path) {
+  switch (path) {
+    case AttentionStatePath::kCudnn:
+      return 'C';
+    case AttentionStatePath::kPlainRecompute:
+      return 'R';
+    case AttentionStatePath::kPlain:
+      break;
+  }
+  return 'P';
+}
+
+size_t attention_state_total_bytes(AttentionStatePath path, AttentionShape shape) {
+  size_t payload = 0;
+  if (path == AttentionStatePath::kCudnn) {
+    payload = cudnn_attention_state_bytes(shape);
+  } else {
+    shape.recompute = path == AttentionStatePath::kPlainRecompute;
+    payload = plain_attention_state_bytes(shape);
+  }
+  return payload > SIZE_MAX - kAttentionStateTagBytes ? SIZE_MAX : payload + kAttentionStateTagBytes;
+}
+
+std::string attention_fallback_message(AttentionChoice choice, const AttentionShape& shape,
+                                       const Status& why) {
+  return std::string("cuda attention: ") +
+         (choice == AttentionChoice::kCudnn ? "TRIDENT_ATTENTION=cudnn, but " : "") +
+         "cuDNN cannot serve B=" + std::to_string(shape.B) + " T=" + std::to_string(shape.T) +
+         " NH=" + std::to_string(shape.NH) + " NKV=" + std::to_string(shape.NKV) +
+         " HD=" + std::to_string(shape.HD) + " (" + why.message() +
+         "); the plain path runs this shape";
+}
+
+AttentionStatePath AttentionPlanner::decide(const AttentionShape& s, bool asked,
+                                            const PrepareCudnn& prepare_cudnn) {
+  const auto key = std::make_tuple(s.B, s.T, s.NH, s.NKV, s.HD, s.dtype);
+  auto it = decisions_.find(key);
+  if (it != decisions_.end()) return it->second;
+  AttentionStatePath path = AttentionStatePath::kPlain;
+  if (attention_tries_cudnn(choice_, s.dtype)) {
+    const Status ready = prepare_cudnn(s);
+    if (ready.is_ok()) {
+      path = AttentionStatePath::kCudnn;
+    } else {
+      log::warn("{}", attention_fallback_message(choice_, s, ready));
+      ++fallbacks_;
+      if (!asked) path = AttentionStatePath::kPlainRecompute;
+    }
+  }
+  decisions_.emplace(key, path);
+  return path;
 }
 
 GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC) {
@@ -76,17 +151,6 @@ namespace {
 
 size_t elems(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
 
-// The cuDNN path's state: the row log-sum-exp, f32 [B, NH, T] (attention.h), saturating.
-size_t lse_state_bytes(int B, int T, int NH) {
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(static_cast<size_t>(B), static_cast<size_t>(NH), &bytes) ||
-      __builtin_mul_overflow(bytes, static_cast<size_t>(T), &bytes) ||
-      __builtin_mul_overflow(bytes, sizeof(float), &bytes)) {
-    return SIZE_MAX;
-  }
-  return bytes;
-}
-
 // CUDA's encoding, 1000 * major + 10 * minor: 13010 -> "13.1".
 std::string cuda_version_text(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
@@ -100,7 +164,7 @@ std::string library_version_text(size_t v) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(int device, AttentionChoice choice) : device_(device), choice_(choice) {}
+  CudaOps(int device, AttentionChoice choice) : device_(device), choice_(choice), planner_(choice) {}
 
   // Everything that can fail cleanly (no device, no cuBLASLt) is here, not in the
   // constructor. Called once by make_cuda_ops.
@@ -155,11 +219,11 @@ class CudaOps final : public Ops {
     int driver = 0, runtime = 0;
     TRIDENT_CUDA_CHECK(cudaDriverGetVersion(&driver));
     TRIDENT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    std::string attention = attention_choice_name(choice_);
-    if (choice_ == AttentionChoice::kCudnn) {
-      attention += cudnn_failed_ ? " (failed, using plain)"
-                                 : " (bf16; plain for f32 or without a plan)";
-    }
+    std::string attention = choice_ == AttentionChoice::kAuto
+                                ? "cudnn for bf16 shapes it plans, else plain"
+                                : std::string(attention_choice_name(choice_)) +
+                                      " (TRIDENT_ATTENTION)";
+    if (choice_ == AttentionChoice::kCudnn) attention += ", plain for f32 and shapes cuDNN rejects";
     return "cuda device " + std::to_string(device_) + ": " + device_name_ + " | driver " +
            cuda_version_text(driver) + ", runtime " + cuda_version_text(runtime) +
            " | cuBLASLt " + library_version_text(cublasLtGetVersion()) + " | cuDNN " +
@@ -168,6 +232,13 @@ class CudaOps final : public Ops {
   }
 
   void* native_stream() const override { return stream_; }
+  std::optional<DeviceMemory> device_memory() const override {
+    DeviceMemory m;
+    TRIDENT_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    m.pinned_host_bytes = kStagingBytes;  // the most staging_for holds (one chunk)
+    m.source = "cudaMemGetInfo, device " + std::to_string(device_);
+    return m;
+  }
   double peak_flops() const override {
     const double peak = peak_bf16_flops_for(device_name_);
     if (peak <= 0 && !peak_logged_) {
@@ -286,26 +357,51 @@ class CudaOps final : public Ops {
     cuda::rope(f(op, dx, "dx"), B, T, H, HD, theta, pos_offset, -1.0f, stream_);
   }
 
-  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
-    const size_t plain = plain_->state_bytes(B, T, NH, NKV, HD);
-    if (choice_ == AttentionChoice::kPlain) return plain;
-    return std::max(plain, lse_state_bytes(B, T, NH));
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
+                               DType dtype) const override {
+    const AttentionShape shape{B, T, NH, NKV, HD, dtype};
+    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HD <= 0 || NH % NKV != 0 ||
+        !is_float_dtype(dtype)) {
+      return attention_state_total_bytes(AttentionStatePath::kPlain, shape);  // calls CHECK-fail
+    }
+    return attention_state_total_bytes(decide(shape, /*asked=*/true), shape);
+  }
+  size_t attention_workspace_bytes(int B, int T, int NH, int NKV, int HD,
+                                   DType dtype) const override {
+    AttentionShape shape{B, T, NH, NKV, HD, dtype};
+    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HD <= 0 || NH % NKV != 0 ||
+        !is_float_dtype(dtype)) {
+      return 0;
+    }
+    const AttentionStatePath path = decide(shape, /*asked=*/true);
+    shape.recompute = path == AttentionStatePath::kPlainRecompute;
+    return path == AttentionStatePath::kCudnn ? cudnn_->workspace_bytes(shape)
+                                              : plain_->workspace_bytes(shape);
   }
   void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
                          int NH, int NKV, int HD) override {
     Op op(*this, "attention_forward");
-    const AttentionShape shape = attention_shape(op, {q, k, v, out}, B, T, NH, NKV, HD);
+    AttentionShape shape = attention_shape(op, {q, k, v, out}, B, T, NH, NKV, HD);
     expect(op, state, DType::kU8, "state");
-    path_for(shape).forward(out, state, q, k, v, shape);
+    TRIDENT_CHECK_MSG(!state.is_null(), "cuda attention_forward: null state");
+    const AttentionStatePath path = decide(shape, /*asked=*/false);
+    shape.recompute = path == AttentionStatePath::kPlainRecompute;
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(state.raw(), attention_state_tag(path), 1, stream_));
+    path_of(path).forward(out, state.byte_offset(kAttentionStateTagBytes), q, k, v, shape);
   }
   void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out, DevPtr state,
                           DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
                           int HD) override {
     Op op(*this, "attention_backward");
-    const AttentionShape shape =
+    AttentionShape shape =
         attention_shape(op, {q, k, v, out, dout, dq, dk, dv}, B, T, NH, NKV, HD);
     expect(op, state, DType::kU8, "state");
-    path_for(shape).backward(dq, dk, dv, dout, out, state, q, k, v, shape);
+    TRIDENT_CHECK_MSG(!state.is_null(), "cuda attention_backward: null state");
+    const AttentionStatePath path = decide(shape, /*asked=*/false);  // forward's (kept)
+    shape.recompute = path == AttentionStatePath::kPlainRecompute;
+    if (sync_) check_state_tag(state, path, shape);
+    path_of(path).backward(dq, dk, dv, dout, out, state.byte_offset(kAttentionStateTagBytes), q,
+                           k, v, shape);
   }
 
   // ---- pointwise ----------------------------------------------------------------
@@ -651,41 +747,38 @@ class CudaOps final : public Ops {
     return AttentionShape{B, T, NH, NKV, HD, dtype};
   }
 
-  AttentionPath& path_for(const AttentionShape& shape) {
-    AttentionPath* path = plain_.get();
-    if (choice_ == AttentionChoice::kCudnn && shape.dtype == DType::kBF16 && !cudnn_failed_) {
-      const bool fits = cudnn_ != nullptr && shape.B <= cudnn_max_.B && shape.T <= cudnn_max_.T &&
-                        shape.NH == cudnn_max_.NH && shape.NKV == cudnn_max_.NKV &&
-                        shape.HD == cudnn_max_.HD;
-      if (!fits) {
-        AttentionShape max_shape = shape;
-        if (cudnn_ != nullptr) {
-          max_shape.B = std::max(shape.B, cudnn_max_.B);
-          max_shape.T = std::max(shape.T, cudnn_max_.T);
-        }
-        Result<std::unique_ptr<AttentionPath>> made =
-            make_cudnn_attention(*this, stream_, max_shape);
-        if (made.is_ok()) {
-          cudnn_ = std::move(made).value();
-          cudnn_max_ = max_shape;
-        } else if (cudnn_ == nullptr) {  // the first call: fall back for good
-          log::warn("cuda attention: cuDNN path unavailable ({}); using plain",
-                    made.status().message());
-          cudnn_failed_ = true;
-        } else {  // states of the smaller shape are cuDNN's: no silent switch now
-          check_failed("make_cudnn_attention",
-                       "cuda attention: cuDNN path for B " + std::to_string(max_shape.B) + " T " +
-                           std::to_string(max_shape.T) + ": " + made.status().message(),
-                       __FILE__, __LINE__);
-        }
-      }
-      if (cudnn_ != nullptr && !cudnn_failed_) path = cudnn_.get();
+  // The path of a shape (AttentionPlanner). A query that builds cuDNN plans is still
+  // const to callers: the decisions and plans are caches, nothing is allocated on the
+  // device.
+  AttentionStatePath decide(const AttentionShape& s, bool asked) const {
+    CudaOps* self = const_cast<CudaOps*>(this);
+    return planner_.decide(s, asked, [self](const AttentionShape& x) { return self->prepare_cudnn(x); });
+  }
+  Status prepare_cudnn(const AttentionShape& s) {
+    if (cudnn_ != nullptr) return cudnn_->prepare(s);
+    Result<std::unique_ptr<AttentionPath>> made = make_cudnn_attention(*this, stream_, s);
+    if (!made.is_ok()) return made.status();
+    cudnn_ = std::move(made).value();
+    return Status::ok();
+  }
+  AttentionPath& path_of(AttentionStatePath path) {
+    if (path == AttentionStatePath::kCudnn) {
+      TRIDENT_CHECK(cudnn_ != nullptr);
+      return *cudnn_;
     }
-    TRIDENT_CHECK_MSG(path->state_bytes(shape.B, shape.T, shape.NH, shape.NKV, shape.HD) <=
-                          attention_state_bytes(shape.B, shape.T, shape.NH, shape.NKV, shape.HD),
-                      std::string("cuda attention: the ") + path->name() +
-                          " path needs more state than attention_state_bytes reported");
-    return *path;
+    return *plain_;
+  }
+  // TRIDENT_CUDA_SYNC=1: the tag forward wrote must name the path this backward runs.
+  void check_state_tag(DevPtr state, AttentionStatePath path, const AttentionShape& s) {
+    char tag = 0;
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&tag, state.raw(), 1, cudaMemcpyDeviceToHost, stream_));
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    TRIDENT_CHECK_MSG(tag == attention_state_tag(path),
+                      std::string("cuda attention_backward (B=") + std::to_string(s.B) +
+                          " T=" + std::to_string(s.T) + "): the state's tag is '" +
+                          std::string(1, tag) + "', this shape's path writes '" +
+                          std::string(1, attention_state_tag(path)) +
+                          "' (a state not written by attention_forward of this shape)");
   }
 
   const int device_;
@@ -694,9 +787,8 @@ class CudaOps final : public Ops {
   CUstream_st* stream_ = nullptr;
   bool sync_ = false;
   std::unique_ptr<GemmEngine> gemm_;
-  std::unique_ptr<AttentionPath> plain_, cudnn_;
-  AttentionShape cudnn_max_;  // the shape cudnn_ was built for
-  bool cudnn_failed_ = false;
+  std::unique_ptr<AttentionPath> plain_, cudnn_;  // cudnn_: made for the first bf16 shape
+  mutable AttentionPlanner planner_;  // the path of every shape seen
   Scratch scratch_[kSlots];
   void* staging_ = nullptr;  // pinned host memory
   size_t staging_bytes_ = 0;

@@ -21,6 +21,7 @@
 #include <cudnn.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -297,6 +298,8 @@ std::string version_str(size_t v) {  // 91900 -> "9.19.0"
 // Only the execution paths ask: the graphs themselves build with any cuDNN 9.
 Status check_runtime_support(const AttentionShape& s, size_t version) {
   const std::string where = "cuDNN SDPA (" + shape_str(s) + ", cuDNN " + version_str(version) + "): ";
+  // First the rule of every version, so that the message does not depend on the runtime.
+  if (s.T == 1) return Status::invalid_config(where + "T=1 is not supported (s_q = s_kv = 1)");
   if (version < 91002) {
     // Older releases want -FLT_MAX as the mask value (FE get_negative_inf_value) and 9.10.0/1
     // have backward bugs FE refuses.
@@ -307,7 +310,6 @@ Status check_runtime_support(const AttentionShape& s, size_t version) {
     return Status::invalid_config(where + "cuDNN before 9.16 needs T to be a multiple of 128 (T=" +
                                   std::to_string(s.T) + ")");
   }
-  if (s.T == 1) return Status::invalid_config(where + "T=1 is not supported (s_q = s_kv = 1)");
   return Status::ok();
 }
 
@@ -564,8 +566,8 @@ Result<std::unique_ptr<Plan>> make_plan(cudnnHandle_t handle, const AttentionSha
 
 class CudnnAttention final : public AttentionPath {
  public:
-  CudnnAttention(Ops& ops, CUstream_st* stream, cudnnHandle_t handle, const AttentionShape& max_shape)
-      : ops_(ops), stream_(stream), handle_(handle), heads_(max_shape) {}
+  CudnnAttention(Ops& ops, CUstream_st* stream, cudnnHandle_t handle)
+      : ops_(ops), stream_(stream), handle_(handle) {}
   ~CudnnAttention() override {
     for (DevPtr* p : {&workspace_, &softmax_sum_, &dq_, &dk_, &dv_}) ops_.deallocate(*p);
     plans_.clear();
@@ -574,27 +576,29 @@ class CudnnAttention final : public AttentionPath {
 
   const char* name() const override { return "cudnn"; }
 
-  // The row log-sum-exp, f32 [B, NH, T].
-  size_t state_bytes(int B, int T, int NH, int NKV, int HD) const override {
-    (void)NKV;
-    (void)HD;
-    if (B <= 0 || T <= 0 || NH <= 0) return 0;
-    const size_t max = std::numeric_limits<size_t>::max();
-    size_t n = static_cast<size_t>(B);
-    for (size_t f : {static_cast<size_t>(NH), static_cast<size_t>(T), sizeof(float)}) {
-      if (n > max / f) return max;
-      n *= f;
-    }
-    return n;
-  }
-
-  // Builds (or finds) both plans for s: the start-up check of make_cudnn_attention.
-  Status prepare(const AttentionShape& s) {
+  // Builds (or finds) both plans for s.
+  Status prepare(const AttentionShape& s) override {
+    TRIDENT_RETURN_IF_ERROR(validate_shape(s));
     for (bool backward : {false, true}) {
       auto plan = find_or_make(s, backward);
       if (!plan.is_ok()) return plan.status();
     }
     return Status::ok();
+  }
+
+  // The plans' workspace, the softmax sum (f32 [B, NH, T]) and the bf16 dq, dk, dv cuDNN
+  // writes before they are accumulated (backward). 0 for a shape not prepared.
+  size_t workspace_bytes(const AttentionShape& s) const override {
+    int64_t ws = 0;
+    for (bool backward : {false, true}) {
+      auto it = plans_.find(key_of(s, backward));
+      if (it == plans_.end()) return 0;
+      ws = std::max(ws, it->second->workspace);
+    }
+    const size_t q = static_cast<size_t>(s.B) * s.T * s.NH * s.HD;
+    const size_t kv = static_cast<size_t>(s.B) * s.T * s.NKV * s.HD;
+    return static_cast<size_t>(ws) + static_cast<size_t>(s.B) * s.NH * s.T * sizeof(float) +
+           (q + 2 * kv) * 2;
   }
 
   void forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, const AttentionShape& s) override {
@@ -639,10 +643,9 @@ class CudnnAttention final : public AttentionPath {
 
  private:
   void check_call(const AttentionShape& s, const char* where, std::initializer_list<DevPtr> bufs) {
-    TRIDENT_CHECK_MSG(s.dtype == DType::kBF16 && s.NH == heads_.NH && s.NKV == heads_.NKV && s.HD == heads_.HD,
-                      std::string("cuDNN attention ") + where + ": call " + shape_str(s) + " " +
-                          dtype_name(s.dtype) + " does not match the path's heads " + shape_str(heads_) +
-                          " bf16");
+    TRIDENT_CHECK_MSG(s.dtype == DType::kBF16, std::string("cuDNN attention ") + where + ": call " +
+                                                   shape_str(s) + " is " + dtype_name(s.dtype) +
+                                                   ", not bf16");
     for (DevPtr b : bufs) {
       TRIDENT_CHECK_MSG(b.is_null() || b.dtype() == DType::kBF16,
                         std::string("cuDNN attention ") + where + ": a buffer is " + dtype_name(b.dtype()) +
@@ -650,17 +653,21 @@ class CudnnAttention final : public AttentionPath {
     }
   }
 
-  // The cached plan for (B, T), built on the first call of that shape.
+  using Key = std::tuple<int, int, int, int, int, bool>;  // B, T, NH, NKV, HD, backward
+  static Key key_of(const AttentionShape& s, bool backward) {
+    return {s.B, s.T, s.NH, s.NKV, s.HD, backward};
+  }
+  // The cached plan for the shape, built on the first call of that shape.
   Result<Plan*> find_or_make(const AttentionShape& s, bool backward) {
-    auto key = std::make_tuple(s.B, s.T, backward);
+    const Key key = key_of(s, backward);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
     TRIDENT_RETURN_IF_ERROR(check_runtime_support(s, cudnnGetVersion()));
     TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<Plan> made, make_plan(handle_, s, backward));
     return plans_.emplace(key, std::move(made)).first->second.get();
   }
-  // A call's plan; a shape without one is fatal here (make_cudnn_attention checked the
-  // largest shape at start-up).
+  // A call's plan; a shape without one is fatal here (the CUDA Ops prepares every shape it
+  // sends to this path and sends the others to the plain path).
   Plan& plan_for(const AttentionShape& s, bool backward) {
     auto plan = find_or_make(s, backward);
     TRIDENT_CHECK_MSG(plan.is_ok(), plan.status().message());
@@ -704,8 +711,7 @@ class CudnnAttention final : public AttentionPath {
   Ops& ops_;
   CUstream_st* stream_;
   cudnnHandle_t handle_;
-  AttentionShape heads_;  // NH, NKV, HD of every call
-  std::map<std::tuple<int, int, bool>, std::unique_ptr<Plan>> plans_;  // (B, T, backward)
+  std::map<Key, std::unique_ptr<Plan>> plans_;
   DevPtr workspace_, softmax_sum_, dq_, dk_, dv_;
   size_t workspace_bytes_ = 0, softmax_sum_bytes_ = 0, dq_bytes_ = 0, dk_bytes_ = 0, dv_bytes_ = 0;
 };
@@ -719,18 +725,33 @@ Status build_cudnn_sdpa_graph(const AttentionShape& shape, bool backward, std::s
   return Status::ok();
 }
 
+size_t cudnn_attention_state_bytes(const AttentionShape& s) {
+  if (s.B <= 0 || s.T <= 0 || s.NH <= 0) return 0;
+  const size_t max = std::numeric_limits<size_t>::max();
+  size_t n = static_cast<size_t>(s.B);
+  for (size_t f : {static_cast<size_t>(s.NH), static_cast<size_t>(s.T), sizeof(float)}) {
+    if (n > max / f) return max;
+    n *= f;
+  }
+  return n;
+}
+
+Status cudnn_runtime_support(const AttentionShape& shape, size_t version) {
+  return check_runtime_support(shape, version);
+}
+
 Result<std::unique_ptr<AttentionPath>> make_cudnn_attention(Ops& ops, CUstream_st* stream,
-                                                            const AttentionShape& max_shape) {
-  TRIDENT_RETURN_IF_ERROR(validate_shape(max_shape));
-  TRIDENT_RETURN_IF_ERROR(check_runtime_support(max_shape, cudnnGetVersion()));
+                                                            const AttentionShape& shape) {
+  TRIDENT_RETURN_IF_ERROR(validate_shape(shape));
+  TRIDENT_RETURN_IF_ERROR(check_runtime_support(shape, cudnnGetVersion()));
   cudnnHandle_t handle = nullptr;
   cudnnStatus_t st = cudnnCreate(&handle);
   if (st != CUDNN_STATUS_SUCCESS) {
     return Status::internal(std::string("cuDNN attention: cudnnCreate failed: ") + cudnnGetErrorString(st) + " " +
                             last_error());
   }
-  auto path = std::make_unique<CudnnAttention>(ops, stream, handle, max_shape);
-  Status prepared = path->prepare(max_shape);
+  auto path = std::make_unique<CudnnAttention>(ops, stream, handle);
+  Status prepared = path->prepare(shape);
   if (!prepared.is_ok()) return prepared;
   return std::unique_ptr<AttentionPath>(std::move(path));
 }

@@ -86,18 +86,26 @@ __global__ void rope_kernel(FArg x, size_t pairs, int T, int H, int HD, float th
 }
 
 __global__ void simple_gemm_kernel(bool trans_a, bool trans_b, int M, int N, int K, FArg a,
-                                   FArg b, FArg d, FArg bias, bool accumulate) {
-  const size_t total = static_cast<size_t>(M) * N;
+                                   FArg b, FArg d, FArg bias, bool accumulate,
+                                   SimpleGemmLayout L) {
+  const size_t per_batch = static_cast<size_t>(M) * N;
+  const size_t total = per_batch * static_cast<size_t>(L.batch);
   for (size_t i = global_thread(); i < total; i += grid_threads()) {
-    const size_t m = i / N, n = i % N;
+    const size_t batch = i / per_batch, r = i % per_batch;
+    const size_t m = r / N, n = r % N;
+    const size_t a0 = batch * static_cast<size_t>(L.stride_a);
+    const size_t b0 = batch * static_cast<size_t>(L.stride_b);
+    const size_t lda = static_cast<size_t>(L.lda), ldb = static_cast<size_t>(L.ldb);
     float acc = 0.0f;
     for (int k = 0; k < K; ++k) {
-      const float av = load(a, trans_a ? static_cast<size_t>(k) * M + m : m * K + k);
-      const float bv = load(b, trans_b ? n * K + k : static_cast<size_t>(k) * N + n);
+      const float av = load(a, a0 + (trans_a ? static_cast<size_t>(k) * lda + m : m * lda + k));
+      const float bv = load(b, b0 + (trans_b ? n * ldb + k : static_cast<size_t>(k) * ldb + n));
       acc += av * bv;
     }
+    acc *= L.alpha;
     if (bias.p != nullptr) acc += load(bias, n);
-    store(d, i, accumulate ? load(d, i) + acc : acc);
+    const size_t di = batch * static_cast<size_t>(L.stride_d) + m * static_cast<size_t>(L.ldd) + n;
+    store(d, di, accumulate ? load(d, di) + acc : acc);
   }
 }
 
@@ -146,9 +154,17 @@ void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, floa
 
 void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
                  FArg bias, bool accumulate, Stream s) {
-  const size_t total = static_cast<size_t>(M) * N;
+  SimpleGemmLayout packed;
+  packed.lda = trans_a ? M : K;
+  packed.ldb = trans_b ? K : N;
+  packed.ldd = N;
+  simple_gemm(trans_a, trans_b, M, N, K, a, b, d, bias, accumulate, packed, s);
+}
+void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,
+                 FArg bias, bool accumulate, const SimpleGemmLayout& layout, Stream s) {
+  const size_t total = static_cast<size_t>(M) * N * static_cast<size_t>(layout.batch);
   TRIDENT_ELEMENTWISE(simple_gemm_kernel, total, trans_a, trans_b, M, N, K, a, b, d, bias,
-                      accumulate);
+                      accumulate, layout);
 }
 
 #undef TRIDENT_ELEMENTWISE

@@ -16,6 +16,8 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/log.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace trident::cuda {
 
@@ -174,9 +176,17 @@ std::string make_descriptors(const GemmDesc& d, Descriptors& out) {
   return "";
 }
 
+// A cache entry's key: the desc and the bias pointer's alignment the heuristic saw.
+struct CacheKey {
+  GemmDesc desc;
+  uint32_t bias_alignment = 0;
+  bool operator==(const CacheKey&) const = default;
+};
+
 struct DescHash {
-  size_t operator()(const GemmDesc& d) const {
-    size_t h = 0;
+  size_t operator()(const CacheKey& key) const {
+    const GemmDesc& d = key.desc;
+    size_t h = std::hash<uint32_t>{}(key.bias_alignment);
     auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     uint32_t alpha_bits;
     std::memcpy(&alpha_bits, &d.alpha, 4);
@@ -191,6 +201,19 @@ struct DescHash {
 };
 
 }  // namespace
+
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+GemmRoute choose_gemm_route(const std::function<int(bool alignment_prefs)>& found) {
+  if (found(true) > 0) return GemmRoute::kAligned;
+  if (found(false) > 0) return GemmRoute::kUnaligned;
+  return GemmRoute::kSimple;
+}
 
 std::string GemmDesc::str() const {
   std::string s = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
@@ -212,22 +235,30 @@ std::string GemmDesc::str() const {
 struct GemmEngine::Impl {
   cublasLtHandle_t handle = nullptr;
   CUstream_st* stream = nullptr;
+  bool simple_only = false;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   struct Entry {
     Descriptors descs;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo{};
+    GemmRoute route = GemmRoute::kAligned;
+    bool warned = false;  // kUnaligned: the simple kernel's warning for unaligned pointers
   };
-  std::unordered_map<GemmDesc, std::unique_ptr<Entry>, DescHash> cache;
+  std::unordered_map<CacheKey, std::unique_ptr<Entry>, DescHash> cache;
 
-  Entry& entry_for(const GemmDesc& desc);
+  Entry& entry_for(const GemmDesc& desc, const void* bias);
+  // How many algorithms the heuristic offers (0 or 1: the first is kept in *algo).
+  int heuristic(const GemmDesc& desc, const Descriptors& d, bool alignment_prefs,
+                cublasLtMatmulAlgo_t* algo);
 };
 
-Result<std::unique_ptr<GemmEngine>> GemmEngine::create(CUstream_st* stream, size_t workspace_bytes) {
+Result<std::unique_ptr<GemmEngine>> GemmEngine::create(CUstream_st* stream, size_t workspace_bytes,
+                                                      bool simple_only) {
   std::unique_ptr<GemmEngine> engine(new GemmEngine());
   engine->impl_ = std::make_unique<Impl>();
   Impl& im = *engine->impl_;
   im.stream = stream;
+  im.simple_only = simple_only;
   cublasStatus_t s = cublasLtCreate(&im.handle);
   if (s != CUBLAS_STATUS_SUCCESS) {
     im.handle = nullptr;
@@ -261,15 +292,8 @@ Status GemmEngine::describe(const GemmDesc& desc) {
   return Status::ok();
 }
 
-GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc) {
-  auto it = cache.find(desc);
-  if (it != cache.end()) return *it->second;
-  Status v = validate(desc);
-  TRIDENT_CHECK_MSG(v.is_ok(), v.message());
-  auto entry = std::make_unique<Entry>();
-  std::string err = make_descriptors(desc, entry->descs);
-  TRIDENT_CHECK_MSG(err.empty(), "GEMM " + desc.str() + ": " + err);
-
+int GemmEngine::Impl::heuristic(const GemmDesc& desc, const Descriptors& d, bool alignment_prefs,
+                                cublasLtMatmulAlgo_t* algo) {
   cublasLtMatmulPreference_t pref = nullptr;
   cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
   TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
@@ -280,25 +304,58 @@ GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc) {
   // desc_alignment says (arena slices are 16-byte aligned; odd leading dimensions and
   // batch strides give less), so ask for algorithms that accept that.
   uint32_t align = desc_alignment(desc);
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+  if (alignment_prefs) {
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    }
   }
   if (s != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
   TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
                     "GEMM " + desc.str() + ": cublasLtMatmulPreferenceSetAttribute: " + status_text(s));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const Descriptors& d = entry->descs;
   s = cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.d, d.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+  // NOT_SUPPORTED is how cuBLASLt says "no algorithm"; anything else is a real failure.
+  TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS || s == CUBLAS_STATUS_NOT_SUPPORTED,
                     "GEMM " + desc.str() + ": cublasLtMatmulAlgoGetHeuristic: " + status_text(s));
-  TRIDENT_CHECK_MSG(found > 0, "GEMM " + desc.str() + ": cuBLASLt has no algorithm for this desc (workspace " +
-                                   std::to_string(workspace_bytes) + " bytes)");
-  entry->algo = result.algo;
+  if (s != CUBLAS_STATUS_SUCCESS || found <= 0) return 0;
+  *algo = result.algo;
+  return 1;
+}
+
+GemmEngine::Impl::Entry& GemmEngine::Impl::entry_for(const GemmDesc& desc, const void* bias) {
+  const CacheKey key{desc, desc.bias ? pointer_alignment(bias) : 0u};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  Status v = validate(desc);
+  TRIDENT_CHECK_MSG(v.is_ok(), v.message());
+  auto entry = std::make_unique<Entry>();
+  std::string err = make_descriptors(desc, entry->descs);
+  TRIDENT_CHECK_MSG(err.empty(), "GEMM " + desc.str() + ": " + err);
+  if (desc.bias) {  // the heuristic reads the bias pointer's alignment from it
+    cublasStatus_t s = cublasLtMatmulDescSetAttribute(entry->descs.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias, sizeof(bias));
+    TRIDENT_CHECK_MSG(s == CUBLAS_STATUS_SUCCESS,
+                      "GEMM " + desc.str() + ": CUBLASLT_MATMUL_DESC_BIAS_POINTER: " + status_text(s));
+  }
+  entry->route = simple_only ? GemmRoute::kSimple : choose_gemm_route([&](bool prefs) {
+    return heuristic(desc, entry->descs, prefs, &entry->algo);
+  });
+  if (simple_only) {
+    // (tests: no warning)
+  } else if (entry->route == GemmRoute::kUnaligned) {
+    log::warn("cuBLASLt: no algorithm for GEMM {} with {}-byte aligned operands; using one that "
+              "needs 256-byte aligned pointers (the simple kernel runs when they are not)",
+              desc.str(), desc_alignment(desc));
+  } else if (entry->route == GemmRoute::kSimple) {
+    log::warn("cuBLASLt: no algorithm for GEMM {} (workspace {} bytes), with or without "
+              "alignment preferences; using the simple fp32 kernel (slow)",
+              desc.str(), workspace_bytes);
+  }
   Entry& ref = *entry;
-  cache.emplace(desc, std::move(entry));
+  cache.emplace(key, std::move(entry));
   return ref;
 }
 
@@ -320,7 +377,30 @@ void GemmEngine::run(const GemmDesc& desc, DevPtr a, DevPtr b, DevPtr d, DevPtr 
                       "GEMM " + desc.str() + ": a pointer is not " + std::to_string(align) +
                           "-byte aligned");
   }
-  Impl::Entry& e = impl_->entry_for(desc);
+  Impl::Entry& e = impl_->entry_for(desc, bias.raw());
+  bool simple = e.route == GemmRoute::kSimple;
+  if (e.route == GemmRoute::kUnaligned) {
+    for (DevPtr p : {a, b, d, bias}) simple = simple || pointer_alignment(p.raw()) < 256;
+    if (simple && !e.warned) {
+      log::warn("cuBLASLt: GEMM {}: a pointer is not 256-byte aligned; the simple fp32 kernel runs it",
+                desc.str());
+      e.warned = true;
+    }
+  }
+  if (simple) {
+    SimpleGemmLayout layout;
+    layout.lda = eff_ld(desc.lda, cols_of_a(desc));
+    layout.ldb = eff_ld(desc.ldb, cols_of_b(desc));
+    layout.ldd = eff_ld(desc.ldd, desc.N);
+    layout.batch = desc.batch;
+    layout.stride_a = desc.stride_a;
+    layout.stride_b = desc.stride_b;
+    layout.stride_d = desc.stride_d;
+    layout.alpha = desc.alpha;
+    cuda::simple_gemm(desc.trans_a, desc.trans_b, desc.M, desc.N, desc.K, farg(a), farg(b), farg(d),
+                      farg(bias), desc.accumulate, layout, impl_->stream);
+    return;
+  }
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
   if (desc.bias) {
     const void* bias_ptr = bias.raw();

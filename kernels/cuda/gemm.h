@@ -18,12 +18,18 @@
 // Model shapes (multiples of 8 elements) get the 16-byte tensor-core kernels.
 //
 // One engine per compute stream, one workspace (32 MiB: Hopper's need), the heuristic
-// algorithm chosen on a desc's first run and cached by desc: the same desc always runs
-// the same algorithm, so results are deterministic run to run.
+// algorithm chosen on a desc's first run and cached by desc and the bias pointer's
+// alignment (the heuristic is asked with the real bias pointer set: cuBLASLt reads its
+// alignment from it): the same desc always runs the same algorithm, so results are
+// deterministic run to run. When cuBLASLt offers no algorithm the engine asks again
+// without the alignment preferences (that algorithm then runs only on 256-byte aligned
+// pointers, cuBLASLt's default assumption), and else runs simple_gemm (cuda_kernels.h), a
+// slow fp32 kernel, with a warning naming the desc: never an abort.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,19 +55,33 @@ struct GemmDesc {
   std::string str() const;  // "M=.. N=.. K=.. ta tb bf16->f32 bias acc batch=.." for messages
 };
 
+// The alignment of p in bytes: the largest power of two up to 256 dividing its address
+// (256 for null).
+uint32_t pointer_alignment(const void* p);
+
+// How a desc runs: a cuBLASLt algorithm found with the alignment preferences, one found
+// without them (only for 256-byte aligned pointers), or simple_gemm.
+enum class GemmRoute { kAligned, kUnaligned, kSimple };
+// The route from the heuristic's answers: found(true) / found(false) = how many
+// algorithms cuBLASLt offers with / without the alignment preferences (asked in that
+// order, the second only when the first offers none).
+GemmRoute choose_gemm_route(const std::function<int(bool alignment_prefs)>& found);
+
 class GemmEngine {
  public:
   // Creates the cuBLASLt handle and the workspace (cudaMallocAsync on `stream`).
-  // Without a usable device: an error saying so (no crash).
+  // Without a usable device: an error saying so (no crash). `simple_only` (tests): every
+  // desc takes the last-resort route, simple_gemm, without asking cuBLASLt.
   static Result<std::unique_ptr<GemmEngine>> create(CUstream_st* stream,
-                                                    size_t workspace_bytes = size_t{32} << 20);
+                                                    size_t workspace_bytes = size_t{32} << 20,
+                                                    bool simple_only = false);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
 
   // Runs desc on the engine's stream. a, b, d (and bias when desc.bias) must carry the
-  // desc's dtypes. A cuBLASLt failure (or no algorithm for the desc) CHECK-fails with
-  // desc.str() and the cuBLAS status name.
+  // desc's dtypes. A cuBLASLt failure CHECK-fails with desc.str() and the cuBLAS status
+  // name; no algorithm for the desc falls back (above).
   void run(const GemmDesc& desc, DevPtr a, DevPtr b, DevPtr d, DevPtr bias = DevPtr());
 
   // Host only, no device needed: validates desc (shapes, dtypes, leading dimensions,

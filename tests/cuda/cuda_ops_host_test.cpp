@@ -248,10 +248,10 @@ TEST(CudaPeakTable, KnownGpusByName) {
 TEST(CudaAttentionChoice, FromTheEnvironment) {
   auto c = attention_choice_from_env(nullptr);
   ASSERT_TRUE(c.is_ok());
-  EXPECT_EQ(*c, AttentionChoice::kPlain);  // the default until cuDNN is validated on a GPU
+  EXPECT_EQ(*c, AttentionChoice::kAuto);  // cuDNN for bf16 shapes it plans, else plain
   c = attention_choice_from_env("");
   ASSERT_TRUE(c.is_ok());
-  EXPECT_EQ(*c, AttentionChoice::kPlain);
+  EXPECT_EQ(*c, AttentionChoice::kAuto);
   c = attention_choice_from_env("plain");
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(*c, AttentionChoice::kPlain);
@@ -264,6 +264,136 @@ TEST(CudaAttentionChoice, FromTheEnvironment) {
   EXPECT_NE(c.status().message().find("TRIDENT_ATTENTION: expected plain or cudnn, got 'flash'"),
             std::string::npos)
       << c.status().message();
+}
+
+// bf16 tries cuDNN unless plain is forced; f32 never does (cuDNN's flash attention is
+// bf16 only), even when cudnn is forced.
+TEST(CudaAttentionChoice, Bf16TriesCudnnByDefault) {
+  EXPECT_TRUE(attention_tries_cudnn(AttentionChoice::kAuto, DType::kBF16));
+  EXPECT_TRUE(attention_tries_cudnn(AttentionChoice::kCudnn, DType::kBF16));
+  EXPECT_FALSE(attention_tries_cudnn(AttentionChoice::kPlain, DType::kBF16));
+  EXPECT_FALSE(attention_tries_cudnn(AttentionChoice::kAuto, DType::kF32));
+  EXPECT_FALSE(attention_tries_cudnn(AttentionChoice::kCudnn, DType::kF32));
+  EXPECT_STREQ(attention_choice_name(AttentionChoice::kAuto), "auto");
+}
+
+// The state reserves what the chosen path keeps, after the 64-byte tag: cuDNN the row
+// statistics (no T x T matrix), plain the probabilities in the io dtype (bf16: 2 bytes
+// each, rows padded to 8), a recomputing plain fallback nothing.
+TEST(CudaAttentionState, ReservesOnlyWhatThePathKeeps) {
+  const AttentionShape gpt2{16, 1024, 12, 12, 64, DType::kBF16};  // GPT-2 124M, B16 T1024
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kCudnn, gpt2),
+            64u + size_t{16} * 12 * 1024 * sizeof(float));
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kPlain, gpt2),
+            64u + size_t{16} * 12 * 1024 * 1024 * 2);
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kPlainRecompute, gpt2), 64u);
+  const AttentionShape odd{2, 7, 4, 2, 16, DType::kF32};  // rows padded to ld = 8
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kPlain, odd),
+            64u + size_t{2} * 4 * 7 * 8 * sizeof(float));
+  AttentionShape bf16 = odd;
+  bf16.dtype = DType::kBF16;
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kPlain, bf16),
+            64u + size_t{2} * 4 * 7 * 8 * 2);
+  const AttentionShape huge{1 << 30, 1 << 30, 1 << 30, 1, 64, DType::kBF16};
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kPlain, huge), SIZE_MAX);
+  EXPECT_EQ(attention_state_total_bytes(AttentionStatePath::kCudnn, huge), SIZE_MAX);
+  // A shape that falls back without having been asked for runs in a buffer sized for a
+  // larger cuDNN shape: recomputing fits in every such buffer, keeping P would not.
+  const AttentionShape shorter{16, 1000, 12, 12, 64, DType::kBF16};
+  EXPECT_LE(attention_state_total_bytes(AttentionStatePath::kPlainRecompute, shorter),
+            attention_state_total_bytes(AttentionStatePath::kCudnn, gpt2));
+  EXPECT_GT(attention_state_total_bytes(AttentionStatePath::kPlain, shorter),
+            attention_state_total_bytes(AttentionStatePath::kCudnn, gpt2));
+  EXPECT_NE(attention_state_tag(AttentionStatePath::kCudnn),
+            attention_state_tag(AttentionStatePath::kPlain));
+  EXPECT_NE(attention_state_tag(AttentionStatePath::kPlain),
+            attention_state_tag(AttentionStatePath::kPlainRecompute));
+}
+
+// The one line a shape that falls back from cuDNN logs: the shape, cuDNN's reason, that
+// plain runs it, and whether cudnn was forced.
+TEST(CudaAttentionChoice, FallbackLineNamesTheShapeAndTheReason) {
+  const AttentionShape t1{1, 1, 12, 12, 64, DType::kBF16};
+  const Status why = cudnn_runtime_support(t1, 91900);
+  ASSERT_FALSE(why.is_ok());
+  const std::string line = attention_fallback_message(AttentionChoice::kAuto, t1, why);
+  EXPECT_NE(line.find("B=1 T=1 NH=12 NKV=12 HD=64"), std::string::npos) << line;
+  EXPECT_NE(line.find("T=1 is not supported"), std::string::npos) << line;
+  EXPECT_NE(line.find("the plain path runs this shape"), std::string::npos) << line;
+  EXPECT_EQ(line.find("TRIDENT_ATTENTION"), std::string::npos) << line;
+  const std::string forced = attention_fallback_message(AttentionChoice::kCudnn, t1, why);
+  EXPECT_NE(forced.find("TRIDENT_ATTENTION=cudnn, but cuDNN cannot serve"), std::string::npos)
+      << forced;
+}
+
+// The per-shape choice with a fake cuDNN that serves T >= 128 only: bf16 takes cuDNN where
+// it plans; a shape it rejects runs plain (keeping P when asked for, recomputing when first
+// seen at a call) with one line; a decision is kept, so backward follows forward even if
+// cuDNN would now answer otherwise; f32 and forced plain never ask cuDNN.
+TEST(CudaAttentionPlanner, ChoosesPerShapeAndKeepsTheChoice) {
+  int asked_cudnn = 0;
+  bool serve_all = false;
+  const AttentionPlanner::PrepareCudnn fake = [&](const AttentionShape& s) {
+    ++asked_cudnn;
+    return serve_all || s.T >= 128 ? Status::ok() : Status::invalid_config("T too short");
+  };
+  const AttentionShape train{8, 1024, 12, 12, 64, DType::kBF16};
+  const AttentionShape decode{1, 1, 12, 12, 64, DType::kBF16};
+  const AttentionShape last{8, 100, 12, 12, 64, DType::kBF16};
+  for (AttentionChoice choice : {AttentionChoice::kAuto, AttentionChoice::kCudnn}) {
+    AttentionPlanner planner(choice);
+    asked_cudnn = 0;
+    serve_all = false;
+    EXPECT_EQ(planner.decide(train, true, fake), AttentionStatePath::kCudnn);
+    EXPECT_EQ(planner.decide(decode, true, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(planner.decide(last, false, fake), AttentionStatePath::kPlainRecompute);
+    EXPECT_EQ(planner.fallbacks(), 2u);
+    EXPECT_EQ(asked_cudnn, 3);
+    // Kept: the same answers without asking again (one line per shape), even though the
+    // fake would serve every shape now.
+    serve_all = true;
+    for (bool asked : {true, false}) {
+      EXPECT_EQ(planner.decide(train, asked, fake), AttentionStatePath::kCudnn);
+      EXPECT_EQ(planner.decide(decode, asked, fake), AttentionStatePath::kPlain);
+      EXPECT_EQ(planner.decide(last, asked, fake), AttentionStatePath::kPlainRecompute);
+    }
+    EXPECT_EQ(asked_cudnn, 3);
+    EXPECT_EQ(planner.fallbacks(), 2u);
+    // Another dtype is another shape: f32 runs plain without asking cuDNN.
+    AttentionShape f32 = train;
+    f32.dtype = DType::kF32;
+    EXPECT_EQ(planner.decide(f32, true, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(planner.decide(f32, false, fake), AttentionStatePath::kPlain);
+    EXPECT_EQ(asked_cudnn, 3);
+  }
+  AttentionPlanner plain(AttentionChoice::kPlain);
+  asked_cudnn = 0;
+  EXPECT_EQ(plain.decide(train, true, fake), AttentionStatePath::kPlain);
+  EXPECT_EQ(plain.decide(last, false, fake), AttentionStatePath::kPlain);
+  EXPECT_EQ(asked_cudnn, 0);
+  EXPECT_EQ(plain.fallbacks(), 0u);
+}
+
+// The runtime cuDNN's rules, version by version (cudnn-frontend's for these graphs): T = 1
+// is refused whatever the version (and says so first), T % 128 != 0 below 9.16, anything
+// below 9.10.2.
+TEST(CudnnRuntimeSupport, RulesByVersion) {
+  const AttentionShape t1{2, 1, 4, 2, 64, DType::kBF16};
+  for (size_t version : {90100u, 91500u, 91900u}) {
+    const Status s = cudnn_runtime_support(t1, version);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("T=1 is not supported"), std::string::npos) << s.message();
+  }
+  const AttentionShape t7{2, 7, 4, 2, 64, DType::kBF16}, t128{2, 128, 4, 2, 64, DType::kBF16};
+  const Status old = cudnn_runtime_support(t7, 91501);
+  ASSERT_FALSE(old.is_ok());
+  EXPECT_NE(old.message().find("before 9.16 needs T to be a multiple of 128 (T=7)"),
+            std::string::npos)
+      << old.message();
+  EXPECT_NE(old.message().find("cuDNN 9.15.1"), std::string::npos) << old.message();
+  EXPECT_TRUE(cudnn_runtime_support(t128, 91501).is_ok());
+  EXPECT_TRUE(cudnn_runtime_support(t7, 91600).is_ok());
+  EXPECT_FALSE(cudnn_runtime_support(t128, 91001).is_ok());
 }
 
 // On this machine (no GPU): runtime.device=cuda is a config error (exit 2) that says no

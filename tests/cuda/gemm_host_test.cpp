@@ -178,6 +178,39 @@ TEST(GemmEngine, CreateWithoutADeviceSaysSo) {
       << engine.status().message();
 }
 
+// The bias pointer's alignment, which keys the algorithm cache (the heuristic reads it
+// from the pointer): the largest power of two up to 256 dividing the address.
+TEST(GemmAlignment, PointerAlignmentIsTheLargestPowerOfTwoUpTo256) {
+  auto at = [](uintptr_t a) { return pointer_alignment(reinterpret_cast<const void*>(a)); };
+  EXPECT_EQ(at(0), 256u);
+  EXPECT_EQ(at(0x1000), 256u);
+  EXPECT_EQ(at(0x1100), 256u);
+  EXPECT_EQ(at(0x1080), 128u);
+  EXPECT_EQ(at(0x1040), 64u);
+  EXPECT_EQ(at(0x1020), 32u);  // a bf16 bias slice of the parameter layout (16 floats apart)
+  EXPECT_EQ(at(0x1002), 2u);
+  EXPECT_EQ(at(0x1001), 1u);
+}
+
+// No algorithm never aborts: the heuristic is asked with the alignment preferences, then
+// without, then the simple kernel runs; each question only when the one before found none.
+TEST(GemmRoute, FallsBackWithoutAlignmentThenToTheSimpleKernel) {
+  std::vector<bool> asked;
+  auto answers = [&](int with, int without) {
+    asked.clear();
+    return choose_gemm_route([&, with, without](bool prefs) {
+      asked.push_back(prefs);
+      return prefs ? with : without;
+    });
+  };
+  EXPECT_EQ(answers(1, 1), GemmRoute::kAligned);
+  EXPECT_EQ(asked, std::vector<bool>({true}));
+  EXPECT_EQ(answers(0, 1), GemmRoute::kUnaligned);
+  EXPECT_EQ(asked, std::vector<bool>({true, false}));
+  EXPECT_EQ(answers(0, 0), GemmRoute::kSimple);
+  EXPECT_EQ(asked, std::vector<bool>({true, false}));
+}
+
 // ---- GPU: run() against a double reference ---------------------------------------------
 
 bool has_device() {
@@ -239,15 +272,18 @@ struct Case {
   bool ta, tb;
   DType ab, d;
   bool bias, acc;
+  int batch = 1;  // > 1: matrices one after another (batch strides = rows * ld)
+  float alpha = 1.0f;
 };
 
 void run_case(GemmEngine& engine, const Case& c, std::mt19937& rng) {
   const bool bf16_in = c.ab == DType::kBF16, bf16_out = c.d == DType::kBF16;
   const int ar = c.ta ? c.K : c.M, ac = c.ta ? c.M : c.K;
   const int br = c.tb ? c.N : c.K, bc = c.tb ? c.K : c.N;
-  HostMatrix A = random_matrix(ar, ac, ld8(ac), bf16_in, rng);
-  HostMatrix Bm = random_matrix(br, bc, ld8(bc), bf16_in, rng);
-  HostMatrix D0 = random_matrix(c.M, c.N, ld8(c.N), bf16_out, rng);
+  // The batch entries stacked as one tall matrix each (entry i at rows i*rows..).
+  HostMatrix A = random_matrix(ar * c.batch, ac, ld8(ac), bf16_in, rng);
+  HostMatrix Bm = random_matrix(br * c.batch, bc, ld8(bc), bf16_in, rng);
+  HostMatrix D0 = random_matrix(c.M * c.batch, c.N, ld8(c.N), bf16_out, rng);
   HostMatrix bias = random_matrix(1, c.N, c.N, bf16_out, rng);
   GemmDesc d;
   d.M = c.M;
@@ -262,6 +298,13 @@ void run_case(GemmEngine& engine, const Case& c, std::mt19937& rng) {
   d.lda = A.ld;
   d.ldb = Bm.ld;
   d.ldd = D0.ld;
+  d.alpha = c.alpha;
+  d.batch = c.batch;
+  if (c.batch > 1) {
+    d.stride_a = ar * A.ld;
+    d.stride_b = br * Bm.ld;
+    d.stride_d = c.M * D0.ld;
+  }
   ASSERT_TRUE(GemmEngine::describe(d).is_ok()) << GemmEngine::describe(d).message();
   void* a = upload(A.v, c.ab);
   void* b = upload(Bm.v, c.ab);
@@ -272,18 +315,22 @@ void run_case(GemmEngine& engine, const Case& c, std::mt19937& rng) {
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got = download(dd, D0.v.size(), c.d);
   double max_err = 0.0;
-  for (int i = 0; i < c.M; ++i) {
-    for (int j = 0; j < c.N; ++j) {
-      double ref = 0.0;
-      for (int k = 0; k < c.K; ++k) {
-        const double x = c.ta ? A.at(k, i) : A.at(i, k);
-        const double y = c.tb ? Bm.at(j, k) : Bm.at(k, j);
-        ref += x * y;
+  for (int e = 0; e < c.batch; ++e) {
+    for (int i = 0; i < c.M; ++i) {
+      for (int j = 0; j < c.N; ++j) {
+        double ref = 0.0;
+        for (int k = 0; k < c.K; ++k) {
+          const double x = c.ta ? A.at(e * ar + k, i) : A.at(e * ar + i, k);
+          const double y = c.tb ? Bm.at(e * br + j, k) : Bm.at(e * br + k, j);
+          ref += x * y;
+        }
+        ref *= c.alpha;
+        if (c.acc) ref += D0.at(e * c.M + i, j);
+        if (c.bias) ref += bias.at(0, j);
+        const double err =
+            std::fabs(got[static_cast<size_t>((e * c.M + i) * D0.ld + j)] - ref) / (1.0 + std::fabs(ref));
+        max_err = std::max(max_err, err);
       }
-      if (c.acc) ref += D0.at(i, j);
-      if (c.bias) ref += bias.at(0, j);
-      const double e = std::fabs(got[static_cast<size_t>(i * D0.ld + j)] - ref) / (1.0 + std::fabs(ref));
-      max_err = std::max(max_err, e);
     }
   }
   // f32 (no TF32): fp32 accumulation error only; bf16 output: one rounding (2^-8).
@@ -316,6 +363,34 @@ TEST(GemmEngineGpu, MatchesADoubleReferenceOnOddShapes) {
   }
   EXPECT_EQ(cases, 2 * 3 * 4 * 3);
   engine->reset();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+}
+
+// The last-resort route (cuBLASLt offers no algorithm): simple_gemm with the desc's
+// leading dimensions, batch strides and alpha, against the same reference; and the
+// batched, scaled descs through cuBLASLt too.
+TEST(GemmEngineGpu, SimpleFallbackMatchesADoubleReference) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or returned 0)";
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreate(&stream));
+  auto simple = GemmEngine::create(stream, size_t{32} << 20, /*simple_only=*/true);
+  ASSERT_TRUE(simple.is_ok()) << simple.status().message();
+  auto lt = GemmEngine::create(stream);
+  ASSERT_TRUE(lt.is_ok()) << lt.status().message();
+  std::mt19937 rng(4321);
+  for (GemmEngine* engine : {simple->get(), lt->get()}) {
+    for (DType ab : {DType::kF32, DType::kBF16}) {
+      for (int flags = 0; flags < 4; ++flags) {
+        const bool ta = flags & 1, tb = flags & 2;
+        run_case(*engine, {33, 17, 9, ta, tb, ab, ab, true, false}, rng);
+        run_case(*engine, {33, 17, 9, ta, tb, ab, DType::kF32, false, true, 3, 0.5f}, rng);
+        run_case(*engine, {24, 16, 40, ta, tb, ab, ab, false, false, 2, 0.125f}, rng);
+      }
+    }
+  }
+  simple->reset();
+  lt->reset();
   CUDA_OK(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);
 }

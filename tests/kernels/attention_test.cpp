@@ -20,7 +20,7 @@ size_t ki(int b, int t, int h, int d) { return ((static_cast<size_t>(b) * T + t)
 
 // An opaque attention state of the size the backend declares, filled with garbage.
 std::vector<unsigned char> attention_state(const Ops& ops, int b, int t, int nh, int nkv, int hd) {
-  std::vector<unsigned char> s(ops.attention_state_bytes(b, t, nh, nkv, hd));
+  std::vector<unsigned char> s(ops.attention_state_bytes(b, t, nh, nkv, hd, DType::kF32));
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<unsigned char>(i * 37 + 11);
   return s;
 }
@@ -101,9 +101,11 @@ TEST(CpuAttention, ForwardMatchesFloat64) {
 // triangle exactly 0), B * NH * T * T * 4 bytes; a size that would wrap saturates.
 TEST(CpuAttention, StateIsTheProbabilities) {
   auto ops = make_cpu_ops(2);
-  EXPECT_EQ(ops->attention_state_bytes(B, T, NH, NKV, HD),
-            static_cast<size_t>(B) * NH * T * T * sizeof(float));
-  EXPECT_EQ(ops->attention_state_bytes(1 << 30, 1 << 30, 1 << 30, 1, 64), SIZE_MAX);
+  for (DType dt : {DType::kF32, DType::kBF16}) {  // f32 probabilities whatever the io dtype
+    EXPECT_EQ(ops->attention_state_bytes(B, T, NH, NKV, HD, dt),
+              static_cast<size_t>(B) * NH * T * T * sizeof(float));
+  }
+  EXPECT_EQ(ops->attention_state_bytes(1 << 30, 1 << 30, 1 << 30, 1, 64, DType::kF32), SIZE_MAX);
   VecF q = random_vec(B * T * NH * HD, 41, -2, 2), k = random_vec(B * T * NKV * HD, 42, -2, 2);
   VecF v = random_vec(B * T * NKV * HD, 43);
   VecF out(q.size());

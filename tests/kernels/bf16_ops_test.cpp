@@ -238,7 +238,7 @@ TEST(CpuBf16, AttentionAndRope) {
                   // both runs see alike.
                   DevPtr qa = a.f("qa", q0), ka = a.f("ka", k0), va = a.f("va", v0);
                   DevPtr out = a.f("out", VecF(nq, 0.0f));
-                  DevPtr state = a.bytes(ops.attention_state_bytes(B, T, NH, NKV, HD));
+                  DevPtr state = a.bytes(ops.attention_state_bytes(B, T, NH, NKV, HD, qa.dtype()));
                   ops.attention_forward(out, state, qa, ka, va, B, T, NH, NKV, HD);
                   DevPtr dq = a.f("dq", dq0), dk = a.f("dk", dk0), dv = a.f("dv", VecF(nkv));
                   DevPtr g = a.f("dout", dout);

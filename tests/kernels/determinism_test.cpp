@@ -64,7 +64,7 @@ Results run_all_ops(Ops& ops) {
     ops.rope_forward(dev(ops, q), B, T, NH, HD, 10000.0f, 0);
     ops.rope_forward(dev(ops, k), B, T, NKV, HD, 10000.0f, 0);
     VecF out(q.size()), g = rnd(q.size());
-    VecF att(ops.attention_state_bytes(B, T, NH, NKV, HD) / sizeof(float));  // CPU: floats
+    VecF att(ops.attention_state_bytes(B, T, NH, NKV, HD, DType::kF32) / sizeof(float));  // CPU: floats
     VecF dq = rnd(q.size()), dk = rnd(k.size()), dv = rnd(v.size());
     ops.attention_forward(dev(ops, out), dev(ops, att).as(DType::kU8), dev(ops, q), dev(ops, k),
                           dev(ops, v), B, T, NH, NKV, HD);

@@ -70,9 +70,15 @@ class ForwardingOps : public Ops {
   void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
     inner_.rope_backward(dx, B, T, H, HD, theta, pos_offset);
   }
-  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
-    return inner_.attention_state_bytes(B, T, NH, NKV, HD);
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
+                               DType dtype) const override {
+    return inner_.attention_state_bytes(B, T, NH, NKV, HD, dtype);
   }
+  size_t attention_workspace_bytes(int B, int T, int NH, int NKV, int HD,
+                                   DType dtype) const override {
+    return inner_.attention_workspace_bytes(B, T, NH, NKV, HD, dtype);
+  }
+  std::optional<DeviceMemory> device_memory() const override { return inner_.device_memory(); }
   void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
                          int NH, int NKV, int HD) override {
     inner_.attention_forward(out, state, q, k, v, B, T, NH, NKV, HD);

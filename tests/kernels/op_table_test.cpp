@@ -379,7 +379,7 @@ Def attention(DType F, AttnShape s) {
   const size_t nq = sz(s.B) * s.T * s.NH * s.HD, nkv = sz(s.B) * s.T * s.NKV * s.HD;
   Arg state = arg("state", kU8, 0, Role::kState);
   state.count_of = [=](const Ops& ops) {
-    return ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD);
+    return ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD, F);
   };
   d->args = {arg("out", F, nq, Role::kOut),     state,
              arg("q", F, nq, Role::kIn, -2, 2), arg("k", F, nkv, Role::kIn, -2, 2),

@@ -31,8 +31,9 @@ class ScramblingOps : public testing::ForwardingOps {
 
   ScramblingOps(Ops& inner, bool unscramble) : ForwardingOps(inner), unscramble_(unscramble) {}
 
-  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD) const override {
-    return kHead + inner_.attention_state_bytes(B, T, NH, NKV, HD) + kTail;
+  size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
+                               DType dtype) const override {
+    return kHead + inner_.attention_state_bytes(B, T, NH, NKV, HD, dtype) + kTail;
   }
   // This wrapper is a backend: it reads and writes the state's bytes inside a
   // DeviceAccessScope, as device code does.
@@ -40,7 +41,7 @@ class ScramblingOps : public testing::ForwardingOps {
                          int NH, int NKV, int HD) override {
     ++forwards;
     if (reinterpret_cast<uintptr_t>(state.raw()) % 64 != 0) ++misaligned;
-    const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD);
+    const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD, q.dtype());
     inner_.attention_forward(out, state.byte_offset(kHead), q, k, v, B, T, NH, NKV, HD);
     DeviceAccessScope device;
     auto* bytes = static_cast<unsigned char*>(state.raw());
@@ -52,7 +53,7 @@ class ScramblingOps : public testing::ForwardingOps {
                           DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH, int NKV,
                           int HD) override {
     ++backwards;
-    const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD);
+    const size_t n = inner_.attention_state_bytes(B, T, NH, NKV, HD, q.dtype());
     if (plain_.bytes() < n) plain_ = DeviceBuffer(inner_, n);
     {
       DeviceAccessScope device;
@@ -151,7 +152,7 @@ TEST(OpaqueAttentionState, ActivationBytesFollowTheBackendsStateSize) {
   ScramblingOps padded(*cpu, true);
   const Transformer plain(c, *cpu, 2), bigger(c, padded, 2);
   const size_t inner = cpu->attention_state_bytes(2, c.seq_len, c.n_heads, c.n_kv_heads,
-                                                  c.head_dim);
+                                                  c.head_dim, DType::kF32);
   EXPECT_EQ(inner, size_t{2} * 4 * 32 * 32 * sizeof(float));  // the CPU keeps probabilities
   const size_t extra = ScramblingOps::kHead + ScramblingOps::kTail;
   const size_t per_layer = (inner + extra + 63) / 64 * 64 - inner;

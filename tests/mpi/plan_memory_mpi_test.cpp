@@ -60,8 +60,8 @@ TEST(PlanMemoryMpi, PlanPredictsMeasuredPeakWithinTenPercent) {
   options.devices = test::world().size();
   options.gpus_per_node = options.devices;
   options.hardware = cpu_hardware(1e9, 1e12);
-  options.attention_state_bytes = [&cpu](int B, int T, int NH, int NKV, int HD) {
-    return cpu->attention_state_bytes(B, T, NH, NKV, HD);
+  options.attention_state_bytes = [&cpu](int B, int T, int NH, int NKV, int HD, DType dtype) {
+    return cpu->attention_state_bytes(B, T, NH, NKV, HD, dtype);
   };
   for (const Case& c : cases) {
     const std::string name = test::case_name("llama", c.layout, c.zero) + " " + c.recompute +

@@ -5,8 +5,12 @@
 #include "trainer/memory_plan.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,7 @@
 #include "parallel/reduce_scatter_queue.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
 
 namespace trident {
@@ -461,6 +466,142 @@ TEST(MemoryCheck, PlanAndCheckUsesTheLimit) {
     EXPECT_NE(st.message().find("(TRIDENT_MEMORY_LIMIT_BYTES) for 1 rank"), std::string::npos)
         << st.message();
   }
+}
+
+// A CPU backend that reports a device of its own (as the CUDA Ops does with
+// cudaMemGetInfo): `free` of `total` bytes, `pinned` bytes of pinned staging, and
+// `workspace` bytes of attention scratch. Host test: nothing runs on a device.
+class FakeDeviceOps : public testing::ForwardingOps {
+ public:
+  FakeDeviceOps(Ops& inner, size_t free, size_t total, size_t workspace = 0,
+                size_t pinned = size_t{64} << 20)
+      : ForwardingOps(inner), free_(free), total_(total), workspace_(workspace), pinned_(pinned) {}
+  std::optional<DeviceMemory> device_memory() const override {
+    DeviceMemory m;
+    m.free_bytes = free_;
+    m.total_bytes = total_;
+    m.pinned_host_bytes = pinned_;
+    m.source = "fake device";
+    return m;
+  }
+  size_t attention_workspace_bytes(int, int, int, int, int, DType) const override {
+    return workspace_;
+  }
+
+ private:
+  size_t free_, total_, workspace_, pinned_;
+};
+
+// Logs of one scope, through spdlog's default logger.
+class CapturedLog {
+ public:
+  CapturedLog() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(old_); }
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> old_;
+};
+
+// The backend's own buffers enter the plan: its attention workspace on the device, its
+// pinned staging on the host; the device and host parts add up to the total.
+TEST(MemoryCheck, CountsTheBackendsWorkspaceAndPinnedStaging) {
+  const Config c = make_config("llama", -1, 1, 1, 1, 0);
+  const ModelPartition part = partition(c, 0, 0);
+  const RankMemory cpu = estimate_rank_memory(c, part, 0, *cpu_ops());
+  FakeDeviceOps device(*cpu_ops(), size_t{1} << 30, size_t{2} << 30, 12345);
+  const RankMemory m = estimate_rank_memory(c, part, 0, device);
+  EXPECT_EQ(cpu.workspace, 0);
+  EXPECT_EQ(cpu.pinned, 0);
+  EXPECT_EQ(m.workspace, 12345);
+  EXPECT_EQ(m.pinned, 64.0 * 1024 * 1024);
+  EXPECT_EQ(m.total, cpu.total + 12345 + 64.0 * 1024 * 1024);
+  EXPECT_EQ(m.device_resident() + m.host_resident(), m.total);
+  EXPECT_EQ(m.device_resident(), cpu.params + cpu.master + cpu.grads + cpu.optimizer +
+                                     cpu.activations + cpu.scratch + cpu.comm_buffers + 12345);
+  EXPECT_EQ(m.host_resident(), cpu.checkpoint + cpu.transient + cpu.tables + 64.0 * 1024 * 1024);
+}
+
+// With a device, the device parts are held against the device and only the host parts
+// against the machine: a host limit below the total but above the host parts passes (it
+// fails for the CPU backend, where everything is host memory), and a device too small
+// fails naming the device figures; the start-up line says which part is which.
+TEST(MemoryCheck, DevicePartsAgainstTheDeviceHostPartsAgainstTheHost) {
+  const Config c = make_config("llama", -1, 1, 1, 1, 0);
+  const ModelPartition part = partition(c, 0, 0);
+  SelfCommunicator world;
+  const size_t gib = size_t{1} << 30;
+  // No pinned staging here, so that the CPU backend's total exceeds the limit below.
+  FakeDeviceOps big(*cpu_ops(), 8 * gib, 16 * gib, 0, 0);
+  const RankMemory m = estimate_rank_memory(c, part, 0, big);
+  const long long limit = static_cast<long long>(m.host_resident()) + 1;
+  ASSERT_LT(static_cast<double>(limit), m.total);
+  {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(limit));
+    CapturedLog log;
+    const Status fits = plan_and_check_memory(c, part, 0, big, world, false);
+    EXPECT_TRUE(fits.is_ok()) << fits.message();
+    const std::string line = log.text();
+    EXPECT_NE(line.find("memory plan: device "), std::string::npos) << line;
+    EXPECT_NE(line.find("this rank's device has 8.0 GiB free of 16.0 GiB (fake device)"),
+              std::string::npos)
+        << line;
+    EXPECT_NE(line.find("; host "), std::string::npos) << line;
+    EXPECT_NE(line.find("pinned staging 0 B"), std::string::npos) << line;
+    EXPECT_LT(line.find("activations"), line.find("; host ")) << line;  // a device part
+    EXPECT_GT(line.find("checkpoint snapshot"), line.find("; host ")) << line;  // a host part
+    const Status cpu = plan_and_check_memory(c, part, 0, *cpu_ops(), world, true);
+    EXPECT_FALSE(cpu.is_ok());  // on the CPU the same limit holds everything
+  }
+  {
+    ScopedEnv env("TRIDENT_MEMORY_LIMIT_BYTES", std::to_string(limit - 2));
+    const Status host = plan_and_check_memory(c, part, 0, big, world, true);
+    ASSERT_FALSE(host.is_ok());
+    EXPECT_EQ(host.exit_code(), 2);
+    EXPECT_NE(host.message().find("of host memory per rank (checkpoint snapshot"),
+              std::string::npos)
+        << host.message();
+  }
+  FakeDeviceOps small(*cpu_ops(), static_cast<size_t>(m.device_resident()) - 1, 16 * gib, 0, 0);
+  const Status device = plan_and_check_memory(c, part, 0, small, world, true);
+  ASSERT_FALSE(device.is_ok());
+  EXPECT_EQ(device.exit_code(), 2);
+  EXPECT_NE(device.message().find("of device memory per rank (parameters"), std::string::npos)
+      << device.message();
+  EXPECT_NE(device.message().find("free of 16.0 GiB (fake device)"), std::string::npos)
+      << device.message();
+}
+
+// check_memory_fits alone: ranks with a device add only their host parts to their
+// machine; each device is checked on its own.
+TEST(MemoryCheck, RanksWithDevicesShareOnlyHostMemory) {
+  const Config c = make_config("gpt2", -1, 1, 1, 4, 0);
+  const double gib = 1024.0 * 1024 * 1024;
+  std::vector<RankMemoryReport> four;
+  for (int i = 0; i < 4; ++i) {
+    RankMemoryReport r = report(1, 7 * gib, 0.75 * gib);  // 3 GiB each, all device parts
+    r.need.checkpoint = 1 * gib;  // a host part
+    r.need.total += 1 * gib;
+    four.push_back(r);
+  }
+  // Without devices: 4 x 4 GiB on one 7 GiB machine does not fit.
+  EXPECT_FALSE(check_memory_fits(c, four, "test").is_ok());
+  // With a 4 GiB device each: 4 x 1 GiB of host parts fit, every device fits its 3 GiB.
+  for (auto& r : four) r.device_free = r.device_total = 4 * gib;
+  EXPECT_TRUE(check_memory_fits(c, four, "test").is_ok());
+  four[2].device_free = 2 * gib;
+  const Status st = check_memory_fits(c, four, "test", "cudaMemGetInfo");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("model needs 3.0 GiB of device memory per rank"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("the device has 2.0 GiB free of 4.0 GiB (cudaMemGetInfo)"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("biggest: optimizer state"), std::string::npos) << st.message();
 }
 
 }  // namespace

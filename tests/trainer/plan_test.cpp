@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -57,6 +58,21 @@ ModelPartition stage_partition(const Config& c, int stage) {
   for (int s = 0; s < stage; ++s) part.layer_begin += counts[static_cast<size_t>(s)];
   part.layer_end = part.layer_begin + counts[static_cast<size_t>(stage)];
   return part;
+}
+
+// The GPU attention state follows the CUDA backend's default path: bf16 runs cuDNN, whose
+// state is the row statistics (no T x T matrix); fp32 runs the plain path, which keeps the
+// probabilities; both after a 64-byte tag. GPT-2 124M's shape, B16 T1024 H12.
+TEST(Plan, GpuAttentionStateFollowsThePathOfTheDtype) {
+  EXPECT_EQ(gpu_attention_state_bytes(16, 1024, 12, 12, 64, DType::kBF16),
+            64u + size_t{16} * 12 * 1024 * sizeof(float));
+  EXPECT_EQ(gpu_attention_state_bytes(16, 1024, 12, 12, 64, DType::kF32),
+            64u + size_t{16} * 12 * 1024 * 1024 * sizeof(float));
+  // Head dims cuDNN lacks, and T = 1, run plain in bf16 too (2-byte probabilities, rows
+  // padded to 8).
+  EXPECT_EQ(gpu_attention_state_bytes(2, 7, 4, 2, 10, DType::kBF16), 64u + size_t{2} * 4 * 7 * 8 * 2);
+  EXPECT_EQ(gpu_attention_state_bytes(2, 1, 4, 2, 64, DType::kBF16), 64u + size_t{2} * 4 * 8 * 2);
+  EXPECT_EQ(gpu_attention_state_bytes(1 << 30, 1 << 30, 1 << 30, 1, 64, DType::kF32), SIZE_MAX);
 }
 
 TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
