@@ -1,6 +1,8 @@
 // The NCCL world for layers above comm/ (comm/nccl/ is private to comm/): whether this
-// build has NCCL, the world factory, and the watchdog's NCCL abort handler. No NCCL or
-// CUDA header here; without NCCL (a build without nvcc) the factory fails naming why.
+// process has NCCL, the world factory, and the watchdog's NCCL abort handler. No NCCL or
+// CUDA header here. NCCL lives in the CUDA backend plugin (kernels/cuda_plugin.h, its NCCL
+// table in comm/nccl_plugin.h); without it (a build without nvcc, a machine without the
+// CUDA libraries) the factory fails naming why.
 //
 // Selecting NCCL (what the trainer does when its Ops have a device stream, i.e.
 // runtime.device resolves to cuda, and the world has more than one rank; a world of one
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
@@ -26,7 +29,7 @@
 
 namespace trident {
 
-// True when comm/nccl/ is built (TRIDENT_HAVE_CUDA).
+// True when the CUDA backend plugin, which holds comm/nccl/, loads (it loads it).
 bool build_has_nccl();
 
 struct NcclWorldConfig {
@@ -36,14 +39,19 @@ struct NcclWorldConfig {
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
 };
 
-// The NCCL world over `host` (see above). Errors: no NCCL in this build
-// (invalid_config, naming runtime.device), no usable device on some rank, NCCL failing
-// to initialise (internal; message names the rank). Collective over `host`.
+// The NCCL world over `host` (see above). Errors: no CUDA backend plugin (invalid_config,
+// naming runtime.device and why it did not load), no usable device on some rank, NCCL
+// failing to initialise (internal; message names the rank). Collective over `host`.
 Result<std::unique_ptr<Communicator>> make_nccl_world(std::unique_ptr<Communicator> host,
                                                       const NcclWorldConfig& config = {});
 
 // WatchdogOptions::on_hang that aborts every NCCL communicator (bounded, 2 s) and exits
-// 1 after the watchdog's line; without NCCL, the watchdog's default (line, exit 1).
+// 1 after the watchdog's line when the plugin is loaded at the time of the hang; without
+// it, the watchdog's default (line, exit 1).
 std::function<void(const HangReport&)> nccl_watchdog_handler();
+
+// "NCCL 2.28.9" when the plugin is loaded (ncclGetVersion of the library it loaded), else
+// "". Never loads the plugin.
+std::string loaded_nccl_version();
 
 }  // namespace trident

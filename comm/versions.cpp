@@ -1,17 +1,14 @@
 #include "comm/versions.h"
 
 #include "comm/mpi/mpi_communicator.h"
-#if TRIDENT_HAVE_NCCL
-#include "comm/nccl/nccl_bootstrap.h"
-#endif
+#include "comm/nccl_world.h"
 
 namespace trident {
 
 std::string communication_libraries() {
   std::string text = mpi_library_version();
-#if TRIDENT_HAVE_NCCL
-  text += ", " + nccl_version_string();
-#endif
+  const std::string nccl = loaded_nccl_version();
+  if (!nccl.empty()) text += ", " + nccl;
   return text;
 }
 

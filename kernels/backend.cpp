@@ -5,10 +5,8 @@
 #include <string>
 #include <thread>
 
-#if TRIDENT_HAVE_CUDA
-#include "kernels/cuda/cuda_device.h"
-#include "kernels/cuda/cuda_ops.h"
-#endif
+#include "core/log.h"
+#include "kernels/cuda_plugin.h"
 
 namespace trident {
 
@@ -24,14 +22,12 @@ const char* device_kind_name(DeviceKind kind) {
   return "?";
 }
 
-bool build_has_cuda() { return TRIDENT_HAVE_CUDA != 0; }
+bool build_has_cuda() { return cuda_plugin().is_ok(); }
 
 int visible_cuda_devices() {
-#if TRIDENT_HAVE_CUDA
-  return cuda_device_count();
-#else
-  return 0;
-#endif
+  if (!cuda_plugin().is_ok()) return 0;
+  Result<int> count = cuda_plugin()->table->device_count();
+  return count.is_ok() ? count.value() : 0;
 }
 
 namespace {
@@ -41,43 +37,53 @@ bool checked_cpu_requested() {
   return check != nullptr && std::string(check) == "1";
 }
 
-}  // namespace
+// runtime.device=cuda: the plugin's Ops, or why not.
+Result<std::unique_ptr<Ops>> make_cuda_backend() {
+  const Result<CudaPluginLibrary>& plugin = cuda_plugin();
+  if (!plugin.is_ok()) {
+    return Status::invalid_config(
+        "runtime.device: cuda: the CUDA backend (" + std::string(kCudaPluginFileName) +
+        ") could not be loaded: " + plugin.status().message() +
+        " (the trident_cuda target builds it when CMake finds nvcc; " + kCudaPluginEnv +
+        "=<path> picks another file)");
+  }
+  Result<int> count = plugin->table->device_count();
+  if (!count.is_ok()) {
+    return Status::invalid_config("runtime.device: cuda: no CUDA device is available (" +
+                                  count.status().message() + ")");
+  }
+  return plugin->table->make_ops(count.value());
+}
 
-#if TRIDENT_HAVE_CUDA
-namespace {
-
-// The CUDA Ops on this process's device (its local rank modulo the visible devices).
-Result<std::unique_ptr<Ops>> make_cuda_backend(int device_count) {
-  Result<int> local_rank = local_rank_from_env([](const char* name) { return std::getenv(name); });
-  if (!local_rank.is_ok()) return local_rank.status();
-  return cuda::make_cuda_ops(device_for_local_rank(local_rank.value(), device_count));
+// runtime.device=auto: the plugin's Ops when it loads and sees a device, else null (the
+// CPU). Says why in one info line only when a plugin was there and did not load.
+Result<std::unique_ptr<Ops>> make_auto_cuda_backend() {
+  const char* override_path = std::getenv(kCudaPluginEnv);
+  const bool asked = override_path != nullptr && *override_path != '\0';
+  if (!asked && !cuda_plugin_file_exists()) {
+    return std::unique_ptr<Ops>();  // a build without the CUDA backend: nothing to say
+  }
+  const Result<CudaPluginLibrary>& plugin = cuda_plugin();
+  if (!plugin.is_ok()) {
+    log::info("runtime.device: auto: using the CPU; the CUDA backend did not load: {}",
+              plugin.status().message());
+    return std::unique_ptr<Ops>();
+  }
+  Result<int> count = plugin->table->device_count();
+  if (!count.is_ok()) return std::unique_ptr<Ops>();  // no GPU here: the CPU, quietly
+  return plugin->table->make_ops(count.value());
 }
 
 }  // namespace
-#endif
 
 Result<std::unique_ptr<Ops>> make_ops(DeviceKind device, int threads, int ranks_sharing_cores) {
-  if (device == DeviceKind::kCuda) {
-#if TRIDENT_HAVE_CUDA
-    Result<int> count = cuda_device_count_or_error();
-    if (!count.is_ok()) {
-      return Status::invalid_config("runtime.device: cuda: no CUDA device is available (" +
-                                    count.status().message() + ")");
-    }
-    return make_cuda_backend(count.value());
-#else
-    return Status::invalid_config(
-        "runtime.device: cuda: this build has no CUDA backend (built without nvcc)");
-#endif
-  }
-#if TRIDENT_HAVE_CUDA
-  // auto: the GPU when this build has CUDA and the machine shows a device, except under
+  if (device == DeviceKind::kCuda) return make_cuda_backend();
+  // auto: the GPU when the CUDA backend loads and the machine shows a device, except under
   // TRIDENT_CHECK_DEVICE_ACCESS=1, which asks for the checked CPU backend.
   if (device == DeviceKind::kAuto && !checked_cpu_requested()) {
-    Result<int> count = cuda_device_count_or_error();
-    if (count.is_ok()) return make_cuda_backend(count.value());
+    Result<std::unique_ptr<Ops>> cuda = make_auto_cuda_backend();
+    if (!cuda.is_ok() || cuda.value() != nullptr) return cuda;
   }
-#endif
   // kAuto and kCpu. CPU ranks on one machine share its cores.
   if (threads <= 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The demo: installs what is missing, builds, prepares a real English corpus with the
-# byte tokenizer, and trains configs/tiny.yaml on 8 CPU ranks with 3D parallelism:
+# The demo: installs what is missing (only what the demo needs: scripts/setup.sh --demo),
+# builds the `trident` target only (no CUDA plugin, no tests), prepares a real English
+# corpus with the byte tokenizer, and trains configs/tiny.yaml on 8 CPU ranks with 3D
+# parallelism:
 # data parallel 2 x tensor parallel 2 x pipeline parallel 2, ZeRO stage 3 (FSDP).
 # Extra arguments go to `trident train` (e.g. --set training.max_steps=50).
 # TRIDENT_DEMO_RANKS=1 trains the same model in one process instead.
@@ -8,7 +10,7 @@
 # and printing a sample from the final checkpoint (`trident generate`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh trident
+scripts/setup.sh --demo trident
 
 RUN_DIR=runs/demo
 mkdir -p "$RUN_DIR"

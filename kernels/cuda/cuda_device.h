@@ -1,6 +1,7 @@
-// What the CUDA runtime sees on this machine, and which device this process uses. Built
-// only when CMake finds nvcc (TRIDENT_HAVE_CUDA). No CUDA header here: kernels/backend.cpp
-// and the host tests include it.
+// What the CUDA runtime sees on this machine, and which device this process uses. Part of
+// the CUDA backend plugin (kernels/cuda_plugin.h; built when CMake finds nvcc). No CUDA
+// header here: the plugin's entry point (kernels/cuda/plugin_entry.cpp) and the host tests
+// include it.
 #pragma once
 
 #include <functional>
