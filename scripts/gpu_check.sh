@@ -36,8 +36,9 @@
 # here); parity (tiny gpt2: CUDA vs CPU in fp32 and bf16, bf16 twice and a resume
 # bitwise); ops (the op table's cuda rows, the other CUDA unit tests); nccl; sanitizer
 # (compute-sanitizer memcheck of the GPU unit tests, API return codes not counted).
-# A step runs only when the steps it needs passed; after the first failed CUDA training
-# run the later ones are skipped with its log tail as the reason.
+# A step runs only when binaries passed; after a failed smoke run, or a later CUDA
+# training run that crashed or hung, the later ones are skipped with its log tail as the
+# reason (a quick refusal with exit 2, a configuration error, blocks nothing).
 #
 # Results are written as they come: <out>/summary.md (rewritten after every step) and
 # <out>/results.tgz (every log, metrics file and gtest XML, repacked after every step),
@@ -97,7 +98,9 @@ done
 # the ones the deadline cuts.
 PLAN=("env 15 40" "binaries 5 30" "smoke 20 60" "plans 25 90" "bench 130 300"
       "parity 60 150" "ops 30 90" "nccl 25 60" "sanitizer 60 150")
-BUILD_THERE_CAP=240  # the build there, only when the carried binaries do not start
+# The build there, only when the carried binaries do not start (TRIDENT_GPU_CHECK_BUILD_CAP:
+# another limit, for trying that build on a slower machine).
+BUILD_THERE_CAP=${TRIDENT_GPU_CHECK_BUILD_CAP:-240}
 
 # Libraries: glibc's own and the CUDA ones are never carried (the GPU machine has newer
 # ones, and the CUDA libraries come from its wheels). BOX_FIRST: carried, but the GPU
@@ -201,17 +204,18 @@ prepare() {
   # No RPATH: the binaries find every library on the library path, as they will there.
   # PRE_TEST discovery: building the tests does not run them (this machine has no GPU).
   echo "== configure $B (Release, sm_90)"
+  mkdir -p "$B" || return 1
   cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_SKIP_RPATH=ON \
-    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${launcher[@]}" >"$B.configure.log" 2>&1 ||
-    { tail -20 "$B.configure.log"; echo "prepare: FAILED: cmake configure (log: $B.configure.log)" >&2; return 1; }
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${launcher[@]}" >"$B/prepare-configure.log" 2>&1 ||
+    { tail -20 "$B/prepare-configure.log"; echo "prepare: FAILED: cmake configure (log: $B/prepare-configure.log)" >&2; return 1; }
   local targets=("${BINARIES[@]}") plugin=0
   if cmake --build "$B" --target help 2>/dev/null | grep -q '^trident_cuda:'; then targets+=(trident_cuda); plugin=1; fi
   echo "== build ${targets[*]} with -j$JOBS"
   local tb; tb=$(now)
-  if ! nice cmake --build "$B" -j "$JOBS" --target "${targets[@]}" >"$B.build.log" 2>&1; then
-    grep -m3 -B2 -A6 'error' "$B.build.log" | head -40
-    echo "prepare: FAILED: build (log: $B.build.log)" >&2; return 1
+  if ! nice cmake --build "$B" -j "$JOBS" --target "${targets[@]}" >"$B/prepare-build.log" 2>&1; then
+    grep -m3 -B2 -A6 'error' "$B/prepare-build.log" | head -40
+    echo "prepare: FAILED: build (log: $B/prepare-build.log)" >&2; return 1
   fi
   echo "   built in $(( $(now) - tb )) s"
   local stage; stage=$(mktemp -d "${TMPDIR:-/tmp}/gpu-carry.XXXXXX")
@@ -336,7 +340,7 @@ mkdir -p "$OUT_DIR" "$WORK" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 RES="$WORK/results"          # everything that comes back, packed into $OUT_DIR/results.tgz
 rm -rf "$RES"; mkdir -p "$RES"
-: >"$RES/steps.tsv"; : >"$RES/checks.tsv"; : >"$RES/bench.tsv"; : >"$RES/figures.md"
+: >"$RES/steps.tsv"; : >"$RES/checks.tsv"; : >"$RES/bench.tsv"
 RT="$WORK/rt"                # the unpacked runtime.tar.gz
 BIN=""                       # the folder of the binaries the steps run
 TRI=()                       # command prefix for them: env LD_LIBRARY_PATH=... (or the namespace)
@@ -349,7 +353,8 @@ STEP_END=$DEADLINE
 HPY=$(command -v python3 || command -v /usr/bin/python3)  # stdlib helpers
 PY=$HPY                      # the python with torch, when there is one (the env step)
 for c in python3 /usr/bin/python3; do
-  command -v $c >/dev/null && $c -c 'import torch' >/dev/null 2>&1 && { PY=$(command -v $c); break; }
+  command -v $c >/dev/null && $c -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null &&
+    { PY=$(command -v $c); break; }
 done
 G="$ROOT/scripts/gpu"
 
@@ -390,7 +395,22 @@ step_done() {  # step_done NAME T0 [DETAIL]: status from its checks
   write_summary; pack
 }
 tail_of() { grep -v '^\[ *[0-9.]*\] \$ ' "$1" 2>/dev/null | sed 's/^\[ *[0-9.]*\] //' | grep -v '^timed_run: exit' | tail -"${2:-2}" | paste -sd' ' | cut -c1-300; }
-fig() { echo "$*" >>"$RES/figures.md"; }
+# fig SECTION TEXT: a line of the summary's figures (sections smoke, plans, parity; the
+# benchmark table has its own file).
+fig() { local sec=$1; shift; echo "$*" >>"$RES/fig_$sec.md"; }
+figures() {  # the figures, most valuable first
+  [[ -s $RES/fig_smoke.md ]] && { echo; cat "$RES/fig_smoke.md"; }
+  [[ -s $RES/fig_plans.md ]] && { echo; cat "$RES/fig_plans.md"; }
+  if [[ -s $RES/bench.tsv ]]; then
+    echo
+    echo "## Benchmark: one GPU, bf16, one micro-batch per step, mean of the timed steps"
+    echo
+    [[ -f $RES/bench/gemm_peak.txt ]] && { cat "$RES/bench/gemm_peak.txt"; echo; }
+    "$HPY" "$G/bench_report.py" --header
+    cat "$RES/bench.tsv"
+  fi
+  [[ -s $RES/fig_parity.md ]] && { echo; cat "$RES/fig_parity.md"; }
+}
 
 write_summary() {
   local f="$RES/summary.md"
@@ -403,15 +423,7 @@ write_summary() {
     echo "| step | status | s | detail |"
     echo "|---|---|---|---|"
     awk -F'\t' '{printf "| %s | **%s** | %s | %s |\n", $1, $2, $3, $4}' "$RES/steps.tsv"
-    [[ -s $RES/figures.md ]] && { echo; cat "$RES/figures.md"; }
-    if [[ -s $RES/bench.tsv ]]; then
-      echo
-      echo "## Benchmark: one GPU, bf16, one micro-batch per step, mean of the timed steps"
-      echo
-      [[ -f $RES/bench/gemm_peak.txt ]] && { cat "$RES/bench/gemm_peak.txt"; echo; }
-      $HPY "$G/bench_report.py" --header
-      cat "$RES/bench.tsv"
-    fi
+    figures
     echo
     echo "## Checks"
     echo
@@ -430,6 +442,11 @@ pack() {
     { head -c 1048576 "$f"; printf '\n[... %s bytes cut by gpu_check.sh ...]\n' "$(stat -c %s "$f")"; tail -c 1048576 "$f"; } >"$f.cut" && mv "$f.cut" "$f"
   done < <(find "$RES" -type f -size +2M -print0)
   tar -czf "$OUT_DIR/results.tgz.tmp" -C "$WORK" results 2>/dev/null && mv "$OUT_DIR/results.tgz.tmp" "$OUT_DIR/results.tgz"
+  # A file comes back only under 16 MiB: past 15, the logs keep their last 256 KiB.
+  if (( $(stat -c %s "$OUT_DIR/results.tgz" 2>/dev/null || echo 0) > 15 * 1024 * 1024 )); then
+    while IFS= read -r -d '' f; do tail -c 262144 "$f" >"$f.cut" && mv "$f.cut" "$f"; done < <(find "$RES" -type f -size +256k -print0)
+    tar -czf "$OUT_DIR/results.tgz.tmp" -C "$WORK" results 2>/dev/null && mv "$OUT_DIR/results.tgz.tmp" "$OUT_DIR/results.tgz"
+  fi
 }
 print_plan() {
   local e c n s est=0 caps=0
@@ -463,7 +480,7 @@ outcome() {
 }
 why() {  # why RC LOG: one line for a run's failure
   if (( $1 == 124 && LIMIT_CUT )); then echo "cut at $LIMIT s by the budget; $(tail_of "$2" 1)"
-  elif (( $1 == 124 )); then echo "no exit within $LIMIT s (hung?): $(tail_of "$2" 2)"
+  elif (( $1 == 124 )); then echo "no exit within its $LIMIT s (hung, or slower than planned): $(tail_of "$2" 2)"
   else echo "exit $1: $(tail_of "$2" 2)"; fi
 }
 json_field() { "$HPY" -c 'import json,sys
@@ -474,7 +491,7 @@ print("" if v is None else v)' "$1" "$2"; }
 
 # train NAME OWN_LIMIT CONFIG [--cuda] [--resume DIR] [--env K=V]... [--set K=V]...: one
 # `trident train` under WORK/runs/NAME (metrics, checkpoints); sets RUN_RC, RUN_STATUS,
-# RUN_WHY, RUN_DIR. A CUDA run is skipped after the first failed one.
+# RUN_WHY, RUN_DIR. A CUDA run is skipped after the first one that crashed or hung.
 train() {
   local name=$1 own=$2 cfg=$3; shift 3
   local cuda=0 resume=none envs=() sets=()
@@ -507,7 +524,9 @@ train() {
   cp "$RUN_DIR/metrics.jsonl" "$RES/runs/$name.metrics.jsonl" 2>/dev/null
   RUN_STATUS=$(outcome "$RUN_RC")
   [[ $RUN_STATUS == PASS ]] || RUN_WHY=$(why "$RUN_RC" "$logf")
-  if (( cuda )) && [[ $RUN_STATUS == FAIL ]] && [[ -z $CUDA_BLOCKED ]]; then
+  # A refusal with exit 2 (a configuration error, such as the memory plan's) is quick and
+  # says nothing about the next run; a crash or a hang does.
+  if (( cuda )) && [[ $RUN_STATUS == FAIL ]] && (( RUN_RC != 2 )) && [[ -z $CUDA_BLOCKED ]]; then
     CUDA_BLOCKED="skipped after the first failed CUDA training run ($name: $RUN_WHY)"
   fi
 }
@@ -770,6 +789,11 @@ build_there() {  # the fallback: configure and build against the carried -dev pa
   if (( LIMIT == 0 )) || ! LD_LIBRARY_PATH="$dep_ld" timeout -k 5 "$LIMIT" cmake "${args[@]}" >"$B/configure.log" 2>&1; then
     check binaries build FAIL "cmake configure failed: $(grep -m1 -A2 'CMake Error' "$B/configure.log" | tr '\n' ' ' | cut -c1-300)"; return 1
   fi
+  # Nothing from the system where a carried package exists (on a machine that has them
+  # all, this is what shows that one without them will find everything).
+  local leaked; leaked=$(grep -oE '(-I|-isystem |^| )/usr(/local)?/(lib|include)[^ ]*(yaml-cpp|spdlog|fmt|mpi|xxhash|pcre2|openblas|gtest|nlohmann)[^ ]*' "$BUILD/build.ninja" |
+                         sed 's/^ *//' | sort -u | head -5 | paste -sd' ')
+  if [[ -n $leaked ]]; then check binaries build FAIL "the configure found these outside the carried packages: $leaked"; return 1; fi
   local targets=("${BINARIES[@]}")
   cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^trident_cuda:' && targets+=(trident_cuda)
   local tb; tb=$(now)
@@ -877,23 +901,22 @@ step_smoke() {
   local line="exit $RUN_RC in $(json_field "$j" wall_s) s; backend ready at ${backend:-?} s, first step logged at ${first:-?} s, steady step ${steady:-?} ms (mean of steps 3-5)"
   if [[ $RUN_STATUS == PASS ]]; then
     check smoke "tiny 5 steps on $dev" PASS "$line"
-    [[ $dev == cuda ]] || true
   else
     check smoke "tiny 5 steps on $dev" "$RUN_STATUS" "$RUN_WHY"
     [[ $dev == cuda && -z $CUDA_BLOCKED ]] && CUDA_BLOCKED="skipped: the smoke run failed ($RUN_WHY)"
   fi
-  fig "## Smoke run: configs/tiny.yaml, 5 steps, runtime.device=$dev"
-  fig
-  fig "- $line"
+  fig smoke "## Smoke run: configs/tiny.yaml, 5 steps, runtime.device=$dev"
+  fig smoke
+  fig smoke "- $line"
   local v; v=$(grep -m1 'info: backend:' "$RES/runs/smoke.log" | sed 's/^\[ *[0-9.]*\] info: //')
-  [[ -n $v ]] && { fig "- $v"; echo "trident $v" >>"$RES/env/brief.txt"; }
+  [[ -n $v ]] && { fig smoke "- $v"; echo "trident $v" >>"$RES/env/brief.txt"; }
   v=$(grep -m1 'info: communication:' "$RES/runs/smoke.log" | sed 's/^\[ *[0-9.]*\] info: //')
-  [[ -n $v ]] && { fig "- $v"; echo "trident $v" >>"$RES/env/brief.txt"; }
+  [[ -n $v ]] && { fig smoke "- $v"; echo "trident $v" >>"$RES/env/brief.txt"; }
   if [[ -s $RES/runs/smoke.maps ]]; then
     "$HPY" "$G/gpu_env.py" resolve "$RES/runs/smoke.maps" --probe "$RES/env/probe.json" >"$RES/runs/smoke_cuda_libs.txt" 2>&1
-    [[ -s $RES/runs/smoke_cuda_libs.txt ]] && fig "- mapped by the run (/proc/PID/maps at step 2): $(paste -sd';' "$RES/runs/smoke_cuda_libs.txt" | sed 's/;/; /g')"
+    [[ -s $RES/runs/smoke_cuda_libs.txt ]] && fig smoke "- mapped by the run (/proc/PID/maps at step 2): $(paste -sd';' "$RES/runs/smoke_cuda_libs.txt" | sed 's/;/; /g')"
   fi
-  fig
+  fig smoke
   if [[ $MODE == dry ]]; then
     # Without a GPU a CUDA run must end cleanly with the config error (exit 2), the
     # plugin and its CUDA libraries loaded (not a missing library).
@@ -919,8 +942,9 @@ step_plans() {
   if [[ -f $RES/binaries/cuda_tests_list.txt ]] && ! grep -qi 'BenchmarkShape' "$RES/binaries/cuda_tests_list.txt"; then
     check plans "benchmark shapes" SKIPPED "cuda_tests has no test at the benchmark shapes (a *BenchmarkShape* test: B16 T1024 H12 HD64, B16 T1024 H16 HD64, B8 T2048 H32 KV8 HD64); the bench's cudnn rows build those plans first"
   fi
-  local v; v=$(grep -o 'cuDNN [0-9][0-9.]*[^;]*' "$RES/plans/cudnn_attention.log" 2>/dev/null | sort -u | head -3 | paste -sd';')
-  [[ -n $v ]] && fig "- plans: the tests name $v"
+  fig plans "## cuDNN attention: cuda_tests --gtest_filter='$PLAN_FILTER'"
+  fig plans
+  fig plans "- $(awk -F'\t' '$1 == "plans" {print $3 " " $2 ": " $4}' "$RES/checks.tsv" | paste -sd';' | sed 's/;/; /g')"
   step_done plans "$t0"
 }
 
@@ -1004,7 +1028,10 @@ step_bench() {
         --set runtime.device=cuda --set training.precision=bf16
       kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
       if [[ $RUN_STATUS == SKIPPED || $RUN_STATUS == 'NOT RUN' ]] && [[ ! -s $RUN_DIR/metrics.jsonl ]]; then
-        check bench "$name trident $att" "$RUN_STATUS" "$RUN_WHY"; continue
+        check bench "$name trident $att" "$RUN_STATUS" "$RUN_WHY"
+        "$HPY" "$G/bench_report.py" trident --config "$ROOT/$cfg" --batch "$mb" --label "trident $att" --metrics /dev/null \
+          --name "$name" --status "$RUN_STATUS: $(cut -c1-100 <<<"$RUN_WHY")" >>"$RES/bench.tsv" 2>>"$Bd/report.log"
+        write_summary; continue
       fi
       # The path the backend says it took (a shape cuDNN rejects falls back to plain).
       local path; path=$(grep -m1 -o 'attention [a-z][a-z]*' "$RES/runs/bench_$label.log" | cut -d' ' -f2)
@@ -1034,14 +1061,16 @@ cmp_runs() {  # cmp_runs CHECK A B STEPS ARGS...: compare_runs.py on two runs' m
   local name=$1 a=$2 b=$3 steps=$4; shift 4
   if ! ran "$a" || ! ran "$b"; then
     local r; r=$( ran "$a" && echo "$b" || echo "$a")
-    check parity "$name" "${CMP_STATUS:-SKIPPED}" "${CMP_WHY:-$r did not run}"; return
+    check parity "$name" SKIPPED "$r did not run"
+    fig parity "| $name | SKIPPED | $r did not run (see its check) |"
+    return
   fi
   local out; out=$("$HPY" "$G/compare_runs.py" compare "$WORK/runs/$a/metrics.jsonl" "$WORK/runs/$b/metrics.jsonl" \
                    --steps "$steps" --name "$a vs $b" --table "$RES/runs/$a.vs.$b.diff.tsv" "$@" 2>&1)
   local rc=$?
   echo "$out" >>"$RES/runs/compare.log"
   check parity "$name" "$( ((rc == 0)) && echo PASS || echo FAIL)" "$out"
-  fig "| $name | $( ((rc == 0)) && echo PASS || echo FAIL) | ${out#* $a vs $b: } |"
+  fig parity "| $name | $( ((rc == 0)) && echo PASS || echo FAIL) | ${out#* $a vs $b: } |"
 }
 cmp_ckpt() {  # cmp_ckpt CHECK A B STEP: the checkpoints' tensors, bitwise
   local name=$1 a=$2 b=$3 s=$4
@@ -1055,10 +1084,10 @@ step_parity() {
   local n=$PARITY_STEPS half=$((PARITY_STEPS / 2)) cfg=configs/tiny.yaml
   local all="1-$n" rest="$((half + 1))-$n"
   local cpu_t=90; [[ $MODE == dry ]] && cpu_t=600  # 2 shared cores here
-  fig "## Parity: configs/tiny.yaml, $n steps, byte tokens of the tree's text"
-  fig
-  fig "| comparison | status | figures |"
-  fig "|---|---|---|"
+  fig parity "## Parity: configs/tiny.yaml, $n steps, byte tokens of the tree's text"
+  fig parity
+  fig parity "| comparison | status | figures |"
+  fig parity "|---|---|---|"
   local common=(--set training.max_steps="$n" --set checkpoint.interval="$half")
   if [[ $MODE == check ]]; then
     # The CPU references run beside the CUDA runs (half the cores each).
@@ -1107,7 +1136,7 @@ step_parity() {
       check parity "$c" SKIPPED "no GPU (dry run)"
     done
   fi
-  fig
+  fig parity
   step_done parity "$t0"
 }
 
@@ -1190,8 +1219,8 @@ cat "$RES/summary.md"
 # The figures once more at the very end, for a reader that sees only the output's tail.
 echo
 echo "== figures"
-cat "$RES/figures.md"
-[[ -s $RES/bench.tsv ]] && { [[ -f $RES/bench/gemm_peak.txt ]] && cat "$RES/bench/gemm_peak.txt"; $HPY "$G/bench_report.py" --header; cat "$RES/bench.tsv"; }
+figures
+echo
 awk -F'\t' '{printf "step %-10s %-8s %4s s  %s\n", $1, $2, $3, $4}' "$RES/steps.tsv"
 if [[ $MODE == dry ]]; then
   echo

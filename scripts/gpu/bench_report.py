@@ -4,10 +4,11 @@ metrics JSONL or bench/torch_model.py's --json output, plus an nvidia-smi memory
 
     bench_report.py trident --name gpt2-124m --config C.yaml --batch 16 --metrics M.jsonl
                             --skip 3 --mem MEM.txt --rc 0 [--label "trident cudnn"]
-                            [--gemm-peak 790]
+                            [--gemm-peak 790] [--status "SKIPPED: why"]
     bench_report.py torch --name gpt2-124m --config C.yaml --batch 16 --json T.json
                           --mem MEM.txt --rc 0 [--gemm-peak 790]
     bench_report.py --self-test
+    bench_report.py --header                 the table's two header lines
 
 Both rows use the same FLOPs per token (model_shape.py: Trident's 6·N + 12·L·C·T) and the
 same peaks: 989 TFLOP/s (H100/H200 SXM dense bf16, the datasheet) for the first MFU
@@ -79,6 +80,7 @@ def trident_row(a, shape):
         pass
     timed = [steps[s] for s in sorted(steps) if s > a.skip]
     status = "PASS" if a.rc == 0 and timed else f"FAIL (exit {a.rc}, {len(timed)} timed steps)"
+    status = getattr(a, "status", None) or status
     label = getattr(a, "label", None) or "trident"
     flops = model_shape.flops_per_token(shape)
     if not timed:
@@ -163,6 +165,8 @@ def main(argv):
     ap.add_argument("--rc", type=int, default=0)
     ap.add_argument("--label", default="")
     ap.add_argument("--gemm-peak", type=float, default=0.0)
+    ap.add_argument("--status", default="", help="the row's status instead of PASS/FAIL "
+                    "(a run that was skipped or not run)")
     a = ap.parse_args(argv)
     shape = model_shape.read_model(a.config)
     print(trident_row(a, shape) if a.impl == "trident" else torch_row(a, shape))

@@ -254,6 +254,22 @@ class BenchReport(unittest.TestCase):
         self.assertEqual(rule.count("---"), header.count("|") - 1)
         self.assertIn("MFU (measured GEMM peak)", header)
 
+    def test_a_run_that_did_not_run_is_a_row_with_its_reason(self):
+        cfg = os.path.join(HERE, "..", "..", "configs", "llama-1b.yaml")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = bench_report.main(["trident", "--config", cfg, "--batch", "8", "--label",
+                                    "trident cudnn", "--metrics", os.devnull, "--name", "llama-1b",
+                                    "--status", "SKIPPED: the smoke run failed"])
+        self.assertEqual(rc, 0)
+        self.assertEqual(out.getvalue().strip(), "| llama-1b | trident cudnn | 8 x 2048 | - | - | - | "
+                         "- | - | ? | - -> - | SKIPPED: the smoke run failed |")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            bench_report.main(["trident", "--config", cfg, "--batch", "8", "--metrics", os.devnull,
+                               "--name", "llama-1b", "--rc", "139"])
+        self.assertIn("| FAIL (exit 139, 0 timed steps) |", out.getvalue())
+
 
 def timed(tmp, *cmd, timeout=0, marks=(), maps_at=""):
     log, js, maps = (os.path.join(tmp, n) for n in ("run.log", "run.json", "maps.txt"))

@@ -6,7 +6,7 @@ warm-up, timed over --iters products (CUDA events on a GPU, the wall clock on a 
     gemm_peak.py --device cuda --dtype bf16 --n 8192 --iters 20 --json OUT
     gemm_peak.py --device cpu --dtype fp32 --n 256 --iters 3     (the dry run)
 
-Prints one line, "gemm N^3 DTYPE on DEVICE: X TFLOP/s (MS ms per product)", and with
+Prints one line, "gemm N^3 DTYPE on DEVICE: X TFLOP/s (MS ms per product, ...)", and with
 --json writes {"tflops", "ms", "n", "dtype", "device", "name", "torch"}.
 """
 import argparse
@@ -59,7 +59,7 @@ def main(argv):
         print("gemm_peak: --n and --iters must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
     r = measure(a.device, a.dtype, a.n, a.iters, a.warmup)
-    print(f"gemm {a.n}^3 {a.dtype} on {r['name']}: {r['tflops']:.1f} TFLOP/s "
+    print(f"gemm {a.n}^3 {a.dtype} on {r['name']}: {r['tflops']:.4g} TFLOP/s "
           f"({r['ms']:.3f} ms per product, torch {r['torch']})")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
