@@ -20,7 +20,7 @@
 # smoke, plans, bench, parity, ops, nccl, sanitizer; default all, run in that order),
 # --parity-steps N (default 30), --jobs N, --no-build-deps (--prepare: carry no -dev
 # packages, so no build is possible there), --force-build (build there even when the
-# carried binaries start).
+# carried binaries start; TRIDENT_GPU_CHECK_BUILD_CAP=S gives that build S seconds).
 #
 # The device tool call: run(command="scripts/gpu_check.sh", carry=[".gpu-carry"],
 # timeout_s=480). The GPU machine runs the carried binaries; their CUDA libraries
@@ -64,7 +64,7 @@ CARRY_LIMIT=$((64 * 1024 * 1024))
 RESERVE=8   # seconds kept at the end for the last summary and pack
 MIN_RUN=8   # a run gets at least this many seconds, else it is NOT RUN
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare) MODE=prepare ;;
