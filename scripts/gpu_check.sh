@@ -230,14 +230,15 @@ prepare() {
     cp "$B/$PLUGIN" "$rt/bin/" && strip --strip-unneeded "$rt/bin/$PLUGIN"
   fi
   # The Debian libraries they load, as this machine resolves them (OpenBLAS from the
-  # folder CMake linked, as the build's RUNPATH would have it).
+  # folder CMake linked, as the build's RUNPATH would have it; the plugin from bin/,
+  # which is on the library path there too).
   local blas_dir; blas_dir=$(dirname "$(sed -n 's/^TRIDENT_OPENBLAS:FILEPATH=//p' "$B/CMakeCache.txt")")
-  local pairs; pairs=$(LD_LIBRARY_PATH="$blas_dir" ldd_pairs "$rt"/bin/*)
+  local pairs; pairs=$(LD_LIBRARY_PATH="$rt/bin:$blas_dir" ldd_pairs "$rt"/bin/*)
   local missing; missing=$(awk '$2 == "not" {print $1}' <<<"$pairs" | paste -sd' ')
   [[ -z $missing ]] || { echo "prepare: FAILED: here the binaries cannot find $missing" >&2; return 1; }
   local soname path carried=() first=() skipped=()
   while read -r soname path; do
-    [[ -z $soname ]] && continue
+    [[ -z $soname || -e $rt/bin/$soname ]] && continue  # the plugin: carried in bin/
     if [[ $soname =~ $GLIBC_RE ]] || [[ $soname =~ $CUDA_RE ]]; then skipped+=("$soname"); continue; fi
     if [[ " ${BOX_FIRST[*]} " == *" $soname "* ]]; then
       cp -L "$path" "$rt/fallback/$soname"; first+=("$soname")
@@ -247,7 +248,7 @@ prepare() {
   done <<<"$pairs"
   # Every carried file must find the others: what it needs beyond them is glibc's or CUDA's.
   local extra; extra=$(ldd_pairs "$rt"/lib/* "$rt"/fallback/* | awk '{print $1}' | grep -vE "$GLIBC_RE" | grep -vE "$CUDA_RE" |
-                       while read -r s; do [[ -e $rt/lib/$s || -e $rt/fallback/$s ]] || echo "$s"; done | paste -sd' ')
+                       while read -r s; do [[ -e $rt/lib/$s || -e $rt/fallback/$s || -e $rt/bin/$s ]] || echo "$s"; done | paste -sd' ')
   [[ -z $extra ]] || { echo "prepare: FAILED: the carried libraries need $extra, which no binary resolved" >&2; return 1; }
   # What the GPU machine's own copies must define for the BOX_FIRST libraries to be used.
   for soname in "${first[@]}"; do
@@ -690,7 +691,7 @@ except Exception: pass' "$E/probe.json")
     if [[ $MODE == dry ]]; then used=$(fallback_links "$RT/fallback-used" ns_has | paste -sd' ')
     else used=$(fallback_links "$RT/fallback-used" box_has | paste -sd' '); fi
     echo "carried libraries used because $([[ $MODE == dry ]] && echo 'the namespace' || echo 'this machine') has no good copy: ${used:-none}" >>"$E/report.txt"
-    TRI_LD="$RT/lib:$RT/fallback-used"
+    TRI_LD="$RT/bin:$RT/lib:$RT/fallback-used"
     local d2; for d2 in "${CUDA_DIRS[@]}"; do TRI_LD="$TRI_LD:$d2"; done
     # Which CUDA library files the carried binaries resolve, and their versions.
     local files=("$RT"/bin/*)
@@ -727,7 +728,7 @@ ns_setup() {  # the dry run's mount namespace; sets TRI, or returns 1 with NS_WH
   done
   local cuda=${CUDA_DIRS[0]:-}
   [[ -n $cuda ]] || { NS_WHY="no CUDA library folder found"; return 1; }
-  local ld="$RT/lib:$RT/fallback-used:$NS/cuda"
+  local ld="$RT/bin:$RT/lib:$RT/fallback-used:$NS/cuda"
   # Mounted before the last bind replaces /usr/lib: everything after it (env, the
   # binaries) loads from the kept set, the carried folders and the CUDA folder only.
   cat >"$NS/enter.sh" <<EOF
@@ -804,7 +805,7 @@ build_there() {  # the fallback: configure and build against the carried -dev pa
     check binaries build FAIL "$(grep -m1 -B2 -A3 'error' "$B/build.log" | tr '\n' ' ' | cut -c1-400)"; return 1
   fi
   BIN=$BUILD
-  TRI_LD="$dep_ld"; for d in "${CUDA_DIRS[@]}"; do TRI_LD="$TRI_LD:$d"; done
+  TRI_LD="$BUILD:$dep_ld"; for d in "${CUDA_DIRS[@]}"; do TRI_LD="$TRI_LD:$d"; done
   TRI=(env LD_LIBRARY_PATH="$TRI_LD")
 }
 
@@ -855,7 +856,7 @@ step_binaries() {
             [[ -z $s ]] && continue
             case $p in
               NOT-FOUND) bad+=("$(basename "$b"): $s not found") ;;
-              "$RT"/lib/*|"$RT"/fallback-used/*|"$NS"/cuda/*) ;;
+              "$RT"/bin/*|"$RT"/lib/*|"$RT"/fallback-used/*|"$NS"/cuda/*) ;;
               /lib/x86_64-linux-gnu/*|/usr/lib/x86_64-linux-gnu/*|/lib64/*) ns_has "$s" || bad+=("$(basename "$b"): $s from $p") ;;
               *) bad+=("$(basename "$b"): $s from $p") ;;
             esac
