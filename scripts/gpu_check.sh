@@ -176,11 +176,12 @@ prepare_build_deps() {  # prepare_build_deps STAGE: STAGE/deps.tar.gz, or return
     { tail -3 "$stage/download.log"; echo "prepare: apt-get download failed (is Debian's archive reachable? try apt-get update)" >&2; return 1; }
   for deb in "$stage"/debs/*.deb; do dpkg -x "$deb" "$stage/deps/prefix" || return 1; done
   local P="$stage/deps/prefix" L="$stage/deps/prefix/$ARCH_LIB"
+  [[ -n $stage && -d $P ]] || return 1
   # What a build needs neither at build nor at run time: docs, static archives (GTest is
   # only static), Fortran/Java/SHMEM bindings, Open MPI's plugins (one process never calls
   # MPI_Init), LAPACK, executables.
-  rm -rf "$P/usr/share/doc" "$P/usr/share/man" "$P/usr/share/lintian" "$P/usr/bin" "$P/usr/sbin" \
-         "$P/etc" "$P/lib" "$L/fortran" "$L/openmpi/lib/openmpi3" "$L/pkgconfig" \
+  rm -rf "${P:?}/usr/share/doc" "$P/usr/share/man" "$P/usr/share/lintian" "${P:?}/usr/bin" "$P/usr/sbin" \
+         "${P:?}/etc" "${P:?}/lib" "$L/fortran" "$L/openmpi/lib/openmpi3" "$L/pkgconfig" \
          "$L/openmpi/include/openshmem" "$L/openmpi/include/"*shmem* "$L/openblas-openmp/cmake"
   find "$P" \( -name '*.a' ! -name 'libgtest*.a' ! -name 'libgmock*.a' \) -delete
   rm -f "$L"/liboshmem* "$L"/libmpi_mpifh* "$L"/libmpi_usempi* "$L"/libmpi_java* "$L"/libompitrace* \
@@ -768,7 +769,7 @@ build_there() {  # the fallback: configure and build against the carried -dev pa
     [[ -z $nccl ]] && nccl=$(ls "$d"/libnccl.so.2 "$d"/libnccl.so 2>/dev/null | head -1)
     [[ -z $lt ]] && lt=$(ls "$d"/libcublasLt.so.1* "$d"/libcublasLt.so 2>/dev/null | head -1)
   done
-  local inc_of; inc_of() { local x; for x in "$(dirname "$1")/../include" "$(dirname "$1")/../../include"; do [[ -f $x/$2 ]] && { (cd "$x" && pwd); return; }; done; echo "$DEPS/cuda-headers"; }
+  inc_of() { local x; for x in "$(dirname "$1")/../include" "$(dirname "$1")/../../include"; do [[ -f $x/$2 ]] && { (cd "$x" && pwd); return; }; done; echo "$DEPS/cuda-headers"; }
   local args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_SKIP_RPATH=ON
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST -DCMAKE_PREFIX_PATH="$P/usr"
