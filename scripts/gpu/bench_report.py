@@ -3,14 +3,18 @@
 metrics JSONL or bench/torch_model.py's --json output, plus an nvidia-smi memory trace.
 
     bench_report.py trident --name gpt2-124m --config C.yaml --batch 16 --metrics M.jsonl
-                            --skip 3 --mem MEM.txt --rc 0
+                            --skip 3 --mem MEM.txt --rc 0 [--label "trident cudnn"]
+                            [--gemm-peak 790] [--status "SKIPPED: why"]
     bench_report.py torch --name gpt2-124m --config C.yaml --batch 16 --json T.json
-                          --mem MEM.txt --rc 0
+                          --mem MEM.txt --rc 0 [--gemm-peak 790]
     bench_report.py --self-test
+    bench_report.py --header                 the table's two header lines
 
 Both rows use the same FLOPs per token (model_shape.py: Trident's 6·N + 12·L·C·T) and the
-same peak, 989 TFLOP/s (H100/H200 SXM dense bf16), for the MFU column; "own MFU" is the
-figure the program reported itself (Trident against its peak table). Timed steps: Trident's
+same peaks: 989 TFLOP/s (H100/H200 SXM dense bf16, the datasheet) for the first MFU
+column, and --gemm-peak (TFLOP/s of a large bf16 GEMM measured by gemm_peak.py in the same
+call; "-" without it) for the second; "own MFU" is the figure the program reported itself
+(Trident against its peak table). Timed steps: Trident's
 steps after the first --skip, tokens/s = their tokens / their summed step_ms; PyTorch's are
 timed by torch_model.py after its warm-up. Peak GPU memory: the largest nvidia-smi
 memory.used sample during the run (the same measure for both), and torch's own
@@ -44,11 +48,20 @@ def fmt_mem(mib, extra=None):
     return text
 
 
-def row(name, impl, b, t, ms, tok_s, mfu, own_mfu, mem, loss0, loss1, status):
+HEADER = ("| model | impl | B x T | ms/step | tokens/s | MFU (989 TF/s) | MFU (measured GEMM "
+          "peak) | own MFU | peak GPU mem | loss first -> last | status |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(a, impl, b, t, ms, tok_s, flops, own_mfu, mem, loss0, loss1, status):
     def num(v, f):
         return "-" if v is None else f.format(v)
-    return (f"| {name} | {impl} | {b} x {t} | {num(ms, '{:.1f}')} | {num(tok_s, '{:,.0f}')} | "
-            f"{num(mfu, '{:.1%}')} | {num(own_mfu, '{:.1%}')} | {mem} | "
+    mfu = None if tok_s is None else flops * tok_s / PEAK
+    gemm = None
+    if tok_s is not None and getattr(a, "gemm_peak", None):
+        gemm = flops * tok_s / (a.gemm_peak * 1e12)
+    return (f"| {a.name} | {impl} | {b} x {t} | {num(ms, '{:.1f}')} | {num(tok_s, '{:,.0f}')} | "
+            f"{num(mfu, '{:.1%}')} | {num(gemm, '{:.1%}')} | {num(own_mfu, '{:.1%}')} | {mem} | "
             f"{num(loss0, '{:.3f}')} -> {num(loss1, '{:.3f}')} | {status} |")
 
 
@@ -67,14 +80,16 @@ def trident_row(a, shape):
         pass
     timed = [steps[s] for s in sorted(steps) if s > a.skip]
     status = "PASS" if a.rc == 0 and timed else f"FAIL (exit {a.rc}, {len(timed)} timed steps)"
+    status = getattr(a, "status", None) or status
+    label = getattr(a, "label", None) or "trident"
+    flops = model_shape.flops_per_token(shape)
     if not timed:
-        return row(a.name, "trident", a.batch, shape["seq_len"], None, None, None, None,
+        return row(a, label, a.batch, shape["seq_len"], None, None, flops, None,
                    fmt_mem(mem_peak(a.mem)), None, None, status)
     ms = sum(r["step_ms"] for r in timed) / len(timed)
     tok_s = a.batch * shape["seq_len"] / (ms / 1000)
     first = steps[min(steps)]["loss"]
-    return row(a.name, "trident", a.batch, shape["seq_len"], ms, tok_s,
-               model_shape.flops_per_token(shape) * tok_s / PEAK,
+    return row(a, label, a.batch, shape["seq_len"], ms, tok_s, flops,
                sum(r.get("mfu", 0) for r in timed) / len(timed), fmt_mem(mem_peak(a.mem)),
                first, timed[-1]["loss"], status)
 
@@ -85,13 +100,13 @@ def torch_row(a, shape):
             r = json.load(f)
     except (OSError, json.JSONDecodeError):
         r = None
+    flops = model_shape.flops_per_token(shape)
     if not r:
-        return row(a.name, "pytorch", a.batch, shape["seq_len"], None, None, None, None,
+        return row(a, "pytorch", a.batch, shape["seq_len"], None, None, flops, None,
                    fmt_mem(mem_peak(a.mem)), None, None, f"FAIL (exit {a.rc}, no result)")
-    tok_s = r["tokens_per_s"]
-    return row(a.name, f"pytorch {r.get('torch', '')} eager", r["batch"], r["seq"],
-               r["ms_per_step"], tok_s, model_shape.flops_per_token(shape) * tok_s / PEAK,
-               None, fmt_mem(mem_peak(a.mem), r.get("peak_mem_reserved")), r["loss_first"],
+    return row(a, f"pytorch {r.get('torch', '')} eager", r["batch"], r["seq"],
+               r["ms_per_step"], r["tokens_per_s"], flops, None,
+               fmt_mem(mem_peak(a.mem), r.get("peak_mem_reserved")), r["loss_first"],
                r["loss_last"], "PASS" if a.rc == 0 else f"FAIL (exit {a.rc})")
 
 
@@ -112,22 +127,32 @@ def self_test():
                        "tokens_per_s": 81920.0, "loss_first": 11.0, "loss_last": 9.0,
                        "peak_mem_reserved": 2**31}, f)
         t = trident_row(argparse.Namespace(metrics=metrics, mem=mem, skip=3, rc=0, name="m",
-                                           batch=16), model_shape.read_model(cfg))
-        p = torch_row(argparse.Namespace(json=tj, mem=mem, rc=0, name="m", batch=16),
-                      model_shape.read_model(cfg))
-    # 16 x 1024 tokens in 100 ms = 163,840 tok/s; x 855,383,040 FLOP / 989e12 = 14.2%
-    expect_t = "| m | trident | 16 x 1024 | 100.0 | 163,840 | 14.2% | 50.0% | 20.0 GiB | 10.000 -> 6.000 | PASS |"
-    expect_p = "| m | pytorch x eager | 16 x 1024 | 200.0 | 81,920 | 7.1% | - | 20.0 GiB (2.0 GiB reserved) | 11.000 -> 9.000 | PASS |"
-    ok = t == expect_t and p == expect_p
+                                           batch=16, label="trident cudnn", gemm_peak=700.0),
+                        model_shape.read_model(cfg))
+        p = torch_row(argparse.Namespace(json=tj, mem=mem, rc=0, name="m", batch=16,
+                                         gemm_peak=None), model_shape.read_model(cfg))
+        f = trident_row(argparse.Namespace(metrics=mem, mem=mem, skip=3, rc=139, name="m",
+                                           batch=16, label=None, gemm_peak=700.0),
+                        model_shape.read_model(cfg))
+    # 16 x 1024 tokens in 100 ms = 163,840 tok/s; x 855,383,040 FLOP / 989e12 = 14.2%,
+    # / 700e12 = 20.0%
+    expect_t = "| m | trident cudnn | 16 x 1024 | 100.0 | 163,840 | 14.2% | 20.0% | 50.0% | 20.0 GiB | 10.000 -> 6.000 | PASS |"
+    expect_p = "| m | pytorch x eager | 16 x 1024 | 200.0 | 81,920 | 7.1% | - | - | 20.0 GiB (2.0 GiB reserved) | 11.000 -> 9.000 | PASS |"
+    expect_f = "| m | trident | 16 x 1024 | - | - | - | - | - | 20.0 GiB | - -> - | FAIL (exit 139, 0 timed steps) |"
+    ok = t == expect_t and p == expect_p and f == expect_f
     print(t)
     print(p)
-    print("self-test " + ("PASS" if ok else f"FAIL: expected\n{expect_t}\n{expect_p}"))
+    print(f)
+    print("self-test " + ("PASS" if ok else f"FAIL: expected\n{expect_t}\n{expect_p}\n{expect_f}"))
     return 0 if ok else 1
 
 
 def main(argv):
     if argv == ["--self-test"]:
         return self_test()
+    if argv == ["--header"]:
+        print(HEADER)
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("impl", choices=["trident", "torch"])
     ap.add_argument("--name", required=True)
@@ -138,6 +163,10 @@ def main(argv):
     ap.add_argument("--skip", type=int, default=3)
     ap.add_argument("--mem", default="")
     ap.add_argument("--rc", type=int, default=0)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--gemm-peak", type=float, default=0.0)
+    ap.add_argument("--status", default="", help="the row's status instead of PASS/FAIL "
+                    "(a run that was skipped or not run)")
     a = ap.parse_args(argv)
     shape = model_shape.read_model(a.config)
     print(trident_row(a, shape) if a.impl == "trident" else torch_row(a, shape))

@@ -4,6 +4,7 @@ files) for scripts/gpu_check.sh, and prints one verdict line: PASS or FAIL.
 
     compare_runs.py compare A.jsonl B.jsonl --steps 1-30 --bitwise
     compare_runs.py compare A.jsonl B.jsonl --steps 1-30 --max-rel 5e-4 --first-rel 1e-5
+                    [--table DIFFS.tsv]
     compare_runs.py ckpt A/step_30 B/step_30
     compare_runs.py perturb IN.jsonl OUT.jsonl --step 17 --rel 1e-6
 
@@ -15,8 +16,11 @@ that may repeat steps; scripts/plot_metrics.py reads the file the same way).
   --max-rel X          max over steps of |a - b| / max(|a|, 1e-12) on the loss <= X
   --mean-rel X         mean of the same over steps <= X
   --first-rel X        the same at the first step of --steps (before any update) <= X
+  --table FILE         also write every step's losses, gradient norms and relative loss
+                       difference to FILE (tab-separated), to set tolerances from data
 A tolerance comparison also prints the measured max/mean/first figures, so the limits
-can be calibrated from a PASS as much as from a FAIL.
+can be calibrated from a PASS as much as from a FAIL; a bitwise FAIL names the first
+difference and how many steps differ.
 ckpt: two checkpoint step directories hold the same tensors bit for bit: the same names,
 shapes and dtypes and the same xxh3 checksum per stored box (manifest.json; `trident ckpt
 verify` checks that the checksums match the bytes).
@@ -98,8 +102,13 @@ def compare(args):
             if not isinstance(loss, (int, float)) or not math.isfinite(loss):
                 print(f"FAIL {name}: {path} step {s}: loss {loss} is not finite")
                 return 1
+    diffs = [rel_diff(a[s]["loss"], b[s]["loss"]) for s in wanted]
+    if args.table:
+        write_table(args.table, wanted, a, b, diffs)
     if args.bitwise:
+        first, differing = None, 0
         for s in wanted:
+            step_differs = False
             for key in ("loss", "grad_norm"):
                 va, vb = a[s].get(key), b[s].get(key)
                 if va is None or vb is None:
@@ -107,13 +116,19 @@ def compare(args):
                           f"{args.a if va is None else args.b}")
                     return 1
                 if bits(va) != bits(vb):
-                    print(f"FAIL {name}: bitwise: step {s} {key} {va!r} vs {vb!r} "
-                          f"(first difference; rel {rel_diff(va, vb):.3e})")
-                    return 1
+                    step_differs = True
+                    if first is None:
+                        first = (s, key, va, vb)
+            differing += step_differs
+        if first is not None:
+            s, key, va, vb = first
+            print(f"FAIL {name}: bitwise: step {s} {key} {va!r} vs {vb!r} "
+                  f"(first difference; rel {rel_diff(va, vb):.3e}; {differing} of "
+                  f"{len(wanted)} steps differ, max loss rel {max(diffs):.3e})")
+            return 1
         print(f"PASS {name}: bitwise: steps {wanted[0]}-{wanted[-1]}, loss and grad_norm "
               f"identical")
         return 0
-    diffs = [rel_diff(a[s]["loss"], b[s]["loss"]) for s in wanted]
     worst = max(range(len(wanted)), key=lambda i: diffs[i])
     mean = sum(diffs) / len(diffs)
     figures = (f"max rel {diffs[worst]:.3e} at step {wanted[worst]}, mean rel {mean:.3e}, "
@@ -131,6 +146,14 @@ def compare(args):
         return 1
     print(f"PASS {name}: {figures}")
     return 0
+
+
+def write_table(path, wanted, a, b, diffs):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("step\tloss_a\tloss_b\trel\tgrad_norm_a\tgrad_norm_b\n")
+        for s, d in zip(wanted, diffs):
+            f.write(f"{s}\t{a[s]['loss']!r}\t{b[s]['loss']!r}\t{d:.3e}\t"
+                    f"{a[s].get('grad_norm')!r}\t{b[s].get('grad_norm')!r}\n")
 
 
 def read_manifest(step_dir):
@@ -201,6 +224,7 @@ def main(argv):
     c.add_argument("--max-rel", type=float)
     c.add_argument("--mean-rel", type=float)
     c.add_argument("--first-rel", type=float)
+    c.add_argument("--table", default="")
     k = sub.add_parser("ckpt")
     k.add_argument("a")
     k.add_argument("b")
