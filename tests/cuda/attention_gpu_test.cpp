@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -254,6 +255,33 @@ TEST(AttentionGpu, CudnnPathMatchesThePlainPathInBf16) {
     std::printf("cuDNN %zu cannot serve these shapes (skipped):%s\n", cudnnGetVersion(), skipped.c_str());
   }
   EXPECT_GT(compared, 0) << "no shape compared under cuDNN " << cudnnGetVersion();
+}
+
+// The cuDNN plans at the shapes the GPU check benchmarks (GPT-2 124M and 350M at B16 T1024,
+// the ~1B Llama at B8 T2048 with 8 KV heads): each is built (forward and backward graphs,
+// execution plans), and its plan time, workspace and state are printed, so the first GPU
+// run says before the benchmark whether and how cuDNN serves them. Nothing is executed.
+TEST(AttentionGpu, CudnnPlansAtTheBenchmarkShapes) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or returned 0)";
+  std::string why;
+  std::unique_ptr<Ops> cudnn = cuda_ops_for("cudnn", &why);
+  if (!cudnn) GTEST_SKIP() << "no CUDA Ops: " << why;
+  const Shape shapes[] = {{16, 1024, 12, 12, 64}, {16, 1024, 16, 16, 64}, {8, 2048, 32, 8, 64}};
+  for (const Shape& s : shapes) {
+    const cuda::AttentionShape shape = bf16_shape(s);
+    const Status supported = cuda::cudnn_runtime_support(shape, cudnnGetVersion());
+    EXPECT_TRUE(supported.is_ok()) << str(s, DType::kBF16) << ": " << supported.message();
+    if (!supported.is_ok()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto made = cuda::make_cudnn_attention(*cudnn, nullptr, shape);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(made.is_ok()) << str(s, DType::kBF16) << ": " << made.status().message();
+    if (!made.is_ok()) continue;
+    std::printf("cuDNN %zu plans for %s: %.1f ms, workspace %zu bytes, state %zu bytes\n",
+                cudnnGetVersion(), str(s, DType::kBF16).c_str(), ms,
+                (*made)->workspace_bytes(shape), cuda::cudnn_attention_state_bytes(shape));
+  }
 }
 
 // With bf16 and no TRIDENT_ATTENTION the Ops runs cuDNN where it has a plan: the default.
