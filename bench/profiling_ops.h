@@ -8,8 +8,11 @@
 // Work conventions (per call): matmul forward 2*N*IC*OC; backward 2*N*IC*OC for each of
 // dinp and dweight that is asked for; attention 4*B*NH*T^2*HD forward and twice that
 // backward (the full T x T products, as model-FLOP counts do, though only the causal half
-// is needed); everything else counts its bytes: every buffer argument's elements read or
-// written once, in its dtype.
+// is needed). Bytes (the MB/step column): every buffer argument's elements read or written
+// once, in its dtype, an accumulated output (+=) read and written, and a kernel that makes
+// several passes over a buffer (the cross-entropy's row statistics) counted once per pass;
+// the GEMMs count their operands once (the least traffic they can have); attention's bytes
+// are not counted.
 #pragma once
 
 #include <algorithm>
@@ -91,13 +94,26 @@ class ProfilingOps : public testing::ForwardingOps {
   }
   void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
                       int OC) override {
-    Scope s(this, "matmul_forward", 2.0 * N * IC * OC, 0);
+    const size_t n = static_cast<size_t>(N), ic = static_cast<size_t>(IC),
+                 oc = static_cast<size_t>(OC);
+    Scope s(this, "matmul_forward", 2.0 * N * IC * OC,
+            bytes_of(n * ic, {inp}) + bytes_of(oc * ic, {weight}) + bytes_of(n * oc, {out}) +
+                bytes_of(oc, {bias}));
     inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
   }
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
                        DevPtr weight, int N, int IC, int OC) override {
     const double one = 2.0 * N * IC * OC;
-    Scope s(this, "matmul_backward", (dinp.is_null() ? 0 : one) + (dweight.is_null() ? 0 : one), 0);
+    const size_t n = static_cast<size_t>(N), ic = static_cast<size_t>(IC),
+                 oc = static_cast<size_t>(OC);
+    // Each operand once; an accumulated gradient (beta = 1) is read and written.
+    const double bytes = bytes_of(n * oc, {dout}) + bytes_of(oc * ic, {dweight, dweight}) +
+                         bytes_of(oc, {dbias, dbias}) +
+                         (dinp.is_null() ? 0 : bytes_of(oc * ic, {weight}) +
+                                                   bytes_of(n * ic, {dinp, dinp})) +
+                         (dweight.is_null() ? 0 : bytes_of(n * ic, {inp}));
+    Scope s(this, "matmul_backward", (dinp.is_null() ? 0 : one) + (dweight.is_null() ? 0 : one),
+            bytes);
     inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
   }
   void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
@@ -150,13 +166,16 @@ class ProfilingOps : public testing::ForwardingOps {
   }
   void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
                              int Vp) override {
-    Scope s(this, "cross_entropy_forward", 0, bytes_of(static_cast<size_t>(N) * Vp, {logits}));
+    // Two passes over the logits: the row max, then the sum of exponentials.
+    Scope s(this, "cross_entropy_forward", 0,
+            bytes_of(static_cast<size_t>(N) * Vp, {logits, logits}));
     inner_.cross_entropy_forward(losses, logits, targets, N, V, Vp);
   }
   void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
                               int V, int Vp) override {
+    // The row statistics again (two passes), then a read and a write per element.
     Scope s(this, "cross_entropy_backward", 0,
-            bytes_of(static_cast<size_t>(N) * Vp, {dlogits, logits}));
+            bytes_of(static_cast<size_t>(N) * Vp, {logits, logits, logits, dlogits}));
     inner_.cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
   }
   void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
@@ -227,7 +246,9 @@ inline void ProfilingOps::print(double step_seconds, int steps) const {
   std::vector<std::pair<std::string, Entry>> rows(entries_.begin(), entries_.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  std::printf("#   %-24s %7s %9s %7s %12s\n", "op", "calls", "ms/step", "share", "rate");
+  std::printf("#   %-24s %7s %9s %7s %12s %14s\n", "op", "calls", "ms/step", "share", "MB/step",
+              "rate");
+  double bytes = 0;
   for (const auto& [name, e] : rows) {
     char rate[32];
     if (e.flops > 0) {
@@ -235,12 +256,16 @@ inline void ProfilingOps::print(double step_seconds, int steps) const {
     } else {
       std::snprintf(rate, sizeof(rate), "%7.2f GB/s", e.bytes / e.seconds / 1e9);
     }
-    std::printf("    %-24s %7ld %9.3f %6.1f%% %14s\n", name.c_str(), e.calls / steps,
-                1e3 * e.seconds / steps, 100.0 * e.seconds / step_seconds, rate);
+    std::printf("    %-24s %7ld %9.3f %6.1f%% %12.2f %14s\n", name.c_str(), e.calls / steps,
+                1e3 * e.seconds / steps, 100.0 * e.seconds / step_seconds,
+                e.bytes / steps / 1e6, rate);
+    bytes += e.bytes;
   }
   const double outside = step_seconds - total_seconds();
   std::printf("    %-24s %7s %9.3f %6.1f%%\n", "(outside ops)", "", 1e3 * outside / steps,
               100.0 * outside / step_seconds);
+  std::printf("    %-24s %7s %9s %7s %12.2f\n", "(bytes of all ops)", "", "", "",
+              bytes / steps / 1e6);
 }
 
 }  // namespace trident::bench

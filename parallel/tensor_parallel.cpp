@@ -175,12 +175,11 @@ VocabParallelCrossEntropy::VocabParallelCrossEntropy(const TensorParallel& tp, i
 void VocabParallelCrossEntropy::forward(DevPtr losses, DevPtr row_max, DevPtr sums,
                                         DevPtr logits, DevPtr targets, int N) const {
   Ops& ops = tp_->ops();
-  if (!tp_->active()) {
-    ops.cross_entropy_forward(losses, logits, targets, N, V_, Vp_);
-    return;
-  }
   // Global row max, then the global sum of exponentials and the target logit (the rank
-  // holding the target contributes it, the others 0), then the loss on the device.
+  // holding the target contributes it, the others 0), then the loss on the device. One
+  // rank takes the same path (the reductions are no-ops): its statistics, kept in
+  // row_max and sums, spare backward the two passes over the logits that the fused
+  // cross_entropy_backward would make to recompute them, with results bitwise equal.
   const size_t n = static_cast<size_t>(N);
   ops.xent_local_max(row_max, logits, N, vocab_local_, vocab_begin_, V_);
   tp_->reduce_max(row_max, n, "xent max");
@@ -193,13 +192,8 @@ void VocabParallelCrossEntropy::forward(DevPtr losses, DevPtr row_max, DevPtr su
 void VocabParallelCrossEntropy::backward(DevPtr dlogits, DevPtr logits, DevPtr row_max,
                                          DevPtr sums, DevPtr targets, float dloss,
                                          int N) const {
-  Ops& ops = tp_->ops();
-  if (!tp_->active()) {
-    ops.cross_entropy_backward(dlogits, logits, targets, dloss, N, V_, Vp_);
-    return;
-  }
-  ops.xent_local_backward(dlogits, logits, row_max, sums, targets, dloss, N, vocab_local_,
-                          vocab_begin_, V_);
+  tp_->ops().xent_local_backward(dlogits, logits, row_max, sums, targets, dloss, N, vocab_local_,
+                                 vocab_begin_, V_);
 }
 
 }  // namespace trident

@@ -45,8 +45,10 @@
 // through the Ops with the dtype rules of kernels/ops.h.
 //
 // Group size 1: no communicator, no collective, and each layer is exactly the plain Ops
-// call (the cross-entropy uses cross_entropy_forward/backward), so a one-rank model is
-// bitwise the model without tensor parallelism.
+// call, so a one-rank model is bitwise the model without tensor parallelism. The
+// cross-entropy keeps its three local steps there too (bitwise cross_entropy_forward /
+// _backward), so that backward reuses the forward's row statistics: three passes over
+// the logits and one write, where the fused pair makes five and one.
 //
 // Ordering: collectives are issued in call order on the tp communicator, so every tp rank
 // must make the same calls in the same order (comm/communicator.h).

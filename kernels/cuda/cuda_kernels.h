@@ -40,7 +40,10 @@ void swiglu_backward(FArg dgate, FArg dup, FArg dout, FArg gate, FArg up, size_t
 void add(FArg out, FArg a, FArg b, size_t n, Stream s);
 void accumulate(FArg dst, FArg src, size_t n, Stream s);
 void scale(FArg x, float factor, size_t n, Stream s);
-void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, float sign, Stream s);
+// `table`: rope_table_bytes(T, HD) of device scratch, rewritten by each call.
+size_t rope_table_bytes(int T, int HD);
+void rope(FArg x, void* table, int B, int T, int H, int HD, float theta, int pos_offset,
+          float sign, Stream s);
 // The GEMM for layouts cuBLASLt (GemmEngine) does not take (launch.h gemm_layout_ok):
 // row-major D[M, N] = op(A)[M, K] @ op(B)[K, N] (+ D when accumulate) (+ bias[N]), op(X) =
 // X^T when trans_x; one thread per output element, fp32 products summed in k order, any

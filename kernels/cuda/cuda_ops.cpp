@@ -350,11 +350,13 @@ class CudaOps final : public Ops {
   // ---- attention ----------------------------------------------------------------
   void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
     Op op(*this, "rope_forward");
-    cuda::rope(f(op, x, "x"), B, T, H, HD, theta, pos_offset, 1.0f, stream_);
+    void* table = scratch(kRope, cuda::rope_table_bytes(T, HD)).raw();
+    cuda::rope(f(op, x, "x"), table, B, T, H, HD, theta, pos_offset, 1.0f, stream_);
   }
   void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
     Op op(*this, "rope_backward");
-    cuda::rope(f(op, dx, "dx"), B, T, H, HD, theta, pos_offset, -1.0f, stream_);
+    void* table = scratch(kRope, cuda::rope_table_bytes(T, HD)).raw();
+    cuda::rope(f(op, dx, "dx"), table, B, T, H, HD, theta, pos_offset, -1.0f, stream_);
   }
 
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
@@ -692,7 +694,7 @@ class CudaOps final : public Ops {
   }
 
   // Grow-only scratch, one buffer per use that can be live at the same time.
-  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kSlots };
+  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kRope, kSlots };
   struct Scratch {
     DevPtr ptr;
     size_t bytes = 0;

@@ -64,20 +64,32 @@ __global__ void scale_kernel(FArg x, float factor, size_t n) {
   for (size_t i = global_thread(); i < n; i += grid_threads()) store(x, i, load(x, i) * factor);
 }
 
-// One thread per rotated pair (row r = b*T + t, head h, i < HD/2). The angle is computed in
-// double and rounded once, as the CPU's table (rope.cpp), so both backends rotate by the
-// same fp32 cos / sin.
-__global__ void rope_kernel(FArg x, size_t pairs, int T, int H, int HD, float theta,
-                            int pos_offset, float sign) {
+// The rotation table, one thread per (position t, frequency i < HD/2): table[t * half + i]
+// = (cos, sin) of (t + pos_offset) * theta^(-2i/HD), the angle computed in double and
+// rounded once, as the CPU's table (rope.cpp), so both backends rotate by the same fp32
+// cos / sin. Built once per call, T * HD/2 entries, so the B * H rows of a position share
+// it instead of each recomputing pow / cos / sin.
+__global__ void rope_table_kernel(float2* table, int T, int HD, float theta, int pos_offset) {
+  const int half = HD / 2;
+  const size_t entries = static_cast<size_t>(T) * half;
+  for (size_t e = global_thread(); e < entries; e += grid_threads()) {
+    const int i = static_cast<int>(e % half), t = static_cast<int>(e / half);
+    const double inv_freq = pow(static_cast<double>(theta), -2.0 * i / HD);
+    const double angle = static_cast<double>(t + pos_offset) * inv_freq;
+    table[e] = make_float2(static_cast<float>(cos(angle)), static_cast<float>(sin(angle)));
+  }
+}
+
+// One thread per rotated pair (row r = b*T + t, head h, i < HD/2), rotated by the table.
+__global__ void rope_kernel(FArg x, const float2* table, size_t pairs, int T, int H, int HD,
+                            float sign) {
   const int half = HD / 2;
   for (size_t p = global_thread(); p < pairs; p += grid_threads()) {
     const int i = static_cast<int>(p % half);
     const size_t row_head = p / half;  // (b*T + t) * H + h
     const int t = static_cast<int>((row_head / H) % T);
-    const double inv_freq = pow(static_cast<double>(theta), -2.0 * i / HD);
-    const double angle = static_cast<double>(t + pos_offset) * inv_freq;
-    const float c = static_cast<float>(cos(angle));
-    const float sn = sign * static_cast<float>(sin(angle));
+    const float2 cs = table[static_cast<size_t>(t) * half + i];
+    const float c = cs.x, sn = sign * cs.y;
     const size_t base = row_head * HD;
     const float x1 = load(x, base + i), x2 = load(x, base + i + half);
     store(x, base + i, x1 * c - x2 * sn);
@@ -146,10 +158,18 @@ void accumulate(FArg dst, FArg src, size_t n, Stream s) {
 void scale(FArg x, float factor, size_t n, Stream s) {
   TRIDENT_ELEMENTWISE(scale_kernel, n, x, factor, n);
 }
-void rope(FArg x, int B, int T, int H, int HD, float theta, int pos_offset, float sign,
-          Stream s) {
+size_t rope_table_bytes(int T, int HD) {
+  return static_cast<size_t>(T > 0 ? T : 0) * static_cast<size_t>(HD > 0 ? HD / 2 : 0) *
+         sizeof(float2);
+}
+void rope(FArg x, void* table, int B, int T, int H, int HD, float theta, int pos_offset,
+          float sign, Stream s) {
   const size_t pairs = static_cast<size_t>(B) * T * H * (HD / 2);
-  TRIDENT_ELEMENTWISE(rope_kernel, pairs, x, pairs, T, H, HD, theta, pos_offset, sign);
+  if (pairs == 0) return;
+  float2* cs = static_cast<float2*>(table);
+  const size_t entries = static_cast<size_t>(T) * (HD / 2);
+  TRIDENT_ELEMENTWISE(rope_table_kernel, entries, cs, T, HD, theta, pos_offset);
+  TRIDENT_ELEMENTWISE(rope_kernel, pairs, x, cs, pairs, T, H, HD, sign);
 }
 
 void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,

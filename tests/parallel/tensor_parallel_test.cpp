@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/kernels/forwarding_ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace trident {
@@ -51,8 +52,8 @@ TEST(TensorParallel, OneRankLayersAreThePlainOpsCalls) {
   ops->matmul_forward(dev(*ops, y_want), dev(*ops, out), dev(*ops, w2), dev(*ops, bias2), N, F, C);
   EXPECT_TRUE(bitwise_equal(y, y_want));
 
-  // The cross-entropy at one rank is cross_entropy_forward/backward (padded columns
-  // V..Vp-1 excluded), not the three-step vocab-parallel form.
+  // The cross-entropy at one rank: bitwise cross_entropy_forward/backward (padded columns
+  // V..Vp-1 excluded), through the three local steps (CrossEntropyKeepsItsStatistics).
   const std::vector<int32_t> targets = {0, 3, 8, 1, 5};
   const DevVec<int32_t> tgt(*ops, targets);
   VocabParallelCrossEntropy xent(group, V, Vp);
@@ -69,6 +70,63 @@ TEST(TensorParallel, OneRankLayersAreThePlainOpsCalls) {
   }
   EXPECT_TRUE(bitwise_equal(losses, losses_want));
   EXPECT_TRUE(bitwise_equal(logits, logits_want));
+}
+
+// Counts the cross-entropy's calls and the passes they make over the logits (the fused
+// forward: max and sum; the fused backward: max, sum, then the write).
+class XentPassOps : public testing::ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  int passes = 0, fused_calls = 0;
+  void cross_entropy_forward(DevPtr losses, DevPtr logits, DevPtr targets, int N, int V,
+                             int Vp) override {
+    passes += 2, ++fused_calls;
+    inner_.cross_entropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
+                              int V, int Vp) override {
+    passes += 3, ++fused_calls;
+    inner_.cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+  void xent_local_max(DevPtr row_max, DevPtr logits, int N, int Vp_local, int vocab_begin,
+                      int V) override {
+    ++passes;
+    inner_.xent_local_max(row_max, logits, N, Vp_local, vocab_begin, V);
+  }
+  void xent_local_sums(DevPtr sum_exp, DevPtr target_logit, DevPtr logits, DevPtr row_max,
+                       DevPtr targets, int N, int Vp_local, int vocab_begin, int V) override {
+    ++passes;
+    inner_.xent_local_sums(sum_exp, target_logit, logits, row_max, targets, N, Vp_local,
+                           vocab_begin, V);
+  }
+  void xent_local_backward(DevPtr dlogits, DevPtr logits, DevPtr row_max, DevPtr sum_exp,
+                           DevPtr targets, float dloss, int N, int Vp_local, int vocab_begin,
+                           int V) override {
+    ++passes;
+    inner_.xent_local_backward(dlogits, logits, row_max, sum_exp, targets, dloss, N, Vp_local,
+                               vocab_begin, V);
+  }
+};
+
+// At one rank backward reuses the row statistics that forward kept: three passes over the
+// logits in all, not five, and no fused call.
+TEST(TensorParallel, CrossEntropyKeepsItsStatistics) {
+  auto cpu = make_cpu_ops(1);
+  XentPassOps ops(*cpu);
+  TensorParallel group(ops, nullptr, 0, 1);
+  const int N = 4, V = 7, Vp = 8;
+  const std::vector<int32_t> targets = {0, 6, 2, 3};
+  const DevVec<int32_t> tgt(ops, targets);
+  VocabParallelCrossEntropy xent(group, V, Vp);
+  VecF logits = values(N * Vp, 0.4f), losses(N), row_max(N), sums(2 * N);
+  {
+    DevVec<float> d_logits(ops, logits), d_row_max(ops, row_max), d_sums(ops, sums);
+    xent.forward(dev(ops, losses), d_row_max, d_sums, d_logits, tgt, N);
+    EXPECT_EQ(ops.passes, 2);
+    xent.backward(d_logits, d_logits, d_row_max, d_sums, tgt, 1.0f, N);
+  }
+  EXPECT_EQ(ops.passes, 3);
+  EXPECT_EQ(ops.fused_calls, 0);
 }
 
 TEST(TensorParallelDeathTest, ASplitThatDoesNotDivideNamesTheDimension) {
