@@ -436,6 +436,8 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
       keep.insert(fs::path(path).filename().string());
       if (options.format == "megatron") {
         keep.insert(fs::path(path).replace_extension(".idx").filename().string());
+      } else {  // llm.c shards: their .meta.json sidecars
+        keep.insert(fs::path(token_meta_path(path)).filename().string());
       }
     }
   }

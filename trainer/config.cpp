@@ -15,6 +15,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace trident {
 namespace {
@@ -710,6 +711,26 @@ const char* lr_schedule_name(LrSchedule s) {
   return "?";
 }
 
+namespace {
+
+// runtime.threads: 0 (automatic) up to kMaxThreadsPerCore per core of this machine, and
+// at least kMinThreadsLimit (a config written for a larger machine still loads); far
+// more threads than cores only slows a step, and tens of thousands crash the OpenMP
+// runtime.
+Status validate_threads(int threads) {
+  TRIDENT_RETURN_IF_ERROR(at_least("runtime.threads", threads, 0));
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int most = std::max(kMinThreadsLimit, kMaxThreadsPerCore * cores);
+  if (threads <= most) return Status::ok();
+  return Status::invalid_config("runtime.threads: " + std::to_string(threads) + " is more than " +
+                                std::to_string(most) + " (" + std::to_string(kMaxThreadsPerCore) +
+                                " per core of this machine's " + std::to_string(cores) +
+                                ", at least " + std::to_string(kMinThreadsLimit) +
+                                "); 0 picks the cores divided by the ranks");
+}
+
+}  // namespace
+
 Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(config.model.validate());
   TransformerConfig model = config.model;  // effective sizes, whether finalized or not
@@ -717,7 +738,7 @@ Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(validate_parallel(config, model));
   TRIDENT_RETURN_IF_ERROR(validate_training(config));
   TRIDENT_RETURN_IF_ERROR(validate_virtual_stages(config, model));
-  TRIDENT_RETURN_IF_ERROR(at_least("runtime.threads", config.runtime.threads, 0));
+  TRIDENT_RETURN_IF_ERROR(validate_threads(config.runtime.threads));
   TRIDENT_RETURN_IF_ERROR(float_check("runtime.peak_tflops", config.runtime.peak_tflops,
                                       config.runtime.peak_tflops >= 0, ">= 0 (0 = the backend's)"));
   if (config.data.train.empty() && config.data.train_blend.empty()) {

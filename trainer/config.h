@@ -44,6 +44,10 @@ struct ParallelConfig {
 };
 
 // Where the run computes (DESIGN.md "The user's surface").
+// runtime.threads may be at most max(kMinThreadsLimit, kMaxThreadsPerCore * cores).
+inline constexpr int kMaxThreadsPerCore = 4;
+inline constexpr int kMinThreadsLimit = 256;
+
 struct RuntimeConfig {
   DeviceKind device = DeviceKind::kAuto;  // auto = cuda when built and a GPU is visible, else cpu
   int threads = 0;  // CPU threads per rank; 0 = the machine's cores / ranks per node

@@ -17,12 +17,17 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
+// The divisors of n >= 1 in ascending order, in O(sqrt n): the counter is 64-bit, so
+// n up to 2^31 - 1 neither overflows nor takes billions of steps.
 std::vector<int> divisors(int n) {
-  std::vector<int> out;
-  for (int d = 1; d <= n; ++d) {
-    if (n % d == 0) out.push_back(d);
+  std::vector<int> low, high;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(static_cast<int>(d));
+    if (d * d != n) high.push_back(static_cast<int>(n / d));
   }
-  return out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 std::string fmt(const char* f, double x) {
@@ -247,20 +252,28 @@ PlanLayout config_layout(const Config& config) {
   return l;
 }
 
-std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
-  std::vector<PlanLayout> out;
-  if (devices < 1) return out;
+namespace {
+
+// enumerate_layouts, stopping after `limit` candidates (validate_config calls): returns
+// false, out partial, when it had to stop. tp must divide model.n_heads and pp may not
+// exceed model.n_layers (validate_config refuses the others), so those are skipped
+// before their micro-batch sizes are tried.
+bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector<PlanLayout>* out) {
+  if (devices < 1) return true;
   const int gbs = base.training.global_batch_size;
+  int64_t tried = 0;
   for (int tp : divisors(devices)) {
+    if (base.model.n_heads % tp != 0) continue;
     for (int pp : divisors(devices / tp)) {
+      if (pp > base.model.n_layers) break;
       const int dp = devices / tp / pp;
       if (gbs % dp != 0) continue;
       for (int mbs : divisors(gbs / dp)) {
         // Interleaved 1F1B: v model chunks of equal size per stage, up to kMaxVirtualStages.
         std::vector<int> chunk_counts = {1};
         if (pp > 1 && base.model.n_layers % pp == 0) {
-          for (int v : divisors(base.model.n_layers / pp)) {
-            if (v > 1 && v <= kMaxVirtualStages) chunk_counts.push_back(v);
+          for (int v = 2; v <= kMaxVirtualStages; ++v) {
+            if (base.model.n_layers / pp % v == 0) chunk_counts.push_back(v);
           }
         }
         for (int v : chunk_counts) {
@@ -268,8 +281,9 @@ std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                if (++tried > limit) return false;
                 const PlanLayout l{dp, tp, pp, v, zero, sp, r, mbs};
-                if (validate_config(apply_layout(base, l)).is_ok()) out.push_back(l);
+                if (validate_config(apply_layout(base, l)).is_ok()) out->push_back(l);
               }
             }
           }
@@ -277,6 +291,14 @@ std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
       }
     }
   }
+  return true;
+}
+
+}  // namespace
+
+std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
+  std::vector<PlanLayout> out;
+  enumerate_up_to(base, devices, INT64_MAX, &out);
   return out;
 }
 
@@ -447,6 +469,13 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     return Status::invalid_input("--gpus-per-node: must be >= 1, got " +
                                  std::to_string(options.gpus_per_node));
   }
+  // Each stage's parameter table (Transformer::plan_params) holds every layer's tensors:
+  // bound the layer count so that the search stays small and fast.
+  if (config.model.n_layers > kMaxPlanLayers) {
+    return Status::invalid_config("model.n_layers: " + std::to_string(config.model.n_layers) +
+                                  " layers; trident plan models at most " +
+                                  std::to_string(kMaxPlanLayers));
+  }
   Plan plan;
   plan.devices = n;
   plan.gpus_per_node = options.gpus_per_node;
@@ -477,9 +506,32 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
                              " it is evaluated with dp=" + std::to_string(configured.parallel.dp);
     }
   }
+  std::vector<PlanLayout> layouts;
+  if (!enumerate_up_to(config, n, kMaxPlanCandidates, &layouts)) {
+    return Status::invalid_config(
+        "--devices " + std::to_string(n) + " with training.global_batch_size=" +
+        std::to_string(config.training.global_batch_size) + " gives more than " +
+        std::to_string(kMaxPlanCandidates) +
+        " layouts to try (parallel.micro_batch_size runs over every divisor of the batch per "
+        "data-parallel rank); plan a batch size with fewer divisors or fewer devices");
+  }
+  // Evaluating a layout costs about one memory estimate per pipeline stage, and with v
+  // model chunks per stage one pass over all pp * v chunks per stage.
+  double work = configured.parallel.pp;
+  for (const PlanLayout& l : layouts) {
+    work += static_cast<double>(l.pp) * (l.virtual_stages > 1 ? l.pp * l.virtual_stages : 1);
+  }
+  if (work > kMaxPlanStageWork) {
+    return Status::invalid_config(
+        "--devices " + std::to_string(n) + " with model.n_layers=" +
+        std::to_string(config.model.n_layers) + " gives " + std::to_string(layouts.size()) +
+        " layouts with up to " + std::to_string(std::min(n, config.model.n_layers)) +
+        " pipeline stages each: " + fmt("%.3g", work) + " stage evaluations, more than the " +
+        fmt("%.3g", kMaxPlanStageWork) + " trident plan does; plan fewer devices");
+  }
   std::map<LayoutKey, ParamLayout> cache;
   if (plan.configured_error.empty()) plan.configured = evaluate_cached(configured, options, &cache);
-  for (const PlanLayout& l : enumerate_layouts(config, n)) {
+  for (const PlanLayout& l : layouts) {
     plan.layouts.push_back(evaluate_cached(apply_layout(config, l), options, &cache));
   }
   std::stable_sort(plan.layouts.begin(), plan.layouts.end(), faster);

@@ -51,6 +51,7 @@
 // Thread-compatible; plans allocate nothing on a device.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,15 @@ inline constexpr double kGpuWorkspaceBytes = 2.0 * 1073741824.0;
 inline constexpr double kCpuEfficiency = 0.55;
 // Interleaved 1F1B: the most model chunks per stage plan tries (Megatron runs use 2-8).
 inline constexpr int kMaxVirtualStages = 8;
+// Bounds of the search, so that any config is answered in about a second and a few
+// hundred MB (make_plan refuses beyond them, exit 2 naming the key or flag): the model's
+// layers (every stage's parameter table lists its layers; the largest published models
+// have under 200), the candidate layouts tried (micro-batch sizes run over the divisors
+// of the batch per dp rank), and the stage evaluations of the valid ones (one memory
+// estimate per pipeline stage; with v chunks per stage each one walks all pp * v chunks).
+inline constexpr int kMaxPlanLayers = 1024;
+inline constexpr int64_t kMaxPlanCandidates = 50000;
+inline constexpr double kMaxPlanStageWork = 3e7;
 
 // A layout: the parallel and recompute choices plan varies.
 struct PlanLayout {

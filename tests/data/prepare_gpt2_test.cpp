@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
+#include "data/token_meta.h"
 #include "tests/common/gpt2_files.h"
 #include "tests/common/scratch_dir.h"
 
@@ -118,6 +119,13 @@ TEST(PrepareGpt2, EndOfTextBeforeEachFileAndIdsIndependentOfThreadsAndBlocks) {
     // No temp file left behind.
     for (const auto& e : fs::directory_iterator(dir.file("out"))) {
       EXPECT_EQ(e.path().filename().string().find(".prepare_tokens"), std::string::npos);
+    }
+    // Every shard keeps the .meta.json sidecar prepare wrote (they used to be removed as
+    // stale, so every start rescanned the shards).
+    for (const auto* shards : {&summary->train_shards, &summary->val_shards}) {
+      for (const std::string& shard : *shards) {
+        EXPECT_TRUE(fs::exists(token_meta_path(shard))) << token_meta_path(shard);
+      }
     }
   }
 }

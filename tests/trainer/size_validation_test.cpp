@@ -42,6 +42,16 @@ TEST(SizeValidation, DefaultFfnWidthThatOverflowsNamesDModel) {
                {"model.d_model: 1000000000", "8 * d_model / 3 rounded up to 64", "2666666688"});
 }
 
+TEST(SizeValidation, RuntimeThreadsAreBounded) {
+  // 65536 used to segfault, 40000-60000 abort in libgomp.
+  for (const char* v : {"65536", "40000", "2147483647"}) {
+    expect_error({std::string("runtime.threads=") + v},
+                 {std::string("runtime.threads: ") + v + " is more than"});
+  }
+  // At least 256 are always allowed, whatever the machine's cores.
+  EXPECT_TRUE(parse_config(kTiny, {"runtime.threads=256"}, "cfg.yaml").is_ok());
+}
+
 TEST(SizeValidation, DefaultFfnWidthJustInsideTheLimitIsKept) {
   // 4 * 536870911 = 2147483644 fits an int: the default applies (memory is not
   // validation's business).
