@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/tensor.h"
+#include "model/finite_weights.h"
 
 namespace trident {
 namespace {
@@ -188,6 +189,10 @@ Result<LlmcCheckpoint> read_llmc_checkpoint(const std::string& path) {
     if (got != n) {
       return Status::invalid_input(path + ": read failed in tensor " + p.name + ": " +
                                    std::strerror(errno));
+    }
+    const std::string bad = non_finite_problem(dst.data(), n);
+    if (!bad.empty()) {
+      return Status::invalid_input(path + ": tensor " + p.name + ": " + bad);
     }
   }
   return ckpt;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "model/finite_weights.h"
 
 namespace trident {
 namespace {
@@ -164,6 +165,10 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
         std::memcpy(&h, src + 2 * i, 2);
         t.data[i] = t.dtype == "BF16" ? bf16_to_float(bf16_t{h}) : f16_to_float(h);
       }
+    }
+    const std::string bad = non_finite_problem(t.data.data(), t.data.size());
+    if (!bad.empty()) {
+      return Status::invalid_input(where + bad);
     }
     file.tensors.push_back(std::move(t));
   }

@@ -17,9 +17,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/reader.h"
@@ -365,6 +367,36 @@ TEST_F(Export, BadDirectoriesExit2NamingTheFile) {
     cfg["activation_function"] = "relu";
     std::ofstream(d + "/config.json") << cfg.dump();
   }, "config.json", "'activation_function' is \"relu\"");
+  // A NaN weight is refused when read (not blamed on the learning rate at step 1).
+  expect_refused([&](const std::string& d) {
+    auto tensors = original.value().tensors;
+    for (auto& t : tensors) {
+      if (t.name == "transformer.h.1.mlp.c_fc.bias") t.data[3] = std::nanf("");
+    }
+    rewrite(d, tensors);
+  }, "model.safetensors", "tensor 'transformer.h.1.mlp.c_fc.bias': element 3 of 256 is NaN");
+}
+
+// An llm.c checkpoint with a +Inf weight: `trident train` exits 2 naming the file and the
+// tensor before any step.
+TEST_F(Export, NonFiniteLlmcInitFromExits2NamingTheTensor) {
+  std::ifstream in(std::string(TRIDENT_SOURCE_DIR) + "/tests/reference/fixtures/gpt2_llmc.bin",
+                   std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(bytes.size(), 121344u);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(bytes.data() + 1024 + 4 * (128 * 32 + 5), &inf, 4);  // wpe[5], after wte (Vp x C)
+  const std::string bad = dir_.file("inf_llmc.bin");
+  std::ofstream(bad, std::ios::binary) << bytes;
+  std::vector<uint32_t> tokens;  // within the checkpoint's 64-token vocabulary
+  for (int i = 0; i < 4000; ++i) tokens.push_back(static_cast<uint32_t>(i % 64));
+  ASSERT_TRUE(write_token_file(dir_.file("small_vocab.bin"), tokens, 1).is_ok());
+  auto r = train(write_config("inf", "arch: gpt2, seq_len: 16, init_from: " + bad, "", 1,
+                              dir_.file("small_vocab.bin")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(bad + ": tensor wpe: element 5 of 512 is +Inf"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
 }
 
 TEST_F(Export, BadUsageExits2) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -216,6 +217,33 @@ TEST_F(LlmcCheckpointTest, OneByteTooLong) {
   expect_error(path, path +
                          ": size mismatch: the header (version 3, maxT 16, Vp 128, L 2, C 32) "
                          "implies 121344 bytes, the file has 121345 bytes");
+}
+
+// A NaN or Inf weight is refused when the file is read, naming the tensor and the element
+// (not found by the loss guard at step 1 and blamed on the learning rate).
+TEST_F(LlmcCheckpointTest, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  auto set_float = [](std::vector<char>* bytes, size_t index, float value) {
+    std::memcpy(bytes->data() + 1024 + 4 * index, &value, 4);
+  };
+  const char* kWhy = " (weights must be finite: a corrupt file or one saved from a diverged run)";
+  // wte holds Vp * C = 4096 values, so float 4096 + 7 is element 7 of wpe (maxT * C = 512).
+  std::vector<char> bytes = original_;
+  set_float(&bytes, 4096 + 7, std::numeric_limits<float>::quiet_NaN());
+  std::string path = write_variant("nan.bin", bytes);
+  expect_error(path, path + ": tensor wpe: element 7 of 512 is NaN" + kWhy);
+  // The last value of the file is element 31 of lnf.bias.
+  bytes = original_;
+  set_float(&bytes, (original_.size() - 1024) / 4 - 1, std::numeric_limits<float>::infinity());
+  path = write_variant("inf.bin", bytes);
+  expect_error(path, path + ": tensor lnf.bias: element 31 of 32 is +Inf" + kWhy);
+  // A bf16 file: -Inf (0xff80) as element 0 of layers.0.ln1.weight, right after wpe.
+  std::vector<char> bf16(original_.begin(), original_.begin() + 1024);
+  set_header_int(&bf16, 1, 5);
+  bf16.resize(1024 + (original_.size() - 1024) / 2, 0);
+  const uint16_t neg_inf = 0xff80;
+  std::memcpy(bf16.data() + 1024 + 2 * (4096 + 512), &neg_inf, 2);
+  path = write_variant("bf16_inf.bin", bf16);
+  expect_error(path, path + ": tensor layers.0.ln1.weight: element 0 of 32 is -Inf" + kWhy);
 }
 
 TEST_F(LlmcCheckpointTest, ApplyArchitectureOverridesTheConfig) {

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +83,17 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingTheFile) {
   expect_error(with_header(R"({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
                            std::string(8, '\0')), "truncated");
   expect_error(with_header(R"({"x": {"dtype": "F32", "shape": [4]}})", ""), "malformed");
+  // Non-finite weights: a NaN in an F32 tensor, +Inf in a BF16 one (0x7f80), each named.
+  const float f32[] = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  expect_error(with_header(R"({"ok": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                           R"( "h.0.w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                           std::string("\0\0\0\0", 4) +
+                               std::string(reinterpret_cast<const char*>(f32), 8)),
+               "tensor 'h.0.w': element 1 of 2 is NaN (weights must be finite");
+  const uint16_t bf16[] = {0x3fc0, 0x3fc0, 0x7f80};
+  expect_error(with_header(R"({"lm_head.weight": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}})",
+                           std::string(reinterpret_cast<const char*>(bf16), 6)),
+               "tensor 'lm_head.weight': element 2 of 3 is +Inf (weights must be finite");
   EXPECT_NE(read_safetensors(dir.file("none")).status().message().find(dir.file("none")),
             std::string::npos);
 }
