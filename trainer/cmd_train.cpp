@@ -40,10 +40,10 @@ void print_train_usage(std::FILE* to) {
       "                           checkpoint.dir are set aside as step_N.abandoned)\n"
       "  -h, --help               this text\n"
       "exit codes: 0 done, 1 failure, 2 bad usage/config/input, 3 stopped by a signal\n"
-      "signals: SIGTERM, SIGINT or SIGUSR1 saves a checkpoint at the next step boundary and\n"
-      "  exits 3; a second one (0.5 s or more later) exits at once without saving (128 +\n"
-      "  signal number); one\n"
-      "  during start-up (before the first step) exits 3 at once, nothing to save\n");
+      "signals: SIGTERM, SIGINT, SIGHUP or SIGUSR1 saves a checkpoint at the next step\n"
+      "  boundary and exits 3; a second one (0.5 s or more later) exits at once without\n"
+      "  saving (128 + signal number); one during start-up (before the first step) exits 3\n"
+      "  at once, nothing to save\n");
 }
 
 Result<TrainArgs> parse_train_args(const std::vector<std::string>& args) {

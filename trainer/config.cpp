@@ -766,7 +766,7 @@ Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.interval", ck.interval, 0));
   TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.keep_last", ck.keep_last, 1));
   if (ck.dir.empty()) {
-    // Also needed with interval 0: a SIGTERM/SIGINT/SIGUSR1 stop saves a checkpoint.
+    // Also needed with interval 0: a SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop saves a checkpoint.
     return Status::invalid_config("checkpoint.dir: must not be empty");
   }
   TRIDENT_RETURN_IF_ERROR(at_least("logging.log_interval", config.logging.log_interval, 1));

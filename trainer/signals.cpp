@@ -39,6 +39,9 @@ const char* startup_message(int signo) {
     case SIGINT:
       return "trident: SIGINT during start-up: exiting now (nothing trained yet; the newest "
              "checkpoint is unchanged)\n";
+    case SIGHUP:
+      return "trident: SIGHUP during start-up: exiting now (nothing trained yet; the newest "
+             "checkpoint is unchanged)\n";
     default:
       return "trident: SIGUSR1 during start-up: exiting now (nothing trained yet; the newest "
              "checkpoint is unchanged)\n";
@@ -52,6 +55,9 @@ const char* second_signal_message(int signo) {
              "(the newest committed checkpoint is unchanged)\n";
     case SIGINT:
       return "trident: second SIGINT while a stop was pending: exiting now without saving "
+             "(the newest committed checkpoint is unchanged)\n";
+    case SIGHUP:
+      return "trident: second SIGHUP while a stop was pending: exiting now without saving "
              "(the newest committed checkpoint is unchanged)\n";
     default:
       return "trident: second SIGUSR1 while a stop was pending: exiting now without saving "
@@ -88,11 +94,15 @@ void install_stop_signal_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // blocking calls resume; the flag is read between steps
   sigaction(SIGTERM, &action, nullptr);
-  // A shell starts background jobs (`cmd &`, nohup) with SIGINT ignored so that Ctrl-C at
-  // the terminal spares them; keep it that way.
-  struct sigaction inherited {};
-  if (sigaction(SIGINT, nullptr, &inherited) != 0 || inherited.sa_handler != SIG_IGN) {
-    sigaction(SIGINT, &action, nullptr);
+  // A shell starts background jobs (`cmd &`) with SIGINT ignored so that Ctrl-C at the
+  // terminal spares them, and nohup ignores SIGHUP so that closing the terminal does; keep
+  // both that way. Otherwise SIGHUP (a closed terminal, a dropped ssh session) is a stop
+  // like SIGTERM rather than its default, death without a save.
+  for (int signo : {SIGINT, SIGHUP}) {
+    struct sigaction inherited {};
+    if (sigaction(signo, nullptr, &inherited) != 0 || inherited.sa_handler != SIG_IGN) {
+      sigaction(signo, &action, nullptr);
+    }
   }
   sigaction(SIGUSR1, &action, nullptr);
 }

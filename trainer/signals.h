@@ -1,5 +1,6 @@
-// Stop signals of `trident train`: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's warning
-// before a time limit or preemption). The handler knows two phases:
+// Stop signals of `trident train`: SIGTERM, SIGINT (Ctrl-C), SIGHUP (the terminal closed,
+// the ssh session dropped) and SIGUSR1 (Slurm's warning before a time limit or
+// preemption). The handler knows two phases:
 //
 // - Start-up (from install_stop_signal_handlers() until set_stop_mode_graceful(): MPI
 //   init, config load, data open/scan, model init, checkpoint load): the first stop
@@ -17,7 +18,7 @@
 //   the same request (Ctrl-C reaches mpirun and every rank, and mpirun forwards it; a
 //   plain scancel signals the tasks while train.sbatch forwards SIGUSR1) — ends the
 //   process at once with exit code 128 + signo (143 for
-//   SIGTERM, 130 for SIGINT, 138 for SIGUSR1) and the message
+//   SIGTERM, 130 for SIGINT, 129 for SIGHUP, 138 for SIGUSR1) and the message
 //     trident: second SIGTERM while a stop was pending: exiting now without saving (the
 //     newest committed checkpoint is unchanged)
 //   Checkpoints are committed by atomic renames, so the newest committed one stays valid.
@@ -30,7 +31,8 @@
 namespace trident {
 
 // Installs the handlers in start-up mode (idempotent). Call first thing in a command.
-// An inherited "ignore SIGINT" (a background job of a shell) is kept.
+// An inherited "ignore SIGINT" (a background job of a shell) or "ignore SIGHUP" (nohup) is
+// kept.
 void install_stop_signal_handlers();
 // Switches to training mode: from now on the first stop signal is a graceful request.
 void set_stop_mode_graceful();

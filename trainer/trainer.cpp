@@ -920,7 +920,7 @@ Status Trainer::run() {
       TRIDENT_RETURN_IF_ERROR(writer_->wait());
       if (writer_->last_committed_step() != step_) TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
       stopped_by_signal_ = true;
-      if (rank0) log::warn("stop requested (SIGTERM/SIGINT/SIGUSR1): saved step {} in {}; exiting with 3", step_, ck.dir);
+      if (rank0) log::warn("stop requested (SIGTERM/SIGINT/SIGHUP/SIGUSR1): saved step {} in {}; exiting with 3", step_, ck.dir);
       return Status::ok();
     }
     if (ck.interval > 0 && step_ % ck.interval == 0 && step_ < t.max_steps) {

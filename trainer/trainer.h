@@ -94,7 +94,7 @@ class Trainer {
   // Saves a checkpoint of the current step (collective). async: snapshot now, write in
   // the background, commit at a later step boundary (poll/wait).
   Status save_checkpoint(bool async);
-  // True when run() stopped early on SIGTERM/SIGINT/SIGUSR1 after saving (exit code 3).
+  // True when run() stopped early on SIGTERM/SIGINT/SIGHUP/SIGUSR1 after saving (exit code 3).
   bool stopped_by_signal() const { return stopped_by_signal_; }
   // The checkpoint writer (tests: whether a save is in flight, its timings).
   CheckpointWriter& checkpoint_writer() { return *writer_; }

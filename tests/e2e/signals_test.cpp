@@ -1,6 +1,6 @@
 // End-to-end tests of `trident train`'s stop signals (trainer/signals.h):
-// - SIGINT (Ctrl-C) mid-training is a graceful stop like SIGTERM: a checkpoint of the
-//   step it stopped at is saved and verifies, exit 3.
+// - SIGINT (Ctrl-C) and SIGHUP (a closed terminal) mid-training are a graceful stop like
+//   SIGTERM: a checkpoint of the step it stopped at is saved and verifies, exit 3.
 // - A stop signal during start-up ends a process blocked there (opening a FIFO given as
 //   data.train or as --config) at once: exit 3 and a message saying nothing was trained.
 // - A second SIGTERM while a stop is pending ends a process blocked inside the training
@@ -92,39 +92,51 @@ class Signals : public ::testing::Test {
     return false;
   }
 
+  void expect_graceful_stop(int signo, const std::string& name);
+
   ScratchDir dir_;
 };
 
-TEST_F(Signals, SigintMidTrainingSavesAndExits3) {
-  const std::string config = write_config("int", dir_.file("train.bin"));
-  auto job = start("int", "--config " + config);
+// Sends `signo` to a run a few steps into training; it must save the step it stopped at
+// (a checkpoint that verifies) and exit 3.
+void Signals::expect_graceful_stop(int signo, const std::string& name) {
+  const std::string config = write_config(name, dir_.file("train.bin"));
+  auto job = start(name, "--config " + config);
   const pid_t pid = trident_pid(*job);
   ASSERT_GT(pid, 0) << job->log();
   // A few steps done: the loop runs, so the handler is in training mode.
   const auto deadline = testing::Clock::now() + 60s;
   while (testing::Clock::now() < deadline && job->running() &&
-         testing::losses_by_step(dir_.file("int.jsonl")).size() < 3) {
+         testing::losses_by_step(dir_.file(name + ".jsonl")).size() < 3) {
     std::this_thread::sleep_for(5ms);
   }
   ASSERT_TRUE(job->running()) << job->log();
-  ASSERT_GE(testing::losses_by_step(dir_.file("int.jsonl")).size(), 3u) << job->log();
-  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  ASSERT_GE(testing::losses_by_step(dir_.file(name + ".jsonl")).size(), 3u) << job->log();
+  ASSERT_EQ(::kill(pid, signo), 0);
   const auto code = job->wait_for(60s);
-  ASSERT_TRUE(code.has_value()) << "still running 60 s after SIGINT\n" << job->log();
+  ASSERT_TRUE(code.has_value()) << "still running 60 s after signal " << signo << "\n" << job->log();
   ASSERT_EQ(*code, 3) << job->log();
   const std::string log = job->log();
-  EXPECT_NE(log.find("stop requested (SIGTERM/SIGINT/SIGUSR1): saved step"), std::string::npos)
+  EXPECT_NE(log.find("stop requested (SIGTERM/SIGINT/SIGHUP/SIGUSR1): saved step"),
+            std::string::npos)
       << log;
 
   // It saved the step it stopped at, and that checkpoint verifies.
-  const int stop_step = static_cast<int>(testing::losses_by_step(dir_.file("int.jsonl")).size());
-  const std::string step_dir = dir_.file("int_ckpt/step_" + std::to_string(stop_step));
+  const int stop_step =
+      static_cast<int>(testing::losses_by_step(dir_.file(name + ".jsonl")).size());
+  const std::string step_dir = dir_.file(name + "_ckpt/step_" + std::to_string(stop_step));
   auto verify = testing::run_command(testing::trident_binary() + " ckpt verify " + step_dir);
   EXPECT_EQ(verify.exit_code, 0) << verify.output << "\n" << log;
   EXPECT_NE(verify.output.find("OK " + step_dir + ": step " + std::to_string(stop_step)),
             std::string::npos)
       << verify.output;
 }
+
+TEST_F(Signals, SigintMidTrainingSavesAndExits3) { expect_graceful_stop(SIGINT, "int"); }
+
+// A closed terminal or a dropped ssh session (SIGHUP) is a stop like SIGTERM, not death
+// without a save.
+TEST_F(Signals, SighupMidTrainingSavesAndExits3) { expect_graceful_stop(SIGHUP, "hup"); }
 
 TEST_F(Signals, StopSignalDuringStartUpExits3AtOnce) {
   // open() of a FIFO without a writer blocks forever: first as data.train (after MPI init
