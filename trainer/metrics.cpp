@@ -1,10 +1,17 @@
 #include "trainer/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "core/log.h"
 
 namespace trident {
 
@@ -18,7 +25,26 @@ std::string format_progress_line(const StepMetrics& m) {
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_) std::fclose(file_);
+  if (fd_ < 0) return;
+  if (failed_ > 0) {
+    log::warn("logging.metrics: {} of {} records were not written to {}", failed_, records_,
+              path_);
+  }
+  ::close(fd_);
+}
+
+// True when the regular file at `path` is non-empty and its last byte is not '\n': the
+// last record of an earlier launch was cut off (a full disk, a kill mid-write).
+static bool ends_mid_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    if (::pread(fd, &last, 1, st.st_size - 1) != 1) last = '\n';
+  }
+  ::close(fd);
+  return last != '\n';
 }
 
 Status MetricsWriter::open(const std::string& path) {
@@ -26,18 +52,42 @@ Status MetricsWriter::open(const std::string& path) {
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  file_ = std::fopen(path.c_str(), "a");
-  if (!file_) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
     return Status::io_error("logging.metrics: cannot open " + path + ": " + std::strerror(errno));
   }
+  path_ = path;
+  mid_line_ = ends_mid_line(path);
   return Status::ok();
 }
 
 void MetricsWriter::write_line(const std::string& line) {
-  if (!file_) return;
-  std::fputs(line.c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  if (fd_ < 0) return;
+  ++records_;
+  // The whole record in one write(2) (O_APPEND): a reader never sees half of it unless
+  // the file system refuses the rest, and after a torn record the next starts on a
+  // fresh line.
+  const std::string text = (mid_line_ ? "\n" : "") + line + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      const int err = n < 0 ? errno : EIO;
+      ++failed_;
+      if (failed_ == 1) {
+        log::warn("logging.metrics: cannot write {}: {}; training continues, later records may "
+                  "be missing",
+                  path_, std::strerror(err));
+      }
+      break;
+    }
+  }
+  // A refused write leaves the file as it was; a partial one ends where it stopped.
+  if (done > 0) mid_line_ = text[done - 1] != '\n';
 }
 
 void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g) {

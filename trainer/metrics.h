@@ -6,11 +6,16 @@
 // {"segment": {"run_id", "start_step", "resumed_from", "time", "world_size"}}: the file is
 // appended to across resumes, so a step can appear in several segments (the steps after
 // the last checkpoint of a crashed launch are trained again); a plot takes each step's
-// record from the last segment that has it (scripts/plot_metrics.py). Each record is
-// flushed as it is written, so a killed run keeps every line it printed.
+// record from the last segment that has it (scripts/plot_metrics.py). Each record goes to
+// the file in one write(2) as it is produced, so a killed run keeps every line it printed.
+// A write error (a full disk) does not stop training: the first one is logged as a
+// warning naming the file and the error, and the end of the run says how many records
+// were lost. A record cut off part-way is followed by a fresh line, and a launch that
+// finds the file ending mid-line starts its segment on a new line, so every line of the
+// file is one JSON object except, at worst, the torn one.
 #pragma once
 
-#include <cstdio>
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -71,7 +76,10 @@ class MetricsWriter {
 
  private:
   void write_line(const std::string& line);
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  std::string path_;
+  bool mid_line_ = false;  // the file's last byte is not '\n'
+  int64_t records_ = 0, failed_ = 0;
 };
 
 }  // namespace trident

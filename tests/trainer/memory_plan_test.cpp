@@ -5,8 +5,6 @@
 #include "trainer/memory_plan.h"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <memory>
@@ -19,6 +17,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/reduce_scatter_queue.h"
 #include "parallel/sharded_param_store.h"
+#include "tests/common/captured_log.h"
 #include "tests/common/scratch_dir.h"
 #include "tests/kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
@@ -492,20 +491,7 @@ class FakeDeviceOps : public testing::ForwardingOps {
   size_t free_, total_, workspace_, pinned_;
 };
 
-// Logs of one scope, through spdlog's default logger.
-class CapturedLog {
- public:
-  CapturedLog() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
-  }
-  ~CapturedLog() { spdlog::set_default_logger(old_); }
-  std::string text() const { return text_.str(); }
-
- private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::logger> old_;
-};
+using testing::CapturedLog;
 
 // The backend's own buffers enter the plan: its attention workspace on the device, its
 // pinned staging on the host; the device and host parts add up to the total.
