@@ -1,11 +1,14 @@
 #include "data/prepare.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,11 +38,19 @@ std::string shard_name(const std::string& prefix, size_t index) {
   return prefix + buf;
 }
 
+// The run was asked to stop (PrepareOptions::stop).
+Status check_stop(const std::atomic<bool>* stop) {
+  if (stop != nullptr && stop->load()) return Status::io_error("interrupted");
+  return Status::ok();
+}
+
 // Buffers tokens and writes a shard each time shard_tokens have arrived.
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string prefix, uint64_t shard_tokens)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens) {}
+  ShardWriter(std::string dir, std::string prefix, uint64_t shard_tokens,
+              const std::atomic<bool>* stop)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens),
+        stop_(stop) {}
 
   Status add(uint32_t token) {
     buffer_.push_back(token);
@@ -49,6 +60,7 @@ class ShardWriter {
 
   Status flush() {
     if (buffer_.empty()) return Status::ok();
+    TRIDENT_RETURN_IF_ERROR(check_stop(stop_));
     std::string path = (fs::path(dir_) / shard_name(prefix_, written_.size())).string();
     TRIDENT_RETURN_IF_ERROR(write_token_file(path, buffer_, 1));
     // The sidecar spares `trident train` a scan for the largest id (data/token_meta.h).
@@ -68,6 +80,7 @@ class ShardWriter {
   std::string dir_;
   std::string prefix_;
   uint64_t shard_tokens_;
+  const std::atomic<bool>* stop_;
   std::vector<uint32_t> buffer_;
   std::vector<std::string> written_;
 };
@@ -144,16 +157,10 @@ double unigram_entropy(const std::vector<uint64_t>& counts) {
   return static_cast<double>(h);
 }
 
-Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
-  TRIDENT_RETURN_IF_ERROR(validate(options));
+namespace {
 
-  // Check every input before writing anything.
-  PrepareSummary summary;
-  summary.vocab_size = kByteVocab;
-  TRIDENT_RETURN_IF_ERROR(check_inputs(options, &summary));
-  if (options.tokenizer != "byte" || options.format != "llmc") {
-    return prepare_tokenized(options, std::move(summary));
-  }
+// Writes the byte-tokenized llm.c shards into options.out_dir (the staging directory).
+Result<PrepareSummary> prepare_bytes(const PrepareOptions& options, PrepareSummary summary) {
 
   const uint64_t total = summary.bytes;  // byte tokenizer: one token per byte
   summary.val_tokens = static_cast<uint64_t>(std::llround(total * options.val_fraction));
@@ -163,14 +170,8 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
                                  " bytes of text leave too few train tokens");
   }
 
-  std::error_code ec;
-  fs::create_directories(options.out_dir, ec);
-  if (ec) {
-    return Status::io_error(options.out_dir + ": cannot create directory: " + ec.message());
-  }
-
-  ShardWriter train(options.out_dir, "train", options.shard_tokens);
-  ShardWriter val(options.out_dir, "val", options.shard_tokens);
+  ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop);
+  ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop);
   std::vector<uint64_t> counts(kByteVocab, 0);
   uint64_t position = 0;
   std::vector<unsigned char> chunk(1 << 20);
@@ -179,6 +180,7 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
     if (!f) return Status::invalid_input(input + ": cannot open for reading");
     size_t n;
     while ((n = std::fread(chunk.data(), 1, chunk.size(), f.get())) > 0) {
+      TRIDENT_RETURN_IF_ERROR(check_stop(options.stop));
       for (size_t i = 0; i < n; ++i, ++position) {
         if (position >= total) break;  // the file grew while we read: keep the stat size
         const uint32_t token = chunk[i];
@@ -202,20 +204,11 @@ Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
 
   summary.train_shards = train.written();
   summary.val_shards = val.written();
-  std::set<std::string> keep;
-  for (const auto* shards : {&summary.train_shards, &summary.val_shards}) {
-    for (const std::string& path : *shards) {
-      keep.insert(fs::path(path).filename().string());
-      keep.insert(fs::path(token_meta_path(path)).filename().string());
-    }
-  }
-  remove_stale_shards(options.out_dir, keep);
   summary.unigram_entropy = unigram_entropy(counts);
   return summary;
 }
 
 // ---- the tokenizing path: gpt2 (any format) and byte with --format megatron ----------
-namespace {
 
 // Prints "prepare: done/total MB (p%), rate MB/s, tokens" on stderr every few seconds.
 class Progress {
@@ -293,7 +286,8 @@ class TokenSpool {
 // safe splits (Gpt2Tokenizer::safe_split), so the ids equal those of the whole file.
 Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t block_bytes,
                      const Gpt2Tokenizer* gpt2, int threads, TokenSpool* spool,
-                     PrepareSummary* summary, uint64_t* bytes_done, Progress* progress) {
+                     PrepareSummary* summary, uint64_t* bytes_done, Progress* progress,
+                     const std::atomic<bool>* stop) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) return Status::invalid_input(path + ": cannot open for reading");
   std::string pending, text;
@@ -301,6 +295,7 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
   uint64_t read_total = 0;
   bool eof = false;
   while (!eof || !pending.empty()) {
+    TRIDENT_RETURN_IF_ERROR(check_stop(stop));
     if (!eof) {
       // Never read past the size checked up front: a file that grows meanwhile keeps it.
       const size_t want =
@@ -372,10 +367,6 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
 
   std::error_code ec;
-  fs::create_directories(options.out_dir, ec);
-  if (ec) {
-    return Status::io_error(options.out_dir + ": cannot create directory: " + ec.message());
-  }
   TokenSpool spool(
       (fs::path(options.out_dir) / (".prepare_tokens.tmp." + std::to_string(::getpid()))).string());
   TRIDENT_RETURN_IF_ERROR(spool.open());
@@ -389,7 +380,7 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     if (gpt2 != nullptr) TRIDENT_RETURN_IF_ERROR(spool.append({kGpt2EndOfText}));
     TRIDENT_RETURN_IF_ERROR(tokenize_file(input, size, std::max<size_t>(options.read_block_bytes, 1),
                                           gpt2.get(), threads, &spool, &summary, &bytes_done,
-                                          &progress));
+                                          &progress, options.stop));
     doc_lengths.push_back(spool.count() - first);
   }
   TRIDENT_RETURN_IF_ERROR(spool.finish());
@@ -413,14 +404,15 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
          {std::tuple{"train", uint64_t{0}, summary.train_tokens},
           std::tuple{"val", summary.train_tokens, total}}) {
       if (begin == end) continue;
+      TRIDENT_RETURN_IF_ERROR(check_stop(options.stop));
       const std::string prefix = (fs::path(options.out_dir) / name).string();
       TRIDENT_RETURN_IF_ERROR(write_megatron_dataset(prefix, tokens + begin, end - begin,
                                                      documents_in(doc_lengths, begin, end)));
       (begin == 0 ? summary.train_shards : summary.val_shards).push_back(prefix + ".bin");
     }
   } else {
-    ShardWriter train(options.out_dir, "train", options.shard_tokens);
-    ShardWriter val(options.out_dir, "val", options.shard_tokens);
+    ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop);
+    ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop);
     for (uint64_t i = 0; i < total; ++i) {
       TRIDENT_RETURN_IF_ERROR((i < summary.train_tokens ? train : val).add(tokens[i]));
     }
@@ -430,22 +422,146 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     summary.val_shards = val.written();
   }
 
-  std::set<std::string> keep;
-  for (const auto* files : {&summary.train_shards, &summary.val_shards}) {
-    for (const std::string& path : *files) {
-      keep.insert(fs::path(path).filename().string());
-      if (options.format == "megatron") {
-        keep.insert(fs::path(path).replace_extension(".idx").filename().string());
-      } else {  // llm.c shards: their .meta.json sidecars
-        keep.insert(fs::path(token_meta_path(path)).filename().string());
-      }
-    }
-  }
-  remove_stale_shards(options.out_dir, keep);
   summary.unigram_entropy = unigram_entropy(counts);
   return summary;
 }
 
+// ---- staging: the new set is written beside out_dir and moved in only when complete ----
+
+// ".<name>.prepare.<pid>" in the parent of out_dir: the same file system, so the files
+// move into out_dir by rename.
+constexpr const char* kStagingTag = ".prepare.";
+
+struct StagingPaths {
+  fs::path parent;
+  std::string prefix;  // ".<name of out_dir>.prepare."
+};
+
+StagingPaths staging_paths(const std::string& out_dir) {
+  fs::path out = fs::absolute(out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/"
+  return {out.parent_path(), "." + out.filename().string() + kStagingTag};
+}
+
+// A process of that id no longer exists (or is this one, whose staging is never reused).
+bool pid_is_gone(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  return pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+// Removes what a killed run left: its staging directory beside out_dir and, from runs
+// before staging existed, a token spool inside out_dir.
+void remove_dead_leftovers(const StagingPaths& staging, const std::string& out_dir) {
+  for (const auto& [dir, prefix] : {std::pair{staging.parent, staging.prefix},
+                                    std::pair{fs::path(out_dir), std::string(".prepare_tokens.tmp.")}}) {
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind(prefix, 0) == 0 && pid_is_gone(name.substr(prefix.size()))) {
+        std::error_code rm_ec;
+        fs::remove_all(it->path(), rm_ec);
+      }
+    }
+  }
+}
+
+// Removes the staging directory (and whatever is still in it) when the run ends.
+class StagingGuard {
+ public:
+  explicit StagingGuard(fs::path dir) : dir_(std::move(dir)) {}
+  ~StagingGuard() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  StagingGuard(const StagingGuard&) = delete;
+  StagingGuard& operator=(const StagingGuard&) = delete;
+
+ private:
+  fs::path dir_;
+};
+
+// Moves every file of staging into out_dir (rename: replaces a file of the same name),
+// then removes the shards of an earlier run that the new set does not have. SIGINT,
+// SIGTERM and SIGHUP are held back meanwhile, so an interrupt cannot cut the swap short.
+Status commit_staging(const fs::path& staging, const std::string& out_dir) {
+  sigset_t hold, old;
+  sigemptyset(&hold);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, sig);
+  pthread_sigmask(SIG_BLOCK, &hold, &old);
+  std::set<std::string> keep;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(staging, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code mv_ec;
+    fs::rename(it->path(), fs::path(out_dir) / name, mv_ec);
+    if (mv_ec) {
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      return Status::io_error(out_dir + "/" + name + ": cannot move the new file in: " +
+                              mv_ec.message());
+    }
+    keep.insert(name);
+  }
+  if (!ec) remove_stale_shards(out_dir, keep);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (ec) return Status::io_error(staging.string() + ": cannot list: " + ec.message());
+  return Status::ok();
+}
+
+// Paths of staged files named as they are in out_dir once moved.
+void rebase(const std::string& out_dir, std::vector<std::string>* paths) {
+  for (std::string& path : *paths) path = (fs::path(out_dir) / fs::path(path).filename()).string();
+}
+
 }  // namespace
+
+Result<PrepareSummary> prepare_corpus(const PrepareOptions& options) {
+  TRIDENT_RETURN_IF_ERROR(validate(options));
+
+  // Check every input before writing anything.
+  PrepareSummary summary;
+  summary.vocab_size = kByteVocab;
+  TRIDENT_RETURN_IF_ERROR(check_inputs(options, &summary));
+
+  // out_dir itself is created only when the new set moves in.
+  const StagingPaths paths = staging_paths(options.out_dir);
+  std::error_code ec;
+  fs::create_directories(paths.parent, ec);
+  if (ec) {
+    return Status::io_error(paths.parent.string() + ": cannot create directory: " + ec.message());
+  }
+  remove_dead_leftovers(paths, options.out_dir);
+  const fs::path staging = paths.parent / (paths.prefix + std::to_string(::getpid()));
+  fs::create_directory(staging, ec);
+  if (ec) {
+    return Status::io_error(staging.string() + ": cannot create the staging directory: " +
+                            ec.message());
+  }
+  StagingGuard guard(staging);
+
+  PrepareOptions staged = options;
+  staged.out_dir = staging.string();
+  Result<PrepareSummary> result = options.tokenizer != "byte" || options.format != "llmc"
+                                      ? prepare_tokenized(staged, std::move(summary))
+                                      : prepare_bytes(staged, std::move(summary));
+  if (!check_stop(options.stop).is_ok()) {
+    return Status::io_error("interrupted (" + options.out_dir + " is unchanged)");
+  }
+  if (!result.is_ok()) return result.status();
+  fs::create_directories(options.out_dir, ec);
+  if (ec) {
+    return Status::io_error(options.out_dir + ": cannot create directory: " + ec.message());
+  }
+  TRIDENT_RETURN_IF_ERROR(commit_staging(staging, options.out_dir));
+  PrepareSummary done = std::move(result).value();
+  rebase(options.out_dir, &done.train_shards);
+  rebase(options.out_dir, &done.val_shards);
+  return done;
+}
 
 }  // namespace trident

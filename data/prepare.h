@@ -8,8 +8,12 @@
 //                   sidecar <shard>.meta.json holding its token count, largest id and
 //                   size (data/token_meta.h)
 //   megatron:       train.bin + train.idx, val.bin + val.idx  (data/megatron_file.h)
-// Outputs of the same names left by an earlier run beyond the ones written now (shards
-// of either format) are removed, so that a directory or glob spec never mixes two runs.
+// The files are written into a fresh staging directory beside out_dir (".<name>.prepare.
+// <pid>", same file system) and moved into out_dir only once all are complete; then the
+// outputs of an earlier run beyond the ones written now (shards of either format) are
+// removed, so that a directory or glob spec never mixes two runs. A run that fails or is
+// stopped leaves out_dir as it was and removes its staging directory; one of a process
+// that no longer exists (a kill -9) is removed by the next run for the same out_dir.
 //
 // Tokenizers:
 //   "byte": every byte is a token (vocab 256); the files are one byte stream, no
@@ -23,6 +27,7 @@
 // Errors name the file or option.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,6 +49,9 @@ struct PrepareOptions {
   // Text read and tokenized at a time (bounds memory; a file with no safe split in a
   // block is read further). The ids do not depend on it; tests make it small.
   size_t read_block_bytes = size_t{32} << 20;
+  // When set (e.g. by a SIGINT handler), the run stops at the next block or shard with an
+  // "interrupted" error and out_dir is left unchanged.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct PrepareSummary {

@@ -4,7 +4,11 @@
 // lines go to stderr every few seconds. The GPT-2 files are looked up in --vocab-dir,
 // else $TRIDENT_GPT2_DIR, else the .cache/gpt2 that scripts/fetch_gpt2_vocab.sh fills in
 // the source tree. Exit 0 on success, 2 on bad usage or unreadable input, 1 on a write
-// failure.
+// failure, 128 + the signal number after SIGINT, SIGTERM or SIGHUP (the output directory
+// is left as it was and the partial files are removed).
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -56,6 +60,27 @@ bool parse_u64(const std::string& s, uint64_t* out) {
   char* end = nullptr;
   *out = std::strtoull(s.c_str(), &end, 10);
   return end != nullptr && *end == '\0';
+}
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
+
+// SIGINT, SIGTERM and SIGHUP ask prepare_corpus to stop and clean up; an inherited
+// ignore (nohup) is kept.
+void install_stop_handlers() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 }  // namespace
@@ -121,11 +146,13 @@ int cmd_prepare(const std::vector<std::string>& args) {
     }
   }
   options.progress = true;
+  options.stop = &g_stop;
+  install_stop_handlers();
 
   Result<PrepareSummary> result = prepare_corpus(options);
   if (!result.is_ok()) {
     std::fprintf(stderr, "trident prepare: %s\n", result.status().message().c_str());
-    return result.status().exit_code();
+    return g_stop.load() ? 128 + g_stop_signal.load() : result.status().exit_code();
   }
   const PrepareSummary& s = result.value();
   std::printf("prepared %s (tokenizer %s, vocab %lld, format %s)\n", options.out_dir.c_str(),

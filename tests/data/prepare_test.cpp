@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,31 @@ TEST(Prepare, RerunRemovesStaleShards) {
   EXPECT_FALSE(fs::exists(dir.file("out/train_000009.bin")));
   EXPECT_TRUE(fs::exists(dir.file("out/keep.bin")));
   EXPECT_EQ(read_all(dir.file("out/train_*.bin")).size(), 95u);
+}
+
+// A killed run (kill -9) leaves its staging directory beside --out, or, before staging
+// existed, a token spool inside it; the next run removes those of processes that are gone
+// (pid 999999999 exceeds any pid_max) and leaves nothing of its own.
+TEST(Prepare, RerunRemovesTemporariesOfDeadRuns) {
+  TempDir dir;
+  write_text(dir.file("a.txt"), std::string(100, 'x'));
+  fs::create_directories(dir.file(".out.prepare.999999999"));
+  write_text(dir.file(".out.prepare.999999999/train_000000.bin"), "partial");
+  fs::create_directories(dir.file("out"));
+  write_text(dir.file("out/.prepare_tokens.tmp.999999999"), "spool");
+  PrepareOptions options;
+  options.inputs = {dir.file("a.txt")};
+  options.out_dir = dir.file("out");
+  options.format = "megatron";  // the path that spools its tokens
+  auto summary = prepare_corpus(options);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().message();
+  EXPECT_EQ(summary->train_shards, std::vector<std::string>{dir.file("out/train.bin")});
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.insert(e.path().filename());
+  EXPECT_EQ(names, (std::set<std::string>{"a.txt", "out"}));
+  names.clear();
+  for (const auto& e : fs::directory_iterator(dir.file("out"))) names.insert(e.path().filename());
+  EXPECT_EQ(names, (std::set<std::string>{"train.bin", "train.idx", "val.bin", "val.idx"}));
 }
 
 TEST(Prepare, ErrorsNameTheCulprit) {
