@@ -440,7 +440,10 @@ struct StagingPaths {
 StagingPaths staging_paths(const std::string& out_dir) {
   fs::path out = fs::absolute(out_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/"
-  return {out.parent_path(), "." + out.filename().string() + kStagingTag};
+  std::string prefix = ".";  // appended piecewise: GCC 12 warns (-Wrestrict) on "." + s + t
+  prefix += out.filename().string();
+  prefix += kStagingTag;
+  return {out.parent_path(), prefix};
 }
 
 // A process of that id no longer exists (or is this one, whose staging is never reused).
