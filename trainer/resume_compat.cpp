@@ -279,9 +279,12 @@ void compare_data(const DataFingerprint& was, const DataFingerprint& now, int64_
       out->warnings.push_back(change + ": " +
                               fill("a different dataset: the samples from step {next} on come "
                                    "from the new one"));
+      out->loss_level_changes = true;
     }
   }
+  const size_t before = out->warnings.size();
   compare_files(was, now, step, out);
+  if (out->warnings.size() != before) out->loss_level_changes = true;
   if (was.total_tokens && now.total_tokens && *was.total_tokens != *now.total_tokens) {
     out->warnings.push_back(
         "data: the checkpoint's dataset held " + text_of(was.total_tokens) +

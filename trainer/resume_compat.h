@@ -92,6 +92,12 @@ struct ResumeCompat {
   std::vector<std::string> errors;    // a different model: refuse to resume
   std::vector<std::string> warnings;  // legitimate changes, each with its consequence
   std::vector<std::string> notes;     // changed keys without effect on training (one line)
+  // A different dataset (data.train naming other files or another blend schedule, or
+  // files whose sizes, tokens or hashes changed): the loss level before the resume is no
+  // reference for the steps after it, so the trainer restarts the loss-spike guard's
+  // window. A changed LR schedule keeps it: on the same data the old level is still the
+  // reference, and a raised LR is what the guard is there to catch.
+  bool loss_level_changes = false;
 };
 
 // Compares the checkpoint's config and data with this run's, resuming after

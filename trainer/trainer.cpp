@@ -112,7 +112,8 @@ class Trainer::StageRunner : public PipelineStageModel {
 Trainer::Trainer(Config config, TrainerOptions options)
     : config_(std::move(config)),
       options_(options),
-      loss_guard_(config_.training.loss_spike_factor, config_.training.loss_spike_window) {}
+      loss_guard_(config_.training.loss_spike_factor, config_.training.loss_spike_window,
+                  config_.model.vocab_size) {}
 
 Trainer::~Trainer() = default;
 
@@ -523,7 +524,8 @@ Status Trainer::resume() {
       }
       // A checkpoint from before runs had an identity starts a lineage of its own.
       const std::string run = state.run_id.empty() ? new_lineage_id() : state.run_id;
-      return "R" + run + "\n" + chosen;
+      // The second line: whether the loss-spike guard's window restarts (see resume()).
+      return "R" + run + "\n" + (compat.loss_level_changes ? "1" : "0") + "\n" + chosen;
     };
     auto d = decide();
     decision = d.is_ok() ? d.value() : encode_error(d.status());
@@ -535,7 +537,8 @@ Status Trainer::resume() {
   }
   const size_t nl = decision.find('\n');
   run_id_ = decision.substr(1, nl - 1);
-  const std::string chosen = decision.substr(nl + 1);
+  const bool restart_loss_window = decision.compare(nl + 1, 1, "1") == 0;
+  const std::string chosen = decision.substr(nl + 3);
 
   Status st;
   auto ckpt = open_checkpoint(chosen);
@@ -565,6 +568,16 @@ Status Trainer::resume() {
       if (v.is_number()) window.push_back(v.get<double>());
     }
     loss_guard_.restore(window);
+  }
+  if (restart_loss_window) {
+    // New data (warned about above): the old data's median would stop a legitimate
+    // continuation at its first step, and every requeue alike.
+    loss_guard_.reset();
+    if (world_->rank() == 0 && loss_guard_.enabled()) {
+      log::warn("resume: the training data changed, so the loss-spike guard's window restarts: "
+                "until it holds {} steps only its absolute bound applies",
+                loss_guard_.min_count());
+    }
   }
   dp_->zero_grad();
   resumed_from_ = chosen;
@@ -646,10 +659,8 @@ Result<StepMetrics> Trainer::train_step() {
   }
   const double loss =
       all_reduce_scalar(reports_loss ? loss_sum / accum / c.parallel.dp : 0.0, "loss");
-  if (!std::isfinite(loss)) {
-    return Status::internal("loss is " + std::to_string(loss) + " at step " +
-                            std::to_string(step_ + 1) + "; stopping (try a lower training.lr)");
-  }
+  // A non-finite loss or gradient norm is the guard's to report (check_loss_spike), at
+  // the step boundary, so that no state of this step or the one before it commits.
   ++step_;
   consumed_samples_ += static_cast<uint64_t>(c.training.global_batch_size);
   collect_traffic();
@@ -852,8 +863,8 @@ void Trainer::print_summary() {
   }
 }
 
-Status Trainer::check_loss_spike(double loss) {
-  Status spike = loss_guard_.push(step_, loss);
+Status Trainer::check_loss_spike(double loss, double grad_norm) {
+  Status spike = loss_guard_.push(step_, loss, grad_norm);
   if (spike.is_ok()) {
     if (!config_.checkpoint.async && writer_->in_flight()) {
       // A sync save deferred by the guard (see run()): its weights are now vouched for.
@@ -901,7 +912,7 @@ Status Trainer::run() {
       log::info("{}", format_progress_line(m));
     }
     // Before anything at this boundary can save or commit (docs/CONFIG.md, loss spikes).
-    TRIDENT_RETURN_IF_ERROR(check_loss_spike(m.loss));
+    TRIDENT_RETURN_IF_ERROR(check_loss_spike(m.loss, m.grad_norm));
     if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       TRIDENT_ASSIGN_OR_RETURN(double val_loss, evaluate());
       if (rank0) metrics_.write_eval(step_, val_loss);

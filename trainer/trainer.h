@@ -135,7 +135,7 @@ class Trainer {
   // The state saved with the next checkpoint; a new checkpoint uid each call.
   nlohmann::json trainer_state();
   // The loss-spike guard at a step boundary (trainer/loss_guard.h); see run().
-  Status check_loss_spike(double loss);
+  Status check_loss_spike(double loss, double grad_norm);
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local, const char* label);

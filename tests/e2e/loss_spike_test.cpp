@@ -88,6 +88,16 @@ class LossSpike : public ::testing::Test {
   std::string root_;
 };
 
+// The fixture's model and batch, a constant LR, on `train`, checkpoints in `ckpt`.
+std::string tiny_config(const std::string& train, const std::string& ckpt) {
+  return "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+         "data: {train: " + train + "}\n"
+         "parallel: {micro_batch_size: 2}\n"
+         "training: {global_batch_size: 4, lr_schedule: constant, warmup_steps: 2}\n"
+         "checkpoint: {dir: " + ckpt + ", keep_last: 2}\n"
+         "logging: {metrics: \"\"}\n";
+}
+
 ScratchDir* LossSpike::dir_ = nullptr;
 testing::CommandResult* LossSpike::healthy_ = nullptr;
 
@@ -123,6 +133,55 @@ TEST_F(LossSpike, WithoutTheGuardDivergedStatesRotateTheHealthyOnesOut) {
   ASSERT_GE(steps.size(), 2u) << r.output;
   EXPECT_EQ(steps.front(), 20) << r.output;
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_GT(steps[i], 22) << r.output;
+}
+
+// A run that diverges in its first steps, before the window has its 10 losses: the
+// absolute bound (3 x ln(vocab_size)) stops it with exit 1 and commits no diverged state.
+TEST(LossSpikeEarly, DivergenceAtTheFirstStepsStopsWithoutSaving) {
+  ScratchDir dir;
+  ASSERT_TRUE(write_token_file(dir.file("train.bin"), testing::english_bytes(20000), 1).is_ok());
+  dir.write("run.yaml", tiny_config(dir.file("train.bin"), dir.file("ckpt")));
+  auto r = run_command(testing::trident_binary() + " train --config " + dir.file("run.yaml") +
+                       " --set training.max_steps=10 --set training.lr=1000"
+                       " --set training.warmup_steps=0 --set checkpoint.interval=1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.output, m,
+      std::regex("error: loss [0-9.e+]+ at step ([23]) exceeds 3 x ln\\(model.vocab_size\\) = "
+                 "16.6, the bound while the guard has fewer than 10 steps in its window; "
+                 "stopping without saving")))
+      << r.output;
+  const int64_t spiked = std::stoll(m[1].str());
+  // Neither the spiked step nor the one whose weights it was measured on is committed.
+  for (const auto& [step, path] : list_steps(dir.file("ckpt"))) {
+    EXPECT_LT(step, spiked - 1) << r.output;
+  }
+  EXPECT_EQ(r.output.find("step 4/10"), std::string::npos) << r.output;
+}
+
+// Resuming onto a different corpus whose loss level is far above the old one (a
+// constant token, loss near 0, then English text): the old median is no reference, so
+// the window restarts (and the log says so) and the continuation trains to its end.
+TEST(LossSpikeEarly, ResumeOntoNewDataRestartsTheWindow) {
+  ScratchDir dir;
+  ASSERT_TRUE(write_token_file(dir.file("easy.bin"), std::vector<uint32_t>(20000, 97), 1).is_ok());
+  ASSERT_TRUE(write_token_file(dir.file("text.bin"), testing::english_bytes(20000), 1).is_ok());
+  dir.write("run.yaml", tiny_config(dir.file("easy.bin"), dir.file("ckpt")));
+  const std::string base = testing::trident_binary() + " train --config " + dir.file("run.yaml") +
+                           " --set training.lr=0.01 --set checkpoint.interval=10";
+  auto easy = run_command(base + " --set training.max_steps=30");
+  ASSERT_EQ(easy.exit_code, 0) << easy.output;
+  auto next = run_command(base + " --set training.max_steps=35 --set data.train=" +
+                          dir.file("text.bin"));
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_NE(next.output.find("resume: the training data changed, so the loss-spike guard's "
+                             "window restarts"),
+            std::string::npos)
+      << next.output;
+  const auto steps = list_steps(dir.file("ckpt"));
+  ASSERT_FALSE(steps.empty()) << next.output;
+  EXPECT_EQ(steps.back().first, 35) << next.output;
 }
 
 }  // namespace

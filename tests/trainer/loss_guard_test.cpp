@@ -82,5 +82,49 @@ TEST(LossSpikeGuard, AFallingHealthyCurveNeverFires) {
   }
 }
 
+// From the first step: a non-finite loss or gradient norm fails, even with the guard off.
+TEST(LossSpikeGuard, NonFiniteFailsFromTheFirstStep) {
+  for (double factor : {10.0, 0.0}) {
+    LossSpikeGuard guard(factor, 50, 256);
+    Status st = guard.push(1, std::nan(""), 3.0);
+    ASSERT_FALSE(st.is_ok()) << factor;
+    EXPECT_EQ(st.exit_code(), 1);
+    EXPECT_EQ(st.message(), "loss nan (gradient norm 3) at step 1 is not finite");
+    st = guard.push(1, 5.5, INFINITY);
+    ASSERT_FALSE(st.is_ok()) << factor;
+    EXPECT_EQ(st.message(), "loss 5.5 (gradient norm inf) at step 1 is not finite");
+    EXPECT_TRUE(guard.recent_losses().empty());  // neither joined the window
+  }
+}
+
+// Before the window holds its 10 losses: 3 x ln(vocab_size) bounds the loss.
+TEST(LossSpikeGuard, AbsoluteBoundUntilTheWindowFills) {
+  LossSpikeGuard guard(10, 50, 256);  // 3 x ln(256) = 16.6
+  ASSERT_TRUE(guard.push(1, 5.6).is_ok());
+  ASSERT_TRUE(guard.push(2, 16.5).is_ok());
+  Status st = guard.push(3, 1e7);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.exit_code(), 1);
+  EXPECT_EQ(st.message(),
+            "loss 1e+07 at step 3 exceeds 3 x ln(model.vocab_size) = 16.6, the bound while the "
+            "guard has fewer than 10 steps in its window");
+  for (int s = 3; s <= 10; ++s) ASSERT_TRUE(guard.push(s, 5.0).is_ok()) << s;
+  // Now the median (5) is the reference: 17 is above the bound but within 10 x.
+  EXPECT_TRUE(guard.push(11, 17.0).is_ok());
+  // The guard off: no bound either. No vocabulary size: no bound.
+  EXPECT_TRUE(LossSpikeGuard(0, 50, 256).push(1, 1e7).is_ok());
+  EXPECT_TRUE(LossSpikeGuard(10, 50).push(1, 1e7).is_ok());
+}
+
+TEST(LossSpikeGuard, ResetRestartsTheWindowWithTheBound) {
+  LossSpikeGuard guard(10, 50, 256);
+  for (int s = 1; s <= 20; ++s) ASSERT_TRUE(guard.push(s, 0.2).is_ok());
+  EXPECT_FALSE(LossSpikeGuard(guard).push(21, 4.0).is_ok());  // 20 x the old median
+  guard.reset();
+  EXPECT_TRUE(guard.recent_losses().empty());
+  EXPECT_TRUE(guard.push(21, 4.0).is_ok());  // a new level, under the bound
+  EXPECT_FALSE(guard.push(22, 1e7).is_ok());
+}
+
 }  // namespace
 }  // namespace trident
