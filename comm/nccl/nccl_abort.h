@@ -1,6 +1,6 @@
 // The NCCL abort path: what the hang watchdog (comm/watchdog.h) does on a missed deadline
 // or an asynchronous NCCL error when NCCL communicators exist (DESIGN.md "Failures": on
-// NCCL the watchdog aborts the communicators; CUDA-DESIGN.md §3 "Watchdog"). Built with
+// NCCL the watchdog aborts the communicators). Built with
 // comm/nccl/ (TRIDENT_HAVE_CUDA); no NCCL header here.
 //
 // Contract:

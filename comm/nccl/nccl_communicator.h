@@ -1,4 +1,4 @@
-// The NCCL backend of Communicator (issue 9 item 1; CUDA-DESIGN.md §3): device-memory
+// The NCCL backend of Communicator (issue 9 item 1): device-memory
 // groups over NCCL, each with a host twin for host values. Built with the CUDA backend
 // (TRIDENT_HAVE_CUDA); no NCCL or CUDA header is visible through this file. COMPILED AND
 // HOST-TESTED ONLY: no line of it has run on a GPU yet (tests/cuda/nccl_communicator_test.cpp

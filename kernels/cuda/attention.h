@@ -6,7 +6,7 @@
 //
 // Two paths:
 // - "cudnn": cuDNN's fused flash attention through the backend graph API, the composite
-//   causal SDPA graph cudnn-frontend builds (CUDA-DESIGN.md 2a); bf16 only; state = the
+//   causal SDPA graph cudnn-frontend builds; bf16 only; state = the
 //   row log-sum-exp, f32 [B, NH, T].
 // - "plain": cuBLASLt batched Q K^T (GemmEngine), a causal softmax kernel, P V, and their
 //   backward; f32 and bf16; state = the probabilities [B, NH, T, ld(T)] in the io dtype,

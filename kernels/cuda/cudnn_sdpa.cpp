@@ -3,7 +3,7 @@
 //
 // cuDNN 9.19's unified SDPA operation has no causal mask, so the graphs here are the
 // composite ones cudnn-frontend builds and cuDNN's runtime fusion engine recognises
-// (CUDA-DESIGN.md 2a), transcribed op by op from NVIDIA/cudnn-frontend @3929da2
+// transcribed op by op from NVIDIA/cudnn-frontend @3929da2
 // include/cudnn_frontend/node/scaled_dot_product_flash_attention.h:
 //   forward  = CompositeSDPANode::expand_node with attn_scale (a by-value tensor), the
 //              top-left causal mask (CompositeDiagonalBandMaskNode, right bound 0) and

@@ -15,7 +15,7 @@
 #   SLURM_TEST_CPUS        task slots of the node (default 8; may exceed the real cores)
 #   SLURM_TEST_MEMORY_MB   RealMemory of the node (default 8000)
 #   SLURM_TEST_PORT        slurmctld port; slurmd uses PORT+1 (default 16817)
-# The recipe is the one in /work/shared/ENVIRONMENT.md ("Slurm on one machine").
+# The recipe: Debian's slurm-wlm and munge, one slurmctld and one slurmd per node, as root.
 set -euo pipefail
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
