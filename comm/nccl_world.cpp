@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -19,13 +18,8 @@ Result<const TridentNcclPlugin*> nccl_table(const CudaPluginLibrary& library) {
   void* symbol = cuda_plugin_symbol(library, kNcclPluginEntry);
   if (symbol == nullptr) return Status::internal(library.path + " has no " + kNcclPluginEntry);
   const TridentNcclPlugin* table = reinterpret_cast<TridentNcclPluginEntry>(symbol)();
-  if (table == nullptr || table->abi_version != kNcclPluginAbiVersion ||
-      table->interface_stamp == nullptr ||
-      std::strcmp(table->interface_stamp, cuda_plugin_interface_stamp()) != 0) {
-    return Status::internal(library.path + ": " + kNcclPluginEntry +
-                            " is not the NCCL table this trident expects (ABI " +
-                            std::to_string(kNcclPluginAbiVersion) + ")");
-  }
+  TRIDENT_RETURN_IF_ERROR(
+      check_plugin_table(library.path, kNcclPluginEntry, table, kNcclPluginAbiVersion));
   return table;
 }
 

@@ -232,9 +232,9 @@ class Progress {
   std::chrono::steady_clock::time_point last_ = start_;
 };
 
-// The whole token stream as uint16 in a temp file in out_dir (the split needs the total
-// before anything is written, and the stream may not fit in memory), mapped for reading
-// once complete. Removed when the object goes away.
+// The whole token stream as uint16 in a temp file in the staging directory (the split
+// needs the total before anything is written, and the stream may not fit in memory),
+// mapped for reading once complete. Removed when the object goes away.
 class TokenSpool {
  public:
   explicit TokenSpool(std::string path) : path_(std::move(path)) {}

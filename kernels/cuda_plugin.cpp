@@ -29,6 +29,22 @@ bool cuda_plugin_file_exists() {
   return std::filesystem::exists(cuda_plugin_path(), ec);
 }
 
+Status check_plugin_table_header(const std::string& path, int abi_version, int expected_abi,
+                                 const char* interface_stamp) {
+  // The version first: only then is the rest of the table known to be laid out as here.
+  if (abi_version != expected_abi) {
+    return Status::internal(path + " has plugin ABI " + std::to_string(abi_version) +
+                            ", this trident expects " + std::to_string(expected_abi));
+  }
+  const char* stamp = interface_stamp != nullptr ? interface_stamp : "(none)";
+  if (std::strcmp(stamp, cuda_plugin_interface_stamp()) != 0) {
+    return Status::internal(path + " was built from other Trident headers (interface " + stamp +
+                            ", this trident " + cuda_plugin_interface_stamp() +
+                            "): rebuild trident and the trident_cuda target together");
+  }
+  return Status::ok();
+}
+
 namespace {
 
 std::string last_dlerror() {
@@ -52,18 +68,8 @@ Result<CudaPluginLibrary> open_cuda_plugin(const std::string& path) {
     return refuse(path + " has no " + kCudaPluginEntry + " (" + last_dlerror() + ")");
   }
   const TridentCudaPlugin* table = reinterpret_cast<TridentCudaPluginEntry>(symbol)();
-  if (table == nullptr) return refuse(path + ": " + kCudaPluginEntry + " returned no table");
-  // The version first: only then is the rest of the table known to be laid out as here.
-  if (table->abi_version != kCudaPluginAbiVersion) {
-    return refuse(path + " has plugin ABI " + std::to_string(table->abi_version) +
-                  ", this trident expects " + std::to_string(kCudaPluginAbiVersion));
-  }
-  const char* stamp = table->interface_stamp != nullptr ? table->interface_stamp : "(none)";
-  if (std::strcmp(stamp, cuda_plugin_interface_stamp()) != 0) {
-    return refuse(path + " was built from other Trident headers (interface " + stamp +
-                  ", this trident " + cuda_plugin_interface_stamp() +
-                  "): rebuild trident and the trident_cuda target together");
-  }
+  const Status usable = check_plugin_table(path, kCudaPluginEntry, table, kCudaPluginAbiVersion);
+  if (!usable.is_ok()) return refuse(usable.message());
   return CudaPluginLibrary{handle, path, table};
 }
 

@@ -66,6 +66,21 @@ const char* cuda_plugin_interface_stamp();
 // in the executable's directory.
 std::string cuda_plugin_path();
 
+// The checks every table of the plugin passes before it is used (both tables start with
+// abi_version and interface_stamp): the entry returned one, its ABI version is
+// `expected_abi`, its stamp is this executable's. Errors (internal) name `path`: "<path>:
+// <entry> returned no table", "<path> has plugin ABI 2, this trident expects 1", "<path>
+// was built from other Trident headers (interface <a>, this trident <b>): rebuild both".
+Status check_plugin_table_header(const std::string& path, int abi_version, int expected_abi,
+                                 const char* interface_stamp);
+template <class Table>
+Status check_plugin_table(const std::string& path, const char* entry, const Table* table,
+                          int expected_abi) {
+  if (table == nullptr) return Status::internal(path + ": " + entry + " returned no table");
+  return check_plugin_table_header(path, table->abi_version, expected_abi,
+                                   table->interface_stamp);
+}
+
 // A loaded plugin: the dlopen handle, where it came from, and its kernels table.
 struct CudaPluginLibrary {
   void* handle = nullptr;

@@ -362,8 +362,7 @@ class CudaOps final : public Ops {
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
                                DType dtype) const override {
     const AttentionShape shape{B, T, NH, NKV, HD, dtype};
-    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HD <= 0 || NH % NKV != 0 ||
-        !is_float_dtype(dtype)) {
+    if (!plannable(shape)) {
       return attention_state_total_bytes(AttentionStatePath::kPlain, shape);  // calls CHECK-fail
     }
     return attention_state_total_bytes(decide(shape, /*asked=*/true), shape);
@@ -371,10 +370,7 @@ class CudaOps final : public Ops {
   size_t attention_workspace_bytes(int B, int T, int NH, int NKV, int HD,
                                    DType dtype) const override {
     AttentionShape shape{B, T, NH, NKV, HD, dtype};
-    if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || HD <= 0 || NH % NKV != 0 ||
-        !is_float_dtype(dtype)) {
-      return 0;
-    }
+    if (!plannable(shape)) return 0;
     const AttentionStatePath path = decide(shape, /*asked=*/true);
     shape.recompute = path == AttentionStatePath::kPlainRecompute;
     return path == AttentionStatePath::kCudnn ? cudnn_->workspace_bytes(shape)
@@ -749,6 +745,12 @@ class CudaOps final : public Ops {
     return AttentionShape{B, T, NH, NKV, HD, dtype};
   }
 
+  // A size query for a shape attention calls accept (others CHECK-fail there): only
+  // these are planned, so a bad query never builds cuDNN plans.
+  static bool plannable(const AttentionShape& s) {
+    return s.B > 0 && s.T > 0 && s.NH > 0 && s.NKV > 0 && s.HD > 0 && s.NH % s.NKV == 0 &&
+           is_float_dtype(s.dtype);
+  }
   // The path of a shape (AttentionPlanner). A query that builds cuDNN plans is still
   // const to callers: the decisions and plans are caches, nothing is allocated on the
   // device.
