@@ -26,7 +26,7 @@
 
 #include "core/status.h"
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "parallel/param_store.h"
 
 namespace trident {

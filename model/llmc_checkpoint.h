@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace trident {
 

@@ -70,7 +70,7 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "parallel/param_store.h"
 #include "parallel/tensor_parallel.h"
 

@@ -3,7 +3,7 @@
 // Steps are 0-based: step 0 is the first optimizer step.
 #pragma once
 
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 

@@ -34,7 +34,7 @@
 #include "core/status.h"
 #include "data/blend.h"
 #include "data/dataset.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 

@@ -23,8 +23,8 @@
 #include "model/llmc_checkpoint.h"
 #include "trainer/checkpointing.h"
 #include "trainer/lr_schedule.h"
-#include "trainer/memory_plan.h"
-#include "trainer/partition.h"
+#include "plan/memory_plan.h"
+#include "plan/partition.h"
 #include "trainer/signals.h"
 
 #include <nlohmann/json.hpp>

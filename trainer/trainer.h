@@ -30,11 +30,11 @@
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/resume_compat.h"
-#include "trainer/traffic_model.h"
+#include "plan/traffic_model.h"
 
 namespace trident {
 

@@ -12,7 +12,7 @@
 #include "checkpoint/reader.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "trainer/trainer.h"
 
 namespace trident {

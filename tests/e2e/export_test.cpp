@@ -30,7 +30,7 @@
 #include "model/transformer.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 namespace {

@@ -26,7 +26,7 @@
 #include "data/token_file.h"
 #include "tests/common/gpt2_files.h"
 #include "tests/e2e/cli_util.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/llmc_checkpoint.h"
 #include "tests/model/fixture.h"
 

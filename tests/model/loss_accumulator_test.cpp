@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/transformer.h"
 
 namespace trident {

@@ -13,7 +13,7 @@
 
 #include "core/device_access.h"
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/transformer.h"
 #include "tests/kernels/forwarding_ops.h"
 #include "tests/model/tiny_config.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/llmc_checkpoint.h"
 #include "model/transformer.h"
 #include "tests/model/fixture.h"

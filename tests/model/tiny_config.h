@@ -2,7 +2,7 @@
 // 4 heads of 16, grouped-query attention (2 kv heads) for llama. Finalized.
 #pragma once
 
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace trident::testing {
 

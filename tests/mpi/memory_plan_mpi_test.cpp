@@ -6,7 +6,7 @@
 
 #include "tests/mpi/trainer_test_util.h"
 #include "parallel/data_parallel.h"
-#include "trainer/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "trainer/trainer.h"
 
 namespace trident {

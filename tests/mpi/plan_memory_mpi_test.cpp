@@ -13,7 +13,7 @@
 #include <cstdio>
 
 #include "tests/mpi/trainer_test_util.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 namespace trident {
 namespace {

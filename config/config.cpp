@@ -1,7 +1,7 @@
 // Strict YAML config parsing. One table (kSections) lists every key with its kind and
 // where it lives in Config; parsing, `--set` overrides and config_to_yaml all walk the
 // same table, so a key cannot be parseable but missing from the printed config.
-#include "trainer/config.h"
+#include "config/config.h"
 
 #include <sys/stat.h>
 #include <yaml-cpp/yaml.h>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "checkpoint/cli.h"
-#include "trainer/commands.h"
+#include "cli/commands.h"
 
 namespace trident {
 

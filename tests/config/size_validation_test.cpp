@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "data/sampler.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 namespace {

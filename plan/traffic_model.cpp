@@ -1,8 +1,8 @@
-#include "trainer/traffic_model.h"
+#include "plan/traffic_model.h"
 
 #include <vector>
 
-#include "trainer/partition.h"
+#include "plan/partition.h"
 
 namespace trident {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "data/prepare.h"
-#include "trainer/commands.h"
+#include "cli/commands.h"
 
 namespace trident {
 

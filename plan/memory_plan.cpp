@@ -3,7 +3,7 @@
 // tensor lists below mirror Transformer::plan_params (same tensors, same order) and
 // the arenas of Transformer::plan_activations; tests/trainer/memory_plan_test.cpp holds
 // them equal to the real tables and allocations for many layouts.
-#include "trainer/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <unistd.h>
 
@@ -22,7 +22,7 @@
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "parallel/pipeline.h"
-#include "trainer/partition.h"
+#include "plan/partition.h"
 
 namespace trident {
 namespace {

@@ -15,8 +15,8 @@
 #include "checkpoint/reader.h"
 #include "model/hf_export.h"
 #include "model/safetensors.h"
-#include "trainer/commands.h"
-#include "trainer/config.h"
+#include "cli/commands.h"
+#include "config/config.h"
 
 namespace trident {
 

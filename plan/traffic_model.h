@@ -37,7 +37,7 @@
 
 #include "core/param_layout.h"
 #include "model/transformer.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 

@@ -59,9 +59,9 @@
 
 #include "core/status.h"
 #include "model/transformer.h"
-#include "trainer/config.h"
-#include "trainer/hardware.h"
-#include "trainer/memory_plan.h"
+#include "config/config.h"
+#include "plan/hardware.h"
+#include "plan/memory_plan.h"
 
 namespace trident {
 

@@ -33,8 +33,8 @@
 #include "kernels/ops.h"
 #include "model/generate.h"
 #include "model/kv_cache_decoder.h"
-#include "trainer/commands.h"
-#include "trainer/config.h"
+#include "cli/commands.h"
+#include "config/config.h"
 
 namespace trident {
 

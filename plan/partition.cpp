@@ -1,4 +1,4 @@
-#include "trainer/partition.h"
+#include "plan/partition.h"
 
 #include "parallel/pipeline.h"
 

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "trainer/commands.h"
-#include "trainer/config.h"
-#include "trainer/hardware.h"
-#include "trainer/memory_plan.h"
-#include "trainer/plan.h"
+#include "cli/commands.h"
+#include "config/config.h"
+#include "plan/hardware.h"
+#include "plan/memory_plan.h"
+#include "plan/plan.h"
 
 namespace trident {
 

@@ -1,4 +1,4 @@
-#include "trainer/hardware.h"
+#include "plan/hardware.h"
 
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>

@@ -1,5 +1,5 @@
 // The plan: enumeration, evaluation with the shared formulas, ranking, output.
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/pipeline.h"
-#include "trainer/traffic_model.h"
+#include "plan/traffic_model.h"
 
 namespace trident {
 namespace {

@@ -2,7 +2,7 @@
 // parameter tables and shard plans it mirrors, the model's activation arenas, the
 // pipeline's slot count, and the bytes a real single-process Trainer holds for ZeRO
 // stages 0-3; and the fit check with an injected memory limit.
-#include "trainer/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <gtest/gtest.h>
 

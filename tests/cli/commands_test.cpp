@@ -1,6 +1,6 @@
 // run_guarded (trainer/commands.h): an exception escaping a command becomes exit 1 with
 // a message, never std::terminate's abort.
-#include "trainer/commands.h"
+#include "cli/commands.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "trainer/commands.h"
+#include "cli/commands.h"
 
 #include <cstdio>
 #include <cstring>

@@ -1,6 +1,6 @@
 // Tests of the strict YAML config (trainer/config.h) and of the model config's derived
 // sizes, validation, parameter count and FLOPs (model/config.h).
-#include "trainer/config.h"
+#include "config/config.h"
 
 #include <gtest/gtest.h>
 

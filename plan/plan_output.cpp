@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 namespace trident {
 namespace {

@@ -9,7 +9,7 @@
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "tests/common/scratch_dir.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "trainer/resume_compat.h"
 
 namespace trident {

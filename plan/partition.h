@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/transformer.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 

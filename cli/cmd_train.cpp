@@ -12,8 +12,8 @@
 #include "comm/watchdog.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "trainer/commands.h"
-#include "trainer/config.h"
+#include "cli/commands.h"
+#include "config/config.h"
 #include "trainer/signals.h"
 #include "trainer/trainer.h"
 

@@ -11,7 +11,7 @@
 #include "core/status.h"
 #include "data/blend.h"
 #include "kernels/backend.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "parallel/pipeline.h"
 
 namespace trident {

@@ -46,7 +46,7 @@
 
 #include "core/status.h"
 #include "model/transformer.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace trident {
 

@@ -3,7 +3,7 @@
 // that are the shared formulas' own figures (one source of truth), the time model's
 // parts adding up, the ranking and reasons, the JSON object of DESIGN.md, and the
 // hardware table.
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "parallel/pipeline.h"
-#include "trainer/traffic_model.h"
+#include "plan/traffic_model.h"
 
 namespace trident {
 namespace {
