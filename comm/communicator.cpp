@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
 #include "core/device_access.h"
 #include "core/timer.h"
@@ -602,17 +601,6 @@ std::string launch_environment(EnvLookup env) {
     text += "; CUDA_VISIBLE_DEVICES=" + std::string(devices);
   }
   return text;
-}
-
-std::unique_ptr<Communicator> make_world_communicator(int* argc, char*** argv) {
-  std::unique_ptr<Communicator> world;
-  if (detect_launcher().empty()) {
-    world = std::make_unique<SelfCommunicator>("world");
-  } else {
-    world = make_mpi_world_communicator(argc, argv);
-  }
-  set_process_identity({world->rank(), world->size()});
-  return world;
 }
 
 }  // namespace trident
