@@ -1,5 +1,5 @@
 // Overlapped gradient reduce-scatters (parallel.overlap_grad_reduce): the asynchronous
-// form of reduce_scatter_add (parallel/sharded_param_store.h), for ZeRO-1's buckets and
+// form of reduce_scatter_add (parallel/shard_plan.h), for ZeRO-1's buckets and
 // the per-group reductions of ZeRO-2/3.
 //
 // issue(chunk, full, shard) packs the chunk's full gradients into a free scratch slot
@@ -26,7 +26,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/ops.h"
-#include "parallel/sharded_param_store.h"
+#include "parallel/shard_plan.h"
 
 namespace trident {
 
