@@ -27,21 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/latest.h"
 #include "checkpoint/train_state.h"
 #include "core/status.h"
 
 namespace trident {
-
-struct LatestPointer {
-  int64_t step = 0;
-  std::string run_id;  // empty in the legacy one-line form
-  std::string uid;     // empty in the legacy one-line form
-};
-
-std::string latest_text(int64_t step, const std::string& run_id, const std::string& uid);
-// nullopt when root has no `latest`; when it exists but cannot be read or parsed,
-// nullopt with *problem set.
-std::optional<LatestPointer> read_latest(const std::string& root, std::string* problem);
 
 // One committed step directory, cheaply checked: manifest parsed, trainer state parsed
 // and range-checked, and (unless skipped) every rank file present with the right size

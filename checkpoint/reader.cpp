@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/box.h"
-#include "checkpoint/lineage.h"
+#include "checkpoint/latest.h"
 #include "kernels/ops.h"
 
 namespace trident {
