@@ -31,7 +31,7 @@
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "tests/kernels/sgemm_reference.h"
+#include "kernels/sgemm_reference.h"
 
 namespace trident {
 namespace {

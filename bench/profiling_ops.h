@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/timer.h"
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 
 namespace trident::bench {
 

@@ -23,7 +23,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 
 namespace trident::testing::op_table {
 namespace {

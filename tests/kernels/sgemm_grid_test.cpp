@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/kernels/kernel_test_util.h"
-#include "tests/kernels/sgemm_reference.h"
+#include "kernels/sgemm_reference.h"
 
 namespace trident::testing {
 namespace {

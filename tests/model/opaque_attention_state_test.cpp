@@ -15,7 +15,7 @@
 #include "kernels/ops.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 #include "tests/model/tiny_config.h"
 
 namespace trident {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace trident {

@@ -17,7 +17,7 @@
 
 #include "tests/common/pattern_tokens.h"
 #include "tests/common/scratch_dir.h"
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
 
 namespace trident {
