@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "core/timer.h"
@@ -239,106 +241,40 @@ PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
   return run(chunks);
 }
 
-PipelineExecutor::Stats PipelineExecutor::run(std::span<PipelineStageModel* const> chunks) {
-  const Timer total;
-  const int v = virtual_stages_;
-  const int p = num_stages_;
-  TRIDENT_CHECK_MSG(static_cast<int>(chunks.size()) == v,
-                    "pipeline stage " + std::to_string(stage_) + ": run() got " +
-                        std::to_string(chunks.size()) + " model chunks, the executor has " +
-                        std::to_string(v) + " virtual stages");
-  for (PipelineStageModel* c : chunks) TRIDENT_CHECK_MSG(c != nullptr, "pipeline: null chunk");
-  const std::size_t n = chunks[0]->boundary_floats();
-  for (PipelineStageModel* c : chunks) {
-    TRIDENT_CHECK_MSG(c->boundary_floats() == n,
-                      "pipeline: chunks with different boundary sizes: " + std::to_string(n) +
-                          " and " + std::to_string(c->boundary_floats()));
+namespace {
+
+// The virtual stages around chunk c of a stage (see the header): the activation comes from
+// `prev` and goes to `next`; gradients the other way. The first virtual stage has no prev,
+// the last no next.
+struct Peer {
+  bool exists;
+  int rank;
+};
+
+// One call of PipelineExecutor::run: the slots each (micro, chunk) pair holds, the batch of
+// point-to-point ops being gathered, and the Stats being filled.
+class StepRun {
+ public:
+  StepRun(Communicator& pp_group, const std::vector<PipeAction>& schedule,
+          std::span<PipelineStageModel* const> chunks, int num_micro, int num_slots)
+      : pp_group_(pp_group),
+        schedule_(schedule),
+        chunks_(chunks),
+        v_(static_cast<int>(chunks.size())),
+        p_(pp_group.size()),
+        stage_(pp_group.rank()),
+        n_(chunks[0]->boundary_floats()),
+        bytes_(static_cast<std::int64_t>(n_ * sizeof(float))),
+        steps_(action_steps(schedule, p_, stage_, v_)),
+        slot_of_(static_cast<std::size_t>(v_),
+                 std::vector<int>(static_cast<std::size_t>(num_micro), -1)),
+        slot_busy_(static_cast<std::size_t>(v_),
+                   std::vector<bool>(static_cast<std::size_t>(num_slots))),
+        live_per_chunk_(static_cast<std::size_t>(v_), 0) {
+    stats_.peak_live_per_chunk.assign(static_cast<std::size_t>(v_), 0);
+    stats_.action_start_seconds.reserve(schedule_.size());
+    stats_.action_seconds.reserve(schedule_.size());
   }
-  const auto bytes = static_cast<std::int64_t>(n * sizeof(float));
-  Stats stats;
-  stats.peak_live_per_chunk.assign(static_cast<std::size_t>(v), 0);
-  stats.action_start_seconds.reserve(schedule_.size());
-  stats.action_seconds.reserve(schedule_.size());
-
-  // The virtual stages around chunk c of this stage (see the header): the activation
-  // comes from `prev` and goes to `next`; gradients the other way. The first virtual
-  // stage has no prev, the last no next.
-  struct Peer {
-    bool exists;
-    int rank;
-  };
-  auto prev_of = [&](int c) -> Peer {
-    if (stage_ > 0) return {true, stage_ - 1};
-    return {c > 0, p - 1};
-  };
-  auto next_of = [&](int c) -> Peer {
-    if (stage_ < p - 1) return {true, stage_ + 1};
-    return {c < v - 1, 0};
-  };
-  // The chunk on the earlier side of the boundary between chunk c and its prev / next.
-  auto prev_boundary_chunk = [&](int c) { return stage_ > 0 ? c : c - 1; };
-  auto next_boundary_chunk = [&](int c) { return c; };
-
-  std::vector<std::vector<int>> slot_of(static_cast<std::size_t>(v),
-                                        std::vector<int>(static_cast<std::size_t>(num_micro_), -1));
-  std::vector<std::vector<bool>> slot_busy(static_cast<std::size_t>(v),
-                                           std::vector<bool>(static_cast<std::size_t>(num_slots_)));
-  std::vector<int> live_per_chunk(static_cast<std::size_t>(v), 0);
-  int live = 0;
-
-  auto label = [&](const char* what, const PipeAction& a) {
-    return std::string("pipeline ") + what + " micro " + std::to_string(a.micro) +
-           (v > 1 ? " chunk " + std::to_string(a.chunk) : std::string()) + " stage " +
-           std::to_string(stage_);
-  };
-  auto op = [&](P2POp::Kind kind, DevPtr buf, int peer, int tag, const char* what) {
-    TRIDENT_CHECK_MSG(!buf.is_null(), std::string("pipeline: null ") + what + " buffer");
-    if (kind == P2POp::kSend) {
-      stats.sends += 1;
-      stats.bytes_sent += bytes;
-    } else {
-      stats.recvs += 1;
-      stats.bytes_received += bytes;
-    }
-    return P2POp{kind, CommBuf::device(buf, n), peer, tag};
-  };
-  // The receive action `a` needs before it runs, if any. A forward's slot is taken here,
-  // when its input is posted.
-  auto add_recv = [&](const PipeAction& a, std::vector<P2POp>& ops, std::string& what) {
-    const auto c = static_cast<std::size_t>(a.chunk);
-    PipelineStageModel& model = *chunks[c];
-    if (a.kind == PipeAction::kForward) {
-      const auto free_slot = std::find(slot_busy[c].begin(), slot_busy[c].end(), false);
-      TRIDENT_CHECK(free_slot != slot_busy[c].end());  // required_slots was checked
-      const int slot = static_cast<int>(free_slot - slot_busy[c].begin());
-      *free_slot = true;
-      slot_of[c][static_cast<std::size_t>(a.micro)] = slot;
-      stats.peak_live_slots = std::max(stats.peak_live_slots, ++live);
-      stats.peak_live_per_chunk[c] = std::max(stats.peak_live_per_chunk[c], ++live_per_chunk[c]);
-      const Peer from = prev_of(a.chunk);
-      if (!from.exists) return;
-      ops.push_back(op(P2POp::kRecv, model.input_activation(slot), from.rank,
-                       tag_of(a.micro, prev_boundary_chunk(a.chunk), v, kActivation),
-                       "activation"));
-      what += (what.empty() ? "" : ", ") + label("recv activation", a);
-    } else {
-      const int slot = slot_of[c][static_cast<std::size_t>(a.micro)];
-      TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i) on each chunk
-      const Peer from = next_of(a.chunk);
-      if (!from.exists) return;
-      ops.push_back(op(P2POp::kRecv, model.output_grad(slot), from.rank,
-                       tag_of(a.micro, next_boundary_chunk(a.chunk), v, kGradient), "gradient"));
-      what += (what.empty() ? "" : ", ") + label("recv gradient", a);
-    }
-  };
-  auto exchange = [&](std::vector<P2POp>& ops, const std::string& what) {
-    if (!ops.empty()) {
-      const Timer t;
-      pp_group_.batch_p2p(ops, {.label = what});
-      stats.idle_seconds += t.elapsed_s();
-    }
-    ops.clear();
-  };
 
   // Megatron's p2p pattern (send_forward_recv_backward and its kin), by step (see
   // action_steps): the first step's receives alone, then after each step its sends
@@ -346,70 +282,189 @@ PipelineExecutor::Stats PipelineExecutor::run(std::span<PipelineStageModel* cons
   // between, the sends now and the receives in the step just before the next one), so
   // neighbours that send to each other at the same time cannot deadlock on NCCL
   // (comm/communicator.h).
-  const std::vector<int> steps = action_steps(schedule_, p, stage_, v);
-  std::vector<P2POp> ops;
-  std::string what;
-  auto add_recvs_of_step = [&](std::size_t first) {
-    for (std::size_t i = first; i < schedule_.size() && steps[i] == steps[first]; ++i) {
-      add_recv(schedule_[i], ops, what);
-    }
-  };
-  add_recvs_of_step(0);
-  exchange(ops, what);
-  for (std::size_t k = 0; k < schedule_.size();) {
-    const int step = steps[k];
-    what.clear();
-    for (; k < schedule_.size() && steps[k] == step; ++k) {
-      const PipeAction& a = schedule_[k];
-      const auto c = static_cast<std::size_t>(a.chunk);
-      PipelineStageModel& model = *chunks[c];
-      const int slot = slot_of[c][static_cast<std::size_t>(a.micro)];
-      stats.action_start_seconds.push_back(total.elapsed_s());
-      const Timer t;
-      if (a.kind == PipeAction::kForward) {
-        model.forward(a.micro, slot);
-        stats.action_seconds.push_back(t.elapsed_s());
-        const Peer to = next_of(a.chunk);
-        if (to.exists) {
-          ops.push_back(op(P2POp::kSend, model.output_activation(slot), to.rank,
-                           tag_of(a.micro, next_boundary_chunk(a.chunk), v, kActivation),
-                           "activation"));
-          what += (what.empty() ? "" : ", ") + label("send activation", a);
+  PipelineExecutor::Stats run() {
+    add_recvs_of_step(0);
+    exchange();
+    for (std::size_t k = 0; k < schedule_.size();) {
+      const int step = steps_[k];
+      what_.clear();
+      for (; k < schedule_.size() && steps_[k] == step; ++k) run_action(schedule_[k]);
+      if (k < schedule_.size()) {
+        if (steps_[k] - 1 > step) {
+          exchange();
+          what_.clear();
         }
-      } else {
-        model.backward(a.micro, slot);
-        stats.action_seconds.push_back(t.elapsed_s());
-        const Peer to = prev_of(a.chunk);
-        if (to.exists) {
-          ops.push_back(op(P2POp::kSend, model.input_grad(slot), to.rank,
-                           tag_of(a.micro, prev_boundary_chunk(a.chunk), v, kGradient),
-                           "gradient"));
-          what += (what.empty() ? "" : ", ") + label("send gradient", a);
-        }
-        // The slot is free for the next forward: its input (input_activation) and the
-        // gradient sent from input_grad are different buffers (PipelineStageModel).
-        slot_busy[c][static_cast<std::size_t>(slot)] = false;
-        slot_of[c][static_cast<std::size_t>(a.micro)] = -1;
-        --live;
-        --live_per_chunk[c];
+        add_recvs_of_step(k);
       }
-      stats.compute_seconds += stats.action_seconds.back();
+      exchange();
     }
-    if (k < schedule_.size()) {
-      if (steps[k] - 1 > step) {
-        exchange(ops, what);
-        what.clear();
-      }
-      add_recvs_of_step(k);
-    }
-    exchange(ops, what);
+    const Timer t;
+    pp_group_.wait_sends({.label = "pipeline end of step, stage " + std::to_string(stage_)});
+    stats_.send_wait_seconds = t.elapsed_s();
+    stats_.total_seconds = total_.elapsed_s();
+    return std::move(stats_);
   }
 
-  const Timer t;
-  pp_group_.wait_sends({.label = "pipeline end of step, stage " + std::to_string(stage_)});
-  stats.send_wait_seconds = t.elapsed_s();
-  stats.total_seconds = total.elapsed_s();
-  return stats;
+ private:
+  Peer prev_of(int c) const {
+    if (stage_ > 0) return {true, stage_ - 1};
+    return {c > 0, p_ - 1};
+  }
+  Peer next_of(int c) const {
+    if (stage_ < p_ - 1) return {true, stage_ + 1};
+    return {c < v_ - 1, 0};
+  }
+  // The chunk on the earlier side of the boundary between chunk c and its prev / next.
+  int prev_boundary_chunk(int c) const { return stage_ > 0 ? c : c - 1; }
+  static int next_boundary_chunk(int c) { return c; }
+
+  std::string label(const char* what, const PipeAction& a) const {
+    return std::string("pipeline ") + what + " micro " + std::to_string(a.micro) +
+           (v_ > 1 ? " chunk " + std::to_string(a.chunk) : std::string()) + " stage " +
+           std::to_string(stage_);
+  }
+  // Adds one send or receive of a boundary buffer to the batch, named `what_label` in the
+  // batch's label, and counts it.
+  void add_op(P2POp::Kind kind, DevPtr buf, int peer, int tag, const char* what,
+              const std::string& what_label) {
+    TRIDENT_CHECK_MSG(!buf.is_null(), std::string("pipeline: null ") + what + " buffer");
+    if (kind == P2POp::kSend) {
+      stats_.sends += 1;
+      stats_.bytes_sent += bytes_;
+    } else {
+      stats_.recvs += 1;
+      stats_.bytes_received += bytes_;
+    }
+    ops_.push_back(P2POp{kind, CommBuf::device(buf, n_), peer, tag});
+    what_ += (what_.empty() ? "" : ", ") + what_label;
+  }
+  // The receive action `a` needs before it runs, if any. A forward's slot is taken here,
+  // when its input is posted.
+  void add_recv(const PipeAction& a) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    PipelineStageModel& model = *chunks_[c];
+    if (a.kind == PipeAction::kForward) {
+      const int slot = take_slot(a);
+      const Peer from = prev_of(a.chunk);
+      if (!from.exists) return;
+      add_op(P2POp::kRecv, model.input_activation(slot), from.rank,
+             tag_of(a.micro, prev_boundary_chunk(a.chunk), v_, kActivation), "activation",
+             label("recv activation", a));
+    } else {
+      const int slot = slot_of_[c][static_cast<std::size_t>(a.micro)];
+      TRIDENT_CHECK(slot >= 0);  // every schedule runs F(i) before B(i) on each chunk
+      const Peer from = next_of(a.chunk);
+      if (!from.exists) return;
+      add_op(P2POp::kRecv, model.output_grad(slot), from.rank,
+             tag_of(a.micro, next_boundary_chunk(a.chunk), v_, kGradient), "gradient",
+             label("recv gradient", a));
+    }
+  }
+  // A free slot of a's chunk for forward `a`, marked busy and counted live.
+  int take_slot(const PipeAction& a) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    const auto free_slot = std::find(slot_busy_[c].begin(), slot_busy_[c].end(), false);
+    TRIDENT_CHECK(free_slot != slot_busy_[c].end());  // required_slots was checked
+    const int slot = static_cast<int>(free_slot - slot_busy_[c].begin());
+    *free_slot = true;
+    slot_of_[c][static_cast<std::size_t>(a.micro)] = slot;
+    stats_.peak_live_slots = std::max(stats_.peak_live_slots, ++live_);
+    stats_.peak_live_per_chunk[c] = std::max(stats_.peak_live_per_chunk[c], ++live_per_chunk_[c]);
+    return slot;
+  }
+  // The slot backward `a` used is free for the next forward: its input (input_activation)
+  // and the gradient sent from input_grad are different buffers (PipelineStageModel).
+  void free_slot(const PipeAction& a, int slot) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    slot_busy_[c][static_cast<std::size_t>(slot)] = false;
+    slot_of_[c][static_cast<std::size_t>(a.micro)] = -1;
+    --live_;
+    --live_per_chunk_[c];
+  }
+  // The receives of every action of the step that schedule_[first] starts.
+  void add_recvs_of_step(std::size_t first) {
+    for (std::size_t i = first; i < schedule_.size() && steps_[i] == steps_[first]; ++i) {
+      add_recv(schedule_[i]);
+    }
+  }
+  // Runs the gathered batch (if any) and starts a new one.
+  void exchange() {
+    if (!ops_.empty()) {
+      const Timer t;
+      pp_group_.batch_p2p(ops_, {.label = what_});
+      stats_.idle_seconds += t.elapsed_s();
+    }
+    ops_.clear();
+  }
+  // Runs forward or backward `a`, timed, and adds the send of its result to the batch.
+  void run_action(const PipeAction& a) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    PipelineStageModel& model = *chunks_[c];
+    const int slot = slot_of_[c][static_cast<std::size_t>(a.micro)];
+    stats_.action_start_seconds.push_back(total_.elapsed_s());
+    const Timer t;
+    if (a.kind == PipeAction::kForward) {
+      model.forward(a.micro, slot);
+      stats_.action_seconds.push_back(t.elapsed_s());
+      const Peer to = next_of(a.chunk);
+      if (to.exists) {
+        add_op(P2POp::kSend, model.output_activation(slot), to.rank,
+               tag_of(a.micro, next_boundary_chunk(a.chunk), v_, kActivation), "activation",
+               label("send activation", a));
+      }
+    } else {
+      model.backward(a.micro, slot);
+      stats_.action_seconds.push_back(t.elapsed_s());
+      const Peer to = prev_of(a.chunk);
+      if (to.exists) {
+        add_op(P2POp::kSend, model.input_grad(slot), to.rank,
+               tag_of(a.micro, prev_boundary_chunk(a.chunk), v_, kGradient), "gradient",
+               label("send gradient", a));
+      }
+      free_slot(a, slot);
+    }
+    stats_.compute_seconds += stats_.action_seconds.back();
+  }
+
+  const Timer total_;
+  Communicator& pp_group_;
+  const std::vector<PipeAction>& schedule_;
+  std::span<PipelineStageModel* const> chunks_;
+  const int v_;
+  const int p_;
+  const int stage_;
+  const std::size_t n_;  // boundary_floats of every chunk
+  const std::int64_t bytes_;
+  const std::vector<int> steps_;  // action_steps of the schedule
+  std::vector<std::vector<int>> slot_of_;     // [chunk][micro] -> slot, -1 when none
+  std::vector<std::vector<bool>> slot_busy_;  // [chunk][slot]
+  std::vector<int> live_per_chunk_;
+  int live_ = 0;
+  std::vector<P2POp> ops_;  // the batch of sends and receives being gathered
+  std::string what_;        // its label
+  PipelineExecutor::Stats stats_;
+};
+
+// CHECKs that run() got one non-null chunk per virtual stage, all with the same boundary.
+void check_chunks(std::span<PipelineStageModel* const> chunks, int virtual_stages, int stage) {
+  TRIDENT_CHECK_MSG(static_cast<int>(chunks.size()) == virtual_stages,
+                    "pipeline stage " + std::to_string(stage) + ": run() got " +
+                        std::to_string(chunks.size()) + " model chunks, the executor has " +
+                        std::to_string(virtual_stages) + " virtual stages");
+  for (PipelineStageModel* c : chunks) TRIDENT_CHECK_MSG(c != nullptr, "pipeline: null chunk");
+  const std::size_t n = chunks[0]->boundary_floats();
+  for (PipelineStageModel* c : chunks) {
+    TRIDENT_CHECK_MSG(c->boundary_floats() == n,
+                      "pipeline: chunks with different boundary sizes: " + std::to_string(n) +
+                          " and " + std::to_string(c->boundary_floats()));
+  }
+}
+
+}  // namespace
+
+PipelineExecutor::Stats PipelineExecutor::run(std::span<PipelineStageModel* const> chunks) {
+  check_chunks(chunks, virtual_stages_, stage_);
+  return StepRun(pp_group_, schedule_, chunks, num_micro_, num_slots_).run();
 }
 
 }  // namespace trident
