@@ -43,7 +43,7 @@ struct TrainState {
   int64_t optimizer_steps = 0;    // AdamW's step counter (bias correction)
   TrainLayout layout;             // the layout that saved it
   uint64_t init_seed = 0, data_seed = 0;
-  std::string config_yaml;        // the whole config (trainer/config.h config_to_yaml)
+  std::string config_yaml;        // the whole config (config/config.h config_to_yaml)
   // Lineage. run_id names a run: new when training starts from scratch, inherited on
   // every resume. checkpoint_uid is unique per saved checkpoint. ancestors are the uids
   // of the checkpoints this state descends from, newest first (the first is the

@@ -557,7 +557,7 @@ Status validate_layout_sizes(const ParallelConfig& p) {
 // activations in 64 bits: the CPU backend's attention state, the probabilities
 // (B, NH/tp, T, T), is the biggest.
 // Values past these limits would wrap, not fail, so they are refused here; whether the
-// activations fit in memory is trainer/memory_plan.h's business.
+// activations fit in memory is plan/memory_plan.h's business.
 Status validate_micro_batch_sizes(const ParallelConfig& p, const TransformerConfig& m) {
   const int64_t tokens = int64_t{p.micro_batch_size} * m.seq_len;
   if (tokens > std::numeric_limits<int>::max()) {

@@ -8,7 +8,7 @@
 namespace trident {
 
 // Who this process is, for messages. Set once at start-up by the launcher code
-// (trainer/main.cpp, parallel/); read-only afterwards.
+// (cli/main.cpp, parallel/); read-only afterwards.
 struct ProcessIdentity {
   int rank = 0;
   int world_size = 1;

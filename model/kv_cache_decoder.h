@@ -1,5 +1,5 @@
 // KvCacheDecoder: incremental (one token at a time) decoding of one sequence with a
-// key/value cache, for both families of model/config.h, in one process.
+// key/value cache, for both families of model/model_config.h, in one process.
 //
 // step(token) runs the model for the single new token at position p = position():
 //   gpt2:  x = wte[token] + wpe[p]; per layer LayerNorm, q/k/v, attention, GELU MLP;

@@ -2,7 +2,7 @@
 //   gpt2:  LayerNorm (with bias), tanh-GELU MLP, learned positions, biases everywhere,
 //          tied LM head (GPT-2's exact math).
 //   llama: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases, untied head.
-// It is parsed from the `model:` section of a YAML config (trainer/config.h) and
+// It is parsed from the `model:` section of a YAML config (config/config.h) and
 // validated by validate(); derived sizes are computed by finalize().
 #pragma once
 

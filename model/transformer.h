@@ -1,5 +1,5 @@
 // Transformer: a decoder-only language model with explicit forward and backward,
-// for the gpt2 and llama families of model/config.h, on one rank's part of the model
+// for the gpt2 and llama families of model/model_config.h, on one rank's part of the model
 // (a pipeline stage's layers, a tensor-parallel slice of each layer).
 //
 // Parameter names and global shapes are the contract with checkpoints, the llm.c

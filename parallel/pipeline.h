@@ -84,7 +84,7 @@
 
 namespace trident {
 
-// The schedule kind; also the config's parallel.pipeline_schedule (trainer/config.h).
+// The schedule kind; also the config's parallel.pipeline_schedule (config/config.h).
 enum class PipeSchedule { kGPipe, kOneFOneB };
 
 // "gpipe" / "1f1b", the config's spellings (parallel.pipeline_schedule).

@@ -1,7 +1,7 @@
 // Closed-form memory plan. Every count is a double: a config that passed validation may
 // still describe petabytes, and the point is to say so rather than wrap. The per-group
 // tensor lists below mirror Transformer::plan_params (same tensors, same order) and
-// the arenas of Transformer::plan_activations; tests/trainer/memory_plan_test.cpp holds
+// the arenas of Transformer::plan_activations; tests/plan/memory_plan_test.cpp holds
 // them equal to the real tables and allocations for many layouts.
 #include "plan/memory_plan.h"
 
@@ -387,7 +387,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
   const int dp = par.dp, stage = par.zero_stage;
-  // The rank's model chunks (several under interleaved 1F1B: trainer/partition.h).
+  // The rank's model chunks (several under interleaved 1F1B: plan/partition.h).
   const std::vector<ModelPartition> chunks =
       par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
                              : std::vector<ModelPartition>{part};

@@ -4,7 +4,7 @@
 // sharing a machine fit in its memory.
 //
 // The figures follow the allocations of the trainer exactly where the trainer's own
-// accounting exists (tests/trainer/memory_plan_test.cpp and, over several ranks,
+// accounting exists (tests/plan/memory_plan_test.cpp and, over several ranks,
 // tests/mpi/memory_plan_mpi_test.cpp compare them):
 //   params, master, grads,    = DataParallel::memory() params_peak, master, grads_peak,
 //   optimizer                   optimizer
@@ -87,7 +87,7 @@ using AttentionStateBytes =
 
 // The plan of the rank with this partition and data-parallel rank (with
 // parallel.virtual_stages > 1, `part` names the rank by its tp and pp rank and the plan
-// counts every chunk of trainer/partition.h: each chunk's model holds its own slots and
+// counts every chunk of plan/partition.h: each chunk's model holds its own slots and
 // backward scratch). `config` is
 // validated (validate_config) and its model finalized. `ops` is the backend the run
 // uses; only its size queries are called (Ops::attention_state_bytes,

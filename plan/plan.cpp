@@ -330,7 +330,7 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
   int begin = 0;
   for (int s = 0; s < l.pp; ++s) {
     // The stage as one range of its layer count: with v > 1 chunks the memory plan and
-    // the traffic model take the real chunks from the config (trainer/partition.h); the
+    // the traffic model take the real chunks from the config (plan/partition.h); the
     // work and the parameter table depend only on the count and the first / last stage.
     ModelPartition part;
     part.tp_size = l.tp;

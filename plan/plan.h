@@ -3,8 +3,8 @@
 // bytes and time per process group, the pipeline bubble, the predicted step time,
 // tokens/s and MFU; a ranking and the recommended layout.
 //
-// One source of truth: memory is trainer/memory_plan.h's estimate_rank_memory, traffic
-// trainer/traffic_model.h's analytic_traffic on Transformer::plan_params, validity
+// One source of truth: memory is plan/memory_plan.h's estimate_rank_memory, traffic
+// plan/traffic_model.h's analytic_traffic on Transformer::plan_params, validity
 // validate_config, the bubble parallel/pipeline.h's pipeline_bubble_fraction, model
 // FLOPs TransformerConfig::flops_per_token. What is new here is only the mapping of
 // those figures to a device and a time.
@@ -174,7 +174,7 @@ struct Plan {
 // N, else with dp = N / (tp * pp) (configured_note), else configured_error.
 Result<Plan> make_plan(const Config& config, const PlanOptions& options);
 
-// Output (trainer/plan_output.cpp). The fixed-width table: the first `rows` layouts, the
+// Output (plan/plan_output.cpp). The fixed-width table: the first `rows` layouts, the
 // configured one, the recommendation.
 std::string plan_table(const Plan& plan, int rows);
 // DESIGN.md's object: {devices, gpu, gpus_per_node, configured, recommended, layouts}.

@@ -1,4 +1,4 @@
-// The plan's table and JSON (trainer/plan.h).
+// The plan's table and JSON (plan/plan.h).
 #include <algorithm>
 #include <cstdio>
 

@@ -52,7 +52,7 @@ struct RankTraffic {
 };
 
 // `part`: the rank's (first) model chunk; with parallel.virtual_stages > 1 its chunks
-// come from trainer/partition.h. `layout`: the rank's parameter table (all its chunks).
+// come from plan/partition.h. `layout`: the rank's parameter table (all its chunks).
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
                              const ParamLayout& layout);
 

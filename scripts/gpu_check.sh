@@ -122,7 +122,7 @@ LDCONFIG=$(command -v ldconfig || echo /sbin/ldconfig)
 
 # The compiled sources of the carried binaries, hashed the same way here and there.
 src_hash() {
-  (cd "$ROOT" && find CMakeLists.txt core kernels comm parallel model checkpoint data trainer tests/cuda tests/kernels \
+  (cd "$ROOT" && find CMakeLists.txt core kernels comm parallel model checkpoint data config plan trainer cli tests/cuda tests/kernels \
      -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) 2>/dev/null |
    LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 }

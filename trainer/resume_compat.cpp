@@ -2,7 +2,7 @@
 // change refuses the resume, warns (with what changes), joins a group reported as one
 // line (the LR schedule, the parallel layout), goes through the data fingerprint, or is
 // ignored. Adding a config key is one line here; tests/trainer/resume_compat_test.cpp
-// fails for a key of trainer/config.cpp that has no line.
+// fails for a key of config/config.cpp that has no line.
 #include "trainer/resume_compat.h"
 
 #include <fcntl.h>

@@ -188,7 +188,7 @@ Status Trainer::init() {
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
-  // an allocation or be OOM-killed later (trainer/memory_plan.h).
+  // an allocation or be OOM-killed later (plan/memory_plan.h).
   TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(), groups_.coords.dp_rank, *ops_,
                                                 *world_, options_.quiet));
 

@@ -65,7 +65,7 @@ struct TrainerOptions {
 // Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").
 struct RankStats {
   RankTraffic traffic;   // measured by the communicators, last step
-  RankTraffic analytic;  // trainer/traffic_model.h for this rank
+  RankTraffic analytic;  // plan/traffic_model.h for this rank
   // params: compute weights; master: fp32 masters (bf16 precision only).
   double param_bytes = 0, master_bytes = 0, grad_bytes = 0, optimizer_bytes = 0,
          activation_bytes = 0;
@@ -114,7 +114,7 @@ class Trainer {
   // This rank's communicators (dp, tp, pp, embedding; tests: their backends).
   const ProcessGroups& groups() const { return groups_; }
   // This rank's first model chunk (the only one unless parallel.virtual_stages > 1) and
-  // its model; chunks() has them all, in layer order (trainer/partition.h).
+  // its model; chunks() has them all, in layer order (plan/partition.h).
   const ModelPartition& partition() const { return chunks_.front(); }
   const std::vector<ModelPartition>& chunks() const { return chunks_; }
   Transformer& model(int chunk = 0) { return *models_[static_cast<size_t>(chunk)]; }

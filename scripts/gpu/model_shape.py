@@ -5,7 +5,7 @@ read_model(path) reads the `model:` section of a config (flat `key: value` lines
 file in configs/ writes it) and applies the family defaults of docs/CONFIG.md: n_kv_heads
 = n_heads, d_ff = 4·C (gpt2) or 8·C/3 rounded up to 64 (llama), tie_embeddings auto =
 gpt2 tied / llama untied, the vocabulary padded to a multiple of 128.
-parameters(shape) and flops_per_token(shape) are model/config.cpp's model_parameters and
+parameters(shape) and flops_per_token(shape) are model/model_config.cpp's model_parameters and
 TransformerConfig::flops_per_token: 6·N + 12·L·C·T with N the parameters without the
 gpt2 position table.
 """

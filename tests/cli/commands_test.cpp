@@ -1,4 +1,4 @@
-// run_guarded (trainer/commands.h): an exception escaping a command becomes exit 1 with
+// run_guarded (cli/commands.h): an exception escaping a command becomes exit 1 with
 // a message, never std::terminate's abort.
 #include "cli/commands.h"
 

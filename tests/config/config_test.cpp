@@ -1,5 +1,5 @@
-// Tests of the strict YAML config (trainer/config.h) and of the model config's derived
-// sizes, validation, parameter count and FLOPs (model/config.h).
+// Tests of the strict YAML config (config/config.h) and of the model config's derived
+// sizes, validation, parameter count and FLOPs (model/model_config.h).
 #include "config/config.h"
 
 #include <gtest/gtest.h>
@@ -588,7 +588,7 @@ TEST(Configs, EveryExampleConfigParses) {
   int count = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".yaml") continue;
-    // trident plan's GPU table, not a run config (tests/trainer/plan_test.cpp reads it).
+    // trident plan's GPU table, not a run config (tests/plan/plan_test.cpp reads it).
     if (entry.path().filename() == "hardware.yaml") continue;
     SCOPED_TRACE(entry.path().string());
     Result<Config> r = load_config(entry.path().string(), {});

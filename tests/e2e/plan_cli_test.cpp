@@ -1,4 +1,4 @@
-// `trident plan` end to end (trainer/cmd_plan.cpp; docs/PLAN.md): the 70B config on 1024
+// `trident plan` end to end (cli/cmd_plan.cpp; docs/PLAN.md): the 70B config on 1024
 // H100s in well under 5 s with a sensible table, --json with DESIGN.md's object, --gpu
 // cpu, and every bad input exiting 2 with a message naming the flag or key.
 #include <gtest/gtest.h>
@@ -62,7 +62,7 @@ TEST(PlanCli, JsonIsTheDesignObject) {
   EXPECT_EQ(j["devices"], 8);
   EXPECT_EQ(j["gpu"], "a100");
   EXPECT_EQ(j["gpus_per_node"], 8);
-  EXPECT_EQ(j["layouts"].size(), 156u);  // tests/trainer/plan_test.cpp counts them
+  EXPECT_EQ(j["layouts"].size(), 156u);  // tests/plan/plan_test.cpp counts them
   EXPECT_EQ(j["configured"]["dp"], 8);
   EXPECT_EQ(j["configured"]["virtual_stages"], 1);
   EXPECT_TRUE(j["recommended"]["fits"].get<bool>());

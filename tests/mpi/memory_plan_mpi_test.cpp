@@ -1,4 +1,4 @@
-// The closed-form memory plan (trainer/memory_plan.h) equals what every rank of a real
+// The closed-form memory plan (plan/memory_plan.h) equals what every rank of a real
 // multi-rank Trainer holds after a step, for ZeRO stages 0-3 with dp > 1 (sharding,
 // shard padding and the groups gathered at once included), with tp and pp where the
 // world allows.

@@ -1,6 +1,6 @@
 // `trident plan --gpu cpu` predicts what a rank really allocates: for at least six
 // layouts per world size (dp / tp / pp / ZeRO stages / recompute / sequence
-// parallelism), the plan's device bytes of each rank (trainer/plan.h plan_rank_memory,
+// parallelism), the plan's device bytes of each rank (plan/plan.h plan_rank_memory,
 // the figure `plan --gpu cpu` reports per kind) are within 10% of the rank's measured
 // peak (Ops::allocation_counts().peak_live_bytes after two optimizer steps), and the
 // layout's plan (evaluate_layout, the most loaded rank) is at least every rank's peak

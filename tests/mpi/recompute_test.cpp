@@ -114,7 +114,7 @@ namespace {
 
 // Full recomputation reruns each layer's forward, tensor-parallel all-reduces included:
 // the measured tp traffic grows by the forward's two all-reduces per layer and equals
-// the analytic volume (trainer/traffic_model.h); selective adds none.
+// the analytic volume (plan/traffic_model.h); selective adds none.
 TEST(Recompute, FullRecomputationTrafficIsTheAnalyticVolume) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs tp 2";

@@ -1,5 +1,5 @@
 // Instrumentation against the formulas: the bytes every rank's communicators count in a
-// training step (with overlap on, the default) equal the analytic volumes of trainer/traffic_model.h (TP all-reduces,
+// training step (with overlap on, the default) equal the analytic volumes of plan/traffic_model.h (TP all-reduces,
 // pipeline activations, data-parallel reductions and ZeRO-3 gathers), and model-state
 // memory per rank follows the ZeRO formulas (stage 1 divides optimizer state by dp,
 // stage 2 also gradients, stage 3 also parameters).

@@ -1,4 +1,4 @@
-// The closed-form memory plan (trainer/memory_plan.h) against the real thing: the
+// The closed-form memory plan (plan/memory_plan.h) against the real thing: the
 // parameter tables and shard plans it mirrors, the model's activation arenas, the
 // pipeline's slot count, and the bytes a real single-process Trainer holds for ZeRO
 // stages 0-3; and the fit check with an injected memory limit.
@@ -19,7 +19,7 @@
 #include "parallel/sharded_param_store.h"
 #include "tests/common/captured_log.h"
 #include "tests/common/scratch_dir.h"
-#include "tests/kernels/forwarding_ops.h"
+#include "kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
 
 namespace trident {

@@ -1,4 +1,4 @@
-// trident plan's library (trainer/plan.h, trainer/hardware.h): the layouts it
+// trident plan's library (plan/plan.h, plan/hardware.h): the layouts it
 // enumerates (every valid one, the invalid ones left out), memory, traffic and bubble
 // that are the shared formulas' own figures (one source of truth), the time model's
 // parts adding up, the ranking and reasons, the JSON object of DESIGN.md, and the
