@@ -13,10 +13,10 @@
 
 #include "checkpoint/durable_io.h"
 #include "checkpoint/reader.h"
-#include "model/hf_export.h"
-#include "model/safetensors.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "model/hf_export.h"
+#include "model/safetensors.h"
 
 namespace trident {
 

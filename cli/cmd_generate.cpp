@@ -27,14 +27,14 @@
 #include <vector>
 
 #include "checkpoint/reader.h"
+#include "cli/commands.h"
+#include "config/config.h"
 #include "core/timer.h"
 #include "data/gpt2_tokenizer.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "model/generate.h"
 #include "model/kv_cache_decoder.h"
-#include "cli/commands.h"
-#include "config/config.h"
 
 namespace trident {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "kernels/ops.h"
 #include "plan/hardware.h"
 #include "plan/memory_plan.h"
 #include "plan/plan.h"

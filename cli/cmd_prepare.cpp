@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "data/prepare.h"
 #include "cli/commands.h"
+#include "data/prepare.h"
 
 namespace trident {
 

@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "checkpoint/dir_check.h"
+#include "cli/commands.h"
 #include "comm/communicator.h"
 #include "comm/nccl_world.h"
 #include "comm/watchdog.h"
+#include "config/config.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "cli/commands.h"
-#include "config/config.h"
 #include "trainer/signals.h"
 #include "trainer/trainer.h"
 

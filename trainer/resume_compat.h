@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "core/status.h"
 #include "data/blend.h"
 #include "data/dataset.h"
-#include "config/config.h"
 
 namespace trident {
 

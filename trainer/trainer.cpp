@@ -21,10 +21,10 @@
 #include "kernels/backend.h"
 #include "model/hf_export.h"
 #include "model/llmc_checkpoint.h"
-#include "trainer/checkpointing.h"
-#include "trainer/lr_schedule.h"
 #include "plan/memory_plan.h"
 #include "plan/partition.h"
+#include "trainer/checkpointing.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/signals.h"
 
 #include <nlohmann/json.hpp>

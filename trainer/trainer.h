@@ -24,17 +24,17 @@
 #include "checkpoint/writer.h"
 #include "comm/communicator.h"
 #include "comm/topology.h"
+#include "config/config.h"
 #include "core/status.h"
 #include "data/loader.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
-#include "config/config.h"
+#include "plan/traffic_model.h"
 #include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/resume_compat.h"
-#include "plan/traffic_model.h"
 
 namespace trident {
 

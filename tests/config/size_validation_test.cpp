@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "data/sampler.h"
 #include "config/config.h"
+#include "data/sampler.h"
 
 namespace trident {
 namespace {

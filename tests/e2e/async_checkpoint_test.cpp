@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "checkpoint/reader.h"
+#include "config/config.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
-#include "config/config.h"
 #include "trainer/trainer.h"
 
 namespace trident {

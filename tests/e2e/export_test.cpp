@@ -25,12 +25,12 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/reader.h"
+#include "config/config.h"
 #include "kernels/ops.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
-#include "config/config.h"
 
 namespace trident {
 namespace {

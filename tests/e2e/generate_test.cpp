@@ -23,10 +23,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/reader.h"
+#include "config/config.h"
 #include "data/token_file.h"
 #include "tests/common/gpt2_files.h"
 #include "tests/e2e/cli_util.h"
-#include "config/config.h"
 
 namespace trident {
 namespace {

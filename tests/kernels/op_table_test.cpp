@@ -22,8 +22,8 @@
 #include <set>
 
 #include "kernels/backend.h"
-#include "kernels/ops.h"
 #include "kernels/forwarding_ops.h"
+#include "kernels/ops.h"
 
 namespace trident::testing::op_table {
 namespace {

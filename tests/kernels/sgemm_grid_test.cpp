@@ -9,8 +9,8 @@
 #include <string>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "tests/kernels/kernel_test_util.h"
 #include "kernels/sgemm_reference.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace trident::testing {
 namespace {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "model/model_config.h"
 #include "model/llmc_checkpoint.h"
+#include "model/model_config.h"
 #include "tests/model/fixture.h"
 
 namespace trident {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "core/device_access.h"
+#include "kernels/forwarding_ops.h"
 #include "kernels/ops.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
-#include "kernels/forwarding_ops.h"
 #include "tests/model/tiny_config.h"
 
 namespace trident {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/model_config.h"
 #include "model/llmc_checkpoint.h"
+#include "model/model_config.h"
 #include "model/transformer.h"
 #include "tests/model/fixture.h"
 

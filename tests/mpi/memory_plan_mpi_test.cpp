@@ -4,9 +4,9 @@
 // world allows.
 #include <gtest/gtest.h>
 
-#include "tests/mpi/trainer_test_util.h"
 #include "parallel/data_parallel.h"
 #include "plan/memory_plan.h"
+#include "tests/mpi/trainer_test_util.h"
 #include "trainer/trainer.h"
 
 namespace trident {

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "tests/mpi/trainer_test_util.h"
 #include "plan/plan.h"
+#include "tests/mpi/trainer_test_util.h"
 
 namespace trident {
 namespace {

@@ -14,12 +14,12 @@
 
 #include "comm/communicator.h"
 #include "data/token_file.h"
+#include "kernels/forwarding_ops.h"
 #include "parallel/pipeline.h"
 #include "parallel/reduce_scatter_queue.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/common/captured_log.h"
 #include "tests/common/scratch_dir.h"
-#include "kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
 
 namespace trident {

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/forwarding_ops.h"
 #include "tests/common/pattern_tokens.h"
 #include "tests/common/scratch_dir.h"
-#include "kernels/forwarding_ops.h"
 #include "trainer/trainer.h"
 
 namespace trident {
