@@ -1,5 +1,5 @@
-// Dim-0 sharding of parameters over the data-parallel group (ZeRO / FSDP2 style),
-// the ZeRO-2 and ZeRO-3 parameter stores built on it (the geometry and the packing:
+// The ZeRO-2 and ZeRO-3 parameter stores, on dim-0 sharding of the parameters over the
+// data-parallel group (ZeRO / FSDP2 style; the geometry and the packing of a chunk:
 // parallel/shard_plan.h).
 //
 // ShardedParamStore (ZeRO-3): parameters and gradients live only as shards. The f32
