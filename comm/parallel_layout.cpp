@@ -38,8 +38,8 @@ RankGenerator::RankGenerator(const ParallelLayout& degrees, std::span<const Para
     TRIDENT_CHECK_MSG(!seen[d], std::string("rank order names ") + dim_name(d) + " twice");
     seen[d] = true;
     const int n = degrees.degree(d);
-    TRIDENT_CHECK_MSG(n >= 1, std::string("parallel degree ") + dim_name(d) + "=" +
-                                  std::to_string(n));
+    TRIDENT_CHECK_MSG(n >= 1,
+                      std::string("parallel degree ") + dim_name(d) + "=" + std::to_string(n));
     order_[k] = d;
     degree_[d] = n;
     stride_[d] = world_size_;

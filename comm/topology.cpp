@@ -15,10 +15,9 @@ Status validate_degrees(const ParallelLayout& layout) {
       return Status::invalid_config(key + ": must be >= 1, got " + std::to_string(value));
     }
     if ((d.dim == ParallelDim::kCp || d.dim == ParallelDim::kEp) && value != 1) {
-      return Status::invalid_config(key + ": " +
-                                    (d.dim == ParallelDim::kCp ? "context" : "expert") +
-                                    " parallelism is not implemented yet; must be 1, got " +
-                                    std::to_string(value));
+      return Status::invalid_config(
+          key + ": " + (d.dim == ParallelDim::kCp ? "context" : "expert") +
+          " parallelism is not implemented yet; must be 1, got " + std::to_string(value));
     }
   }
   return Status::ok();

@@ -167,8 +167,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
   const double dp_calls = std::ceil(t.traffic.dp.total() / bucket);
   t.dp = group_s(t.traffic.dp, dp, *links.link[ParallelDim::kDp], dp_calls, cpu) +
-         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2, *links.link[ParallelDim::kPp], 1,
-                      cpu);
+         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2,
+                      *links.link[ParallelDim::kPp], 1, cpu);
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -245,7 +245,8 @@ namespace {
 // false, out partial, when it had to stop. tp must divide model.n_heads and pp may not
 // exceed model.n_layers (validate_config refuses the others), so those are skipped
 // before their micro-batch sizes are tried.
-bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector<PlanCandidate>* out) {
+bool enumerate_up_to(const Config& base, int devices, int64_t limit,
+                     std::vector<PlanCandidate>* out) {
   if (devices < 1) return true;
   const int gbs = base.training.global_batch_size;
   int64_t tried = 0;
@@ -269,15 +270,14 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector
               if (sp && tp == 1) continue;
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                 if (++tried > limit) return false;
-                PlanCandidate l;
-                l.dp = dp;
-                l.tp = tp;
-                l.pp = pp;
-                l.virtual_stages = v;
-                l.zero_stage = zero;
-                l.sequence_parallel = sp;
-                l.recompute = r;
-                l.micro_batch_size = mbs;
+                const PlanCandidate l{{.dp = dp,
+                                       .tp = tp,
+                                       .pp = pp,
+                                       .virtual_stages = v,
+                                       .zero_stage = zero,
+                                       .sequence_parallel = sp},
+                                      r,
+                                      mbs};
                 if (validate_config(apply_layout(base, l)).is_ok()) out->push_back(l);
               }
             }
@@ -417,7 +417,8 @@ std::string slower_text(const PlanResult& l, const PlanResult& best) {
                                        std::to_string(l.micro_batches) + " micro-batches)"},
       {l.tp_s - best.tp_s, "tp " + std::to_string(a.tp) + " all-reduces" +
                                (l.crosses_nodes[ParallelDim::kTp] ? " cross nodes" : "")},
-      {l.pp_s - best.pp_s, std::string("pp sends") + (l.crosses_nodes[ParallelDim::kPp] ? " across nodes" : "")},
+      {l.pp_s - best.pp_s,
+       std::string("pp sends") + (l.crosses_nodes[ParallelDim::kPp] ? " across nodes" : "")},
       {l.dp_s - best.dp_s, "dp " + std::to_string(a.dp) + " exposed gradient reduction" +
                                (a.zero_stage == 3 ? " (ZeRO-3 gathers per micro-batch)" : "") +
                                (l.crosses_nodes[ParallelDim::kDp] ? " across nodes" : "")},

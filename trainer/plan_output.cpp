@@ -78,8 +78,9 @@ std::string plan_table(const Plan& plan, int rows) {
                   "%5.1f%% %8.3f %9.0f %5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
-                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit, r.comm[ParallelDim::kDp] / 1e9,
-                  r.comm[ParallelDim::kTp] / 1e9, r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s,
+                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
+                  r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
+                  r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -102,8 +103,9 @@ std::string plan_table(const Plan& plan, int rows) {
   if (plan.recommended >= 0) {
     const PlanResult& r = plan.layouts[0];
     out += "recommended: " + layout_name(r.candidate) + fmt(": %.3f s/step", r.step_time_s) +
-           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) + fmt(", MFU %.1f%%", 100 * r.mfu) +
-           ", " + gib(r.memory.total) + " per rank of " + gib(r.capacity) + "\n";
+           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) +
+           fmt(", MFU %.1f%%", 100 * r.mfu) + ", " + gib(r.memory.total) + " per rank of " +
+           gib(r.capacity) + "\n";
   } else {
     out += "recommended: none (no layout fits)\n";
   }

@@ -88,7 +88,8 @@ TEST(ProcessGroups, EveryLayoutOfTheWorldMatchesTheGrid) {
 TEST(ProcessGroups, WorldSizeMismatchIsInvalidConfigWithExitCode2) {
   Communicator& w = world();
   // Too many and too few ranks; no split runs, so no rank waits on another.
-  for (const ParallelLayout& layout : {ParallelLayout{w.size() + 1, 1, 1}, ParallelLayout{2, 2, 2 * w.size()}}) {
+  for (const ParallelLayout& layout :
+       {ParallelLayout{w.size() + 1, 1, 1}, ParallelLayout{2, 2, 2 * w.size()}}) {
     auto groups = make_process_groups(w, layout, /*tied_embeddings=*/true);
     ASSERT_FALSE(groups.is_ok());
     EXPECT_EQ(groups.status().code(), StatusCode::kInvalidConfig);

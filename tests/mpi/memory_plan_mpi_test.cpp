@@ -27,8 +27,8 @@ std::vector<ParallelLayout> layouts_for_world(int n) {
 // One training step of `arch` at this layout (`extra`: more keys of the parallel section),
 // then every kind the plan counts against what the rank really holds: the DataParallel's
 // memory and every model chunk's activation arenas and backward scratch.
-void check_rank_memory(const char* arch, const ParallelLayout& l, int zero, const std::string& extra,
-                       int n_layers, const Ops& ops) {
+void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
+                       const std::string& extra, int n_layers, const Ops& ops) {
   SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.

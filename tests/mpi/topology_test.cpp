@@ -142,8 +142,8 @@ TEST(RankGenerator, MatchesTheOldFormulasForEveryLayoutUpTo64Ranks) {
       const RankGenerator& g = t.ranks();
       ASSERT_EQ(g.world_size(), n);
       for (int r = 0; r < n; ++r) {
-        SCOPED_TRACE("dp" + std::to_string(layout.dp) + " tp" + std::to_string(layout.tp) +
-                     " pp" + std::to_string(layout.pp) + " rank " + std::to_string(r));
+        SCOPED_TRACE("dp" + std::to_string(layout.dp) + " tp" + std::to_string(layout.tp) + " pp" +
+                     std::to_string(layout.pp) + " rank " + std::to_string(r));
         const RankCoords c = old.coords(r);
         ASSERT_EQ(t.coords_of(r), c);
         ASSERT_EQ(t.rank_of(c), r);
@@ -180,8 +180,7 @@ TEST(RankGenerator, ContextParallelSitsBetweenTpAndDp) {
     EXPECT_EQ(g.rank_of(c), r);
   }
   // Rank 15 = pp 1, dp 0, cp 1, tp 1.
-  EXPECT_EQ(g.coords_of(15),
-            (RankCoords{.pp_rank = 1, .dp_rank = 0, .tp_rank = 1, .cp_rank = 1}));
+  EXPECT_EQ(g.coords_of(15), (RankCoords{.pp_rank = 1, .dp_rank = 0, .tp_rank = 1, .cp_rank = 1}));
   EXPECT_EQ(g.group(ParallelDim::kTp, 15), (std::vector<int>{14, 15}));
   EXPECT_EQ(g.group(ParallelDim::kCp, 15), (std::vector<int>{13, 15}));
   EXPECT_EQ(g.group(ParallelDim::kDp, 15), (std::vector<int>{15, 19, 23}));
@@ -223,8 +222,10 @@ TEST(Topology, ValidateLayoutRefusesCpAndEpUntilTheyAreImplemented) {
             "parallel.cp: context parallelism is not implemented yet; must be 1, got 2");
   const Status ep = validate_layout(ParallelLayout{.ep = 4}, 4);
   EXPECT_EQ(ep.exit_code(), 2);
-  EXPECT_EQ(ep.message(), "parallel.ep: expert parallelism is not implemented yet; must be 1, got 4");
-  EXPECT_EQ(validate_degrees(ParallelLayout{.cp = 0}).message(), "parallel.cp: must be >= 1, got 0");
+  EXPECT_EQ(ep.message(),
+            "parallel.ep: expert parallelism is not implemented yet; must be 1, got 4");
+  EXPECT_EQ(validate_degrees(ParallelLayout{.cp = 0}).message(),
+            "parallel.cp: must be >= 1, got 0");
 }
 
 }  // namespace

@@ -126,7 +126,9 @@ TEST(Instrumentation, OverlapCountsHiddenCommunication) {
 TEST(Instrumentation, SequenceParallelTrafficEqualsAnalyticVolumes) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs tp 2";
-  const ParallelLayout l = n == 2 ? ParallelLayout{1, 2, 1} : n == 4 ? ParallelLayout{1, 2, 2} : ParallelLayout{2, 2, 2};
+  const ParallelLayout l = n == 2   ? ParallelLayout{1, 2, 1}
+                           : n == 4 ? ParallelLayout{1, 2, 2}
+                                    : ParallelLayout{2, 2, 2};
   for (const char* arch : {"gpt2", "llama"}) {
     for (const char* precision : {"fp32", "bf16"}) {
       for (const char* recompute : {"none", "full"}) {

@@ -17,7 +17,8 @@ namespace trident::test {
 
 // The parallel: section of a test config for this layout and ZeRO stage (micro-batch 1).
 // `extra`: more keys of the section (", sequence_parallel: true").
-inline std::string parallel_yaml(const ParallelLayout& l, int zero_stage, const std::string& extra = "") {
+inline std::string parallel_yaml(const ParallelLayout& l, int zero_stage,
+                                 const std::string& extra = "") {
   return "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
          ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero_stage) +
          ", micro_batch_size: 1" + extra + "}\n";

@@ -188,7 +188,8 @@ TEST(Plan, CpuCountsHostMemoryAndSharesTheMachine) {
   PlanOptions o = gpu_options(2);
   o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
   o.gpus_per_node = 2;
-  const PlanResult p = evaluate_layout(apply_layout(base, PlanCandidate{{.dp = 2}, Recompute::kNone, 1}), o);
+  const PlanResult p =
+      evaluate_layout(apply_layout(base, PlanCandidate{{.dp = 2}, Recompute::kNone, 1}), o);
   EXPECT_EQ(p.memory.workspace, 0);
   EXPECT_GT(p.memory.host, 0);
   EXPECT_DOUBLE_EQ(p.memory.total, p.memory.device() + p.memory.host);
