@@ -1,9 +1,11 @@
 // Topology: where a world rank sits in the dp x tp x pp grid, and the process groups
 // made from it (DESIGN.md "Ranks and groups").
 //
-// Rank order puts tp innermost (a TP group sits inside one machine), then dp, then pp:
+// Rank order (comm/parallel_layout.h kRankOrder, the one RankGenerator) puts tp
+// innermost (a TP group sits inside one machine), then dp, then pp:
 //   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
-// Groups (each ordered by its own coordinate, so group rank == that coordinate):
+// Groups (RankGenerator::group: each ordered by its own coordinate, so group rank ==
+// that coordinate):
 //   tp         same (pp_rank, dp_rank), ordered by tp_rank   (size tp)
 //   dp         same (pp_rank, tp_rank), ordered by dp_rank   (size dp)
 //   pp         same (dp_rank, tp_rank), ordered by pp_rank   (size pp)
@@ -27,58 +29,49 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/parallel_layout.h"
 #include "core/status.h"
 
 namespace trident {
 
-struct Layout {
-  int dp = 1;
-  int tp = 1;
-  int pp = 1;
-  int world_size() const { return dp * tp * pp; }
-};
-
-struct RankCoords {
-  int pp_rank = 0;
-  int dp_rank = 0;
-  int tp_rank = 0;
-  bool operator==(const RankCoords&) const = default;
-};
-
-// Ok when every degree is >= 1 and dp*tp*pp == world_size; else invalid_config naming
-// the parallel.* keys.
-Status validate_layout(const Layout& layout, int world_size);
+// Ok when every degree is >= 1 and cp and ep are 1 (not implemented yet); else
+// invalid_config naming the parallel.* key ("parallel.tp: must be >= 1, got 0").
+Status validate_degrees(const ParallelLayout& layout);
+// validate_degrees, and dp*tp*pp == world_size; else invalid_config naming the keys.
+Status validate_layout(const ParallelLayout& layout, int world_size);
 
 class Topology {
  public:
   // Degrees must be >= 1 (CHECK; validate_layout first for user input).
-  explicit Topology(Layout layout);
+  explicit Topology(const ParallelLayout& layout);
 
-  const Layout& layout() const { return layout_; }
-  int world_size() const { return layout_.world_size(); }
+  const ParallelLayout& layout() const { return layout_; }
+  const RankGenerator& ranks() const { return ranks_; }
+  int world_size() const { return ranks_.world_size(); }
 
-  int rank_of(const RankCoords& coords) const;
-  RankCoords coords_of(int rank) const;
+  int rank_of(const RankCoords& coords) const { return ranks_.rank_of(coords); }
+  RankCoords coords_of(int rank) const { return ranks_.coords_of(rank); }
 
   bool is_first_stage(int rank) const { return coords_of(rank).pp_rank == 0; }
   bool is_last_stage(int rank) const { return coords_of(rank).pp_rank == layout_.pp - 1; }
 
   // World ranks of the group holding `rank`, in group-rank order.
-  std::vector<int> tp_group(int rank) const;
-  std::vector<int> dp_group(int rank) const;
-  std::vector<int> pp_group(int rank) const;
+  std::vector<int> tp_group(int rank) const { return ranks_.group(ParallelDim::kTp, rank); }
+  std::vector<int> dp_group(int rank) const { return ranks_.group(ParallelDim::kDp, rank); }
+  std::vector<int> pp_group(int rank) const { return ranks_.group(ParallelDim::kPp, rank); }
   // Empty when `rank` is in no embedding group (see the header comment).
   std::vector<int> embedding_group(int rank, bool tied_embeddings) const;
 
  private:
-  Layout layout_;
+  ParallelLayout layout_;
+  RankGenerator ranks_;
 };
 
 // This rank's communicators. world is borrowed (it must outlive the groups) and serves
 // host memory; the others are owned and serve device memory. embedding is null where
 // this rank is in no embedding group.
 struct ProcessGroups {
-  Topology topology{Layout{}};
+  Topology topology{ParallelLayout{}};
   RankCoords coords;
   Communicator* world = nullptr;
   std::unique_ptr<Communicator> dp;
@@ -87,11 +80,12 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> embedding;
 };
 
-// Splits world into the device-space dp, tp, pp and embedding groups of `layout`.
+// Splits world into the device-space tp, dp, pp and embedding groups of `layout` (in
+// that order on every rank).
 // Collective over world, which must serve host memory (CHECK). Fails with invalid_config
 // ("parallel: dp*tp*pp = X but the world size is Y") before any communication when the
 // layout does not fit, so every rank fails alike.
-Result<ProcessGroups> make_process_groups(Communicator& world, const Layout& layout,
+Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLayout& layout,
                                           bool tied_embeddings);
 
 }  // namespace trident

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/topology.h"
+
 namespace trident {
 namespace {
 
@@ -581,9 +583,7 @@ Status validate_micro_batch_sizes(const ParallelConfig& p, const TransformerConf
 
 Status validate_parallel(const Config& config, const TransformerConfig& m) {
   const ParallelConfig& p = config.parallel;
-  TRIDENT_RETURN_IF_ERROR(at_least("parallel.dp", p.dp, 1));
-  TRIDENT_RETURN_IF_ERROR(at_least("parallel.tp", p.tp, 1));
-  TRIDENT_RETURN_IF_ERROR(at_least("parallel.pp", p.pp, 1));
+  TRIDENT_RETURN_IF_ERROR(validate_degrees(p));
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     return Status::invalid_config("parallel.zero_stage: must be 0, 1, 2 or 3, got " +
                                   std::to_string(p.zero_stage));

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/parallel_layout.h"
 #include "core/status.h"
 #include "data/blend.h"
 #include "kernels/backend.h"
@@ -21,19 +22,14 @@ enum class LrSchedule { kConstant, kCosine, kLinear };
 // weights and activations over fp32 masters, gradients and AdamW moments.
 enum class Precision { kFp32, kBf16 };
 
-struct ParallelConfig {
-  int dp = 1;
-  int tp = 1;
-  int pp = 1;
-  int zero_stage = 0;                // 0..3
+// The layout's degrees and choices (comm/parallel_layout.h: dp, tp, pp, virtual_stages,
+// zero_stage, sequence_parallel; cp and ep have no key yet) are the base, so that
+// config.parallel.dp reads as before and a ParallelConfig is a ParallelLayout wherever
+// the layers below take one; the rest is how the trainer runs that layout.
+struct ParallelConfig : ParallelLayout {
   int micro_batch_size = 4;          // sequences per micro-batch per rank
   PipeSchedule pipeline_schedule = PipeSchedule::kOneFOneB;
   std::vector<int> stage_layers;     // layers per stage; empty = balanced
-  // Megatron sequence parallelism (tp > 1): norms, residuals and the pipeline boundary on
-  // sequence shards of each tp rank; all-gather / reduce-scatter replace the all-reduces.
-  bool sequence_parallel = false;
-  // Interleaved 1F1B: model chunks per pipeline rank (1 = the plain schedules).
-  int virtual_stages = 1;
   int bucket_mb = 25;                // gradient reduction bucket size (MiB)
   // Gradient reduction issued asynchronously during backward (parallel/data_parallel.h
   // "Overlap"); bitwise the same results as false.

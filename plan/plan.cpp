@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/pipeline.h"
+#include "plan/partition.h"
 #include "plan/traffic_model.h"
 
 namespace trident {
@@ -104,24 +105,20 @@ struct StageTime {
   RankTraffic traffic;
 };
 
+// The link each dimension's groups run over: a group crosses nodes when the ranks it
+// spans in the rank order (comm/parallel_layout.h) are more than a node holds.
 struct Links {
-  const LinkSpec* tp;
-  const LinkSpec* dp;
-  const LinkSpec* pp;
-  bool tp_cross, dp_cross, pp_cross;
+  PerDim<const LinkSpec*> link;
+  PerDim<bool> cross;
 };
 
-Links links_for(const PlanLayout& l, const PlanOptions& o) {
-  const int g = o.gpus_per_node;
+Links links_for(const PlanCandidate& l, const PlanOptions& o) {
+  const RankGenerator ranks(l);
   Links k;
-  k.tp_cross = l.tp > g;               // tp innermost: consecutive ranks
-  k.dp_cross = l.tp * l.dp > g;        // dp: stride tp
-  k.pp_cross = l.tp * l.dp * l.pp > g; // pp: stride tp * dp
-  const LinkSpec& in = o.hardware.intra_node;
-  const LinkSpec& out = o.hardware.inter_node;
-  k.tp = k.tp_cross ? &out : &in;
-  k.dp = k.dp_cross ? &out : &in;
-  k.pp = k.pp_cross ? &out : &in;
+  for (const DimensionInfo& d : kDimensions) {
+    k.cross[d.dim] = ranks.span(d.dim) > o.gpus_per_node;
+    k.link[d.dim] = k.cross[d.dim] ? &o.hardware.inter_node : &o.hardware.intra_node;
+  }
   return k;
 }
 
@@ -159,19 +156,19 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const int tp = config.parallel.tp, dp = config.parallel.dp;
   // tp: 4 collectives per layer (6 with full recompute), the embedding's and the head's.
   const double tp_calls = 4 * layers + (config.training.recompute == Recompute::kFull ? 2 * layers : 0) + 2;
-  t.tp = group_s(t.traffic.tp, tp, *links.tp, tp_calls * micro, cpu) / micro;
+  t.tp = group_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu) / micro;
   if (t.traffic.pp.send > 0) {
-    const double bw = links.pp->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
+    const double bw = links.link[ParallelDim::kPp]->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
     // One send each way per chunk boundary (the model's first and last excepted).
     const int v = config.parallel.virtual_stages;
     const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
-    t.pp = t.traffic.pp.send / micro / bw + sends * links.pp->latency_s;
+    t.pp = t.traffic.pp.send / micro / bw + sends * links.link[ParallelDim::kPp]->latency_s;
   }
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
   const double dp_calls = std::ceil(t.traffic.dp.total() / bucket);
-  t.dp = group_s(t.traffic.dp, dp, *links.dp, dp_calls, cpu) +
-         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2, *links.pp, 1,
-                      cpu);
+  t.dp = group_s(t.traffic.dp, dp, *links.link[ParallelDim::kDp], dp_calls, cpu) +
+         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2,
+                      *links.link[ParallelDim::kPp], 1, cpu);
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -186,7 +183,7 @@ std::string recompute_text(Recompute r) { return recompute_name(r); }
 
 }  // namespace
 
-std::string layout_name(const PlanLayout& l) {
+std::string layout_name(const PlanCandidate& l) {
   std::string s = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
                   std::to_string(l.pp);
   if (l.virtual_stages > 1) s += " v" + std::to_string(l.virtual_stages);
@@ -225,28 +222,18 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
   return p;
 }
 
-Config apply_layout(const Config& base, const PlanLayout& l) {
+Config apply_layout(const Config& base, const PlanCandidate& l) {
   Config c = base;
   if (l.pp != base.parallel.pp || l.virtual_stages > 1) c.parallel.stage_layers.clear();
-  c.parallel.virtual_stages = l.virtual_stages;
-  c.parallel.dp = l.dp;
-  c.parallel.tp = l.tp;
-  c.parallel.pp = l.pp;
-  c.parallel.zero_stage = l.zero_stage;
-  c.parallel.sequence_parallel = l.sequence_parallel;
+  static_cast<ParallelLayout&>(c.parallel) = l;
   c.parallel.micro_batch_size = l.micro_batch_size;
   c.training.recompute = l.recompute;
   return c;
 }
 
-PlanLayout config_layout(const Config& config) {
-  PlanLayout l;
-  l.dp = config.parallel.dp;
-  l.tp = config.parallel.tp;
-  l.pp = config.parallel.pp;
-  l.virtual_stages = config.parallel.virtual_stages;
-  l.zero_stage = config.parallel.zero_stage;
-  l.sequence_parallel = config.parallel.sequence_parallel;
+PlanCandidate config_layout(const Config& config) {
+  PlanCandidate l;
+  static_cast<ParallelLayout&>(l) = config.parallel;
   l.recompute = config.training.recompute;
   l.micro_batch_size = config.parallel.micro_batch_size;
   return l;
@@ -258,7 +245,8 @@ namespace {
 // false, out partial, when it had to stop. tp must divide model.n_heads and pp may not
 // exceed model.n_layers (validate_config refuses the others), so those are skipped
 // before their micro-batch sizes are tried.
-bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector<PlanLayout>* out) {
+bool enumerate_up_to(const Config& base, int devices, int64_t limit,
+                     std::vector<PlanCandidate>* out) {
   if (devices < 1) return true;
   const int gbs = base.training.global_batch_size;
   int64_t tried = 0;
@@ -282,7 +270,14 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector
               if (sp && tp == 1) continue;
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                 if (++tried > limit) return false;
-                const PlanLayout l{dp, tp, pp, v, zero, sp, r, mbs};
+                const PlanCandidate l{{.dp = dp,
+                                       .tp = tp,
+                                       .pp = pp,
+                                       .virtual_stages = v,
+                                       .zero_stage = zero,
+                                       .sequence_parallel = sp},
+                                      r,
+                                      mbs};
                 if (validate_config(apply_layout(base, l)).is_ok()) out->push_back(l);
               }
             }
@@ -296,8 +291,8 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit, std::vector
 
 }  // namespace
 
-std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
-  std::vector<PlanLayout> out;
+std::vector<PlanCandidate> enumerate_layouts(const Config& base, int devices) {
+  std::vector<PlanCandidate> out;
   enumerate_up_to(base, devices, INT64_MAX, &out);
   return out;
 }
@@ -305,21 +300,16 @@ std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices) {
 namespace {
 
 // evaluate_layout with a cache of plan_params tables shared over layouts.
-LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
+PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
                            std::map<LayoutKey, ParamLayout>* cache) {
-  const PlanLayout l = config_layout(config);
-  LayoutPlan r;
-  r.layout = l;
+  const PlanCandidate l = config_layout(config);
+  PlanResult r;
+  r.candidate = l;
   const Links links = links_for(l, o);
-  r.tp_crosses_nodes = links.tp_cross;
-  r.dp_crosses_nodes = links.dp_cross;
-  r.pp_crosses_nodes = links.pp_cross;
+  r.crosses_nodes = links.cross;
   const int ranks_per_node = std::max(1, std::min(o.devices, o.gpus_per_node));
   r.capacity = o.hardware.is_cpu ? o.hardware.memory_bytes / ranks_per_node : o.hardware.memory_bytes;
   const int v = l.virtual_stages;
-  const std::vector<int> counts =
-      v == 1 ? stage_layer_counts(config.model.n_layers, l.pp, config.parallel.stage_layers)
-             : std::vector<int>(static_cast<size_t>(l.pp), config.model.n_layers / l.pp);
   r.micro_batches = config.grad_accum_steps();
   const int m = r.micro_batches;
   // Stage time: the slowest stage paces the pipeline; dp and the optimizer of the stage
@@ -327,19 +317,11 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
   StageTime slowest, slowest_tail;
   double slowest_micro = -1, slowest_step = -1;
   std::map<LayoutKey, StageTime> times;
-  int begin = 0;
   for (int s = 0; s < l.pp; ++s) {
     // The stage as one range of its layer count: with v > 1 chunks the memory plan and
     // the traffic model take the real chunks from the config (plan/partition.h); the
     // work and the parameter table depend only on the count and the first / last stage.
-    ModelPartition part;
-    part.tp_size = l.tp;
-    part.pp_rank = s;
-    part.pp_size = l.pp;
-    part.sequence_parallel = l.sequence_parallel;
-    part.layer_begin = begin;
-    part.layer_end = begin + counts[static_cast<size_t>(s)];
-    begin = part.layer_end;
+    const ModelPartition part = stage_partition(config, 0, s);
     const PlanMemory mem = plan_rank_memory(config, part, 0, o);
     if (s == 0 || mem.total > r.memory.total) {
       r.memory = mem;
@@ -363,9 +345,11 @@ LayoutPlan evaluate_cached(const Config& config, const PlanOptions& o,
       slowest_step = st.dp + st.optimizer;
       slowest_tail = st;
     }
-    r.comm_dp = std::max(r.comm_dp, st.traffic.dp.total() + st.traffic.embedding.total());
-    r.comm_tp = std::max(r.comm_tp, st.traffic.tp.total());
-    r.comm_pp = std::max(r.comm_pp, st.traffic.pp.total());
+    const std::pair<ParallelDim, double> moved[] = {
+        {ParallelDim::kDp, st.traffic.dp.total() + st.traffic.embedding.total()},
+        {ParallelDim::kTp, st.traffic.tp.total()},
+        {ParallelDim::kPp, st.traffic.pp.total()}};
+    for (const auto& [dim, bytes] : moved) r.comm[dim] = std::max(r.comm[dim], bytes);
   }
   r.fits = r.memory.total <= r.capacity;
   r.bubble = pipeline_bubble_fraction(l.pp, m, v);
@@ -396,13 +380,13 @@ std::string biggest_kind(const PlanMemory& m) {
   return std::string(top->second) + " " + gib(top->first);
 }
 
-std::string misfit_text(const LayoutPlan& l) {
+std::string misfit_text(const PlanResult& l) {
   return "does not fit: " + gib(l.memory.total) + " > " + gib(l.capacity) + " (biggest: " +
          biggest_kind(l.memory) + ")";
 }
 
 // What makes a's compute longer than best's.
-std::string compute_cause(const PlanLayout& a, const PlanLayout& best) {
+std::string compute_cause(const PlanCandidate& a, const PlanCandidate& best) {
   if (a.recompute != best.recompute && a.recompute != Recompute::kNone) {
     return std::string("recompute ") + recompute_name(a.recompute) + " reruns forward work";
   }
@@ -418,25 +402,26 @@ std::string compute_cause(const PlanLayout& a, const PlanLayout& best) {
 }
 
 // Why `l` is slower than `best`: the part of the step that grew the most.
-std::string slower_text(const LayoutPlan& l, const LayoutPlan& best) {
+std::string slower_text(const PlanResult& l, const PlanResult& best) {
   const double ratio = l.step_time_s / best.step_time_s;
   if (ratio < 1.0005) return "as fast (within 0.05%); ranked after by memory";
   struct Part {
     double delta;
     std::string what;
   };
-  const PlanLayout& a = l.layout;
+  const PlanCandidate& a = l.candidate;
   std::vector<Part> parts = {
-      {l.compute_s - best.compute_s, compute_cause(a, best.layout)},
+      {l.compute_s - best.compute_s, compute_cause(a, best.candidate)},
       {l.bubble_s - best.bubble_s, "pipeline bubble " + fmt("%.1f%%", 100 * l.bubble) + " (pp " +
                                        std::to_string(a.pp) + ", " +
                                        std::to_string(l.micro_batches) + " micro-batches)"},
       {l.tp_s - best.tp_s, "tp " + std::to_string(a.tp) + " all-reduces" +
-                               (l.tp_crosses_nodes ? " cross nodes" : "")},
-      {l.pp_s - best.pp_s, std::string("pp sends") + (l.pp_crosses_nodes ? " across nodes" : "")},
+                               (l.crosses_nodes[ParallelDim::kTp] ? " cross nodes" : "")},
+      {l.pp_s - best.pp_s,
+       std::string("pp sends") + (l.crosses_nodes[ParallelDim::kPp] ? " across nodes" : "")},
       {l.dp_s - best.dp_s, "dp " + std::to_string(a.dp) + " exposed gradient reduction" +
                                (a.zero_stage == 3 ? " (ZeRO-3 gathers per micro-batch)" : "") +
-                               (l.dp_crosses_nodes ? " across nodes" : "")},
+                               (l.crosses_nodes[ParallelDim::kDp] ? " across nodes" : "")},
       {l.optimizer_s - best.optimizer_s, "optimizer step on a bigger shard"},
   };
   const Part* top = &parts[0];
@@ -446,7 +431,7 @@ std::string slower_text(const LayoutPlan& l, const LayoutPlan& best) {
   return fmt("%.2fx slower: ", ratio) + top->what + fmt(" +%.3g s/step", top->delta);
 }
 
-bool faster(const LayoutPlan& a, const LayoutPlan& b) {
+bool faster(const PlanResult& a, const PlanResult& b) {
   if (a.fits != b.fits) return a.fits;
   if (a.fits) {
     if (a.step_time_s != b.step_time_s) return a.step_time_s < b.step_time_s;
@@ -457,7 +442,7 @@ bool faster(const LayoutPlan& a, const LayoutPlan& b) {
 
 }  // namespace
 
-LayoutPlan evaluate_layout(const Config& config, const PlanOptions& options) {
+PlanResult evaluate_layout(const Config& config, const PlanOptions& options) {
   std::map<LayoutKey, ParamLayout> cache;
   return evaluate_cached(config, options, &cache);
 }
@@ -506,7 +491,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
                              " it is evaluated with dp=" + std::to_string(configured.parallel.dp);
     }
   }
-  std::vector<PlanLayout> layouts;
+  std::vector<PlanCandidate> layouts;
   if (!enumerate_up_to(config, n, kMaxPlanCandidates, &layouts)) {
     return Status::invalid_config(
         "--devices " + std::to_string(n) + " with training.global_batch_size=" +
@@ -518,7 +503,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   // Evaluating a layout costs about one memory estimate per pipeline stage, and with v
   // model chunks per stage one pass over all pp * v chunks per stage.
   double work = configured.parallel.pp;
-  for (const PlanLayout& l : layouts) {
+  for (const PlanCandidate& l : layouts) {
     work += static_cast<double>(l.pp) * (l.virtual_stages > 1 ? l.pp * l.virtual_stages : 1);
   }
   if (work > kMaxPlanStageWork) {
@@ -531,12 +516,12 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   }
   std::map<LayoutKey, ParamLayout> cache;
   if (plan.configured_error.empty()) plan.configured = evaluate_cached(configured, options, &cache);
-  for (const PlanLayout& l : layouts) {
+  for (const PlanCandidate& l : layouts) {
     plan.layouts.push_back(evaluate_cached(apply_layout(config, l), options, &cache));
   }
   std::stable_sort(plan.layouts.begin(), plan.layouts.end(), faster);
   if (!plan.layouts.empty() && plan.layouts[0].fits) plan.recommended = 0;
-  for (LayoutPlan& l : plan.layouts) {
+  for (PlanResult& l : plan.layouts) {
     if (!l.fits) {
       l.reason = misfit_text(l);
     } else if (&l == &plan.layouts[0]) {
@@ -545,12 +530,12 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
       l.reason = slower_text(l, plan.layouts[0]);
     }
   }
-  LayoutPlan& c = plan.configured;
+  PlanResult& c = plan.configured;
   if (!plan.configured_error.empty()) {
     c.reason = plan.configured_error;
   } else if (!c.fits) {
     c.reason = misfit_text(c);
-  } else if (plan.recommended >= 0 && plan.layouts[0].layout == c.layout) {
+  } else if (plan.recommended >= 0 && plan.layouts[0].candidate == c.candidate) {
     c.reason = "recommended: the fastest layout that fits";
   } else if (plan.recommended >= 0) {
     c.reason = slower_text(c, plan.layouts[0]);
@@ -560,9 +545,9 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
 
 std::string configured_misfit(const Plan& plan) {
   if (!plan.configured_error.empty()) return plan.configured_error;
-  const LayoutPlan& c = plan.configured;
+  const PlanResult& c = plan.configured;
   if (c.fits) return "";
-  const PlanLayout& l = c.layout;
+  const PlanCandidate& l = c.candidate;
   const PlanMemory& m = c.memory;
   std::string s = "the configured layout (parallel.dp=" + std::to_string(l.dp) +
                   ", parallel.tp=" + std::to_string(l.tp) + ", parallel.pp=" + std::to_string(l.pp) +
@@ -576,7 +561,7 @@ std::string configured_misfit(const Plan& plan) {
                   gib(m.activations) + ", buffers " + gib(m.buffers) + ", workspace " +
                   gib(m.workspace) + (m.host > 0 && plan.gpu == "cpu" ? ", host copies " + gib(m.host) : "") +
                   ") but a rank has " + gib(c.capacity) + "; biggest: " + biggest_kind(m);
-  if (plan.recommended >= 0) s += "; plan recommends " + layout_name(plan.layouts[0].layout);
+  if (plan.recommended >= 0) s += "; plan recommends " + layout_name(plan.layouts[0].candidate);
   return s;
 }
 

@@ -86,15 +86,18 @@ inline constexpr int kMaxPlanLayers = 1024;
 inline constexpr int64_t kMaxPlanCandidates = 50000;
 inline constexpr double kMaxPlanStageWork = 3e7;
 
-// A layout: the parallel and recompute choices plan varies.
-struct PlanLayout {
-  int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero_stage = 0;
-  bool sequence_parallel = false;
+// The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); cp
+// and ep join when they can be other than 1.
+inline constexpr ParallelDim kPlannedDims[] = {ParallelDim::kDp, ParallelDim::kTp,
+                                               ParallelDim::kPp};
+
+// A candidate: the parallel layout plus the recompute and micro-batch choices plan varies.
+struct PlanCandidate : ParallelLayout {
   Recompute recompute = Recompute::kNone;
   int micro_batch_size = 1;
-  bool operator==(const PlanLayout&) const = default;
+  bool operator==(const PlanCandidate&) const = default;
 };
-std::string layout_name(const PlanLayout& l);  // "dp4 tp8 pp8 z1 sp full mbs1"
+std::string layout_name(const PlanCandidate& l);  // "dp4 tp8 pp8 z1 sp full mbs1"
 
 // Bytes of one rank (the kinds above). total: what counts against the device's memory
 // (GPU: the device kinds; cpu: device + host).
@@ -121,16 +124,17 @@ size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dt
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                             const PlanOptions& options);
 
-struct LayoutPlan {
-  PlanLayout layout;
+// What one candidate costs.
+struct PlanResult {
+  PlanCandidate candidate;
   bool fits = false;
   PlanMemory memory;           // the most loaded rank (largest total)
   int peak_stage = 0;          // its pipeline stage
   double capacity = 0;         // bytes one rank may hold
-  // Bytes per step of each group, on the stage that moves the most in it (dp includes the
-  // tied-embedding all-reduce).
-  double comm_dp = 0, comm_tp = 0, comm_pp = 0;
-  bool tp_crosses_nodes = false, dp_crosses_nodes = false, pp_crosses_nodes = false;
+  // Bytes per step of each dimension's group, on the stage that moves the most in it (dp
+  // includes the tied-embedding all-reduce).
+  PerDim<double> comm;
+  PerDim<bool> crosses_nodes;  // a group of the dimension spans more than one node
   double bubble = 0;           // (p-1)/(m+p-1)
   int micro_batches = 0;       // per dp rank per step
   // Seconds per step by part; step_time_s is their sum.
@@ -141,31 +145,31 @@ struct LayoutPlan {
 
 // The config with `layout` in its parallel section and training.recompute (stage_layers
 // kept when pp is unchanged, else balanced).
-Config apply_layout(const Config& base, const PlanLayout& layout);
+Config apply_layout(const Config& base, const PlanCandidate& layout);
 // The layout a config describes.
-PlanLayout config_layout(const Config& config);
+PlanCandidate config_layout(const Config& config);
 
 // Every layout of dp * tp * pp == devices that validate_config accepts for base's model
 // and batch: tp and pp over the divisors, micro_batch_size over the divisors of
 // global_batch_size / dp, virtual stages 1 and (pp > 1) the divisors of n_layers / pp up
 // to kMaxVirtualStages, zero stages 0-3 (only 0 when dp == 1: the others equal it),
 // recompute none/selective/full, sequence parallelism off and (tp > 1) on.
-std::vector<PlanLayout> enumerate_layouts(const Config& base, int devices);
+std::vector<PlanCandidate> enumerate_layouts(const Config& base, int devices);
 
 // Memory, traffic and time of one layout (`config` has it applied and is valid). Leaves
 // reason empty (make_plan ranks).
-LayoutPlan evaluate_layout(const Config& config, const PlanOptions& options);
+PlanResult evaluate_layout(const Config& config, const PlanOptions& options);
 
 struct Plan {
   int devices = 0, gpus_per_node = 0;
   std::string gpu;
-  LayoutPlan configured;
+  PlanResult configured;
   std::string configured_note;      // how the config's layout was put on N devices, or ""
   // Why the config's layout cannot be put on N devices (tp * pp does not divide N, or
   // the batch does not split over the resulting dp), naming the keys; then `configured`
   // is not evaluated (JSON null) and the command exits 2 after the table.
   std::string configured_error;
-  std::vector<LayoutPlan> layouts;  // ranked: fitting by tokens/s, then the rest by memory
+  std::vector<PlanResult> layouts;  // ranked: fitting by tokens/s, then the rest by memory
   int recommended = -1;             // index into layouts; -1 when nothing fits
 };
 
@@ -179,7 +183,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options);
 std::string plan_table(const Plan& plan, int rows);
 // DESIGN.md's object: {devices, gpu, gpus_per_node, configured, recommended, layouts}.
 nlohmann::json plan_json(const Plan& plan);
-nlohmann::json layout_json(const LayoutPlan& l);
+nlohmann::json layout_json(const PlanResult& l);
 
 // When the configured layout does not fit: "the configured layout (parallel.dp=4,
 // parallel.tp=8, ...) does not fit on h100: ..." naming the keys, the figures and the

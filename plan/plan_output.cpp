@@ -18,8 +18,10 @@ std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
 
 }  // namespace
 
-nlohmann::json layout_json(const LayoutPlan& r) {
-  const PlanLayout& l = r.layout;
+nlohmann::json layout_json(const PlanResult& r) {
+  const PlanCandidate& l = r.candidate;
+  nlohmann::json comm = nlohmann::json::object();
+  for (const ParallelDim d : kPlannedDims) comm[dim_name(d)] = r.comm[d];
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
@@ -36,7 +38,7 @@ nlohmann::json layout_json(const LayoutPlan& r) {
             {"activations", r.memory.activations},
             {"buffers", r.memory.buffers + r.memory.workspace},
             {"total", r.memory.total}}},
-          {"comm_bytes_per_step", {{"dp", r.comm_dp}, {"tp", r.comm_tp}, {"pp", r.comm_pp}}},
+          {"comm_bytes_per_step", comm},
           {"bubble", r.bubble},
           {"step_time_s", r.step_time_s},
           {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
@@ -46,7 +48,7 @@ nlohmann::json layout_json(const LayoutPlan& r) {
 
 nlohmann::json plan_json(const Plan& plan) {
   nlohmann::json layouts = nlohmann::json::array();
-  for (const LayoutPlan& l : plan.layouts) layouts.push_back(layout_json(l));
+  for (const PlanResult& l : plan.layouts) layouts.push_back(layout_json(l));
   return {{"devices", plan.devices},
           {"gpu", plan.gpu},
           {"gpus_per_node", plan.gpus_per_node},
@@ -58,7 +60,7 @@ nlohmann::json plan_json(const Plan& plan) {
 std::string plan_table(const Plan& plan, int rows) {
   // GiB columns, or MiB when every layout is under 1 GiB (small CPU models).
   double largest = plan.configured_error.empty() ? plan.configured.memory.total : 0.0;
-  for (const LayoutPlan& l : plan.layouts) largest = std::max(largest, l.memory.total);
+  for (const PlanResult& l : plan.layouts) largest = std::max(largest, l.memory.total);
   const bool mib = largest < kGiB;
   const double unit = mib ? 1048576.0 : kGiB;
   std::string out;
@@ -69,15 +71,16 @@ std::string plan_table(const Plan& plan, int rows) {
                 "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "tok/s/gpu",
                 "MFU", "reason");
   out += line;
-  auto row = [&](const std::string& rank, const LayoutPlan& r) {
+  auto row = [&](const std::string& rank, const PlanResult& r) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
                   "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
                   "%5.1f%% %8.3f %9.0f %5.1f%%  %s\n",
-                  rank.c_str(), layout_name(r.layout).c_str(), r.fits ? "yes" : "NO",
+                  rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
-                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit, r.comm_dp / 1e9,
-                  r.comm_tp / 1e9, r.comm_pp / 1e9, 100 * r.bubble, r.step_time_s,
+                  m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
+                  r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
+                  r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -93,15 +96,16 @@ std::string plan_table(const Plan& plan, int rows) {
   }
   if (!plan.configured_note.empty()) out += "# configured: " + plan.configured_note + "\n";
   int fitting = 0;
-  for (const LayoutPlan& l : plan.layouts) fitting += l.fits;
+  for (const PlanResult& l : plan.layouts) fitting += l.fits;
   out += "# " + std::to_string(plan.layouts.size()) + " valid layouts on " +
          std::to_string(plan.devices) + " x " + plan.gpu + " (" +
          std::to_string(plan.gpus_per_node) + " per node), " + std::to_string(fitting) + " fit\n";
   if (plan.recommended >= 0) {
-    const LayoutPlan& r = plan.layouts[0];
-    out += "recommended: " + layout_name(r.layout) + fmt(": %.3f s/step", r.step_time_s) +
-           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) + fmt(", MFU %.1f%%", 100 * r.mfu) +
-           ", " + gib(r.memory.total) + " per rank of " + gib(r.capacity) + "\n";
+    const PlanResult& r = plan.layouts[0];
+    out += "recommended: " + layout_name(r.candidate) + fmt(": %.3f s/step", r.step_time_s) +
+           fmt(", %.0f tokens/s per device", r.tokens_per_s_per_gpu) +
+           fmt(", MFU %.1f%%", 100 * r.mfu) + ", " + gib(r.memory.total) + " per rank of " +
+           gib(r.capacity) + "\n";
   } else {
     out += "recommended: none (no layout fits)\n";
   }

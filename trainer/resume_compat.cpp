@@ -19,6 +19,7 @@
 #include <set>
 
 #include "checkpoint/manifest.h"
+#include "comm/parallel_layout.h"
 #include "trainer/lr_schedule.h"
 
 namespace trident {
@@ -555,7 +556,10 @@ ResumeCompat compare_for_resume(const Config& saved, const Config& now, int64_t 
       const std::string& key = now_values[i].first;
       const KeyRule* rule = find_rule(key);
       if (rule == nullptr || rule->rule != Rule::kLayout) continue;
-      const bool triple = key == "parallel.dp" || key == "parallel.tp" || key == "parallel.pp";
+      // The degrees (comm/parallel_layout.h kDimensions): parallel.dp, .tp, .pp.
+      const bool triple = std::any_of(
+          std::begin(kDimensions), std::end(kDimensions),
+          [&](const DimensionInfo& d) { return key == std::string("parallel.") + d.name; });
       if (!triple && !changed.count(key)) continue;
       was.push_back(short_name(key) + "=" + was_values[i].second);
       now_text.push_back(short_name(key) + "=" + now_values[i].second);

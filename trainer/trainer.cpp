@@ -183,8 +183,7 @@ Status Trainer::init() {
   }
   if (group_world_) group_world_->set_default_timeout(world_->default_timeout());
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
-  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*group_world,
-                                                        Layout{par.dp, par.tp, par.pp}, mc.tied()));
+  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*group_world, par, mc.tied()));
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in

@@ -253,7 +253,7 @@ class Graph {
 
 using Dims = std::vector<int64_t>;
 
-struct Layout {
+struct SdpaLayout {
   int64_t B, H, Hk, T, D;
   Dims q_dims() const { return {B, H, T, D}; }
   Dims q_strides() const { return {T * H * D, D, H * D, 1}; }  // Trident's [B, T, H, D]
@@ -313,7 +313,7 @@ Status check_runtime_support(const AttentionShape& s, size_t version) {
   return Status::ok();
 }
 
-void build_forward(Graph& g, const Layout& L) {
+void build_forward(Graph& g, const SdpaLayout& L) {
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   auto q = g.tensor("Q", bf16, L.q_dims(), L.q_strides(), false, kQ);
   // expand_node: "the code below maps the K->KT" (dims and strides 2<->3).
@@ -365,7 +365,7 @@ void build_forward(Graph& g, const Layout& L) {
   g.matmul("bmm2", p, v, o);
 }
 
-void build_backward(Graph& g, const Layout& L) {
+void build_backward(Graph& g, const SdpaLayout& L) {
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   const bool gqa = L.Hk != L.H;
   auto q = g.tensor("Q", bf16, L.q_dims(), L.q_strides(), false, kQ);
@@ -460,7 +460,7 @@ void build_backward(Graph& g, const Layout& L) {
 
 Status build(Graph& g, const AttentionShape& shape, bool backward, cudnnHandle_t handle) {
   TRIDENT_RETURN_IF_ERROR(validate_shape(shape));
-  const Layout L{shape.B, shape.NH, shape.NKV, shape.T, shape.HD};
+  const SdpaLayout L{shape.B, shape.NH, shape.NKV, shape.T, shape.HD};
   if (backward) {
     build_backward(g, L);
   } else {

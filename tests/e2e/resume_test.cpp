@@ -36,7 +36,7 @@ using testing::TensorMap;
 
 constexpr double kLr = 0.003;
 
-struct Layout {
+struct RunLayout {
   int dp = 1, tp = 1, pp = 1, zero_stage = 0;
   int ranks() const { return dp * tp * pp; }
   std::string name() const {
@@ -45,15 +45,15 @@ struct Layout {
   }
 };
 
-const Layout kSingle{};
-const Layout k2x2x2Zero3{2, 2, 2, 3};
+const RunLayout kSingle{};
+const RunLayout k2x2x2Zero3{2, 2, 2, 3};
 
 // One `trident train` invocation. Checkpoints go to <scratch>/<ckpt>, metrics to
 // <scratch>/<metrics>.jsonl.
 struct TrainRun {
   std::string ckpt;
   std::string metrics;
-  Layout layout;
+  RunLayout layout;
   int max_steps = 20;
   int interval = 10;
   std::string resume = "none";
@@ -89,7 +89,7 @@ class Resume : public ::testing::Test {
       cmd += "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --timeout 120 -np " +
             std::to_string(r.layout.ranks()) + " ";
     }
-    const Layout& l = r.layout;
+    const RunLayout& l = r.layout;
     return cmd + testing::trident_binary() + " train --config " + dir_.file("base.yaml") +
            " --resume " + r.resume + " --set parallel.dp=" + std::to_string(l.dp) +
            " --set parallel.tp=" + std::to_string(l.tp) + " --set parallel.pp=" +
@@ -147,7 +147,7 @@ std::map<int, std::string> losses(const std::string& path, int from, int to) {
 
 // ---- 1. Exact resume -------------------------------------------------------------
 
-void check_exact_resume(Resume& t, const Layout& layout) {
+void check_exact_resume(Resume& t, const RunLayout& layout) {
   SCOPED_TRACE(layout.name());
   CommandResult r = t.train({"straight", "straight", layout, 20, 10});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -281,13 +281,13 @@ TEST_F(Resume, Reshard2x2x2Zero3To1x1x1And4x1x2And1x2x4) {
   expect_close(*this, "single", "ref");
 
   // dp=4 pp=2 ZeRO-1 (--resume the checkpoint root: its `latest`).
-  r = train({"dp4", "dp4", Layout{4, 1, 2, 1}, 20, 10, src});
+  r = train({"dp4", "dp4", RunLayout{4, 1, 2, 1}, 20, 10, src});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from " + src + "/step_10"), std::string::npos) << r.output;
   expect_close(*this, "dp4", "ref");
 
   // tp=2 pp=4 ZeRO-0 (--resume the step directory).
-  r = train({"pp4", "pp4", Layout{1, 2, 4, 0}, 20, 10, src + "/step_10"});
+  r = train({"pp4", "pp4", RunLayout{1, 2, 4, 0}, 20, 10, src + "/step_10"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(saved_by), std::string::npos) << r.output;
   expect_close(*this, "pp4", "ref");
@@ -295,7 +295,7 @@ TEST_F(Resume, Reshard2x2x2Zero3To1x1x1And4x1x2And1x2x4) {
 
 // ---- 3. Signals --------------------------------------------------------------------
 
-void check_signal_stop(Resume& t, const Layout& layout) {
+void check_signal_stop(Resume& t, const RunLayout& layout) {
   SCOPED_TRACE(layout.name());
   // Enough steps that the run cannot end between the poll below and the signal.
   const int total_steps = layout.ranks() > 1 ? 60 : 150;

@@ -304,7 +304,7 @@ TEST(MemorySpace, WorldIsHostAndProcessGroupsAreDevice) {
   Communicator& w = world();
   EXPECT_EQ(w.space(), MemSpace::kHost);
   const int p = w.size();
-  auto groups = make_process_groups(w, Layout{1, 1, p}, /*tied_embeddings=*/true);
+  auto groups = make_process_groups(w, ParallelLayout{1, 1, p}, /*tied_embeddings=*/true);
   ASSERT_TRUE(groups.is_ok()) << groups.status().message();
   EXPECT_EQ(groups->world->space(), MemSpace::kHost);
   EXPECT_EQ(groups->dp->space(), MemSpace::kDevice);

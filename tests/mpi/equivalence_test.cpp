@@ -36,7 +36,7 @@ constexpr double kBf16LossTolerance = 1e-3;
 constexpr double kBf16ParamTolerance = 1e-2;
 
 struct Case {
-  Layout layout;
+  ParallelLayout layout;
   int zero_stage = 0;
   PipeSchedule schedule = PipeSchedule::kOneFOneB;
   bool bf16 = false;  // training.precision
@@ -211,12 +211,12 @@ void check_case(Arch arch, const Case& c) {
 }
 
 std::vector<Case> cases_for_world(int n) {
-  std::vector<Layout> layouts;
+  std::vector<ParallelLayout> layouts;
   if (n == 2) layouts = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
   if (n == 4) layouts = {{1, 1, 4}, {2, 1, 2}};
   if (n == 8) layouts = {{2, 2, 2}, {4, 1, 2}, {1, 2, 4}};
   std::vector<Case> cases;
-  for (const Layout& l : layouts) {
+  for (const ParallelLayout& l : layouts) {
     const int zero_max = l.dp > 1 ? 3 : 0;
     for (int z = 0; z <= zero_max; ++z) {
       for (PipeSchedule s : {PipeSchedule::kOneFOneB, PipeSchedule::kGPipe}) {
@@ -244,7 +244,7 @@ std::vector<Case> bf16_cases_for_world(int n) {
 // stage (np 8); 1F1B.
 std::vector<Case> sequence_parallel_cases(Arch arch, int n, bool bf16) {
   std::vector<Case> cases;
-  auto add = [&](Layout l, int zero) {
+  auto add = [&](ParallelLayout l, int zero) {
     Case c{l, zero};
     c.bf16 = bf16;
     c.sequence_parallel = true;
@@ -263,7 +263,7 @@ std::vector<Case> sequence_parallel_cases(Arch arch, int n, bool bf16) {
 // ZeRO-3 (np 4), dp 2 x tp 2 x pp 2 with ZeRO-1 and sequence parallelism (np 8).
 std::vector<Case> interleaved_cases(int n, bool bf16) {
   std::vector<Case> cases;
-  auto add = [&](Layout l, int zero, bool sp, int n_layers) {
+  auto add = [&](ParallelLayout l, int zero, bool sp, int n_layers) {
     Case c{l, zero};
     c.bf16 = bf16;
     c.sequence_parallel = sp;

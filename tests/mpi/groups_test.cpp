@@ -14,7 +14,7 @@
 namespace trident::test {
 namespace {
 
-std::string layout_name(const Layout& l) {
+std::string layout_name(const ParallelLayout& l) {
   return "dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp) +
          " pp=" + std::to_string(l.pp);
 }
@@ -57,7 +57,7 @@ void check_group(Communicator* group, const char* name, const std::vector<int>& 
 
 TEST(ProcessGroups, EveryLayoutOfTheWorldMatchesTheGrid) {
   Communicator& w = world();
-  for (const Layout& layout : all_layouts(w.size())) {
+  for (const ParallelLayout& layout : all_layouts(w.size())) {
     for (bool tied : {false, true}) {
       const std::string where = layout_name(layout) + (tied ? " tied" : " untied") +
                                 " world rank " + std::to_string(w.rank());
@@ -88,7 +88,8 @@ TEST(ProcessGroups, EveryLayoutOfTheWorldMatchesTheGrid) {
 TEST(ProcessGroups, WorldSizeMismatchIsInvalidConfigWithExitCode2) {
   Communicator& w = world();
   // Too many and too few ranks; no split runs, so no rank waits on another.
-  for (const Layout& layout : {Layout{w.size() + 1, 1, 1}, Layout{2, 2, 2 * w.size()}}) {
+  for (const ParallelLayout& layout :
+       {ParallelLayout{w.size() + 1, 1, 1}, ParallelLayout{2, 2, 2 * w.size()}}) {
     auto groups = make_process_groups(w, layout, /*tied_embeddings=*/true);
     ASSERT_FALSE(groups.is_ok());
     EXPECT_EQ(groups.status().code(), StatusCode::kInvalidConfig);
@@ -97,7 +98,7 @@ TEST(ProcessGroups, WorldSizeMismatchIsInvalidConfigWithExitCode2) {
                                  " but the world size is " + std::to_string(w.size());
     EXPECT_EQ(groups.status().message().rfind(expected, 0), 0u) << groups.status().message();
   }
-  auto zero = make_process_groups(w, Layout{0, 1, w.size()}, false);
+  auto zero = make_process_groups(w, ParallelLayout{0, 1, w.size()}, false);
   ASSERT_FALSE(zero.is_ok());
   EXPECT_EQ(zero.status().exit_code(), 2);
   EXPECT_NE(zero.status().message().find("parallel.dp"), std::string::npos);

@@ -16,7 +16,7 @@ std::string host_sync_data_file() {
   return path;
 }
 
-std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
+std::unique_ptr<Trainer> make_trainer(const ParallelLayout& l, int zero, const char* arch) {
   return test::make_world_trainer(
       test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " +
           host_sync_data_file() + "}\n"
@@ -24,14 +24,14 @@ std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arc
       host_sync_data_file());
 }
 
-std::vector<Layout> layouts_for_world(int n) {
+std::vector<ParallelLayout> layouts_for_world(int n) {
   if (n == 2) return {{1, 2, 1}, {1, 1, 2}, {2, 1, 1}};
   if (n == 4) return {{1, 2, 2}, {2, 2, 1}, {2, 1, 2}};
   return {{n, 1, 1}};
 }
 
 TEST(HostSync, AtMostTwoDownloadsPerStepOnEveryRank) {
-  for (const Layout& l : layouts_for_world(test::world().size())) {
+  for (const ParallelLayout& l : layouts_for_world(test::world().size())) {
     for (int zero : {0, 3}) {
       if (zero > 0 && l.dp == 1) continue;
       for (const char* arch : {"gpt2", "llama"}) {

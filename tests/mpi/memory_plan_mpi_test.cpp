@@ -17,7 +17,7 @@ std::string memory_data_file() {
   return path;
 }
 
-std::vector<Layout> layouts_for_world(int n) {
+std::vector<ParallelLayout> layouts_for_world(int n) {
   if (n == 2) return {{2, 1, 1}};
   if (n == 4) return {{2, 1, 2}, {2, 2, 1}};
   if (n == 8) return {{2, 2, 2}};
@@ -27,8 +27,8 @@ std::vector<Layout> layouts_for_world(int n) {
 // One training step of `arch` at this layout (`extra`: more keys of the parallel section),
 // then every kind the plan counts against what the rank really holds: the DataParallel's
 // memory and every model chunk's activation arenas and backward scratch.
-void check_rank_memory(const char* arch, const Layout& l, int zero, const std::string& extra,
-                       int n_layers, const Ops& ops) {
+void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
+                       const std::string& extra, int n_layers, const Ops& ops) {
   SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.
@@ -84,10 +84,10 @@ void check_rank_memory(const char* arch, const Layout& l, int zero, const std::s
 }
 
 TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
-  const std::vector<Layout> layouts = layouts_for_world(test::world().size());
+  const std::vector<ParallelLayout> layouts = layouts_for_world(test::world().size());
   if (layouts.empty()) GTEST_SKIP() << "needs 2, 4 or 8 ranks";
   const std::unique_ptr<Ops> ops = make_cpu_ops(1);  // the trainers' backend: same sizes
-  for (const Layout& l : layouts) {
+  for (const ParallelLayout& l : layouts) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) check_rank_memory(arch, l, zero, "", 3, *ops);
     }

@@ -65,7 +65,7 @@ inline std::string write_test_tokens(const std::string& tag, uint32_t mul, uint3
 struct GridRank {
   int pp, dp, tp;
 };
-inline std::vector<GridRank> enumerate_grid(const Layout& layout) {
+inline std::vector<GridRank> enumerate_grid(const ParallelLayout& layout) {
   std::vector<GridRank> grid;
   for (int pp = 0; pp < layout.pp; ++pp)
     for (int dp = 0; dp < layout.dp; ++dp)
@@ -76,7 +76,7 @@ inline std::vector<GridRank> enumerate_grid(const Layout& layout) {
 enum class GroupKind { kTp, kDp, kPp, kEmbedding };
 
 // World ranks in the group of `rank`, ascending (= group-rank order), by brute force.
-inline std::vector<int> expected_members(const Layout& layout, int rank, GroupKind kind,
+inline std::vector<int> expected_members(const ParallelLayout& layout, int rank, GroupKind kind,
                                          bool tied) {
   const std::vector<GridRank> grid = enumerate_grid(layout);
   const GridRank me = grid[rank];
@@ -108,8 +108,8 @@ inline std::vector<int> expected_members(const Layout& layout, int rank, GroupKi
 }
 
 // Every (dp, tp, pp) with dp*tp*pp == n.
-inline std::vector<Layout> all_layouts(int n) {
-  std::vector<Layout> layouts;
+inline std::vector<ParallelLayout> all_layouts(int n) {
+  std::vector<ParallelLayout> layouts;
   for (int dp = 1; dp <= n; ++dp)
     for (int tp = 1; tp <= n; ++tp)
       for (int pp = 1; pp <= n; ++pp)

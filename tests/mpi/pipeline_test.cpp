@@ -205,7 +205,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST(PipelineExecutor, MatchesSequentialComputation) {
   Communicator& w = world();
   for (int pp : pp_sizes(w.size())) {
-    auto groups = make_process_groups(w, Layout{.dp = w.size() / pp, .tp = 1, .pp = pp}, false);
+    auto groups =
+        make_process_groups(w, ParallelLayout{.dp = w.size() / pp, .tp = 1, .pp = pp}, false);
     ASSERT_TRUE(groups.is_ok()) << groups.status().message();
     Communicator& pp_group = *groups->pp;
     const int stage = pp_group.rank();
@@ -292,7 +293,8 @@ TEST(PipelineExecutor, InterleavedMatchesSequentialComputation) {
   Communicator& w = world();
   for (int pp : pp_sizes(w.size())) {
     if (pp == 1) continue;  // interleaving needs pp > 1
-    auto groups = make_process_groups(w, Layout{.dp = w.size() / pp, .tp = 1, .pp = pp}, false);
+    auto groups =
+        make_process_groups(w, ParallelLayout{.dp = w.size() / pp, .tp = 1, .pp = pp}, false);
     ASSERT_TRUE(groups.is_ok()) << groups.status().message();
     Communicator& pp_group = *groups->pp;
     const int stage = pp_group.rank();

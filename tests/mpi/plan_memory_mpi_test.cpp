@@ -24,7 +24,7 @@ std::string plan_data_file() {
 }
 
 struct Case {
-  Layout layout;
+  ParallelLayout layout;
   int zero;
   const char* recompute;
   bool sp;
@@ -85,7 +85,7 @@ TEST(PlanMemoryMpi, PlanPredictsMeasuredPeakWithinTenPercent) {
     const double measured = static_cast<double>(trainer->ops().allocation_counts().peak_live_bytes);
     const PlanMemory mine =
         plan_rank_memory(trainer->config(), trainer->partition(), trainer->coords().dp_rank, options);
-    const LayoutPlan layout = evaluate_layout(trainer->config(), options);
+    const PlanResult layout = evaluate_layout(trainer->config(), options);
     std::printf("[rank %d] %-34s measured %9.0f  plan %9.0f  (%+.2f%%)  layout plan %9.0f\n",
                 test::world().rank(), name.c_str(), measured, mine.device(),
                 100 * (mine.device() - measured) / measured, layout.memory.device());

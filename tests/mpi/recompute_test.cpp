@@ -24,7 +24,7 @@ struct Outcome {
   double activation_bytes = 0;
 };
 
-Outcome train(const std::string& arch, const Layout& l, int zero, bool sp, int v, bool bf16,
+Outcome train(const std::string& arch, const ParallelLayout& l, int zero, bool sp, int v, bool bf16,
               Recompute r) {
   const std::string extra = std::string(sp ? ", sequence_parallel: true" : "") +
                             ", virtual_stages: " + std::to_string(v);
@@ -56,7 +56,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 // buffers must not mix), ZeRO-3 (parameters gathered again for the recomputation) and
 // sequence parallelism (the recomputed forward gathers and reduce-scatters again).
 struct Case {
-  Layout layout;
+  ParallelLayout layout;
   int zero = 0;
   bool sequence_parallel = false;
   int virtual_stages = 1;  // interleaved 1F1B: every chunk recomputes its own layers
@@ -118,7 +118,7 @@ namespace {
 TEST(Recompute, FullRecomputationTrafficIsTheAnalyticVolume) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs tp 2";
-  const Layout l{n / 2, 2, 1};
+  const ParallelLayout l{n / 2, 2, 1};
   double tp_bytes[3] = {};
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     SCOPED_TRACE(recompute_name(r));

@@ -58,7 +58,7 @@ TEST(SelfCommunicator, SplitAndProcessGroups) {
   EXPECT_EQ(child->default_timeout().count(), 1234);
   EXPECT_EQ(self.split(kNoGroup, 0, "none"), nullptr);
 
-  auto groups = make_process_groups(self, Layout{1, 1, 1}, /*tied_embeddings=*/true);
+  auto groups = make_process_groups(self, ParallelLayout{1, 1, 1}, /*tied_embeddings=*/true);
   ASSERT_TRUE(groups.is_ok()) << groups.status().message();
   EXPECT_EQ(groups->tp->size(), 1);
   EXPECT_EQ(groups->dp->name(), "dp");
@@ -70,7 +70,7 @@ TEST(SelfCommunicator, SplitAndProcessGroups) {
   EXPECT_EQ(groups->tp->space(), MemSpace::kDevice);
   EXPECT_EQ(groups->pp->space(), MemSpace::kDevice);
 
-  auto mismatch = make_process_groups(self, Layout{2, 1, 1}, false);
+  auto mismatch = make_process_groups(self, ParallelLayout{2, 1, 1}, false);
   ASSERT_FALSE(mismatch.is_ok());
   EXPECT_EQ(mismatch.status().exit_code(), 2);
   EXPECT_EQ(mismatch.status().message().rfind("parallel: dp*tp*pp = 2 but the world size is 1", 0),
@@ -203,7 +203,7 @@ TEST(DeviceSelfCommunicator, DataMovesGoThroughTheDeviceCopyAndReductionsAreNoOp
 TEST(DeviceSelfCommunicator, SplitsAndProcessGroupsInheritTheDeviceCopy) {
   OpaqueDevice dev(1 << 16);
   SelfCommunicator world("world", MemSpace::kHost, dev.copier());
-  auto groups = make_process_groups(world, Layout{1, 1, 1}, /*tied_embeddings=*/true);
+  auto groups = make_process_groups(world, ParallelLayout{1, 1, 1}, /*tied_embeddings=*/true);
   ASSERT_TRUE(groups.is_ok()) << groups.status().message();
   const std::vector<float> v = {4.0f, -1.0f};
   dev.upload(dev.at(0), v);

@@ -19,7 +19,7 @@ std::string step_alloc_data_file() {
   return path;
 }
 
-std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch) {
+std::unique_ptr<Trainer> make_trainer(const ParallelLayout& l, int zero, const char* arch) {
   return test::make_world_trainer(
       test::small_model_yaml(arch) + test::parallel_yaml(l, zero) + "data: {train: " +
           step_alloc_data_file() + "}\n"
@@ -27,7 +27,7 @@ std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arc
       step_alloc_data_file());
 }
 
-std::vector<Layout> layouts_for_world(int n) {
+std::vector<ParallelLayout> layouts_for_world(int n) {
   if (n == 1) return {{1, 1, 1}};
   if (n == 2) return {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
   if (n == 4) return {{2, 2, 1}, {2, 1, 2}};
@@ -35,7 +35,7 @@ std::vector<Layout> layouts_for_world(int n) {
 }
 
 TEST(StepAllocations, NoneInTheStepLoop) {
-  for (const Layout& l : layouts_for_world(test::world().size())) {
+  for (const ParallelLayout& l : layouts_for_world(test::world().size())) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
         SCOPED_TRACE(test::case_name(arch, l, zero));

@@ -28,7 +28,7 @@ TransformerConfig tiny_config(Arch arch, int n_kv_heads) {
 
 void check_tensor_parallel(const TransformerConfig& c, int tp) {
   Communicator& world = test::world();
-  auto groups = make_process_groups(world, Layout{world.size() / tp, tp, 1}, c.tied());
+  auto groups = make_process_groups(world, ParallelLayout{world.size() / tp, tp, 1}, c.tied());
   ASSERT_TRUE(groups.is_ok()) << groups.status().message();
   auto ops = make_cpu_ops(1);
   const int B = 2, T = c.seq_len, N = B * T;

@@ -19,7 +19,7 @@ std::string traffic_data_file() {
 
 // Every tensor's rows divide by dp <= 4 and every tensor is a multiple of 16 floats, so
 // no shard padding or alignment gap enters the volumes (see traffic_model.h).
-std::unique_ptr<Trainer> make_trainer(const Layout& l, int zero, const char* arch,
+std::unique_ptr<Trainer> make_trainer(const ParallelLayout& l, int zero, const char* arch,
                                       const char* precision = "fp32",
                                       const std::string& training_extra = "",
                                       const std::string& parallel_extra = "") {
@@ -40,7 +40,7 @@ void expect_group(const GroupTraffic& got, const GroupTraffic& want, const char*
   EXPECT_EQ(got.send, want.send) << group << " send";
 }
 
-std::vector<Layout> layouts_for_world(int n) {
+std::vector<ParallelLayout> layouts_for_world(int n) {
   if (n == 2) return {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
   if (n == 4) return {{2, 1, 2}, {1, 2, 2}, {4, 1, 1}};
   if (n == 8) return {{2, 2, 2}, {1, 2, 4}};
@@ -48,7 +48,7 @@ std::vector<Layout> layouts_for_world(int n) {
 }
 
 TEST(Instrumentation, MeasuredTrafficEqualsAnalyticVolumes) {
-  for (const Layout& l : layouts_for_world(test::world().size())) {
+  for (const ParallelLayout& l : layouts_for_world(test::world().size())) {
     for (int zero = 0; zero <= (l.dp > 1 ? 3 : 0); ++zero) {
       for (const char* arch : {"gpt2", "llama"}) {
         SCOPED_TRACE(test::case_name(arch, l, zero));
@@ -89,7 +89,7 @@ TEST(Instrumentation, OverlapCountsHiddenCommunication) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
   // dp <= 4 keeps the volumes exact (see make_trainer).
-  const Layout l = n == 8 ? Layout{4, 2, 1} : Layout{n, 1, 1};
+  const ParallelLayout l = n == 8 ? ParallelLayout{4, 2, 1} : ParallelLayout{n, 1, 1};
   for (int zero = 0; zero <= 3; ++zero) {
     for (bool overlap : {true, false}) {
       SCOPED_TRACE(test::case_name("gpt2", l, zero) + (overlap ? " overlap" : " sync"));
@@ -126,7 +126,9 @@ TEST(Instrumentation, OverlapCountsHiddenCommunication) {
 TEST(Instrumentation, SequenceParallelTrafficEqualsAnalyticVolumes) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs tp 2";
-  const Layout l = n == 2 ? Layout{1, 2, 1} : n == 4 ? Layout{1, 2, 2} : Layout{2, 2, 2};
+  const ParallelLayout l = n == 2   ? ParallelLayout{1, 2, 1}
+                           : n == 4 ? ParallelLayout{1, 2, 2}
+                                    : ParallelLayout{2, 2, 2};
   for (const char* arch : {"gpt2", "llama"}) {
     for (const char* precision : {"fp32", "bf16"}) {
       for (const char* recompute : {"none", "full"}) {
@@ -170,7 +172,7 @@ TEST(Instrumentation, SequenceParallelTrafficEqualsAnalyticVolumes) {
 TEST(Instrumentation, InterleavedTrafficEqualsAnalyticVolumes) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs pp 2";
-  std::vector<std::pair<Layout, std::string>> cases;
+  std::vector<std::pair<ParallelLayout, std::string>> cases;
   const std::string v2 = ", virtual_stages: 2";
   if (n == 2) cases = {{{1, 1, 2}, v2}};
   if (n == 4) cases = {{{2, 1, 2}, v2}, {{1, 2, 2}, v2 + ", sequence_parallel: true"}};
@@ -203,7 +205,7 @@ TEST(Instrumentation, InterleavedTrafficEqualsAnalyticVolumes) {
 TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
-  const Layout l{n, 1, 1};
+  const ParallelLayout l{n, 1, 1};
   // Stage 0 is the unsharded baseline: P floats of parameters and of gradients, 2P of
   // AdamW moments.
   auto base = make_trainer(l, 0, "gpt2");
@@ -246,7 +248,7 @@ TEST(Instrumentation, ModelStateMemoryFollowsZeroFormulas) {
 // elements (TP activation all-reduces, pipeline activations, ZeRO parameter gathers)
 // counts half the fp32 bytes, while gradient reductions do not change.
 TEST(Instrumentation, Bf16HalvesActivationAndParameterTraffic) {
-  for (const Layout& l : layouts_for_world(test::world().size())) {
+  for (const ParallelLayout& l : layouts_for_world(test::world().size())) {
     for (int zero : {0, 3}) {
       if (zero > 0 && l.dp == 1) continue;
       SCOPED_TRACE(test::case_name("llama", l, zero));
@@ -284,7 +286,7 @@ TEST(Instrumentation, Bf16HalvesActivationAndParameterTraffic) {
 TEST(Instrumentation, Bf16ModelStateMemoryFollowsZeroFormulas) {
   const int n = test::world().size();
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
-  const Layout l{n, 1, 1};
+  const ParallelLayout l{n, 1, 1};
   auto fp32 = make_trainer(l, 0, "gpt2", "fp32");
   ASSERT_TRUE(fp32->train_step().is_ok());
   const double P = fp32->last_step_stats().param_bytes / 4;  // elements (with alignment)

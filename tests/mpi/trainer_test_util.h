@@ -17,14 +17,15 @@ namespace trident::test {
 
 // The parallel: section of a test config for this layout and ZeRO stage (micro-batch 1).
 // `extra`: more keys of the section (", sequence_parallel: true").
-inline std::string parallel_yaml(const Layout& l, int zero_stage, const std::string& extra = "") {
+inline std::string parallel_yaml(const ParallelLayout& l, int zero_stage,
+                                 const std::string& extra = "") {
   return "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
          ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero_stage) +
          ", micro_batch_size: 1" + extra + "}\n";
 }
 
 // "gpt2 dp2 tp1 pp1 zero3": a case's name in SCOPED_TRACE.
-inline std::string case_name(const std::string& arch, const Layout& l, int zero_stage) {
+inline std::string case_name(const std::string& arch, const ParallelLayout& l, int zero_stage) {
   return arch + " dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
          std::to_string(l.pp) + " zero" + std::to_string(zero_stage);
 }

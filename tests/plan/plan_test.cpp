@@ -77,7 +77,7 @@ TEST(Plan, GpuAttentionStateFollowsThePathOfTheDtype) {
 
 TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   const Config base = small_config();
-  const std::vector<PlanLayout> layouts = enumerate_layouts(base, 8);
+  const std::vector<PlanCandidate> layouts = enumerate_layouts(base, 8);
   // By hand: (tp, pp, dp) = (1,1,8): mbs {1}, zero 0-3, recompute x3          = 12
   //                         (1,2,4): mbs {1,2}, zero 0-3, recompute x3        = 24
   //                         (2,1,4): mbs {1,2}, zero 0-3, sp x2, recompute x3 = 48
@@ -85,7 +85,7 @@ TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   // tp 4 and 8 do not divide n_kv_heads=2; pp 4 and 8 exceed n_layers=2.
   EXPECT_EQ(layouts.size(), 156u);
   std::set<std::string> names;
-  for (const PlanLayout& l : layouts) {
+  for (const PlanCandidate& l : layouts) {
     EXPECT_EQ(l.dp * l.tp * l.pp, 8);
     EXPECT_LE(l.tp, 2) << layout_name(l);
     EXPECT_LE(l.pp, 2) << layout_name(l);
@@ -96,7 +96,7 @@ TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
     EXPECT_TRUE(names.insert(layout_name(l)).second) << "twice: " << layout_name(l);
   }
   // dp 1 has ZeRO 0 only (the stages shard over dp: 1-3 would equal 0).
-  for (const PlanLayout& l : enumerate_layouts(base, 4)) {
+  for (const PlanCandidate& l : enumerate_layouts(base, 4)) {
     if (l.dp == 1) {
       EXPECT_EQ(l.zero_stage, 0) << layout_name(l);
     }
@@ -104,9 +104,9 @@ TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   // A batch that dp does not divide: dp 8 of batch 4 is left out.
   Config small_batch = base;
   small_batch.training.global_batch_size = 4;
-  const std::vector<PlanLayout> small = enumerate_layouts(small_batch, 8);
+  const std::vector<PlanCandidate> small = enumerate_layouts(small_batch, 8);
   EXPECT_FALSE(small.empty());
-  for (const PlanLayout& l : small) {
+  for (const PlanCandidate& l : small) {
     EXPECT_LT(l.dp, 8) << layout_name(l);
   }
   EXPECT_TRUE(enumerate_layouts(base, 0).empty());
@@ -119,7 +119,7 @@ TEST(Plan, EnumeratesInterleavedLayouts) {
   Config base = small_config();
   base.model.n_layers = 4;
   int interleaved = 0;
-  for (const PlanLayout& l : enumerate_layouts(base, 8)) {
+  for (const PlanCandidate& l : enumerate_layouts(base, 8)) {
     if (l.virtual_stages == 1) continue;
     ++interleaved;
     EXPECT_EQ(l.virtual_stages, 2) << layout_name(l);
@@ -138,10 +138,10 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
   for (const Config& base : {small_config(), deeper}) {
   const PlanOptions o = gpu_options(8);
   int checked = 0;
-  for (const PlanLayout& l : enumerate_layouts(base, 8)) {
+  for (const PlanCandidate& l : enumerate_layouts(base, 8)) {
     SCOPED_TRACE(layout_name(l));
     const Config c = apply_layout(base, l);
-    const LayoutPlan p = evaluate_layout(c, o);
+    const PlanResult p = evaluate_layout(c, o);
     double peak = -1, dp_bytes = 0, tp_bytes = 0, pp_bytes = 0;
     RankMemory fullest;
     for (int s = 0; s < l.pp; ++s) {
@@ -165,9 +165,9 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
     EXPECT_EQ(p.memory.buffers, fullest.comm_buffers + fullest.scratch + 2 * sizeof(double));
     EXPECT_EQ(p.memory.host, fullest.checkpoint + fullest.transient + fullest.tables);
     EXPECT_DOUBLE_EQ(p.memory.total, peak);  // a GPU counts device memory only
-    EXPECT_EQ(p.comm_dp, dp_bytes);
-    EXPECT_EQ(p.comm_tp, tp_bytes);
-    EXPECT_EQ(p.comm_pp, pp_bytes);
+    EXPECT_EQ(p.comm[ParallelDim::kDp], dp_bytes);
+    EXPECT_EQ(p.comm[ParallelDim::kTp], tp_bytes);
+    EXPECT_EQ(p.comm[ParallelDim::kPp], pp_bytes);
     EXPECT_EQ(p.bubble, pipeline_bubble_fraction(l.pp, c.grad_accum_steps(), l.virtual_stages));
     // The time parts add up, and MFU is model FLOPs over the bf16 peak.
     EXPECT_NEAR(p.step_time_s, p.compute_s + p.bubble_s + p.tp_s + p.pp_s + p.dp_s + p.optimizer_s,
@@ -188,7 +188,8 @@ TEST(Plan, CpuCountsHostMemoryAndSharesTheMachine) {
   PlanOptions o = gpu_options(2);
   o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
   o.gpus_per_node = 2;
-  const LayoutPlan p = evaluate_layout(apply_layout(base, {2, 1, 1, 1, 0, false, Recompute::kNone, 1}), o);
+  const PlanResult p =
+      evaluate_layout(apply_layout(base, PlanCandidate{{.dp = 2}, Recompute::kNone, 1}), o);
   EXPECT_EQ(p.memory.workspace, 0);
   EXPECT_GT(p.memory.host, 0);
   EXPECT_DOUBLE_EQ(p.memory.total, p.memory.device() + p.memory.host);
@@ -201,11 +202,11 @@ TEST(Plan, TensorParallelAcrossNodesCostsTheNetwork) {
   base.model.d_model = 1024;  // 4 MiB all-reduces: bandwidth, not latency, decides
   base.model.seq_len = 1024;
   base.model.finalize();
-  const Config c = apply_layout(base, {2, 4, 1, 1, 0, false, Recompute::kNone, 1});
-  const LayoutPlan inside = evaluate_layout(c, gpu_options(8, 8));
-  const LayoutPlan across = evaluate_layout(c, gpu_options(8, 2));
-  EXPECT_FALSE(inside.tp_crosses_nodes);
-  EXPECT_TRUE(across.tp_crosses_nodes);
+  const Config c = apply_layout(base, PlanCandidate{{.dp = 2, .tp = 4}, Recompute::kNone, 1});
+  const PlanResult inside = evaluate_layout(c, gpu_options(8, 8));
+  const PlanResult across = evaluate_layout(c, gpu_options(8, 2));
+  EXPECT_FALSE(inside.crosses_nodes[ParallelDim::kTp]);
+  EXPECT_TRUE(across.crosses_nodes[ParallelDim::kTp]);
   EXPECT_GT(across.tp_s, 5 * inside.tp_s);  // 50 vs 450 GB/s
 }
 
@@ -218,8 +219,8 @@ TEST(Plan, RanksFittingLayoutsByTimeAndSaysWhyOthersLose) {
   ASSERT_EQ(plan->recommended, 0);
   EXPECT_EQ(plan->layouts[0].reason, "recommended: the fastest layout that fits");
   for (size_t i = 1; i < plan->layouts.size(); ++i) {
-    const LayoutPlan& a = plan->layouts[i - 1];
-    const LayoutPlan& b = plan->layouts[i];
+    const PlanResult& a = plan->layouts[i - 1];
+    const PlanResult& b = plan->layouts[i];
     if (a.fits && b.fits) {
       EXPECT_LE(a.step_time_s, b.step_time_s);
     }
@@ -230,7 +231,7 @@ TEST(Plan, RanksFittingLayoutsByTimeAndSaysWhyOthersLose) {
           << b.reason;
     }
   }
-  EXPECT_EQ(plan->configured.layout, config_layout(base));
+  EXPECT_EQ(plan->configured.candidate, config_layout(base));
   EXPECT_TRUE(plan->configured_note.empty());
 }
 
@@ -239,7 +240,7 @@ TEST(Plan, ConfiguredLayoutMovesToTheDeviceCountOrIsRefused) {
   base.parallel.tp = 2;  // dp 1 x tp 2: on 8 devices dp becomes 4
   Result<Plan> plan = make_plan(base, gpu_options(8));
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  EXPECT_EQ(plan->configured.layout.dp, 4);
+  EXPECT_EQ(plan->configured.candidate.dp, 4);
   EXPECT_NE(plan->configured_note.find("evaluated with dp=4"), std::string::npos);
   base.parallel.pp = 2;  // tp * pp = 4 does not divide 6: the other layouts are still planned
   base.training.global_batch_size = 12;  // (dp 6 x tp 1 x pp 1 is one)
