@@ -211,5 +211,8 @@ struct LayerCollectives {
   double head_norm_floats = 0;  // the head group's (the final norm)
 };
 LayerCollectives describe_collectives(const TransformerConfig& config);
+// The forwards of each layer per micro-batch: 2 under full recomputation (backward reruns
+// it, its tp collectives included), else 1.
+inline double forward_passes(Recompute r) { return r == Recompute::kFull ? 2 : 1; }
 
 }  // namespace trident

@@ -1,6 +1,8 @@
 // Transformer: a decoder-only language model with explicit forward and backward,
-// for the gpt2 and llama families of model/config.h, on one rank's part of the model
-// (a pipeline stage's layers, a tensor-parallel slice of each layer).
+// for the families of model/architecture.h (gpt2, llama), on one rank's part of the
+// model (a pipeline stage's layers, a tensor-parallel slice of each layer). Its
+// parameter table and activation buffers are the model description's
+// (model/model_description.h); the block branches on the architecture row's fields.
 //
 // Parameter names and global shapes are the contract with checkpoints, the llm.c
 // loader and the PyTorch reference (tests/reference/make_fixtures.py):

@@ -102,7 +102,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double forward = seconds(w.forward());
   // Backward reruns what recomputation dropped, per layer.
   const Work rerun = w.recompute(config.training.recompute);
-  const double recompute = config.training.recompute == Recompute::kNone ? 0 : w.layers * seconds(rerun);
+  const double recompute =
+      config.training.recompute == Recompute::kNone ? 0 : w.layers * seconds(rerun);
   StageTime t;
   t.compute = (1 + kBackwardPerForward) * forward + recompute;
   t.traffic = analytic_traffic(config, part, layout);
@@ -114,7 +115,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double layers = w.layers;
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
-      (config.training.recompute == Recompute::kFull ? block.row_outputs * layers : 0) + 2;
+      (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
   t.tp = group_s(t.traffic.tp, tp, *links.tp, tp_calls * micro, cpu) / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.pp->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);

@@ -44,7 +44,8 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     // Forward all-reduces the row outputs, backward the column input gradients.
     double per_micro = (row + col) * layers * N * C;
     // Full recomputation reruns each layer's forward, all-reduces included, in backward.
-    if (config.training.recompute == Recompute::kFull) per_micro += row * layers * N * C;
+    const double reruns = forward_passes(config.training.recompute) - 1;
+    if (reruns > 0) per_micro += reruns * row * layers * N * C;
     if (first) per_micro += N * C;
     double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
     if (last) {
@@ -59,9 +60,9 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     // the weight gradients), the column input gradients reduce-scattered, and the
     // norm-weight gradients (fp32) all-reduced. Full recomputation adds the forward's
     // gathers and reduce-scatters.
-    const double forward_passes = config.training.recompute == Recompute::kFull ? 2 : 1;
-    double gather = layers * N * C * (col * forward_passes + row + col);
-    double scatter = layers * N * C * (row * forward_passes + col);
+    const double passes = forward_passes(config.training.recompute);
+    double gather = layers * N * C * (col * passes + row + col);
+    double scatter = layers * N * C * (row * passes + col);
     double norm_grads = layers * block.norm_floats;
     double xent_stats = 0;
     if (first) {  // the embedding: reduce-scattered, its gradient gathered
