@@ -100,10 +100,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
            work.elementwise_bytes / mem_rate;
   };
   const double forward = seconds(w.forward());
-  // Backward reruns what recomputation dropped, per layer.
-  const Work rerun = w.recompute(config.training.recompute);
-  const double recompute =
-      config.training.recompute == Recompute::kNone ? 0 : w.layers * seconds(rerun);
+  // Backward reruns what recomputation dropped, per layer (nothing without).
+  const double recompute = w.layers * seconds(w.recompute(config.training.recompute));
   StageTime t;
   t.compute = (1 + kBackwardPerForward) * forward + recompute;
   t.traffic = analytic_traffic(config, part, layout);
