@@ -73,6 +73,12 @@ TEST(ModelFamily, TheRegisteredFamilyIsARowOfTheTable) {
   EXPECT_EQ(find_architecture("gpt2_extra_test"), arch);
   EXPECT_STREQ(arch_name(arch), "gpt2_extra_test");
   EXPECT_TRUE(validate_config(make_config(arch, 2, 2, Recompute::kNone)).is_ok());
+  // model.arch accepts the registered name, and the config writes it back.
+  Result<Config> parsed = parse_config(
+      "data:\n  train: data/train_*.bin\nmodel: {arch: gpt2_extra_test}\n", {}, "cfg.yaml");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+  EXPECT_EQ(parsed.value().model.arch, arch);
+  EXPECT_NE(config_to_yaml(parsed.value()).find("gpt2_extra_test"), std::string::npos);
   TransformerConfig base = make_config(Arch::kGpt2, 1, 1, Recompute::kNone).model;
   TransformerConfig extra = make_config(arch, 1, 1, Recompute::kNone).model;
   EXPECT_EQ(extra.num_parameters() - base.num_parameters(), int64_t{kLayers} * kC * kC);
