@@ -140,7 +140,7 @@ int run(int argc, char** argv) {
   auto ops = make_cpu_ops(1);
   SelfCommunicator self;
   const ModelPartition whole;
-  const ParamLayout layout = Transformer::plan_params(c, whole);
+  const ParamLayout layout = describe_params(c, whole);
   DataParallel dp(layout, *ops, self, /*zero_stage=*/0, size_t{25} << 20, AdamWParams{});
   const uint64_t key = rng_key(11, 3);
   uint64_t counter = 0;

@@ -110,7 +110,7 @@ int run(int argc, char** argv) {
                        std::vector<double>* peaks) {
       SelfCommunicator self("dp", MemSpace::kDevice);  // the dp group carries device buffers
       const ModelPartition whole;
-      const ParamLayout layout = Transformer::plan_params(c, whole);
+      const ParamLayout layout = describe_params(c, whole);
       AdamWParams adamw;
       adamw.weight_decay = 0.1f;
       DataParallel dp(layout, step_ops, self, /*zero_stage=*/0, size_t{25} << 20, adamw, compute);

@@ -54,7 +54,7 @@ Result<TransformerConfig> checkpoint_model_config(const Checkpoint& ckpt) {
   TransformerConfig model = config.model;
   TRIDENT_ASSIGN_OR_RETURN(std::vector<int64_t> wte, ckpt.shape("param/wte"));
   model.padded_vocab = static_cast<int>(wte.at(0));
-  if (model.is_gpt2()) {
+  if (model.family().learned_positions()) {
     TRIDENT_ASSIGN_OR_RETURN(std::vector<int64_t> wpe, ckpt.shape("param/wpe"));
     model.max_seq_len = static_cast<int>(wpe.at(0));
   }
@@ -132,7 +132,7 @@ int cmd_export(const std::vector<std::string>& args) {
   if (!st.is_ok()) return fail(st);
   std::printf("exported step %lld of %s (%s, %lld parameters, %zu tensors) to %s\n",
               static_cast<long long>(ckpt.step()), ckpt.dir().c_str(),
-              model.value().is_gpt2() ? "GPT2LMHeadModel" : "LlamaForCausalLM",
+              hf_class_name(model.value()),
               static_cast<long long>(num_params), entries.size(), out.c_str());
   return 0;
 }

@@ -114,7 +114,7 @@ Result<TransformerConfig> checkpoint_model_config(const Checkpoint& ckpt) {
     TRIDENT_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ckpt.shape(name));
     if (shape.size() != 2) continue;  // the parameter check below names it
     if (std::string(name) == "param/wte") model.padded_vocab = static_cast<int>(shape[0]);
-    if (std::string(name) == "param/wpe" && model.is_gpt2()) {
+    if (std::string(name) == "param/wpe" && model.family().learned_positions()) {
       model.max_seq_len = static_cast<int>(shape[0]);
     }
   }

@@ -316,7 +316,9 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       };
       std::vector<Choice> choices;
       if (kind == Kind::kArch) {
-        choices = {{"gpt2", int(Arch::kGpt2)}, {"llama", int(Arch::kLlama)}};
+        for (size_t i = 0; i < architectures().size(); ++i) {
+          choices.push_back({architectures()[i].name, static_cast<int>(i)});
+        }
       } else if (kind == Kind::kPipeline) {
         choices = {{"gpipe", int(PipeSchedule::kGPipe)}, {"1f1b", int(PipeSchedule::kOneFOneB)}};
       } else if (kind == Kind::kDevice) {

@@ -1,6 +1,6 @@
 // Parameter layout of one rank's part of the model: a flat buffer described by a table
 // of (name, global shape, local shape, split, group, offset). The model fills it
-// (Transformer::plan_params); parallel/ (stores, ZeRO) and checkpoints know the
+// (model/model_description.h's describe_params); parallel/ (stores, ZeRO) and checkpoints know the
 // parameters only through it, never through the model.
 //
 // Parameters are split three ways before they reach a rank:

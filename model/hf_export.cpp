@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
@@ -32,56 +33,133 @@ struct Rule {
   std::vector<std::string> parts;  // Trident names
 };
 
+// One row of a family's name table: a Hugging Face tensor, how it is made, and of which
+// Trident tensors. "{i}" stands for the layer index in per-layer rows.
+struct NameRow {
+  enum Where { kBefore, kLayer, kAfter, kUntiedHead } where;
+  const char* hf;
+  Kind kind;
+  std::vector<const char*> parts;
+};
+
+const std::vector<NameRow>& gpt2_names() {
+  using R = NameRow;
+  static const std::vector<NameRow> rows = {
+      {R::kBefore, "transformer.wte.weight", Kind::kVocabRows, {"wte"}},
+      {R::kBefore, "transformer.wpe.weight", Kind::kCopy, {"wpe"}},
+      {R::kLayer, "transformer.h.{i}.ln_1.weight", Kind::kCopy, {"ln1.weight"}},
+      {R::kLayer, "transformer.h.{i}.ln_1.bias", Kind::kCopy, {"ln1.bias"}},
+      {R::kLayer, "transformer.h.{i}.attn.c_attn.weight", Kind::kStackTranspose,
+       {"attn.q.weight", "attn.k.weight", "attn.v.weight"}},
+      {R::kLayer, "transformer.h.{i}.attn.c_attn.bias", Kind::kConcat,
+       {"attn.q.bias", "attn.k.bias", "attn.v.bias"}},
+      {R::kLayer, "transformer.h.{i}.attn.c_proj.weight", Kind::kTranspose, {"attn.o.weight"}},
+      {R::kLayer, "transformer.h.{i}.attn.c_proj.bias", Kind::kCopy, {"attn.o.bias"}},
+      {R::kLayer, "transformer.h.{i}.ln_2.weight", Kind::kCopy, {"ln2.weight"}},
+      {R::kLayer, "transformer.h.{i}.ln_2.bias", Kind::kCopy, {"ln2.bias"}},
+      {R::kLayer, "transformer.h.{i}.mlp.c_fc.weight", Kind::kTranspose, {"mlp.fc.weight"}},
+      {R::kLayer, "transformer.h.{i}.mlp.c_fc.bias", Kind::kCopy, {"mlp.fc.bias"}},
+      {R::kLayer, "transformer.h.{i}.mlp.c_proj.weight", Kind::kTranspose, {"mlp.proj.weight"}},
+      {R::kLayer, "transformer.h.{i}.mlp.c_proj.bias", Kind::kCopy, {"mlp.proj.bias"}},
+      {R::kAfter, "transformer.ln_f.weight", Kind::kCopy, {"lnf.weight"}},
+      {R::kAfter, "transformer.ln_f.bias", Kind::kCopy, {"lnf.bias"}},
+      {R::kUntiedHead, "lm_head.weight", Kind::kVocabRows, {"lm_head.weight"}},
+  };
+  return rows;
+}
+
+const std::vector<NameRow>& llama_names() {
+  using R = NameRow;
+  static const std::vector<NameRow> rows = {
+      {R::kBefore, "model.embed_tokens.weight", Kind::kVocabRows, {"wte"}},
+      {R::kLayer, "model.layers.{i}.input_layernorm.weight", Kind::kCopy, {"ln1.weight"}},
+      {R::kLayer, "model.layers.{i}.self_attn.q_proj.weight", Kind::kCopy, {"attn.q.weight"}},
+      {R::kLayer, "model.layers.{i}.self_attn.k_proj.weight", Kind::kCopy, {"attn.k.weight"}},
+      {R::kLayer, "model.layers.{i}.self_attn.v_proj.weight", Kind::kCopy, {"attn.v.weight"}},
+      {R::kLayer, "model.layers.{i}.self_attn.o_proj.weight", Kind::kCopy, {"attn.o.weight"}},
+      {R::kLayer, "model.layers.{i}.post_attention_layernorm.weight", Kind::kCopy,
+       {"ln2.weight"}},
+      {R::kLayer, "model.layers.{i}.mlp.gate_proj.weight", Kind::kCopy, {"mlp.gate.weight"}},
+      {R::kLayer, "model.layers.{i}.mlp.up_proj.weight", Kind::kCopy, {"mlp.up.weight"}},
+      {R::kLayer, "model.layers.{i}.mlp.down_proj.weight", Kind::kCopy, {"mlp.down.weight"}},
+      {R::kAfter, "model.norm.weight", Kind::kCopy, {"lnf.weight"}},
+      {R::kUntiedHead, "lm_head.weight", Kind::kVocabRows, {"lm_head.weight"}},
+  };
+  return rows;
+}
+
+void gpt2_config(const TransformerConfig& c, nlohmann::ordered_json& j);
+void llama_config(const TransformerConfig& c, nlohmann::ordered_json& j);
+class ConfigReader;
+Status read_gpt2(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c, bool* tied);
+Status read_llama(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c, bool* tied);
+
+// The Hugging Face side of a family: its model_type and class, its name table, and its
+// config.json writer and reader.
+struct HfFamily {
+  Arch arch;
+  const char* model_type;
+  const char* hf_class;
+  const std::vector<NameRow>& (*names)();
+  void (*write_config)(const TransformerConfig&, nlohmann::ordered_json&);
+  Status (*read_config)(const ConfigReader&, const nlohmann::json&, TransformerConfig*, bool*);
+};
+
+const HfFamily kHfFamilies[] = {
+    {Arch::kGpt2, "gpt2", "GPT2LMHeadModel", gpt2_names, gpt2_config, read_gpt2},
+    {Arch::kLlama, "llama", "LlamaForCausalLM", llama_names, llama_config, read_llama},
+};
+
+const HfFamily* hf_family(Arch arch) {
+  for (const HfFamily& f : kHfFamilies) {
+    if (f.arch == arch) return &f;
+  }
+  return nullptr;
+}
+
+const HfFamily& hf_family_of(const TransformerConfig& c) {
+  const HfFamily* f = hf_family(c.arch);
+  TRIDENT_CHECK_MSG(f != nullptr, std::string("model family ") + arch_name(c.arch) +
+                                      " has no Hugging Face names");
+  return *f;
+}
+
+std::string with_layer(const char* pattern, const std::string& layer) {
+  std::string s = pattern;
+  const size_t at = s.find("{i}");
+  if (at != std::string::npos) s.replace(at, 3, layer);
+  return s;
+}
+
 std::vector<Rule> hf_rules(const TransformerConfig& c) {
   std::vector<Rule> rules;
-  if (c.is_gpt2()) {
-    rules.push_back({"transformer.wte.weight", Kind::kVocabRows, {"wte"}});
-    rules.push_back({"transformer.wpe.weight", Kind::kCopy, {"wpe"}});
-    for (int i = 0; i < c.n_layers; ++i) {
-      const std::string h = "transformer.h." + std::to_string(i) + ".";
-      const std::string p = "layers." + std::to_string(i) + ".";
-      rules.push_back({h + "ln_1.weight", Kind::kCopy, {p + "ln1.weight"}});
-      rules.push_back({h + "ln_1.bias", Kind::kCopy, {p + "ln1.bias"}});
-      rules.push_back({h + "attn.c_attn.weight", Kind::kStackTranspose,
-                       {p + "attn.q.weight", p + "attn.k.weight", p + "attn.v.weight"}});
-      rules.push_back({h + "attn.c_attn.bias", Kind::kConcat,
-                       {p + "attn.q.bias", p + "attn.k.bias", p + "attn.v.bias"}});
-      rules.push_back({h + "attn.c_proj.weight", Kind::kTranspose, {p + "attn.o.weight"}});
-      rules.push_back({h + "attn.c_proj.bias", Kind::kCopy, {p + "attn.o.bias"}});
-      rules.push_back({h + "ln_2.weight", Kind::kCopy, {p + "ln2.weight"}});
-      rules.push_back({h + "ln_2.bias", Kind::kCopy, {p + "ln2.bias"}});
-      rules.push_back({h + "mlp.c_fc.weight", Kind::kTranspose, {p + "mlp.fc.weight"}});
-      rules.push_back({h + "mlp.c_fc.bias", Kind::kCopy, {p + "mlp.fc.bias"}});
-      rules.push_back({h + "mlp.c_proj.weight", Kind::kTranspose, {p + "mlp.proj.weight"}});
-      rules.push_back({h + "mlp.c_proj.bias", Kind::kCopy, {p + "mlp.proj.bias"}});
-    }
-    rules.push_back({"transformer.ln_f.weight", Kind::kCopy, {"lnf.weight"}});
-    rules.push_back({"transformer.ln_f.bias", Kind::kCopy, {"lnf.bias"}});
-  } else {
-    rules.push_back({"model.embed_tokens.weight", Kind::kVocabRows, {"wte"}});
-    for (int i = 0; i < c.n_layers; ++i) {
-      const std::string h = "model.layers." + std::to_string(i) + ".";
-      const std::string p = "layers." + std::to_string(i) + ".";
-      rules.push_back({h + "input_layernorm.weight", Kind::kCopy, {p + "ln1.weight"}});
-      rules.push_back({h + "self_attn.q_proj.weight", Kind::kCopy, {p + "attn.q.weight"}});
-      rules.push_back({h + "self_attn.k_proj.weight", Kind::kCopy, {p + "attn.k.weight"}});
-      rules.push_back({h + "self_attn.v_proj.weight", Kind::kCopy, {p + "attn.v.weight"}});
-      rules.push_back({h + "self_attn.o_proj.weight", Kind::kCopy, {p + "attn.o.weight"}});
-      rules.push_back({h + "post_attention_layernorm.weight", Kind::kCopy, {p + "ln2.weight"}});
-      rules.push_back({h + "mlp.gate_proj.weight", Kind::kCopy, {p + "mlp.gate.weight"}});
-      rules.push_back({h + "mlp.up_proj.weight", Kind::kCopy, {p + "mlp.up.weight"}});
-      rules.push_back({h + "mlp.down_proj.weight", Kind::kCopy, {p + "mlp.down.weight"}});
-    }
-    rules.push_back({"model.norm.weight", Kind::kCopy, {"lnf.weight"}});
+  auto add = [&](const NameRow& row, const std::string& layer) {
+    Rule r{with_layer(row.hf, layer), row.kind, {}};
+    const std::string prefix = row.where == NameRow::kLayer ? "layers." + layer + "." : "";
+    for (const char* part : row.parts) r.parts.push_back(prefix + part);
+    rules.push_back(std::move(r));
+  };
+  const std::vector<NameRow>& names = hf_family_of(c).names();
+  for (const NameRow& row : names) {
+    if (row.where == NameRow::kBefore) add(row, "");
   }
-  if (!c.tied()) rules.push_back({"lm_head.weight", Kind::kVocabRows, {"lm_head.weight"}});
+  for (int i = 0; i < c.n_layers; ++i) {
+    for (const NameRow& row : names) {
+      if (row.where == NameRow::kLayer) add(row, std::to_string(i));
+    }
+  }
+  for (const NameRow& row : names) {
+    if (row.where == NameRow::kAfter || (row.where == NameRow::kUntiedHead && !c.tied())) {
+      add(row, "");
+    }
+  }
   return rules;
 }
 
 // Global shapes of a whole model's parameters, by Trident name.
 std::map<std::string, std::vector<int64_t>> trident_shapes(const TransformerConfig& c) {
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const ParamInfo& p : Transformer::plan_params(c, ModelPartition{}).params) {
+  for (const ParamInfo& p : describe_params(c, ModelPartition{}).params) {
     shapes[p.name] = p.shape.dims();
   }
   return shapes;
@@ -184,49 +262,58 @@ Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
 
 std::string hf_config_json(const TransformerConfig& c) {
   nlohmann::ordered_json j;
-  if (c.is_gpt2()) {
-    j["architectures"] = {"GPT2LMHeadModel"};
-    j["model_type"] = "gpt2";
-    j["vocab_size"] = c.vocab_size;
-    j["n_positions"] = c.max_seq_len;
-    j["n_ctx"] = c.max_seq_len;
-    j["n_embd"] = c.d_model;
-    j["n_layer"] = c.n_layers;
-    j["n_head"] = c.n_heads;
-    j["n_inner"] = c.d_ff;
-    j["activation_function"] = "gelu_new";
-    j["layer_norm_epsilon"] = shortest(c.norm_eps);
-    j["initializer_range"] = shortest(c.init_std);
-    // Trident trains without dropout.
-    j["resid_pdrop"] = 0.0;
-    j["embd_pdrop"] = 0.0;
-    j["attn_pdrop"] = 0.0;
-    j["scale_attn_weights"] = true;
-    j["scale_attn_by_inverse_layer_idx"] = false;
-    j["reorder_and_upcast_attn"] = false;
-  } else {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
-    j["vocab_size"] = c.vocab_size;
-    j["hidden_size"] = c.d_model;
-    j["intermediate_size"] = c.d_ff;
-    j["num_hidden_layers"] = c.n_layers;
-    j["num_attention_heads"] = c.n_heads;
-    j["num_key_value_heads"] = c.n_kv_heads;
-    j["head_dim"] = c.head_dim;
-    j["hidden_act"] = "silu";
-    j["max_position_embeddings"] = c.max_seq_len;
-    j["rms_norm_eps"] = shortest(c.norm_eps);
-    j["rope_theta"] = shortest(c.rope_theta);
-    j["rope_scaling"] = nullptr;
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-    j["initializer_range"] = shortest(c.init_std);
-  }
+  const HfFamily& f = hf_family_of(c);
+  j["architectures"] = {f.hf_class};
+  j["model_type"] = f.model_type;
+  f.write_config(c, j);
   j["tie_word_embeddings"] = c.tied();
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
 }
+
+const char* hf_class_name(const TransformerConfig& config) { return hf_family_of(config).hf_class; }
+
+namespace {
+
+void gpt2_config(const TransformerConfig& c, nlohmann::ordered_json& j) {
+  j["vocab_size"] = c.vocab_size;
+  j["n_positions"] = c.max_seq_len;
+  j["n_ctx"] = c.max_seq_len;
+  j["n_embd"] = c.d_model;
+  j["n_layer"] = c.n_layers;
+  j["n_head"] = c.n_heads;
+  j["n_inner"] = c.d_ff;
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = shortest(c.norm_eps);
+  j["initializer_range"] = shortest(c.init_std);
+  // Trident trains without dropout.
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  j["reorder_and_upcast_attn"] = false;
+}
+
+void llama_config(const TransformerConfig& c, nlohmann::ordered_json& j) {
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.d_model;
+  j["intermediate_size"] = c.d_ff;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = shortest(c.norm_eps);
+  j["rope_theta"] = shortest(c.rope_theta);
+  j["rope_scaling"] = nullptr;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["initializer_range"] = shortest(c.init_std);
+}
+
+}  // namespace
 
 const std::vector<float>* HfModel::find(std::string_view name) const {
   for (const auto& [n, data] : tensors) {
@@ -294,6 +381,49 @@ class ConfigReader {
   std::string path_;
 };
 
+Status read_gpt2(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c,
+                 bool* tied) {
+  TRIDENT_RETURN_IF_ERROR(r.integer("vocab_size", 50257, &c->vocab_size));
+  TRIDENT_RETURN_IF_ERROR(r.integer("n_positions", 1024, &c->max_seq_len));
+  TRIDENT_RETURN_IF_ERROR(r.integer("n_embd", 768, &c->d_model));
+  TRIDENT_RETURN_IF_ERROR(r.integer("n_layer", 12, &c->n_layers));
+  TRIDENT_RETURN_IF_ERROR(r.integer("n_head", 12, &c->n_heads));
+  TRIDENT_RETURN_IF_ERROR(r.integer("n_inner", 4 * c->d_model, &c->d_ff));
+  TRIDENT_RETURN_IF_ERROR(r.number("layer_norm_epsilon", 1e-5, &c->norm_eps));
+  TRIDENT_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", true, tied));
+  if (j.contains("activation_function") && j["activation_function"] != "gelu_pytorch_tanh") {
+    TRIDENT_RETURN_IF_ERROR(r.require("activation_function", "gelu_new"));
+  }
+  TRIDENT_RETURN_IF_ERROR(r.require("scale_attn_weights", true));
+  TRIDENT_RETURN_IF_ERROR(r.require("scale_attn_by_inverse_layer_idx", false));
+  TRIDENT_RETURN_IF_ERROR(r.require("reorder_and_upcast_attn", false));
+  c->n_kv_heads = c->n_heads;
+  return Status::ok();
+}
+
+Status read_llama(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c,
+                  bool* tied) {
+  (void)j;
+  TRIDENT_RETURN_IF_ERROR(r.integer("vocab_size", 32000, &c->vocab_size));
+  TRIDENT_RETURN_IF_ERROR(r.integer("hidden_size", 4096, &c->d_model));
+  TRIDENT_RETURN_IF_ERROR(r.integer("intermediate_size", 11008, &c->d_ff));
+  TRIDENT_RETURN_IF_ERROR(r.integer("num_hidden_layers", 32, &c->n_layers));
+  TRIDENT_RETURN_IF_ERROR(r.integer("num_attention_heads", 32, &c->n_heads));
+  TRIDENT_RETURN_IF_ERROR(r.integer("num_key_value_heads", c->n_heads, &c->n_kv_heads));
+  TRIDENT_RETURN_IF_ERROR(r.integer("max_position_embeddings", 2048, &c->max_seq_len));
+  TRIDENT_RETURN_IF_ERROR(r.number("rms_norm_eps", 1e-6, &c->norm_eps));
+  TRIDENT_RETURN_IF_ERROR(r.number("rope_theta", 10000.0, &c->rope_theta));
+  TRIDENT_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", false, tied));
+  TRIDENT_RETURN_IF_ERROR(r.require("hidden_act", "silu"));
+  TRIDENT_RETURN_IF_ERROR(r.require("rope_scaling", nullptr));
+  TRIDENT_RETURN_IF_ERROR(r.require("attention_bias", false));
+  TRIDENT_RETURN_IF_ERROR(r.require("mlp_bias", false));
+  if (c->n_heads > 0 && c->d_model % c->n_heads == 0) {
+    TRIDENT_RETURN_IF_ERROR(r.require("head_dim", c->d_model / c->n_heads));
+  }
+  return Status::ok();
+}
+
 Result<TransformerConfig> read_hf_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::invalid_input(path + ": cannot open (no config.json in the directory?)");
@@ -310,46 +440,18 @@ Result<TransformerConfig> read_hf_config(const std::string& path) {
   ConfigReader r(j, path);
   TransformerConfig c;
   bool tied = false;
-  if (type == "gpt2") {
-    c.arch = Arch::kGpt2;
-    TRIDENT_RETURN_IF_ERROR(r.integer("vocab_size", 50257, &c.vocab_size));
-    TRIDENT_RETURN_IF_ERROR(r.integer("n_positions", 1024, &c.max_seq_len));
-    TRIDENT_RETURN_IF_ERROR(r.integer("n_embd", 768, &c.d_model));
-    TRIDENT_RETURN_IF_ERROR(r.integer("n_layer", 12, &c.n_layers));
-    TRIDENT_RETURN_IF_ERROR(r.integer("n_head", 12, &c.n_heads));
-    TRIDENT_RETURN_IF_ERROR(r.integer("n_inner", 4 * c.d_model, &c.d_ff));
-    TRIDENT_RETURN_IF_ERROR(r.number("layer_norm_epsilon", 1e-5, &c.norm_eps));
-    TRIDENT_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", true, &tied));
-    if (j.contains("activation_function") && j["activation_function"] != "gelu_pytorch_tanh") {
-      TRIDENT_RETURN_IF_ERROR(r.require("activation_function", "gelu_new"));
-    }
-    TRIDENT_RETURN_IF_ERROR(r.require("scale_attn_weights", true));
-    TRIDENT_RETURN_IF_ERROR(r.require("scale_attn_by_inverse_layer_idx", false));
-    TRIDENT_RETURN_IF_ERROR(r.require("reorder_and_upcast_attn", false));
-    c.n_kv_heads = c.n_heads;
-  } else if (type == "llama") {
-    c.arch = Arch::kLlama;
-    TRIDENT_RETURN_IF_ERROR(r.integer("vocab_size", 32000, &c.vocab_size));
-    TRIDENT_RETURN_IF_ERROR(r.integer("hidden_size", 4096, &c.d_model));
-    TRIDENT_RETURN_IF_ERROR(r.integer("intermediate_size", 11008, &c.d_ff));
-    TRIDENT_RETURN_IF_ERROR(r.integer("num_hidden_layers", 32, &c.n_layers));
-    TRIDENT_RETURN_IF_ERROR(r.integer("num_attention_heads", 32, &c.n_heads));
-    TRIDENT_RETURN_IF_ERROR(r.integer("num_key_value_heads", c.n_heads, &c.n_kv_heads));
-    TRIDENT_RETURN_IF_ERROR(r.integer("max_position_embeddings", 2048, &c.max_seq_len));
-    TRIDENT_RETURN_IF_ERROR(r.number("rms_norm_eps", 1e-6, &c.norm_eps));
-    TRIDENT_RETURN_IF_ERROR(r.number("rope_theta", 10000.0, &c.rope_theta));
-    TRIDENT_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", false, &tied));
-    TRIDENT_RETURN_IF_ERROR(r.require("hidden_act", "silu"));
-    TRIDENT_RETURN_IF_ERROR(r.require("rope_scaling", nullptr));
-    TRIDENT_RETURN_IF_ERROR(r.require("attention_bias", false));
-    TRIDENT_RETURN_IF_ERROR(r.require("mlp_bias", false));
-    if (c.n_heads > 0 && c.d_model % c.n_heads == 0) {
-      TRIDENT_RETURN_IF_ERROR(r.require("head_dim", c.d_model / c.n_heads));
-    }
-  } else {
-    return Status::invalid_input(path + ": unknown model_type \"" + type +
-                                 "\" (supported: gpt2, llama)");
+  const HfFamily* family = nullptr;
+  std::string supported;
+  for (const HfFamily& f : kHfFamilies) {
+    if (type == f.model_type) family = &f;
+    supported += (supported.empty() ? "" : ", ") + std::string(f.model_type);
   }
+  if (family == nullptr) {
+    return Status::invalid_input(path + ": unknown model_type \"" + type +
+                                 "\" (supported: " + supported + ")");
+  }
+  c.arch = family->arch;
+  TRIDENT_RETURN_IF_ERROR(family->read_config(r, j, &c, &tied));
   c.tie_embeddings = tied ? 1 : 0;
   c.seq_len = c.max_seq_len;
   c.init_std = 0.02f;
@@ -433,7 +535,7 @@ Result<HfModel> read_hf_model(const std::string& dir) {
                 weights_path, t.name);
     }
   }
-  for (const ParamInfo& p : Transformer::plan_params(c, ModelPartition{}).params) {
+  for (const ParamInfo& p : describe_params(c, ModelPartition{}).params) {
     model.tensors.emplace_back(p.name, std::move(by_name.at(p.name)));
   }
   return model;
@@ -441,12 +543,13 @@ Result<HfModel> read_hf_model(const std::string& dir) {
 
 Status apply_hf_architecture(const HfModel& model, TransformerConfig* config) {
   const TransformerConfig& a = model.arch;
-  if (a.is_gpt2() && config->seq_len > a.max_seq_len) {
+  const bool learned = a.family().learned_positions();
+  if (learned && config->seq_len > a.max_seq_len) {
     return Status::invalid_config("model.seq_len: " + std::to_string(config->seq_len) +
                                   " exceeds the " + std::to_string(a.max_seq_len) +
                                   " positions (n_positions) of model.init_from " + model.dir);
   }
-  if (!a.is_gpt2() && config->seq_len > a.max_seq_len) {
+  if (!learned && config->seq_len > a.max_seq_len) {
     log::warn("model.init_from {}: model.seq_len={} exceeds max_position_embeddings={}",
               model.dir, config->seq_len, a.max_seq_len);
   }
@@ -478,9 +581,9 @@ Status apply_hf_architecture(const HfModel& model, TransformerConfig* config) {
   override_int("tie_embeddings", &config->tie_embeddings, a.tie_embeddings,
                config->tie_embeddings != -1);
   override_float("norm_eps", &config->norm_eps, a.norm_eps);
-  if (!a.is_gpt2()) override_float("rope_theta", &config->rope_theta, a.rope_theta);
+  if (a.family().rope()) override_float("rope_theta", &config->rope_theta, a.rope_theta);
   config->padded_vocab = a.padded_vocab;
-  config->max_seq_len = a.is_gpt2() ? a.max_seq_len : 0;
+  config->max_seq_len = learned ? a.max_seq_len : 0;
   config->head_dim = a.head_dim;
   return Status::ok();
 }

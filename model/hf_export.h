@@ -1,6 +1,8 @@
 // Hugging Face model directories (model.safetensors + config.json): Trident's weights
 // in Hugging Face's names and conventions, for `trident export --format safetensors`,
-// and back, for model.init_from.
+// and back, for model.init_from. Each family has one name table (one row per HF tensor:
+// its name, the Trident tensors it is made of and the transpose/stack rule) and its
+// config.json writer and reader (hf_export.cpp's kHfFamilies):
 //
 //   gpt2  -> GPT2LMHeadModel: transformer.wte / wpe / h.{i}.ln_1 / attn.c_attn /
 //            attn.c_proj / ln_2 / mlp.c_fc / mlp.c_proj / ln_f, lm_head when untied.
@@ -52,6 +54,8 @@ Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
 
 // config.json text for `config` (GPT2LMHeadModel or LlamaForCausalLM).
 std::string hf_config_json(const TransformerConfig& config);
+// The Hugging Face class of config's family ("GPT2LMHeadModel", "LlamaForCausalLM").
+const char* hf_class_name(const TransformerConfig& config);
 
 // A model read from a Hugging Face directory, in Trident's terms.
 struct HfModel {

@@ -17,7 +17,7 @@ DeviceBuffer floats(Ops& ops, size_t n) { return DeviceBuffer(ops, std::max<size
 KvCacheDecoder::KvCacheDecoder(const TransformerConfig& config, Ops& ops)
     : config_(config), ops_(ops) {
   TRIDENT_CHECK_MSG(config_.head_dim > 0, "TransformerConfig must be finalize()d");
-  layout_ = Transformer::plan_params(config_, ModelPartition{});
+  layout_ = describe_params(config_, ModelPartition{});
   weights_ = floats(ops_, layout_.total_floats());
   max_positions_ = config_.max_seq_len;
   const int C = config_.d_model, F = config_.d_ff, HD = config_.head_dim;
@@ -104,7 +104,7 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
   TRIDENT_CHECK_MSG(token >= 0 && token < c.vocab_size, "token " + std::to_string(token));
   const int pos = position_;
   const int C = c.d_model, F = c.d_ff, HD = c.head_dim;
-  const bool gpt2 = c.is_gpt2();
+  const Architecture& arch = c.family();
   DevPtr x = x_.as(DType::kF32);
   DevPtr ln = ln_.as(DType::kF32);
   DevPtr q = q_.as(DType::kF32);
@@ -113,11 +113,11 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
   DevPtr res2 = res2_.as(DType::kF32);
   ops_.upload(token_.get(), &token, sizeof(int32_t));
   // One row of position pos: the kernel adds wpe[n % T] with T = 1, so pass row pos.
-  DevPtr wpe = gpt2 ? param("wpe") + static_cast<size_t>(pos) * C : DevPtr();
+  DevPtr wpe = arch.learned_positions() ? param("wpe") + static_cast<size_t>(pos) * C : DevPtr();
   ops_.embedding_forward(x, token_.as(DType::kI32), param("wte"), wpe, 1, 1, C, 0, c.padded_vocab);
 
   auto norm = [&](DevPtr out, DevPtr in, const std::string& prefix) {
-    if (gpt2) {
+    if (arch.layer_norm()) {
       ops_.layernorm_forward(out, mean_.as(DType::kF32), rstd_.as(DType::kF32), in,
                              param(prefix + ".weight"), param(prefix + ".bias"), 1, C, c.norm_eps);
     } else {
@@ -125,7 +125,7 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
                            c.norm_eps);
     }
   };
-  auto bias = [&](const std::string& name) { return gpt2 ? param(name) : DevPtr(); };
+  auto bias = [&](const std::string& name) { return arch.biases ? param(name) : DevPtr(); };
 
   const size_t kv_bytes = static_cast<size_t>(kv_dim_) * sizeof(float);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -134,7 +134,7 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
     ops_.matmul_forward(q, ln, param(p + "attn.q.weight"), bias(p + "attn.q.bias"), 1, C, q_dim_);
     ops_.matmul_forward(k, ln, param(p + "attn.k.weight"), bias(p + "attn.k.bias"), 1, C, kv_dim_);
     ops_.matmul_forward(v, ln, param(p + "attn.v.weight"), bias(p + "attn.v.bias"), 1, C, kv_dim_);
-    if (!gpt2) {
+    if (arch.rope()) {
       ops_.rope_forward(q, 1, 1, c.n_heads, HD, c.rope_theta, pos);
       ops_.rope_forward(k, 1, 1, c.n_kv_heads, HD, c.rope_theta, pos);
     }
@@ -149,17 +149,19 @@ const std::vector<float>& KvCacheDecoder::step(int32_t token) {
     ops_.add(res2, res2, x, static_cast<size_t>(C));
     norm(ln, res2, p + "ln2");
     DevPtr h_act = h_act_.as(DType::kF32);
-    if (gpt2) {
+    if (!arch.swiglu()) {
       ops_.matmul_forward(h1_.as(DType::kF32), ln, param(p + "mlp.fc.weight"),
-                          param(p + "mlp.fc.bias"), 1, C, F);
+                          bias(p + "mlp.fc.bias"), 1, C, F);
       ops_.gelu_forward(h_act, h1_.as(DType::kF32), static_cast<size_t>(F));
-      ops_.matmul_forward(x, h_act, param(p + "mlp.proj.weight"), param(p + "mlp.proj.bias"), 1,
+      ops_.matmul_forward(x, h_act, param(p + "mlp.proj.weight"), bias(p + "mlp.proj.bias"), 1,
                           F, C);
     } else {
-      ops_.matmul_forward(h1_.as(DType::kF32), ln, param(p + "mlp.gate.weight"), DevPtr(), 1, C, F);
+      ops_.matmul_forward(h1_.as(DType::kF32), ln, param(p + "mlp.gate.weight"),
+                          bias(p + "mlp.gate.bias"), 1, C, F);
       ops_.matmul_forward(h2_.as(DType::kF32), ln, param(p + "mlp.up.weight"), DevPtr(), 1, C, F);
       ops_.swiglu_forward(h_act, h1_.as(DType::kF32), h2_.as(DType::kF32), static_cast<size_t>(F));
-      ops_.matmul_forward(x, h_act, param(p + "mlp.down.weight"), DevPtr(), 1, F, C);
+      ops_.matmul_forward(x, h_act, param(p + "mlp.down.weight"), bias(p + "mlp.down.bias"), 1,
+                          F, C);
     }
     ops_.add(x, x, res2, static_cast<size_t>(C));
   }

@@ -14,7 +14,7 @@
 // The matrix products, norms, RoPE and activations go through the Ops kernels; the
 // attention of one query over the cache is written out here (softmax in double) on
 // host copies of q and the cache: it is O(p * d) per step, and Ops has no single-query
-// attention. The parameters follow Transformer::plan_params for one partition (no tensor
+// attention. The parameters follow describe_params (model/model_description.h) for one partition (no tensor
 // or pipeline parallelism), so names and shapes are the checkpoint's global ones.
 //
 // Threading: one decoder per thread of control (it uses one Ops object).
@@ -62,7 +62,7 @@ class KvCacheDecoder {
   TransformerConfig config_;
   Ops& ops_;
   ParamLayout layout_;
-  DeviceBuffer weights_;  // flat, plan_params offsets
+  DeviceBuffer weights_;  // flat, describe_params offsets
   int max_positions_ = 0;
   int position_ = 0;
   int q_dim_ = 0, kv_dim_ = 0;

@@ -233,7 +233,7 @@ Status apply_llmc_architecture(const LlmcCheckpoint& ckpt, TransformerConfig* co
 Status write_llmc_checkpoint(const std::string& path, const TransformerConfig& config,
                              const LlmcParamLookup& lookup) {
   const int C = config.d_model;
-  if (!config.is_gpt2() || !config.tied() || config.d_ff != 4 * C ||
+  if (config.arch != Arch::kGpt2 || !config.tied() || config.d_ff != 4 * C ||
       (config.n_kv_heads != 0 && config.n_kv_heads != config.n_heads)) {
     return Status::invalid_config(path + ": llm.c checkpoints hold only tied gpt2 models with "
                                   "d_ff = 4 * d_model and n_kv_heads = n_heads");

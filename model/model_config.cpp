@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include "model/model_description.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,11 +16,11 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 // In 64 bits: the int values a user may set (up to 2^31 - 1) must not wrap here.
 int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// The default FFN width: gpt2 4C; llama the SwiGLU width that keeps the MLP's parameter
-// count at ~8C^2 (three matrices instead of two), rounded up to a multiple of 64 for the
-// GEMMs. May exceed an int for a huge d_model (validate() reports that).
-int64_t default_d_ff(bool gpt2, int64_t d_model) {
-  return gpt2 ? 4 * d_model : round_up((8 * d_model + 2) / 3, 64);
+// The default FFN width: a GELU MLP 4C; a SwiGLU one the width that keeps the MLP's
+// parameter count at ~8C^2 (three matrices instead of two), rounded up to a multiple of
+// 64 for the GEMMs. May exceed an int for a huge d_model (validate() reports that).
+int64_t default_d_ff(const Architecture& a, int64_t d_model) {
+  return a.swiglu() ? round_up((8 * d_model + 2) / 3, 64) : 4 * d_model;
 }
 
 // a * b and a + b in 64 bits, or nullopt when the result does not fit.
@@ -33,31 +35,34 @@ std::optional<int64_t> add(std::optional<int64_t> a, std::optional<int64_t> b) {
   return out;
 }
 
-// Parameters of one layer and of the whole model (exactly the tensors of
-// model/transformer.h's parameter table, the tied head counted once), or nullopt when
+// Parameters of one layer and of the whole model (exactly the tensors of the model
+// description, model/model_description.h; the tied head counted once), or nullopt when
 // a count overflows 64 bits. `c` is finalized.
 std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
-  const int64_t C = c.d_model, F = c.d_ff;
   const int64_t q = int64_t{c.n_heads} * c.head_dim;
   const int64_t kv = int64_t{c.n_kv_heads} * c.head_dim;
-  const bool gpt2 = c.is_gpt2();
-  std::optional<int64_t> layer = C * (gpt2 ? 2 : 1);                    // ln1 (+ bias)
-  layer = add(layer, add(mul(2 * q, C), mul(2 * kv, C)));              // attn q, k, v, o
-  if (gpt2) layer = add(layer, q + 2 * kv + C);                        // attn biases
-  layer = add(layer, C * (gpt2 ? 2 : 1));                              // ln2 (+ bias)
-  layer = add(layer, gpt2 ? add(mul(2 * F, C), F + C)                  // mlp fc, proj (+ biases)
-                          : mul(mul(3, F), C));                        // mlp gate, up, down
+  auto size = [&](Dim d) -> int64_t {
+    switch (d) {
+      case Dim::kOne: return 1;
+      case Dim::kC: return c.d_model;
+      case Dim::kQ: return q;
+      case Dim::kKV: return kv;
+      case Dim::kF: return c.d_ff;
+    }
+    return 0;
+  };
+  std::optional<int64_t> layer = 0;
+  for (const LayerTensor& t : describe_block(c).tensors) {
+    layer = add(layer, mul(size(t.rows), size(t.cols)));
+  }
   return layer;
 }
 
 std::optional<int64_t> model_parameters(const TransformerConfig& c) {
-  const int64_t C = c.d_model, Vp = c.padded_vocab;
-  const bool gpt2 = c.is_gpt2();
-  std::optional<int64_t> total = mul(Vp, C);                           // wte
-  if (gpt2) total = add(total, mul(c.max_seq_len, C));                 // wpe
-  total = add(total, mul(c.n_layers, layer_parameters(c)));
-  total = add(total, C * (gpt2 ? 2 : 1));                              // lnf (+ bias)
-  if (!c.tied()) total = add(total, mul(Vp, C));                       // lm_head
+  std::optional<int64_t> total = mul(c.n_layers, layer_parameters(c));
+  for (GroupKind g : {GroupKind::kEmbedding, GroupKind::kHead}) {
+    for (const TensorDesc& t : describe_group(c, g, 1, true)) total = add(total, t.shape.numel());
+  }
   return total;
 }
 
@@ -75,24 +80,14 @@ Status positive_finite(const char* key, float value) {
 
 }  // namespace
 
-const char* arch_name(Arch arch) {
-  switch (arch) {
-    case Arch::kGpt2:
-      return "gpt2";
-    case Arch::kLlama:
-      return "llama";
-  }
-  return "?";
-}
-
 void TransformerConfig::finalize() {
   if (n_kv_heads == 0) n_kv_heads = n_heads;
   if (d_ff == 0 && d_model >= 1) {
     // A default too wide for an int stays 0; validate() names model.d_model.
-    const int64_t f = default_d_ff(is_gpt2(), d_model);
+    const int64_t f = default_d_ff(family(), d_model);
     if (f <= kIntMax) d_ff = static_cast<int>(f);
   }
-  if (tie_embeddings == -1) tie_embeddings = is_gpt2() ? 1 : 0;
+  if (tie_embeddings == -1) tie_embeddings = family().tied_head ? 1 : 0;
   // Padding the vocabulary to a multiple of 128 (llm.c) keeps the LM-head GEMM aligned
   // and lets tp up to 128 split it evenly; an llm.c checkpoint may already carry more.
   // A padded size beyond an int is left out (validate() names model.vocab_size).
@@ -108,6 +103,7 @@ Status TransformerConfig::validate() const {
   // become and a caller that forgot finalize() still gets meaningful messages.
   TransformerConfig c = *this;
   c.finalize();
+  const Architecture& a = c.family();
   if (c.vocab_size < 2) {
     return Status::invalid_config("model.vocab_size: must be >= 2, got " +
                                   std::to_string(c.vocab_size));
@@ -127,8 +123,8 @@ Status TransformerConfig::validate() const {
   if (d_ff == 0 && c.d_ff == 0) {
     return Status::invalid_config(
         "model.d_model: " + std::to_string(c.d_model) + " gives a default model.d_ff (" +
-        (c.is_gpt2() ? "4 * d_model" : "8 * d_model / 3 rounded up to 64") + ") of " +
-        std::to_string(default_d_ff(c.is_gpt2(), c.d_model)) + ", more than " +
+        (a.swiglu() ? "8 * d_model / 3 rounded up to 64" : "4 * d_model") + ") of " +
+        std::to_string(default_d_ff(a, c.d_model)) + ", more than " +
         std::to_string(kIntMax) + "; set model.d_ff or use a smaller model.d_model");
   }
   TRIDENT_RETURN_IF_ERROR(positive("d_ff", c.d_ff));
@@ -144,16 +140,23 @@ Status TransformerConfig::validate() const {
     return Status::invalid_config("model.n_kv_heads: " + std::to_string(c.n_kv_heads) +
                                   " does not divide model.n_heads=" + std::to_string(c.n_heads));
   }
-  if (c.is_gpt2() && c.n_kv_heads != c.n_heads) {
-    return Status::invalid_config("model.n_kv_heads: gpt2 has no grouped-query attention; "
+  if (!a.gqa && c.n_kv_heads != c.n_heads) {
+    return Status::invalid_config("model.n_kv_heads: " + std::string(a.name) +
+                                  " has no grouped-query attention; "
                                   "n_kv_heads must equal model.n_heads=" +
                                   std::to_string(c.n_heads) + " (or be 0), got " +
                                   std::to_string(c.n_kv_heads));
   }
-  if (!c.is_gpt2() && c.head_dim % 2 != 0) {
-    return Status::invalid_config("model.n_heads: llama needs an even head_dim for RoPE, but "
+  if (a.rope() && c.head_dim % 2 != 0) {
+    return Status::invalid_config("model.n_heads: " + std::string(a.name) +
+                                  " needs an even head_dim for RoPE, but "
                                   "model.d_model=" + std::to_string(c.d_model) + " / n_heads=" +
                                   std::to_string(c.n_heads) + " = " + std::to_string(c.head_dim));
+  }
+  if (a.qk_norm || a.rope_scaling != 1.0f) {
+    return Status::invalid_config("model.arch: " + std::string(a.name) +
+                                  " asks for q/k norms or RoPE scaling, which Trident does not "
+                                  "implement");
   }
   TRIDENT_RETURN_IF_ERROR(positive_finite("norm_eps", c.norm_eps));
   TRIDENT_RETURN_IF_ERROR(positive_finite("init_std", c.init_std));
@@ -198,7 +201,7 @@ double TransformerConfig::flops_per_token() const {
   // N excludes the position table: a lookup costs no multiply-adds. The padded
   // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
   int64_t n = c.num_parameters();
-  if (c.is_gpt2()) n -= int64_t{c.max_seq_len} * c.d_model;
+  if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
   return 6.0 * static_cast<double>(n) +
          12.0 * c.n_layers * static_cast<double>(c.d_model) * c.seq_len;
 }

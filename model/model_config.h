@@ -1,8 +1,6 @@
-// TransformerConfig: the architecture of one decoder-only model, for two families.
-//   gpt2:  LayerNorm (with bias), tanh-GELU MLP, learned positions, biases everywhere,
-//          tied LM head (GPT-2's exact math).
-//   llama: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases, untied head.
-// It is parsed from the `model:` section of a YAML config (config/config.h) and
+// TransformerConfig: the architecture of one decoder-only model: its family (a row of
+// model/architecture.h's table: gpt2, llama) and its sizes. It is parsed from the
+// `model:` section of a YAML config (config/config.h) and
 // validated by validate(); derived sizes are computed by finalize().
 #pragma once
 
@@ -10,10 +8,9 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/architecture.h"
 
 namespace trident {
-
-enum class Arch { kGpt2, kLlama };
 
 // Activation recomputation (training.recompute; what is recomputed: model/transformer.h).
 enum class Recompute { kNone, kSelective, kFull };
@@ -25,10 +22,10 @@ struct TransformerConfig {
   int seq_len = 64;         // T: training sequence length
   int n_layers = 4;         // L
   int n_heads = 4;          // NH
-  int n_kv_heads = 0;       // NKV; 0 = n_heads (no GQA). gpt2 requires NKV == NH.
+  int n_kv_heads = 0;       // NKV; 0 = n_heads (no GQA). Families without GQA need NKV == NH.
   int d_model = 128;        // C
-  int d_ff = 0;             // F; 0 = default (gpt2: 4C; llama: 8C/3 rounded up to 64)
-  int tie_embeddings = -1;  // -1 = family default (gpt2 tied, llama untied); else 0/1
+  int d_ff = 0;             // F; 0 = default (GELU: 4C; SwiGLU: 8C/3 rounded up to 64)
+  int tie_embeddings = -1;  // -1 = family default (Architecture::tied_head); else 0/1
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   float init_std = 0.02f;
@@ -36,11 +33,12 @@ struct TransformerConfig {
 
   // ---- derived by finalize() --------------------------------------------------------
   int padded_vocab = 0;  // Vp: V rounded up to a multiple of 128 (or the checkpoint's Vp)
-  int max_seq_len = 0;   // rows of the position table (gpt2): seq_len, or the checkpoint's maxT
+  int max_seq_len = 0;   // rows of the position table (learned positions): seq_len, or the checkpoint's maxT
   int head_dim = 0;      // HD = C / NH
 
   bool tied() const { return tie_embeddings == 1; }
-  bool is_gpt2() const { return arch == Arch::kGpt2; }
+  // The family's row of the architecture table.
+  const Architecture& family() const { return architecture(arch); }
 
   // Fills defaults (n_kv_heads, d_ff, tie_embeddings) and derived sizes. Keeps
   // padded_vocab / max_seq_len if already set larger (by an llm.c checkpoint).
@@ -54,7 +52,5 @@ struct TransformerConfig {
   // the position embedding (DESIGN.md, docs/PERFORMANCE.md).
   double flops_per_token() const;
 };
-
-const char* arch_name(Arch arch);
 
 }  // namespace trident

@@ -17,47 +17,13 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Per-slot activation buffers: the globals, then x_0..x_nl, then the layer buffers
-// (Transformer::layer_buffers()) of each local layer.
-enum SlotBuffer {
-  kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses, kXentMax, kXentSums,
-  kSlotGlobals
-};
-// Backward scratch shared by all slots. Sequence parallelism only: kGather, the [N, C]
-// workspace of the gathers and reduce-scatters; kDlnLocal, this rank's rows of a reduced
-// column input gradient; kNormGrads, one block's norm-weight gradients (f32, 4 x C).
-enum Scratch {
-  kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
-  kScratchCount
-};
-
-// Sizes in the model's dimensions: a parameter's rows and columns (kOne: a vector), an
-// activation's width per token row (DimSizes: global or this rank's local sizes).
-enum class Dim { kOne, kC, kQ, kKV, kF, kFLlama };
-
-// The sizes a Dim stands for: global ones for parameter shapes, local ones (this rank's
-// tensor-parallel part) for activations. kFLlama: F for llama, absent (0) for gpt2.
-struct DimSizes {
-  int64_t c, q, kv, f;
-  bool llama;
-  int64_t of(Dim d) const {
-    switch (d) {
-      case Dim::kOne: return 1;
-      case Dim::kC: return c;
-      case Dim::kQ: return q;
-      case Dim::kKV: return kv;
-      case Dim::kF: return f;
-      case Dim::kFLlama: return llama ? f : 0;
-    }
-    return 0;
-  }
-};
+using namespace buffers;  // the per-slot globals and the scratch (model_description.h)
 
 }  // namespace
 
-// ---- the per-layer tables ----------------------------------------------------------------
-// One row per tensor of a layer: where the model finds it, its name, size and split. Adding
-// a tensor is one row here and one member in LayerParams / LayerActs.
+// ---- the block's tensors and buffers --------------------------------------------------
+// The rows come from the model description (describe_block); a row's role says which
+// member of LayerParams / LayerActs the block reads it through.
 
 struct Transformer::LayerParams {
   DevPtr ln1_w;   // (C)
@@ -72,56 +38,19 @@ struct Transformer::LayerParams {
   DevPtr o_b;     // (C)
   DevPtr ln2_w;   // (C)
   DevPtr ln2_b;   // (C)
-  DevPtr fc_w;    // (F_local, C)  gpt2 mlp.fc / llama mlp.gate
+  DevPtr fc_w;    // (F_local, C)  GELU mlp.fc / SwiGLU mlp.gate
   DevPtr fc_b;    // (F_local)
-  DevPtr up_w;    // (F_local, C)  llama mlp.up
-  DevPtr proj_w;  // (C, F_local)  gpt2 mlp.proj / llama mlp.down
+  DevPtr up_w;    // (F_local, C)  SwiGLU mlp.up
+  DevPtr proj_w;  // (C, F_local)  GELU mlp.proj / SwiGLU mlp.down
   DevPtr proj_b;  // (C)
 };
-
-struct Transformer::LayerTensor {
-  const char* gpt2;   // the name after "layers.{i}." in each family; null: absent there
-  const char* llama;
-  DevPtr LayerParams::*field;
-  Dim rows, cols;     // global shape
-  int split_dim;      // over tp, as the tensor-parallel layer using it splits it; -1 replicated
-};
-
-std::span<const Transformer::LayerTensor> Transformer::layer_tensors() {
-  using L = LayerParams;
-  constexpr int col = ColumnParallelLinear::kWeightSplitDim;
-  constexpr int col_bias = ColumnParallelLinear::kBiasSplitDim;
-  constexpr int row = RowParallelLinear::kWeightSplitDim;
-  constexpr int row_bias = RowParallelLinear::kBiasSplitDim;
-  // In parameter-layout order (offsets, shards and checkpoints follow it).
-  static const LayerTensor table[] = {
-      {"ln1.weight", "ln1.weight", &L::ln1_w, Dim::kC, Dim::kOne, -1},
-      {"ln1.bias", nullptr, &L::ln1_b, Dim::kC, Dim::kOne, -1},
-      {"attn.q.weight", "attn.q.weight", &L::q_w, Dim::kQ, Dim::kC, col},
-      {"attn.q.bias", nullptr, &L::q_b, Dim::kQ, Dim::kOne, col_bias},
-      {"attn.k.weight", "attn.k.weight", &L::k_w, Dim::kKV, Dim::kC, col},
-      {"attn.k.bias", nullptr, &L::k_b, Dim::kKV, Dim::kOne, col_bias},
-      {"attn.v.weight", "attn.v.weight", &L::v_w, Dim::kKV, Dim::kC, col},
-      {"attn.v.bias", nullptr, &L::v_b, Dim::kKV, Dim::kOne, col_bias},
-      {"attn.o.weight", "attn.o.weight", &L::o_w, Dim::kC, Dim::kQ, row},
-      {"attn.o.bias", nullptr, &L::o_b, Dim::kC, Dim::kOne, row_bias},
-      {"ln2.weight", "ln2.weight", &L::ln2_w, Dim::kC, Dim::kOne, -1},
-      {"ln2.bias", nullptr, &L::ln2_b, Dim::kC, Dim::kOne, -1},
-      {"mlp.fc.weight", "mlp.gate.weight", &L::fc_w, Dim::kF, Dim::kC, col},
-      {"mlp.fc.bias", nullptr, &L::fc_b, Dim::kF, Dim::kOne, col_bias},
-      {nullptr, "mlp.up.weight", &L::up_w, Dim::kF, Dim::kC, col},
-      {"mlp.proj.weight", "mlp.down.weight", &L::proj_w, Dim::kC, Dim::kF, row},
-      {"mlp.proj.bias", nullptr, &L::proj_b, Dim::kC, Dim::kOne, row_bias},
-  };
-  return table;
-}
 
 struct Transformer::LayerActs {
   DevPtr ln1;        // (N, C)
   DevPtr ln1_mean;   // (N)
   DevPtr ln1_rstd;   // (N)
-  DevPtr q;          // (N, NH_local*HD)  after RoPE (llama)
-  DevPtr k;          // (N, NKV_local*HD) after RoPE (llama)
+  DevPtr q;          // (N, NH_local*HD)  after RoPE
+  DevPtr k;          // (N, NKV_local*HD) after RoPE
   DevPtr v;          // (N, NKV_local*HD)
   DevPtr att_state;  // opaque attention state (Ops::attention_state_bytes), never read here
   DevPtr atty;       // (N, NH_local*HD)
@@ -129,33 +58,27 @@ struct Transformer::LayerActs {
   DevPtr ln2;        // (N, C)
   DevPtr ln2_mean;   // (N)
   DevPtr ln2_rstd;   // (N)
-  DevPtr h1;         // (N, F_local)  gpt2 fc output / llama gate output
-  DevPtr h2;         // (N, F_local)  llama up output
+  DevPtr h1;         // (N, F_local)  fc / gate output
+  DevPtr h2;         // (N, F_local)  SwiGLU up output
   DevPtr h_act;      // (N, F_local)  gelu(h1) / silu(h1) * h2
 };
 
-struct Transformer::LayerBuffer {
-  DevPtr LayerActs::*field;
-  Dim width;     // elements per token row (local); kOne: one; the attention state is sized
-                 // by the backend instead
-  bool compute;  // compute dtype; else f32 (statistics)
-  bool sharded;  // on this rank's token rows under sequence parallelism (else all N)
-};
+namespace {
 
-std::span<const Transformer::LayerBuffer> Transformer::layer_buffers() {
-  using A = LayerActs;
-  static const LayerBuffer table[] = {
-      {&A::ln1, Dim::kC, true, true},         {&A::ln1_mean, Dim::kOne, false, true},
-      {&A::ln1_rstd, Dim::kOne, false, true}, {&A::q, Dim::kQ, true, false},
-      {&A::k, Dim::kKV, true, false},         {&A::v, Dim::kKV, true, false},
-      {&A::att_state, Dim::kOne, false, false}, {&A::atty, Dim::kQ, true, false},
-      {&A::res2, Dim::kC, true, true},        {&A::ln2, Dim::kC, true, true},
-      {&A::ln2_mean, Dim::kOne, false, true}, {&A::ln2_rstd, Dim::kOne, false, true},
-      {&A::h1, Dim::kF, true, false},         {&A::h2, Dim::kFLlama, true, false},
-      {&A::h_act, Dim::kF, true, false},
-  };
-  return table;
-}
+using LP = Transformer::LayerParams;
+using LA = Transformer::LayerActs;
+
+// The member of each ParamRole / BufferRole, in role order.
+constexpr DevPtr LP::*kParamField[kParamRoles] = {
+    &LP::ln1_w, &LP::ln1_b, &LP::q_w,   &LP::q_b,   &LP::k_w,  &LP::k_b,
+    &LP::v_w,   &LP::v_b,   &LP::o_w,   &LP::o_b,   &LP::ln2_w, &LP::ln2_b,
+    &LP::fc_w,  &LP::fc_b,  &LP::up_w,  &LP::proj_w, &LP::proj_b};
+constexpr DevPtr LA::*kBufferField[kBufferRoles] = {
+    &LA::ln1,  &LA::ln1_mean, &LA::ln1_rstd, &LA::q,        &LA::k,        &LA::v,
+    &LA::att_state, &LA::atty, &LA::res2,    &LA::ln2,      &LA::ln2_mean, &LA::ln2_rstd,
+    &LA::h1,   &LA::h2,       &LA::h_act};
+
+}  // namespace
 
 std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers) {
   if (!stage_layers.empty()) return stage_layers;
@@ -164,82 +87,7 @@ std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>
   return counts;
 }
 
-// ---- parameter layout ------------------------------------------------------------------
-
-ParamLayout Transformer::plan_params(const TransformerConfig& c, const ModelPartition& part) {
-  return plan_params(c, std::span<const ModelPartition>(&part, 1));
-}
-
-ParamLayout Transformer::plan_params(const TransformerConfig& c,
-                                     std::span<const ModelPartition> chunks) {
-  TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
-  TRIDENT_CHECK(!chunks.empty());
-  const int L = c.n_layers, tp = chunks.front().tp_size, r = chunks.front().tp_rank;
-  const int64_t C = c.d_model, F = c.d_ff, HD = c.head_dim;
-  const int64_t q_dim = c.n_heads * HD, kv_dim = c.n_kv_heads * HD;
-  const bool gpt2 = c.is_gpt2();
-  ParamLayout layout;
-  layout.groups.resize(static_cast<size_t>(L + 2));
-  for (int g = 0; g < L + 2; ++g) layout.groups[static_cast<size_t>(g)].id = g;
-  size_t cursor = 0;
-  int current_group = -1;
-  auto add = [&](int group, std::string name, Shape shape, int split_dim) {
-    if (group != current_group) {  // groups are added in id order
-      TRIDENT_CHECK_MSG(group > current_group, "model chunks out of layer order");
-      cursor = (cursor + 15) / 16 * 16;
-      layout.groups[static_cast<size_t>(group)].offset = cursor;
-      current_group = group;
-    }
-    ParamInfo p;
-    p.decay = shape.rank() == 2;
-    p.name = std::move(name);
-    p.shape = shape;
-    p.local_shape = shape;
-    p.split_dim = split_dim;
-    if (split_dim >= 0) {
-      TRIDENT_CHECK_MSG(shape[split_dim] % tp == 0, p.name + " does not split over tp");
-      p.local_shape[split_dim] = shape[split_dim] / tp;
-      p.split_offset = p.local_shape[split_dim] * r;
-    }
-    p.group = group;
-    p.offset = (cursor + 15) / 16 * 16;
-    cursor = p.offset + static_cast<size_t>(p.local_shape.numel());
-    auto& grp = layout.groups[static_cast<size_t>(group)];
-    grp.params.push_back(static_cast<int>(layout.params.size()));
-    grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
-    layout.params.push_back(std::move(p));
-  };
-  const DimSizes global{C, q_dim, kv_dim, F, !gpt2};
-  for (const ModelPartition& part : chunks) {
-    const int layer_end = part.layer_end < 0 ? L : part.layer_end;
-    if (part.first_stage()) {
-      add(0, "wte", {c.padded_vocab, C}, VocabParallelEmbedding::kTableSplitDim);
-      if (gpt2) add(0, "wpe", {c.max_seq_len, C}, -1);
-    }
-    for (int l = part.layer_begin; l < layer_end; ++l) {
-      const std::string prefix = "layers." + std::to_string(l) + ".";
-      for (const LayerTensor& t : layer_tensors()) {
-        const char* name = gpt2 ? t.gpt2 : t.llama;
-        if (name == nullptr) continue;
-        const Shape shape = t.cols == Dim::kOne ? Shape{global.of(t.rows)}
-                                                : Shape{global.of(t.rows), global.of(t.cols)};
-        add(1 + l, prefix + name, shape, t.split_dim);
-      }
-    }
-    if (part.last_stage()) {
-      const int g = L + 1;
-      add(g, "lnf.weight", {C}, -1);
-      if (gpt2) add(g, "lnf.bias", {C}, -1);
-      if (!c.tied()) {
-        add(g, "lm_head.weight", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
-      } else if (!part.first_stage()) {
-        add(g, "wte", {c.padded_vocab, C}, ColumnParallelLinear::kWeightSplitDim);
-        layout.params.back().tied_copy = true;
-      }
-    }
-  }
-  return layout;
-}
+// ---- parameters -------------------------------------------------------------------------
 
 std::vector<float> Transformer::initial_value(const TransformerConfig& c, const ParamInfo& p,
                                               uint64_t seed) {
@@ -315,15 +163,15 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   k_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.k");
   v_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.v");
   o_ = RowParallelLinear(tp_, q_dim, C, "attn.o");
-  fc_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.fc");  // gpt2 mlp.fc, llama mlp.gate
-  up_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.up");  // llama only
-  proj_ = RowParallelLinear(tp_, c.d_ff, C, "mlp.out");  // gpt2 mlp.proj, llama mlp.down
+  fc_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.fc");  // GELU mlp.fc, SwiGLU mlp.gate
+  up_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.up");  // SwiGLU only
+  proj_ = RowParallelLinear(tp_, c.d_ff, C, "mlp.out");  // GELU mlp.proj, SwiGLU mlp.down
   head_ = ColumnParallelLinear(tp_, C, c.padded_vocab, "lm_head");
   embedding_ = VocabParallelEmbedding(tp_, c.padded_vocab, C);
   xent_ = VocabParallelCrossEntropy(tp_, c.vocab_size, c.padded_vocab);
   vocab_local_ = head_.out_local();
 
-  layout_ = plan_params(c, part_);
+  layout_ = describe_params(c, part_);
   if (store == nullptr) {
     own_store_ = std::make_unique<ResidentParamStore>(layout_, ops_, compute_dtype_);
     store_ = own_store_.get();
@@ -333,85 +181,52 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
-  const auto tensors = layer_tensors();
-  layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(tensors.size(), -1));
+  const std::vector<LayerTensor> tensors = describe_block(c).tensors;
+  layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const char* suffix = c.is_gpt2() ? tensors[t].gpt2 : tensors[t].llama;
-      if (!suffix) continue;
-      const ParamInfo* p = layout_.find(prefix + suffix);
-      TRIDENT_CHECK_MSG(p != nullptr, prefix + suffix);
-      layer_param_index_[static_cast<size_t>(l)][t] =
+    for (const LayerTensor& t : tensors) {
+      if (t.role == ParamRole::kNone) continue;  // allocated, not read by this block
+      const ParamInfo* p = layout_.find(prefix + t.name);
+      TRIDENT_CHECK_MSG(p != nullptr, prefix + t.name);
+      layer_param_index_[static_cast<size_t>(l)][static_cast<size_t>(t.role)] =
           static_cast<int>(p - layout_.params.data());
     }
   }
-  plan_activations();
+  allocate_activations();
   slot_info_.assign(static_cast<size_t>(num_slots_), SlotInfo{});
   loss_sum_ = DeviceBuffer(ops_, sizeof(double));  // zero-filled
 }
 
-void Transformer::plan_activations() {
+void Transformer::allocate_activations() {
   const auto& c = config_;
-  const size_t N = static_cast<size_t>(micro_batch_size_) * c.seq_len;
-  // This rank's token rows of the sharded tensors (sequence parallelism), else N.
-  const size_t n = static_cast<size_t>(tp_.local_rows(static_cast<int>(N)));
-  const bool sp = tp_.sequence_parallel();
-  const size_t C = c.d_model, F = ff_, q_dim = static_cast<size_t>(heads_) * c.head_dim,
-               kv_dim = static_cast<size_t>(kv_heads_) * c.head_dim;
-  // The attention state is opaque bytes sized by the backend (kernels/ops.h); compute
-  // tensors (activations and their gradients, logits) are of the compute dtype;
-  // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
-  const size_t att_bytes =
-      ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim,
-                                 compute_dtype_);
-  const bool llama = !c.is_gpt2();
-  const bool last = part_.last_stage();
-  const DType cd = compute_dtype_, f32 = DType::kF32, i32 = DType::kI32;
+  ActivationShape shape;
+  shape.micro_batch_size = micro_batch_size_;
+  shape.tp_size = tp_.size();
+  shape.sequence_parallel = tp_.sequence_parallel();
+  shape.last_stage = part_.last_stage();
+  shape.compute = compute_dtype_;
+  shape.recompute = recompute_;
+  shape.attention_state_bytes = static_cast<double>(ops_.attention_state_bytes(
+      micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim, compute_dtype_));
+  const ActivationDescription d = describe_activations(c, shape);
+  TRIDENT_CHECK(d.globals.size() == kSlotGlobals && d.scratch.size() == kScratchCount);
+  auto bytes_of = [](const BufferDesc& b) { return static_cast<size_t>(b.bytes); };
+
+  // One slot: the globals, then x_0..x_nl, then the layer buffers of each local layer
+  // (those recomputation shares are not reserved per slot).
   Arena slot_arena;
   slot_offsets_.clear();
   slot_dtypes_.clear();
-  auto reserve_bytes = [&](size_t bytes, DType dtype) {
+  auto reserve = [&](const BufferDesc& b, bool reserved) {
+    const size_t bytes = reserved ? bytes_of(b) : 0;
     slot_offsets_.push_back(bytes ? slot_arena.reserve(bytes) : kAbsent);
-    slot_dtypes_.push_back(dtype);
+    slot_dtypes_.push_back(b.dtype);
   };
-  auto reserve = [&](size_t elements, DType dtype) {
-    reserve_bytes(elements * dtype_size(dtype), dtype);
-  };
-  const std::pair<size_t, DType> globals[kSlotGlobals] = {
-      {N, i32},
-      {last ? N : 0, i32},
-      {last ? N * C : 0, cd},  // the head's input: all rows (gathered)
-      {last ? n : 0, f32},
-      {last ? n : 0, f32},
-      {last ? N * static_cast<size_t>(vocab_local_) : 0, cd},
-      {last ? N : 0, f32},
-      {last ? N : 0, f32},
-      {last ? 2 * N : 0, f32}};
-  for (const auto& [n, dtype] : globals) reserve(n, dtype);
-  for (int l = 0; l <= n_local_layers_; ++l) reserve(n * C, cd);
-  const DimSizes local{static_cast<int64_t>(C), static_cast<int64_t>(q_dim),
-                       static_cast<int64_t>(kv_dim), static_cast<int64_t>(F), llama};
-  // Per layer buffer: its bytes, and whether recomputation keeps it in the shared set
-  // instead of per slot and layer.
-  const auto buffers = layer_buffers();
-  auto buffer_dtype = [&](const LayerBuffer& b) {
-    return b.field == &LayerActs::att_state ? DType::kU8 : b.compute ? cd : f32;
-  };
-  auto buffer_bytes = [&](const LayerBuffer& b) {
-    return b.field == &LayerActs::att_state
-               ? att_bytes
-               : (b.sharded ? n : N) * static_cast<size_t>(local.of(b.width)) *
-                     dtype_size(buffer_dtype(b));
-  };
-  auto shared = [&](const LayerBuffer& b) {
-    return recompute_ == Recompute::kFull ||
-           (recompute_ == Recompute::kSelective && b.field == &LayerActs::att_state);
-  };
+  for (const BufferDesc& b : d.globals) reserve(b, true);
+  for (int l = 0; l <= n_local_layers_; ++l) reserve(d.residual, true);
   for (int l = 0; l < n_local_layers_; ++l) {
-    for (const LayerBuffer& b : buffers) {
-      reserve_bytes(shared(b) ? 0 : buffer_bytes(b), buffer_dtype(b));
-    }
+    for (const BufferDesc& b : d.layer) reserve(b, !b.shared);
   }
   act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
                         Arena::kAlignment;
@@ -420,22 +235,19 @@ void Transformer::plan_activations() {
   Arena scratch_arena;
   scratch_offsets_.clear();
   scratch_dtypes_.clear();
-  const std::pair<size_t, DType> scratch_sizes[kScratchCount] = {
-      {n * C, cd},      {N * C, cd},      {N * q_dim, cd},          {N * kv_dim, cd},
-      {N * kv_dim, cd}, {N * q_dim, cd},  {N * F, cd},              {llama ? N * F : 0, cd},
-      {N * F, cd},      {sp ? N * C : 0, cd}, {sp ? n * C : 0, cd}, {sp ? 4 * C : 0, f32}};
-  for (const auto& [elements, dtype] : scratch_sizes) {
-    scratch_offsets_.push_back(elements ? scratch_arena.reserve(elements * dtype_size(dtype))
-                                        : kAbsent);
-    scratch_dtypes_.push_back(dtype);
+  for (const BufferDesc& b : d.scratch) {
+    scratch_offsets_.push_back(bytes_of(b) ? scratch_arena.reserve(bytes_of(b)) : kAbsent);
+    scratch_dtypes_.push_back(b.dtype);
   }
   scratch_ = DeviceBuffer(ops_, scratch_arena.total_bytes());
 
   Arena shared_arena;
   shared_offsets_.clear();
-  for (const LayerBuffer& b : buffers) {
-    const size_t bytes = shared(b) && n_local_layers_ > 0 ? buffer_bytes(b) : 0;
+  buffer_roles_.clear();
+  for (const BufferDesc& b : d.layer) {
+    const size_t bytes = b.shared && n_local_layers_ > 0 ? bytes_of(b) : 0;
     shared_offsets_.push_back(bytes ? shared_arena.reserve(bytes) : kAbsent);
+    buffer_roles_.push_back(b.role);
   }
   shared_ = shared_arena.total_bytes() ? DeviceBuffer(ops_, shared_arena.total_bytes())
                                        : DeviceBuffer();
@@ -462,27 +274,27 @@ inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const {
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
   const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
-  const auto tensors = layer_tensors();
   LayerParams p;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    if (idx[t] < 0) continue;  // absent in this family: stays null
-    p.*tensors[t].field = base + (layout_.params[static_cast<size_t>(idx[t])].offset - group_start);
+  for (size_t r = 0; r < idx.size(); ++r) {
+    if (idx[r] < 0) continue;  // absent in this family: stays null
+    p.*kParamField[r] = base + (layout_.params[static_cast<size_t>(idx[r])].offset - group_start);
   }
   return p;
 }
 
 Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const {
-  const auto buffers = layer_buffers();
-  const int base =
-      kSlotGlobals + n_local_layers_ + 1 + local_layer * static_cast<int>(buffers.size());
+  const size_t count = buffer_roles_.size();
+  const int base = kSlotGlobals + n_local_layers_ + 1 + local_layer * static_cast<int>(count);
   LayerActs a;
-  for (size_t i = 0; i < buffers.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
+    if (buffer_roles_[i] == BufferRole::kNone) continue;  // allocated, not read by this block
+    DevPtr LayerActs::*field = kBufferField[static_cast<size_t>(buffer_roles_[i])];
     const size_t shared_off = shared_offsets_[i];
     if (shared_off != kAbsent) {  // recomputed: one set for every layer and slot
       const DType dtype = slot_dtypes_[static_cast<size_t>(base) + i];
-      a.*buffers[i].field = shared_.get().byte_offset(shared_off).as(dtype);
+      a.*field = shared_.get().byte_offset(shared_off).as(dtype);
     } else {
-      a.*buffers[i].field = act(slot, base + static_cast<int>(i));
+      a.*field = act(slot, base + static_cast<int>(i));
     }
   }
   return a;
@@ -637,7 +449,7 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
     ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
     store_->acquire(0, Phase::kForward);
     DevPtr wte = group_param(0, "wte");
-    DevPtr wpe = c.is_gpt2() ? group_param(0, "wpe") : DevPtr();
+    DevPtr wpe = c.family().learned_positions() ? group_param(0, "wpe") : DevPtr();
     embedding_.forward(x0, d_tokens, wte, wpe, B, T, scratch(kGather));
     store_->release(0, Phase::kForward);
   }
@@ -662,19 +474,19 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of x, the norms and res2 (N/tp: sequence parallel)
-  const bool gpt2 = c.is_gpt2();
+  const Architecture& arch = c.family();
   DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
 
-  if (gpt2) {
+  if (arch.layer_norm()) {
     ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, n, C, c.norm_eps);
   } else {
     ops_.rmsnorm_forward(a.ln1, a.ln1_rstd, x_in, p.ln1_w, n, C, c.norm_eps);
   }
   DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input");
-  q_.forward(a.q, ln1, p.q_w, p.q_b, N);  // (biases: gpt2 only; null for llama)
+  q_.forward(a.q, ln1, p.q_w, p.q_b, N);  // (biases null when the family has none)
   k_.forward(a.k, ln1, p.k_w, p.k_b, N);
   v_.forward(a.v, ln1, p.v_w, p.v_b, N);
-  if (!gpt2) {
+  if (arch.rope()) {
     ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
@@ -683,18 +495,18 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
   o_.forward(a.res2, a.atty, p.o_w, p.o_b, N, work);
   ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(n) * C);
 
-  if (gpt2) {
+  if (arch.layer_norm()) {
     ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, n, C,
                            c.norm_eps);
   } else {
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, n, C, c.norm_eps);
   }
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
-  if (gpt2) {
+  if (!arch.swiglu()) {
     fc_.forward(a.h1, ln2, p.fc_w, p.fc_b, N);
     ops_.gelu_forward(a.h_act, a.h1, static_cast<size_t>(N) * F);
   } else {
-    fc_.forward(a.h1, ln2, p.fc_w, DevPtr(), N);
+    fc_.forward(a.h1, ln2, p.fc_w, p.fc_b, N);
     up_.forward(a.h2, ln2, p.up_w, DevPtr(), N);
     ops_.swiglu_forward(a.h_act, a.h1, a.h2, static_cast<size_t>(N) * F);
   }
@@ -717,7 +529,7 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   DevPtr lnf_rows = tp_.sequence_parallel() ? scratch(kGather) : lnf;
   DevPtr xL = act(slot, x_index(n_local_layers_));
   DevPtr lnf_w = group_param(head_group, "lnf.weight");
-  if (c.is_gpt2()) {
+  if (c.family().layer_norm()) {
     ops_.layernorm_forward(lnf_rows, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
                            group_param(head_group, "lnf.bias"), n, C, c.norm_eps);
   } else {
@@ -764,7 +576,7 @@ void Transformer::backward_stage(int slot, float loss_scale) {
   if (part_.first_stage()) {
     store_->acquire(0, Phase::kBackward);
     DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
-    DevPtr dwpe = c.is_gpt2() ? group_grad(0, "wpe") : DevPtr();
+    DevPtr dwpe = c.family().learned_positions() ? group_grad(0, "wpe") : DevPtr();
     embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, scratch(kGather));
     store_->release(0, Phase::kBackward);
   }
@@ -792,12 +604,12 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   DevPtr dx = scratch(kDx);
   zero_elements(dx, static_cast<size_t>(n) * C);
   DevPtr xL = act(slot, x_index(n_local_layers_));
-  const bool gpt2 = c.is_gpt2();
+  const bool layer_norm = c.family().layer_norm();
   const NormGrads grads = {group_grad(head_group, "lnf.weight"),
-                           gpt2 ? group_grad(head_group, "lnf.bias") : DevPtr(), DevPtr(),
+                           layer_norm ? group_grad(head_group, "lnf.bias") : DevPtr(), DevPtr(),
                            DevPtr()};
   const NormGrads into = norm_grad_targets(grads);
-  if (gpt2) {
+  if (layer_norm) {
     ops_.layernorm_backward(dx, into[0], into[1], dln, xL, group_param(head_group, "lnf.weight"),
                             act(slot, kLnfMean), act(slot, kLnfRstd), n, C);
   } else {
@@ -820,7 +632,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   const int n = tp_.local_rows(N);  // rows of dx, x, the norms and res2
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const size_t nF = static_cast<size_t>(N) * F, NC = static_cast<size_t>(N) * C;
-  const bool gpt2 = c.is_gpt2();
+  const Architecture& arch = c.family();
   DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
   DevPtr dln_local = scratch(kDlnLocal);
   DevPtr dln_full = scratch(kDln);
@@ -843,17 +655,17 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   zero_elements(dln_full, NC);
   // The MLP's input, gathered again for the weight gradients (sequence parallelism).
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input (backward)");
-  if (gpt2) {
+  if (!arch.swiglu()) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
     fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N);
   } else {
     zero_elements(dh2, nF);
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
-    fc_.backward(dln_full, g.fc_w, DevPtr(), dh1, ln2, p.fc_w, N);
+    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N);
     up_.backward(dln_full, g.up_w, DevPtr(), dh2, ln2, p.up_w, N);
   }
   DevPtr dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "mlp dinput");
-  if (gpt2) {
+  if (arch.layer_norm()) {
     ops_.layernorm_backward(dx, into[0], into[1], dln, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
                             n, C);
   } else {
@@ -874,7 +686,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   }
   ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_,
                           kv_heads_, HD);
-  if (!gpt2) {
+  if (arch.rope()) {
     ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
     ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
   }
@@ -884,7 +696,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
   v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
   dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");
-  if (gpt2) {
+  if (arch.layer_norm()) {
     ops_.layernorm_backward(dx, into[2], into[3], dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, n,
                             C);
   } else {

@@ -1,6 +1,8 @@
 // Transformer: a decoder-only language model with explicit forward and backward,
-// for the gpt2 and llama families of model/model_config.h, on one rank's part of the model
-// (a pipeline stage's layers, a tensor-parallel slice of each layer).
+// for the families of model/architecture.h (gpt2, llama), on one rank's part of the
+// model (a pipeline stage's layers, a tensor-parallel slice of each layer). Its
+// parameter table and activation buffers are the model description's
+// (model/model_description.h); the block branches on the architecture row's fields.
 //
 // Parameter names and global shapes are the contract with checkpoints, the llm.c
 // loader and the PyTorch reference (tests/reference/make_fixtures.py):
@@ -71,6 +73,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/model_config.h"
+#include "model/model_description.h"
 #include "parallel/param_store.h"
 #include "parallel/tensor_parallel.h"
 
@@ -78,38 +81,18 @@ namespace trident {
 
 class Communicator;
 
-struct ModelPartition {
-  int tp_rank = 0;
-  int tp_size = 1;
-  int pp_rank = 0;
-  int pp_size = 1;
-  int layer_begin = 0;
-  int layer_end = -1;  // -1 = n_layers
-  // Megatron sequence parallelism over the tp group (parallel.sequence_parallel; ignored
-  // at tp 1): see "Sequence parallelism" in the header comment.
-  bool sequence_parallel = false;
-  // Interleaved 1F1B (parallel.virtual_stages): this is model chunk `chunk` of the
-  // num_chunks on its pipeline rank; the model's first stage is chunk 0 of rank 0, its
-  // last the last chunk of the last rank.
-  int chunk = 0;
-  int num_chunks = 1;
-  bool first_stage() const { return pp_rank == 0 && chunk == 0; }
-  bool last_stage() const { return pp_rank == pp_size - 1 && chunk == num_chunks - 1; }
-};
-
 // Layers per stage: `stage_layers` if given, else contiguous and balanced (earlier
 // stages take the remainder).
 std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers);
 
 class Transformer {
  public:
-  // The parameter table and groups of one rank's part (core/param_layout.h).
-  static ParamLayout plan_params(const TransformerConfig& config, const ModelPartition& part);
-  // The same for a rank holding several model chunks (interleaved 1F1B; in layer order):
-  // one table of every chunk's groups. Within each group the offsets are those of the
-  // chunk's own plan_params, so a chunk's model finds its tensors in a store of this table.
-  static ParamLayout plan_params(const TransformerConfig& config,
-                                 std::span<const ModelPartition> chunks);
+  // The block's views of one layer's parameters and activation buffers (bound by the
+  // roles of the model description's rows).
+  struct LayerParams;
+  struct LayerActs;
+
+  // The parameter table is describe_params (model/model_description.h).
   // The initial value of one parameter's local part (host, local_shape, row-major).
   static std::vector<float> initial_value(const TransformerConfig& config, const ParamInfo& param,
                                           uint64_t seed);
@@ -120,7 +103,7 @@ class Transformer {
   Transformer(const TransformerConfig& config, Ops& ops, int micro_batch_size,
               DType compute = DType::kF32);
   // One rank's part. `tp` null means no tensor parallelism; `store` null means an own
-  // resident store (else it must outlive the model, follow plan_params(config, part) and
+  // resident store (else it must outlive the model, follow describe_params(config, part) and
   // have compute_dtype() == compute).
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
@@ -191,14 +174,8 @@ class Transformer {
   DevPtr input_grad();                 // [B*T, C], shared by all slots
 
  private:
-  struct LayerParams;
-  struct LayerActs;
-  struct LayerTensor;  // a row of the per-layer parameter table
-  struct LayerBuffer;  // a row of the per-layer activation table
-  static std::span<const LayerTensor> layer_tensors();
-  static std::span<const LayerBuffer> layer_buffers();
   void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
-  void plan_activations();
+  void allocate_activations();
   LayerParams layer_params(int layer, DevPtr base) const;
   LayerActs layer_acts(int slot, int local_layer) const;
   // f32 views of the activation and scratch slices (null when absent); the integer and
@@ -239,7 +216,7 @@ class Transformer {
   int n_local_layers_ = 0;
   // Local (tensor-parallel) sizes.
   int heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab_local_ = 0;
-  // Per global layer, per layer_tensors() row: the index in layout_.params, -1 absent.
+  // Per global layer, per ParamRole: the index in layout_.params, -1 absent.
   std::vector<std::vector<int>> layer_param_index_;
   size_t act_bytes_per_slot_ = 0;
   std::vector<size_t> slot_offsets_;     // per activation index, within one slot
@@ -248,8 +225,10 @@ class Transformer {
   std::vector<DType> scratch_dtypes_;    // per scratch index
   DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
   DeviceBuffer scratch_;
-  // Recomputation: the layer tensors not kept per slot (layer_buffers() order; kAbsent
-  // for those kept), one set for every layer and slot.
+  // The block's buffers (describe_block order): their roles, and with recomputation the
+  // offsets of those not kept per slot (kAbsent for those kept), one set for every layer
+  // and slot.
+  std::vector<BufferRole> buffer_roles_;
   std::vector<size_t> shared_offsets_;
   DeviceBuffer shared_;
   DeviceBuffer loss_sum_;  // (1) double: the loss accumulator (last stage)

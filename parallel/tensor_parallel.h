@@ -4,7 +4,7 @@
 // collective itself.
 //
 // The splits (what a rank holds of a global weight; core/param_layout.h records them as
-// split_dim and the model's plan_params takes them from here):
+// split_dim and the model description's describe_params takes them from here):
 //   ColumnParallelLinear    weight (out, in): rows split (dim 0); bias split (dim 0).
 //                           Input replicated, output split (Megatron gather_output=False).
 //   RowParallelLinear       weight (out, in): columns split (dim 1); bias replicated.

@@ -1,8 +1,9 @@
 // Closed-form memory plan. Every count is a double: a config that passed validation may
-// still describe petabytes, and the point is to say so rather than wrap. The per-group
-// tensor lists below mirror Transformer::plan_params (same tensors, same order) and
-// the arenas of Transformer::plan_activations; tests/plan/memory_plan_test.cpp holds
-// them equal to the real tables and allocations for many layouts.
+// still describe petabytes, and the point is to say so rather than wrap. The tensors
+// and buffers are the model description's (model/model_description.h: the same lists
+// the Transformer allocates from), summed here per group and arena;
+// tests/plan/memory_plan_test.cpp holds the sums equal to the real tables and
+// allocations for many layouts.
 #include "plan/memory_plan.h"
 
 #include <unistd.h>
@@ -46,7 +47,7 @@ struct Rows {
   double numel() const { return rows * row_elems; }
 };
 
-// The tensors of one parameter group of `part`, in plan_params order.
+// The tensors of one parameter group of `part`, in describe_params order.
 struct GroupTensors {
   std::vector<Rows> tensors;
   // Floats of the group's buffer: every tensor starts 16-float aligned, and the group
@@ -94,54 +95,26 @@ struct StageGroups {
   }
 };
 
+// A group's tensors as RowSplit rows.
+GroupTensors group_tensors(const TransformerConfig& c, GroupKind kind, int tp, bool first) {
+  GroupTensors g;
+  for (const TensorDesc& t : describe_group(c, kind, tp, first)) {
+    const double rows = static_cast<double>(t.local_shape[0]);
+    g.tensors.push_back({rows, static_cast<double>(t.local_shape.numel()) / rows});
+  }
+  return g;
+}
+
 // The groups of a rank holding `chunks` (in layer order; one unless interleaved).
 StageGroups stage_groups(const TransformerConfig& c, const std::vector<ModelPartition>& chunks) {
   const ModelPartition& part = chunks.front();
-  const double tp = part.tp_size;
-  const double C = c.d_model, F = c.d_ff / tp, Vp = c.padded_vocab / tp;
-  const double q = static_cast<double>(c.n_heads) * c.head_dim / tp;
-  const double kv = static_cast<double>(c.n_kv_heads) * c.head_dim / tp;
-  const bool gpt2 = c.is_gpt2();
+  const int tp = part.tp_size;
   StageGroups s;
-  for (const ModelPartition& chunk : chunks) {
-    s.local_layers += (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) - chunk.layer_begin;
-  }
+  for (const ModelPartition& chunk : chunks) s.local_layers += chunk.local_layers(c.n_layers);
   const bool first = part.first_stage(), last = chunks.back().last_stage();
-  if (first) {
-    s.embedding.tensors.push_back({Vp, C});                               // wte
-    if (gpt2) s.embedding.tensors.push_back({double(c.max_seq_len), C});  // wpe
-  }
-  if (s.local_layers > 0) {
-    auto& t = s.layer.tensors;
-    auto vec = [&](double n) { t.push_back({n, 1}); };
-    vec(C);               // ln1.weight
-    if (gpt2) vec(C);     // ln1.bias
-    t.push_back({q, C});  // attn.q.weight
-    if (gpt2) vec(q);
-    t.push_back({kv, C});  // attn.k.weight
-    if (gpt2) vec(kv);
-    t.push_back({kv, C});  // attn.v.weight
-    if (gpt2) vec(kv);
-    t.push_back({C, q});  // attn.o.weight (split along dim 1)
-    if (gpt2) vec(C);
-    vec(C);  // ln2.weight
-    if (gpt2) vec(C);
-    if (gpt2) {
-      t.push_back({F, C});  // mlp.fc.weight
-      vec(F);               // mlp.fc.bias
-      t.push_back({C, F});  // mlp.proj.weight
-      vec(C);               // mlp.proj.bias
-    } else {
-      t.push_back({F, C});  // mlp.gate.weight
-      t.push_back({F, C});  // mlp.up.weight
-      t.push_back({C, F});  // mlp.down.weight
-    }
-  }
-  if (last) {
-    s.head.tensors.push_back({C, 1});                            // lnf.weight
-    if (gpt2) s.head.tensors.push_back({C, 1});                  // lnf.bias
-    if (!c.tied() || !first) s.head.tensors.push_back({Vp, C});  // lm_head / wte copy
-  }
+  if (first) s.embedding = group_tensors(c, GroupKind::kEmbedding, tp, true);
+  if (s.local_layers > 0) s.layer = group_tensors(c, GroupKind::kLayer, tp, first);
+  if (last) s.head = group_tensors(c, GroupKind::kHead, tp, first);
   return s;
 }
 
@@ -157,65 +130,38 @@ double arena_slices_bytes(const std::vector<double>& bytes, bool pad_last) {
   return pad_last ? align(total, 64) : total;
 }
 
-// Transformer::plan_activations, for one slot and for the backward scratch. The
-// attention state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX:
-// a size that would wrap still reads as far too big).
+// The model's activation arenas (model/model_description.h's describe_activations,
+// what Transformer allocates), for one slot and for the backward scratch. The attention
+// state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX: a size
+// that would wrap still reads as far too big).
 void activation_plan(const Config& config, const ModelPartition& part,
                      const AttentionStateBytes& attention_state_bytes, double local_layers,
                      double* slot_bytes, double* scratch_bytes) {
   const TransformerConfig& c = config.model;
-  const double tp = part.tp_size, B = config.parallel.micro_batch_size, T = c.seq_len;
-  const double N = B * T, C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
-  // Sequence parallelism: the residual stream, the norms, res2 and the boundary on this
-  // rank's N/tp token rows; it adds the [N, C] gather workspace, this rank's rows of the
-  // reduced input gradient and the norm-weight gradients (f32, 4C) to the scratch.
-  const bool sp = config.parallel.sequence_parallel && part.tp_size > 1;
-  const double n = sp ? N / tp : N;
-  const double heads = c.n_heads / part.tp_size, kv_heads = c.n_kv_heads / part.tp_size;
-  const double q = heads * c.head_dim, kv = kv_heads * c.head_dim;
-  const double att_bytes = static_cast<double>(attention_state_bytes(
+  ActivationShape shape;
+  shape.micro_batch_size = config.parallel.micro_batch_size;
+  shape.tp_size = part.tp_size;
+  shape.sequence_parallel = config.parallel.sequence_parallel;
+  shape.last_stage = part.last_stage();
+  shape.compute = compute_dtype(config);
+  shape.recompute = config.training.recompute;
+  shape.attention_state_bytes = static_cast<double>(attention_state_bytes(
       config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
-      c.n_kv_heads / part.tp_size, c.head_dim, compute_dtype(config)));
-  const bool llama = !c.is_gpt2(), last = part.last_stage();
+      c.n_kv_heads / part.tp_size, c.head_dim, shape.compute));
+  const ActivationDescription d = describe_activations(c, shape);
+  auto bytes = [](const std::vector<BufferDesc>& buffers, bool shared) {
+    std::vector<double> out;
+    for (const BufferDesc& b : buffers) out.push_back(b.shared == shared ? b.bytes : 0.0);
+    return out;
+  };
   // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
-  // the same, so an arena of n layers is n times one layer's aligned slices.
-  // Compute tensors take the precision's element size (kA); statistics stay fp32 and
-  // token ids are int32 (4 bytes, like kF).
-  const double kA = compute_bytes(config);
-  const std::vector<double> global_bytes = {N * kF,
-                                            last ? N * kF : 0,
-                                            last ? N * C * kA : 0,
-                                            last ? n * kF : 0,
-                                            last ? n * kF : 0,
-                                            last ? N * Vl * kA : 0,
-                                            last ? N * kF : 0,
-                                            last ? N * kF : 0,
-                                            last ? 2 * N * kF : 0};
-  constexpr size_t kAttState = 6;  // the attention state's place in `layer`
-  std::vector<double> layer = {n * C * kA, n * kF,     n * kF,     N * q * kA,
-                               N * kv * kA, N * kv * kA, att_bytes,  N * q * kA,
-                               n * C * kA, n * C * kA,  n * kF,     n * kF,
-                               N * F * kA, llama ? N * F * kA : 0,  N * F * kA};
-  // Recomputation (model/transformer.h) moves the attention state (selective) or every
-  // layer tensor but the input (full) out of the per-slot, per-layer arena into one set
-  // shared by every layer and slot.
-  std::vector<double> shared(layer.size(), 0.0);
-  const Recompute recompute = config.training.recompute;
-  for (size_t i = 0; i < layer.size(); ++i) {
-    if (recompute == Recompute::kFull || (recompute == Recompute::kSelective && i == kAttState)) {
-      std::swap(shared[i], layer[i]);
-    }
-  }
-  *slot_bytes = arena_slices_bytes(global_bytes, true) +
-                (local_layers + 1) * arena_slices_bytes({n * C * kA}, true) +
-                local_layers * arena_slices_bytes(layer, true);
-  std::vector<double> scratch = {n * C,  N * C,  N * q,  N * kv, N * kv, N * q,
-                                 N * F,  llama ? N * F : 0,      N * F,  sp ? N * C : 0,
-                                 sp ? n * C : 0};
-  for (double& x : scratch) x *= kA;
-  scratch.push_back(sp ? 4 * C * kF : 0);
-  *scratch_bytes = arena_slices_bytes(scratch, false) +
-                   (local_layers > 0 ? arena_slices_bytes(shared, false) : 0);
+  // the same, so an arena of n layers is n times one layer's aligned slices; the
+  // buffers recomputation shares are one set in the scratch.
+  *slot_bytes = arena_slices_bytes(bytes(d.globals, false), true) +
+                (local_layers + 1) * arena_slices_bytes({d.residual.bytes}, true) +
+                local_layers * arena_slices_bytes(bytes(d.layer, false), true);
+  *scratch_bytes = arena_slices_bytes(bytes(d.scratch, false), false) +
+                   (local_layers > 0 ? arena_slices_bytes(bytes(d.layer, true), false) : 0);
 }
 
 uint64_t host_hash() {

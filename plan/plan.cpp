@@ -55,50 +55,6 @@ double group_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double ca
          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu);
 }
 
-// The local FLOPs and elementwise bytes of one micro-batch's forward on a stage.
-struct StageWork {
-  double gemm_flops = 0, attention_flops = 0, elementwise_bytes = 0;
-  double layer_gemm_flops = 0, layer_attention_flops = 0, layer_elementwise_bytes = 0;
-};
-
-StageWork stage_work(const Config& config, const ModelPartition& part, const ParamLayout& layout) {
-  const TransformerConfig& c = config.model;
-  const double B = config.parallel.micro_batch_size, T = c.seq_len, N = B * T;
-  const double tp = part.tp_size;
-  const double layers = part.layer_end - part.layer_begin;
-  // GEMMs: 2 FLOPs per multiply-add of every local 2-D weight but the lookup tables
-  // (wte on the first stage is a lookup unless it is also this stage's head; wpe always).
-  double layer_matrix = 0, head_matrix = 0;
-  for (const ParamInfo& p : layout.params) {
-    if (p.local_shape.rank() != 2) continue;
-    const bool is_wte = p.name == "wte" && !p.tied_copy;
-    if (p.name == "wpe") continue;
-    if (p.name.rfind("layers.", 0) == 0) {
-      layer_matrix += static_cast<double>(p.numel());
-    } else if (!is_wte || (c.tied() && part.last_stage())) {
-      head_matrix += static_cast<double>(p.numel());
-    }
-  }
-  StageWork w;
-  w.layer_gemm_flops = layers > 0 ? 2 * N * layer_matrix / layers : 0;
-  // The attention core (QK^T and PV, causal: half of 4*B*T^2 per query width).
-  const double q_local = static_cast<double>(c.n_heads) * c.head_dim / tp;
-  w.layer_attention_flops = 2 * B * T * T * q_local;
-  // Elementwise passes (norms, residual adds, rope, the activation function, the
-  // softmax statistics): about 12 reads/writes of the [N, C] stream and 4 of the [N, F]
-  // and [N, q] ones per layer. The [N, C] ones run on a sequence shard under sequence
-  // parallelism.
-  const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
-  const double c_stream = config.parallel.sequence_parallel ? c.d_model / tp : c.d_model;
-  w.layer_elementwise_bytes = kA * N * (12 * c_stream + 4 * c.d_ff / tp + 4 * q_local);
-  w.gemm_flops = layers * w.layer_gemm_flops + 2 * N * head_matrix;
-  w.attention_flops = layers * w.layer_attention_flops;
-  // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
-  w.elementwise_bytes = layers * w.layer_elementwise_bytes +
-                        (part.last_stage() ? 4 * N * c.padded_vocab / tp * kA : 0);
-  return w;
-}
-
 struct StageTime {
   double compute = 0, tp = 0, pp = 0;  // seconds per micro-batch
   double dp = 0, optimizer = 0;        // seconds per step
@@ -131,31 +87,30 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double gemm_rate = peak * (cpu ? kCpuEfficiency : kGemmEfficiency);
   const double attention_rate = peak * (cpu ? kCpuEfficiency : kAttentionEfficiency);
   const double mem_rate = hw.memory_bandwidth * (cpu ? 1.0 : kMemoryEfficiency);
-  const StageWork w = stage_work(config, part, layout);
-  const double layers = part.layer_end - part.layer_begin;
-  auto seconds = [&](double gemm, double attention, double bytes) {
-    return gemm / gemm_rate + attention / attention_rate + bytes / mem_rate;
+  // The local FLOPs and elementwise bytes of one micro-batch on the stage: the model
+  // description's (model/model_description.h describe_flops).
+  const StageFlops w =
+      describe_flops(config.model, part, config.parallel.micro_batch_size,
+                     fp32 ? DType::kF32 : DType::kBF16, config.parallel.sequence_parallel);
+  auto seconds = [&](const Work& work) {
+    return work.gemm_flops / gemm_rate + work.attention_flops / attention_rate +
+           work.elementwise_bytes / mem_rate;
   };
-  const double forward = seconds(w.gemm_flops, w.attention_flops, w.elementwise_bytes);
-  double recompute = 0;
-  switch (config.training.recompute) {
-    case Recompute::kFull:
-      recompute = layers * seconds(w.layer_gemm_flops, w.layer_attention_flops,
-                                   w.layer_elementwise_bytes);
-      break;
-    case Recompute::kSelective:
-      recompute = layers * seconds(0, w.layer_attention_flops, 0);
-      break;
-    case Recompute::kNone:
-      break;
-  }
+  const double forward = seconds(w.forward());
+  // Backward reruns what recomputation dropped, per layer (nothing without).
+  const double recompute = w.layers * seconds(w.recompute(config.training.recompute));
   StageTime t;
-  t.compute = 3 * forward + recompute;
+  t.compute = (1 + kBackwardPerForward) * forward + recompute;
   t.traffic = analytic_traffic(config, part, layout);
   const double micro = config.grad_accum_steps();
   const int tp = config.parallel.tp, dp = config.parallel.dp;
-  // tp: 4 collectives per layer (6 with full recompute), the embedding's and the head's.
-  const double tp_calls = 4 * layers + (config.training.recompute == Recompute::kFull ? 2 * layers : 0) + 2;
+  // tp: per layer the column inputs' and row outputs' collectives (the row outputs'
+  // again with full recompute), the embedding's and the head's.
+  const LayerCollectives block = describe_collectives(config.model);
+  const double layers = w.layers;
+  const double tp_calls =
+      (block.column_inputs + block.row_outputs) * layers +
+      (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
   t.tp = group_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu) / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
@@ -176,7 +131,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   return t;
 }
 
-// plan_params per distinct stage shape (the layer range matters only by its length).
+// describe_params per distinct stage shape (the layer range matters only by its length).
 using LayoutKey = std::tuple<int, int, int, int>;  // tp, first, last, layers
 
 std::string recompute_text(Recompute r) { return recompute_name(r); }
@@ -299,7 +254,7 @@ std::vector<PlanCandidate> enumerate_layouts(const Config& base, int devices) {
 
 namespace {
 
-// evaluate_layout with a cache of plan_params tables shared over layouts.
+// evaluate_layout with a cache of describe_params tables shared over layouts.
 PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
                            std::map<LayoutKey, ParamLayout>* cache) {
   const PlanCandidate l = config_layout(config);
@@ -332,7 +287,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
     if (t == times.end()) {
       auto layout = cache->find(key);
       if (layout == cache->end()) {
-        layout = cache->emplace(key, Transformer::plan_params(config.model, part)).first;
+        layout = cache->emplace(key, describe_params(config.model, part)).first;
       }
       t = times.emplace(key, stage_time(config, part, layout->second, mem, o, links)).first;
     }
@@ -454,7 +409,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     return Status::invalid_input("--gpus-per-node: must be >= 1, got " +
                                  std::to_string(options.gpus_per_node));
   }
-  // Each stage's parameter table (Transformer::plan_params) holds every layer's tensors:
+  // Each stage's parameter table (describe_params (model/model_description.h)) holds every layer's tensors:
   // bound the layer count so that the search stays small and fast.
   if (config.model.n_layers > kMaxPlanLayers) {
     return Status::invalid_config("model.n_layers: " + std::to_string(config.model.n_layers) +

@@ -4,7 +4,7 @@
 // tokens/s and MFU; a ranking and the recommended layout.
 //
 // One source of truth: memory is plan/memory_plan.h's estimate_rank_memory, traffic
-// plan/traffic_model.h's analytic_traffic on Transformer::plan_params, validity
+// plan/traffic_model.h's analytic_traffic on describe_params (model/model_description.h), validity
 // validate_config, the bubble parallel/pipeline.h's pipeline_bubble_fraction, model
 // FLOPs TransformerConfig::flops_per_token. What is new here is only the mapping of
 // those figures to a device and a time.

@@ -35,10 +35,17 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   // N/tp under sequence parallelism (the pipeline boundary too).
   const bool sp = par.sequence_parallel && par.tp > 1;
   const double rows = sp ? N / par.tp : N;
+  // Per layer, of N*C each: the row-parallel outputs reduced in forward, the
+  // column-parallel inputs gathered in forward and their gradients reduced in backward
+  // (the model description's block: 2 and 2 for gpt2 and llama).
+  const LayerCollectives block = describe_collectives(config.model);
+  const double col = block.column_inputs, row = block.row_outputs;
   if (par.tp > 1 && !sp) {
-    double per_micro = 4 * layers * N * C;  // 2 forward + 2 backward per layer
+    // Forward all-reduces the row outputs, backward the column input gradients.
+    double per_micro = (row + col) * layers * N * C;
     // Full recomputation reruns each layer's forward, all-reduces included, in backward.
-    if (config.training.recompute == Recompute::kFull) per_micro += 2 * layers * N * C;
+    const double reruns = forward_passes(config.training.recompute) - 1;
+    if (reruns > 0) per_micro += reruns * row * layers * N * C;
     if (first) per_micro += N * C;
     double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
     if (last) {
@@ -48,16 +55,15 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     t.tp.all_reduce = (per_micro * kA + xent_stats * kF) * micro;
   }
   if (sp) {
-    // Per layer, forward: the two column inputs gathered, the two row outputs
-    // reduce-scattered; backward: the two row output gradients gathered, the two column
-    // inputs gathered again (for the weight gradients), the two column input gradients
-    // reduce-scattered, and the norm-weight gradients (fp32, C per norm weight or bias)
-    // all-reduced. Full recomputation adds the forward's gathers and reduce-scatters.
-    const double forward_passes = config.training.recompute == Recompute::kFull ? 2 : 1;
-    const double norm_tensors = config.model.is_gpt2() ? 4 : 2;
-    double gather = layers * N * C * (2 * forward_passes + 4);
-    double scatter = layers * N * C * (2 * forward_passes + 2);
-    double norm_grads = layers * norm_tensors * C;
+    // Per layer, forward: the column inputs gathered, the row outputs reduce-scattered;
+    // backward: the row output gradients gathered, the column inputs gathered again (for
+    // the weight gradients), the column input gradients reduce-scattered, and the
+    // norm-weight gradients (fp32) all-reduced. Full recomputation adds the forward's
+    // gathers and reduce-scatters.
+    const double passes = forward_passes(config.training.recompute);
+    double gather = layers * N * C * (col * passes + row + col);
+    double scatter = layers * N * C * (row * passes + col);
+    double norm_grads = layers * block.norm_floats;
     double xent_stats = 0;
     if (first) {  // the embedding: reduce-scattered, its gradient gathered
       scatter += N * C;
@@ -66,7 +72,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     if (last) {  // the head input gathered, its gradient reduce-scattered
       gather += N * C;
       scatter += N * C;
-      norm_grads += (config.model.is_gpt2() ? 2 : 1) * C;
+      norm_grads += block.head_norm_floats;
       xent_stats = 3 * N;
     }
     t.tp.all_gather = gather * kA * micro;

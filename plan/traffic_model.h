@@ -3,7 +3,9 @@
 // reduce_scatter: the input; all_gather: the output; send: the message). Benchmarks
 // print it next to the measured counters, and tests require the two to agree.
 //
-// Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats):
+// Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats); the
+// per-layer counts are the model description's (model/model_description.h
+// describe_collectives: 2 column-parallel inputs and 2 row-parallel outputs per layer):
 // - tp (tp > 1): forward 2 all-reduces of N*C per layer, the vocab-parallel embedding
 //   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
 //   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C); with
@@ -12,7 +14,7 @@
 //   reduce-scatters of N*C (one all-reduce's bytes each pair), backward 4 all-gathers
 //   (the row output gradients, and the column inputs gathered again for the weight
 //   gradients) and 2 reduce-scatters of N*C, and the norm-weight gradients all-reduced
-//   (fp32; 4C gpt2, 2C llama); the embedding reduce-scatters N*C forward and gathers it
+//   (fp32; 4C gpt2, 2C llama: the block's norm tensors); the embedding reduce-scatters N*C forward and gathers it
 //   backward (first stage); the head gathers its input and reduce-scatters its input
 //   gradient (N*C each), all-reduces lnf's gradients (2C gpt2, C llama) and the
 //   cross-entropy statistics (last stage); full recomputation adds the forward's

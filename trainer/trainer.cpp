@@ -236,7 +236,7 @@ Status Trainer::init() {
     TRIDENT_RETURN_IF_ERROR(agree(verdict).status());
   }
 
-  layout_ = Transformer::plan_params(mc, chunks_);
+  layout_ = describe_params(mc, chunks_);
   AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;
   adamw.beta2 = config_.training.beta2;
@@ -734,7 +734,7 @@ Result<double> Trainer::evaluate() {
 std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   // Every rank first gathers its own (tensor-parallel local) values over dp; then the
   // dp-rank-0 replica of every (pp, tp) part sends them to world rank 0, which knows
-  // every part's layout from plan_params and assembles the global tensors.
+  // every part's layout from describe_params and assembles the global tensors.
   std::vector<float> mine;
   for (size_t i = 0; i < layout_.params.size(); ++i) {
     std::vector<float> v = dp_->gather_param(static_cast<int>(i));
@@ -752,7 +752,7 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
     const RankCoords rc = topo.coords_of(r);
     if (rc.dp_rank != 0) continue;
     const ParamLayout layout =
-        Transformer::plan_params(config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank));
+        describe_params(config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank));
     std::vector<float> blob;
     if (r == 0) {
       blob = mine;

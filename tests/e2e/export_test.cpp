@@ -126,7 +126,7 @@ class Export : public ::testing::Test {
     if (!config.is_ok()) return {};
     TransformerConfig mc = config.value().model;
     mc.padded_vocab = static_cast<int>(ckpt.value().shape("param/wte").value()[0]);
-    if (mc.is_gpt2()) mc.max_seq_len = static_cast<int>(ckpt.value().shape("param/wpe").value()[0]);
+    if (mc.family().learned_positions()) mc.max_seq_len = static_cast<int>(ckpt.value().shape("param/wpe").value()[0]);
     auto ops = make_cpu_ops(1);
     Transformer model(mc, *ops, B);
     for (const ParamInfo& p : model.params()) {

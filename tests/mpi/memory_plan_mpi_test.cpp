@@ -78,7 +78,7 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
   EXPECT_EQ(m.activations, t.last_step_stats().activation_bytes);
   EXPECT_EQ(m.scratch, scratch);
   if (zero >= 1) {  // not vacuous: the moments really are sharded over dp
-    const ParamLayout layout = Transformer::plan_params(t.config().model, t.chunks());
+    const ParamLayout layout = describe_params(t.config().model, t.chunks());
     EXPECT_LT(real.optimizer, 2 * layout.total_floats() * sizeof(float));
   }
 }
@@ -163,7 +163,7 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
                 part.pp_size = pp;
                 part.layer_begin = layer;
                 part.layer_end = layer + counts[static_cast<size_t>(pr)];
-                const ParamLayout layout = Transformer::plan_params(c.model, part);
+                const ParamLayout layout = describe_params(c.model, part);
                 const std::unique_ptr<Ops> ops = make_cpu_ops(1);
                 DataParallel ddp(layout, *ops, test::device_world(), zero, size_t{1} << 20,
                                  AdamWParams{}, compute, OverlapOptions{.grad_reduce = overlap, .param_gather = overlap});

@@ -147,7 +147,7 @@ TEST(OverlapOrder, BucketsFollowBackwardInReverseLayerOrder) {
   if (n < 2) GTEST_SKIP() << "needs dp > 1";
   const TransformerConfig mc = tiny_model(Arch::kGpt2, 4);
   const ModelPartition part;  // one stage, no tp: the tied head writes group 0's wte too
-  const ParamLayout layout = Transformer::plan_params(mc, part);
+  const ParamLayout layout = describe_params(mc, part);
   const int groups = static_cast<int>(layout.groups.size());
   constexpr int kMicro = 2, B = 1;
   // 16 KiB buckets: the embedding group (wte 64 x 32, wpe 16 x 32 floats) splits in two.
@@ -316,7 +316,7 @@ TEST(OverlapOrder, Zero3PrefetchSurvivesADepartureFromTheLearnedOrder) {
   Communicator& world = test::device_world();
   if (world.size() < 2) GTEST_SKIP() << "needs dp > 1";
   const TransformerConfig mc = tiny_model(Arch::kLlama, 2);  // untied: no group held twice
-  const ParamLayout layout = Transformer::plan_params(mc, ModelPartition{});
+  const ParamLayout layout = describe_params(mc, ModelPartition{});
   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
   ShardedParamStore store(layout, *ops, world);
   world.reset_traffic();

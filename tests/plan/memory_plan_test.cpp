@@ -117,7 +117,7 @@ TEST(MemoryPlan, ModelStateEqualsTheParameterTablesAndShardPlans) {
                                " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
                                " zero " + std::to_string(zero) + " stage " + std::to_string(pr));
                   const ModelPartition part = partition(c, tr, pr);
-                  const ParamLayout layout = Transformer::plan_params(c.model, part);
+                  const ParamLayout layout = describe_params(c.model, part);
                   const double F = sizeof(float);
                   const double total = static_cast<double>(layout.total_floats()) * F;
                   const ShardPlan groups(
@@ -194,7 +194,7 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
   c.model.padded_vocab = 0;
   c.model.finalize();  // wte 16384 x 64 floats = 4 MiB: 4+ buckets of 1 MiB
   const ModelPartition part = partition(c, 0, 0);
-  const ParamLayout layout = Transformer::plan_params(c.model, part);
+  const ParamLayout layout = describe_params(c.model, part);
   const ShardPlan buckets(layout, 2, std::vector<size_t>(layout.groups.size(), 0),
                           (size_t{1} << 20) / sizeof(float));
   // The stage-1 pack and segment (dp + 1 = 3 chunks), and the overlap queue's two slots
@@ -229,7 +229,7 @@ TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
                                " pp " + std::to_string(pp) + " zero " + std::to_string(zero) +
                                " stage " + std::to_string(pr) + " " + dtype_name(compute));
                   const ModelPartition part = partition(c, tr, pr);
-                  const ParamLayout layout = Transformer::plan_params(c.model, part);
+                  const ParamLayout layout = describe_params(c.model, part);
                   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
                   DataParallel ddp(
                       layout, *ops, self, zero, size_t{1} << 20, AdamWParams{}, compute,

@@ -153,7 +153,7 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
         peak = device;
         fullest = m;
       }
-      const RankTraffic t = analytic_traffic(c, part, Transformer::plan_params(c.model, part));
+      const RankTraffic t = analytic_traffic(c, part, describe_params(c.model, part));
       dp_bytes = std::max(dp_bytes, t.dp.total() + t.embedding.total());
       tp_bytes = std::max(tp_bytes, t.tp.total());
       pp_bytes = std::max(pp_bytes, t.pp.total());

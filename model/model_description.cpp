@@ -1,0 +1,363 @@
+#include "model/model_description.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "parallel/tensor_parallel.h"
+
+namespace trident {
+namespace {
+
+// The sizes a Dim stands for.
+struct DimSizes {
+  double c, q, kv, f;
+  double of(Dim d) const {
+    switch (d) {
+      case Dim::kOne: return 1;
+      case Dim::kC: return c;
+      case Dim::kQ: return q;
+      case Dim::kKV: return kv;
+      case Dim::kF: return f;
+    }
+    return 0;
+  }
+};
+
+DimSizes global_sizes(const TransformerConfig& c) {
+  return {double(c.d_model), double(int64_t{c.n_heads} * c.head_dim),
+          double(int64_t{c.n_kv_heads} * c.head_dim), double(c.d_ff)};
+}
+
+bool is_norm(ParamRole r) {
+  return r == ParamRole::kNorm1W || r == ParamRole::kNorm1B || r == ParamRole::kNorm2W ||
+         r == ParamRole::kNorm2B;
+}
+
+double numel(const Shape& s) { return static_cast<double>(s.numel()); }
+
+TensorDesc tensor(std::string name, ParamRole role, Shape shape, int split_dim, int tp) {
+  TensorDesc t;
+  t.name = std::move(name);
+  t.role = role;
+  t.shape = shape;
+  t.local_shape = shape;
+  t.split_dim = split_dim;
+  if (split_dim >= 0) {
+    TRIDENT_CHECK_MSG(shape[split_dim] % tp == 0, t.name + " does not split over tp");
+    t.local_shape[split_dim] = shape[split_dim] / tp;
+  }
+  return t;
+}
+
+}  // namespace
+
+// ---- the block -------------------------------------------------------------------------
+
+void standard_block(const TransformerConfig& c, BlockDescription* block) {
+  const Architecture& a = architecture(c.arch);
+  TRIDENT_CHECK_MSG(!a.qk_norm, std::string(a.name) + ": q/k norms are not implemented");
+  constexpr int col = ColumnParallelLinear::kWeightSplitDim;
+  constexpr int col_bias = ColumnParallelLinear::kBiasSplitDim;
+  constexpr int row = RowParallelLinear::kWeightSplitDim;
+  constexpr int row_bias = RowParallelLinear::kBiasSplitDim;
+  using P = ParamRole;
+  using B = BufferRole;
+  auto& t = block->tensors;
+  const bool norm_bias = a.layer_norm(), bias = a.biases;
+  t.push_back({"ln1.weight", P::kNorm1W, Dim::kC, Dim::kOne, -1});
+  if (norm_bias) t.push_back({"ln1.bias", P::kNorm1B, Dim::kC, Dim::kOne, -1});
+  t.push_back({"attn.q.weight", P::kQW, Dim::kQ, Dim::kC, col, B::kLn1});
+  if (bias) t.push_back({"attn.q.bias", P::kQB, Dim::kQ, Dim::kOne, col_bias});
+  t.push_back({"attn.k.weight", P::kKW, Dim::kKV, Dim::kC, col, B::kLn1});
+  if (bias) t.push_back({"attn.k.bias", P::kKB, Dim::kKV, Dim::kOne, col_bias});
+  t.push_back({"attn.v.weight", P::kVW, Dim::kKV, Dim::kC, col, B::kLn1});
+  if (bias) t.push_back({"attn.v.bias", P::kVB, Dim::kKV, Dim::kOne, col_bias});
+  t.push_back({"attn.o.weight", P::kOW, Dim::kC, Dim::kQ, row});
+  if (bias) t.push_back({"attn.o.bias", P::kOB, Dim::kC, Dim::kOne, row_bias});
+  t.push_back({"ln2.weight", P::kNorm2W, Dim::kC, Dim::kOne, -1});
+  if (norm_bias) t.push_back({"ln2.bias", P::kNorm2B, Dim::kC, Dim::kOne, -1});
+  const char* in = a.swiglu() ? "mlp.gate" : "mlp.fc";
+  const char* out = a.swiglu() ? "mlp.down" : "mlp.proj";
+  t.push_back({std::string(in) + ".weight", P::kMlpInW, Dim::kF, Dim::kC, col, B::kLn2});
+  if (bias) t.push_back({std::string(in) + ".bias", P::kMlpInB, Dim::kF, Dim::kOne, col_bias});
+  if (a.swiglu()) t.push_back({"mlp.up.weight", P::kMlpUpW, Dim::kF, Dim::kC, col, B::kLn2});
+  t.push_back({std::string(out) + ".weight", P::kMlpOutW, Dim::kC, Dim::kF, row});
+  if (bias) t.push_back({std::string(out) + ".bias", P::kMlpOutB, Dim::kC, Dim::kOne, row_bias});
+
+  // The buffers backward reads. Both norms keep a mean row (RMSNorm leaves it unused).
+  auto& b = block->buffers;
+  using K = BufferKind;
+  b.push_back({"ln1", B::kLn1, Dim::kC, K::kCompute, true});
+  b.push_back({"ln1_mean", B::kLn1Mean, Dim::kOne, K::kStatistic, true});
+  b.push_back({"ln1_rstd", B::kLn1Rstd, Dim::kOne, K::kStatistic, true});
+  b.push_back({"q", B::kQ, Dim::kQ, K::kCompute, false});  // after RoPE
+  b.push_back({"k", B::kK, Dim::kKV, K::kCompute, false});
+  b.push_back({"v", B::kV, Dim::kKV, K::kCompute, false});
+  b.push_back({"att_state", B::kAttState, Dim::kOne, K::kAttentionState, false, true});
+  b.push_back({"atty", B::kAtty, Dim::kQ, K::kCompute, false});
+  b.push_back({"res2", B::kRes2, Dim::kC, K::kCompute, true});  // residual after attention
+  b.push_back({"ln2", B::kLn2, Dim::kC, K::kCompute, true});
+  b.push_back({"ln2_mean", B::kLn2Mean, Dim::kOne, K::kStatistic, true});
+  b.push_back({"ln2_rstd", B::kLn2Rstd, Dim::kOne, K::kStatistic, true});
+  b.push_back({"h1", B::kH1, Dim::kF, K::kCompute, false});  // fc / gate output
+  if (a.swiglu()) b.push_back({"h2", B::kH2, Dim::kF, K::kCompute, false});  // up output
+  b.push_back({"h_act", B::kHAct, Dim::kF, K::kCompute, false});  // gelu(h1) / silu(h1)*h2
+}
+
+BlockDescription describe_block(const TransformerConfig& c) {
+  BlockDescription block;
+  const BlockBuilder builder = architecture(c.arch).block;
+  (builder ? builder : standard_block)(c, &block);
+  return block;
+}
+
+// ---- parameters ------------------------------------------------------------------------
+
+std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kind, int tp,
+                                       bool first) {
+  const Architecture& a = architecture(c.arch);
+  const int64_t C = c.d_model;
+  std::vector<TensorDesc> out;
+  switch (kind) {
+    case GroupKind::kEmbedding:
+      out.push_back(tensor("wte", ParamRole::kNone, {c.padded_vocab, C},
+                           VocabParallelEmbedding::kTableSplitDim, tp));
+      out.back().lookup = true;
+      if (a.learned_positions()) {
+        out.push_back(tensor("wpe", ParamRole::kNone, {c.max_seq_len, C}, -1, tp));
+        out.back().lookup = true;
+      }
+      break;
+    case GroupKind::kLayer: {
+      const DimSizes g = global_sizes(c);
+      for (const LayerTensor& t : describe_block(c).tensors) {
+        const auto rows = static_cast<int64_t>(g.of(t.rows));
+        const Shape shape = t.cols == Dim::kOne
+                                ? Shape{rows}
+                                : Shape{rows, static_cast<int64_t>(g.of(t.cols))};
+        out.push_back(tensor(t.name, t.role, shape, t.split_dim, tp));
+      }
+      break;
+    }
+    case GroupKind::kHead:
+      out.push_back(tensor("lnf.weight", ParamRole::kNone, {C}, -1, tp));
+      if (a.layer_norm()) out.push_back(tensor("lnf.bias", ParamRole::kNone, {C}, -1, tp));
+      if (!c.tied()) {
+        out.push_back(tensor("lm_head.weight", ParamRole::kNone, {c.padded_vocab, C},
+                             ColumnParallelLinear::kWeightSplitDim, tp));
+      } else if (!first) {
+        out.push_back(tensor("wte", ParamRole::kNone, {c.padded_vocab, C},
+                             ColumnParallelLinear::kWeightSplitDim, tp));
+        out.back().tied_copy = true;
+      }
+      break;
+  }
+  return out;
+}
+
+ParamLayout describe_params(const TransformerConfig& c, const ModelPartition& part) {
+  return describe_params(c, std::span<const ModelPartition>(&part, 1));
+}
+
+ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPartition> chunks) {
+  TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
+  TRIDENT_CHECK(!chunks.empty());
+  const int L = c.n_layers, tp = chunks.front().tp_size, r = chunks.front().tp_rank;
+  ParamLayout layout;
+  layout.groups.resize(static_cast<size_t>(L + 2));
+  for (int g = 0; g < L + 2; ++g) layout.groups[static_cast<size_t>(g)].id = g;
+  size_t cursor = 0;
+  int current_group = -1;
+  auto add = [&](int group, const TensorDesc& t, const std::string& prefix) {
+    if (group != current_group) {  // groups are added in id order
+      TRIDENT_CHECK_MSG(group > current_group, "model chunks out of layer order");
+      cursor = (cursor + 15) / 16 * 16;
+      layout.groups[static_cast<size_t>(group)].offset = cursor;
+      current_group = group;
+    }
+    ParamInfo p;
+    p.decay = t.shape.rank() == 2;
+    p.name = prefix + t.name;
+    p.shape = t.shape;
+    p.local_shape = t.local_shape;
+    p.split_dim = t.split_dim;
+    if (t.split_dim >= 0) p.split_offset = p.local_shape[t.split_dim] * r;
+    p.tied_copy = t.tied_copy;
+    p.group = group;
+    p.offset = (cursor + 15) / 16 * 16;
+    cursor = p.offset + static_cast<size_t>(p.local_shape.numel());
+    auto& grp = layout.groups[static_cast<size_t>(group)];
+    grp.params.push_back(static_cast<int>(layout.params.size()));
+    grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
+    layout.params.push_back(std::move(p));
+  };
+  const std::vector<TensorDesc> layer = describe_group(c, GroupKind::kLayer, tp, false);
+  for (const ModelPartition& part : chunks) {
+    const int layer_end = part.layer_end < 0 ? L : part.layer_end;
+    if (part.first_stage()) {
+      for (const TensorDesc& t : describe_group(c, GroupKind::kEmbedding, tp, true)) {
+        add(0, t, "");
+      }
+    }
+    for (int l = part.layer_begin; l < layer_end; ++l) {
+      const std::string prefix = "layers." + std::to_string(l) + ".";
+      for (const TensorDesc& t : layer) add(1 + l, t, prefix);
+    }
+    if (part.last_stage()) {
+      for (const TensorDesc& t : describe_group(c, GroupKind::kHead, tp, part.first_stage())) {
+        add(L + 1, t, "");
+      }
+    }
+  }
+  return layout;
+}
+
+// ---- activations -----------------------------------------------------------------------
+
+ActivationDescription describe_activations(const TransformerConfig& c,
+                                           const ActivationShape& s) {
+  TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
+  const double tp = s.tp_size, N = double(s.micro_batch_size) * c.seq_len;
+  // Sequence parallelism: the residual stream, the norms and their statistics, res2 and
+  // the boundary on this rank's N/tp token rows; the scratch adds the [N, C] gather
+  // workspace, this rank's rows of the reduced input gradient and the norm-weight
+  // gradients (f32, 4C).
+  const bool sp = s.sequence_parallel && s.tp_size > 1;
+  const double n = sp ? N / tp : N;
+  const double C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
+  const double q = double(c.n_heads / s.tp_size) * c.head_dim;
+  const double kv = double(c.n_kv_heads / s.tp_size) * c.head_dim;
+  const DimSizes local{C, q, kv, F};
+  const bool last = s.last_stage, swiglu = architecture(c.arch).swiglu();
+  const DType cd = s.compute, f32 = DType::kF32, i32 = DType::kI32;
+  auto buf = [](std::string name, double elements, DType dtype, bool kept = true) {
+    BufferDesc b;
+    b.name = std::move(name);
+    b.dtype = dtype;
+    b.elements = elements;
+    b.bytes = elements * static_cast<double>(dtype_size(dtype));
+    b.kept = kept;
+    return b;
+  };
+  ActivationDescription d;
+  // Compute tensors (activations and their gradients, logits) are of the compute dtype;
+  // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
+  d.globals = {buf("tokens", N, i32),
+               buf("targets", last ? N : 0, i32),
+               buf("lnf", last ? N * C : 0, cd),  // the head's input: all rows (gathered)
+               buf("lnf_mean", last ? n : 0, f32),
+               buf("lnf_rstd", last ? n : 0, f32),
+               buf("logits", last ? N * Vl : 0, cd),
+               buf("losses", last ? N : 0, f32),
+               buf("xent_max", last ? N : 0, f32),
+               buf("xent_sums", last ? 2 * N : 0, f32)};
+  d.residual = buf("x", n * C, cd);
+  for (const LayerBuffer& b : describe_block(c).buffers) {
+    BufferDesc out;
+    if (b.kind == BufferKind::kAttentionState) {
+      out = buf(b.name, s.attention_state_bytes, DType::kU8);
+    } else {
+      out = buf(b.name, (b.sharded ? n : N) * local.of(b.width),
+                b.kind == BufferKind::kCompute ? cd : f32);
+    }
+    out.role = b.role;
+    out.shared = s.recompute == Recompute::kFull ||
+                 (s.recompute == Recompute::kSelective && b.selective);
+    d.layer.push_back(std::move(out));
+  }
+  d.scratch = {buf("dx", n * C, cd, false),
+               buf("dln", N * C, cd, false),
+               buf("dq", N * q, cd, false),
+               buf("dk", N * kv, cd, false),
+               buf("dv", N * kv, cd, false),
+               buf("datty", N * q, cd, false),
+               buf("dh1", N * F, cd, false),
+               buf("dh2", swiglu ? N * F : 0, cd, false),
+               buf("dh_act", N * F, cd, false),
+               buf("gather", sp ? N * C : 0, cd, false),
+               buf("dln_local", sp ? n * C : 0, cd, false),
+               buf("norm_grads", sp ? 4 * C : 0, f32, false)};
+  return d;
+}
+
+// ---- FLOPs -----------------------------------------------------------------------------
+
+Work StageFlops::forward() const {
+  return {layers * layer.gemm_flops + head.gemm_flops,
+          layers * layer.attention_flops + head.attention_flops,
+          layers * layer.elementwise_bytes + head.elementwise_bytes};
+}
+
+Work StageFlops::recompute(Recompute r) const {
+  switch (r) {
+    case Recompute::kFull: return layer;
+    case Recompute::kSelective: return {0, layer.attention_flops, 0};
+    case Recompute::kNone: break;
+  }
+  return {};
+}
+
+StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part,
+                          int micro_batch_size, DType compute, bool sequence_parallel) {
+  const double B = micro_batch_size, T = c.seq_len, N = B * T;
+  const double tp = part.tp_size;
+  const int tpi = part.tp_size;
+  StageFlops f;
+  f.layers = part.local_layers(c.n_layers);
+  // GEMMs: 2 FLOPs per multiply-add of every local 2-D weight but the lookup tables
+  // (wte on the first stage is a lookup unless it is also this stage's head; wpe always).
+  double layer_matrix = 0, head_matrix = 0;
+  for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, tpi, false)) {
+    if (t.local_shape.rank() == 2) layer_matrix += numel(t.local_shape);
+  }
+  const bool first = part.first_stage(), last = part.last_stage();
+  if (first) {
+    for (const TensorDesc& t : describe_group(c, GroupKind::kEmbedding, tpi, true)) {
+      const bool head_reads = t.name == "wte" && c.tied() && last;
+      if (t.local_shape.rank() == 2 && (!t.lookup || head_reads)) head_matrix += numel(t.local_shape);
+    }
+  }
+  if (last) {
+    for (const TensorDesc& t : describe_group(c, GroupKind::kHead, tpi, first)) {
+      if (t.local_shape.rank() == 2) head_matrix += numel(t.local_shape);
+    }
+  }
+  f.layer.gemm_flops = 2 * N * layer_matrix;
+  f.head.gemm_flops = 2 * N * head_matrix;
+  // The attention core (QK^T and PV, causal: half of 4*B*T^2 per query width).
+  const double q_local = static_cast<double>(c.n_heads) * c.head_dim / tp;
+  f.layer.attention_flops = 2 * B * T * T * q_local;
+  // Elementwise passes (norms, residual adds, rope, the activation function, the
+  // softmax statistics): about 12 reads/writes of the [N, C] stream and 4 of the [N, F]
+  // and [N, q] ones per layer. The [N, C] ones run on a sequence shard under sequence
+  // parallelism.
+  const double kA = static_cast<double>(dtype_size(compute));
+  const double c_stream = sequence_parallel ? c.d_model / tp : c.d_model;
+  f.layer.elementwise_bytes = kA * N * (12 * c_stream + 4 * c.d_ff / tp + 4 * q_local);
+  // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
+  f.head.elementwise_bytes = last ? 4 * N * c.padded_vocab / tp * kA : 0;
+  return f;
+}
+
+LayerCollectives describe_collectives(const TransformerConfig& c) {
+  LayerCollectives out;
+  const BlockDescription block = describe_block(c);
+  const DimSizes g = global_sizes(c);
+  std::vector<BufferRole> inputs;
+  for (const LayerTensor& t : block.tensors) {
+    const bool matrix = t.cols != Dim::kOne;
+    if (matrix && t.split_dim == ColumnParallelLinear::kWeightSplitDim &&
+        std::find(inputs.begin(), inputs.end(), t.input) == inputs.end()) {
+      inputs.push_back(t.input);
+    }
+    if (matrix && t.split_dim == RowParallelLinear::kWeightSplitDim) out.row_outputs += 1;
+    if (is_norm(t.role)) out.norm_floats += g.of(t.rows) * g.of(t.cols);
+  }
+  out.column_inputs = static_cast<double>(inputs.size());
+  for (const TensorDesc& t : describe_group(c, GroupKind::kHead, 1, true)) {
+    if (t.split_dim < 0) out.head_norm_floats += numel(t.shape);
+  }
+  return out;
+}
+
+}  // namespace trident

@@ -1,0 +1,218 @@
+// The model description: for a TransformerConfig and one rank's part of it, the one list
+// of the model's parameter tensors (name, global and local shape, tensor-parallel split,
+// group), its activation buffers (rows, width, dtype, whether recomputation moves them
+// into the shared set) and its FLOPs per layer (forward, backward, recompute).
+//
+// The Transformer allocates from it (its parameter table and activation arenas), and the
+// planners only sum it: the memory plan (trainer/memory_plan.h), the traffic model
+// (trainer/traffic_model.h) and `trident plan`'s compute time. A layer's rows come from
+// its family's block builder (model/architecture.h): a family whose block has one more
+// tensor or buffer is followed by all of them with no other edit.
+//
+// Sizes are doubles where they multiply token rows (a validated config may still
+// describe more bytes than a size_t holds); shapes are int64. Pure functions of their
+// arguments; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/param_layout.h"
+#include "core/tensor.h"
+#include "model/model_config.h"
+
+namespace trident {
+
+struct ModelPartition {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int pp_rank = 0;
+  int pp_size = 1;
+  int layer_begin = 0;
+  int layer_end = -1;  // -1 = n_layers
+  // Megatron sequence parallelism over the tp group (parallel.sequence_parallel; ignored
+  // at tp 1): see "Sequence parallelism" in model/transformer.h.
+  bool sequence_parallel = false;
+  // Interleaved 1F1B (parallel.virtual_stages): this is model chunk `chunk` of the
+  // num_chunks on its pipeline rank; the model's first stage is chunk 0 of rank 0, its
+  // last the last chunk of the last rank.
+  int chunk = 0;
+  int num_chunks = 1;
+  bool first_stage() const { return pp_rank == 0 && chunk == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1 && chunk == num_chunks - 1; }
+  int local_layers(int n_layers) const { return (layer_end < 0 ? n_layers : layer_end) - layer_begin; }
+};
+
+// ---- a layer's rows (what a block builder lists) -------------------------------------
+
+// The model dimensions a row's sizes are made of: global ones for parameter shapes,
+// this rank's tensor-parallel part for activation widths.
+enum class Dim { kOne, kC, kQ, kKV, kF };
+
+// What a layer tensor is to the Transformer's block (kNone: not read by it, e.g. a test
+// family's extra tensor: allocated and counted, never used).
+enum class ParamRole {
+  kNorm1W, kNorm1B, kQW, kQB, kKW, kKB, kVW, kVB, kOW, kOB, kNorm2W, kNorm2B,
+  kMlpInW, kMlpInB, kMlpUpW, kMlpOutW, kMlpOutB, kNone
+};
+enum class BufferRole {
+  kLn1, kLn1Mean, kLn1Rstd, kQ, kK, kV, kAttState, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd,
+  kH1, kH2, kHAct, kNone
+};
+inline constexpr int kParamRoles = static_cast<int>(ParamRole::kNone);
+inline constexpr int kBufferRoles = static_cast<int>(BufferRole::kNone);
+
+// One parameter tensor of a layer, in parameter-layout order (offsets, shards and
+// checkpoints follow it).
+struct LayerTensor {
+  std::string name;  // after "layers.{i}."
+  ParamRole role;
+  Dim rows, cols;    // global shape; cols kOne: a vector
+  int split_dim;     // over tp, as the tensor-parallel layer using it splits it; -1 replicated
+  // Column-parallel weights (split_dim 0, 2-D): the buffer their GEMM reads, gathered
+  // over tp under sequence parallelism (weights reading the same input share one gather).
+  BufferRole input = BufferRole::kNone;
+};
+
+// What an activation buffer's elements are.
+enum class BufferKind {
+  kCompute,         // compute dtype (training.precision)
+  kStatistic,       // f32 (norm statistics)
+  kAttentionState,  // opaque bytes sized by the backend (Ops::attention_state_bytes)
+};
+
+// One activation buffer of a layer, kept per micro-batch slot for backward.
+struct LayerBuffer {
+  std::string name;
+  BufferRole role;
+  Dim width;        // elements per token row (local); unused for the attention state
+  BufferKind kind;
+  bool sharded;     // on this rank's token rows under sequence parallelism (else all N)
+  // Recomputed under training.recompute selective (the attention state): one set for
+  // every layer and slot. Under full recomputation every layer buffer is.
+  bool selective = false;
+};
+
+struct BlockDescription {
+  std::vector<LayerTensor> tensors;
+  std::vector<LayerBuffer> buffers;
+};
+
+// The standard decoder block of the architecture fields (model/architecture.h): pre-norm
+// attention (q, k, v, o; biases per the row) and MLP (GELU fc/proj or SwiGLU
+// gate/up/down).
+void standard_block(const TransformerConfig& config, BlockDescription* block);
+// The block of config.arch's family (its builder, or standard_block).
+BlockDescription describe_block(const TransformerConfig& config);
+
+// ---- parameters ------------------------------------------------------------------------
+
+// A parameter group's tensors: 0 the embeddings, 1 + i layer i, L + 1 the head.
+enum class GroupKind { kEmbedding, kLayer, kHead };
+struct TensorDesc {
+  std::string name;  // full name for kEmbedding / kHead, after "layers.{i}." for kLayer
+  ParamRole role = ParamRole::kNone;
+  Shape shape, local_shape;  // global, and this rank's tensor-parallel part
+  int split_dim = -1;
+  bool tied_copy = false;  // the head's copy of wte (tied, pp > 1)
+  bool lookup = false;     // read as a table (wte on the first stage, wpe), not a GEMM
+};
+// The tensors of one group of a rank with tp size `tp`: the embedding group of the first
+// stage, any layer's group, the head group of the last stage (`first`: this chunk also
+// holds the embeddings, so a tied head reads wte there and needs no copy).
+std::vector<TensorDesc> describe_group(const TransformerConfig& config, GroupKind kind, int tp,
+                                       bool first);
+
+// The parameter table and groups of one rank's part (core/param_layout.h), for one
+// chunk or several (interleaved 1F1B, in layer order: one table of every chunk's groups;
+// within each group the offsets are those of the chunk's own table). `config` finalized.
+ParamLayout describe_params(const TransformerConfig& config, const ModelPartition& part);
+ParamLayout describe_params(const TransformerConfig& config, std::span<const ModelPartition> chunks);
+
+// ---- activations -----------------------------------------------------------------------
+
+// One buffer: rows x width elements of dtype, or `bytes` given (the attention state).
+struct BufferDesc {
+  std::string name;
+  DType dtype = DType::kF32;
+  double elements = 0;  // 0: absent (not reserved)
+  double bytes = 0;     // elements * dtype size, or the backend's size
+  bool kept = true;     // kept per slot for backward (false: backward scratch)
+  bool shared = false;  // recomputed: one set for every layer and slot, not per slot
+  BufferRole role = BufferRole::kNone;
+};
+
+namespace buffers {
+// Per-slot globals of a stage, in this order (the Transformer indexes them).
+enum SlotGlobal {
+  kTokens, kTargets, kLnf, kLnfMean, kLnfRstd, kLogits, kLosses, kXentMax, kXentSums,
+  kSlotGlobals
+};
+// Backward scratch shared by all slots. Sequence parallelism only: kGather, the [N, C]
+// workspace of the gathers and reduce-scatters; kDlnLocal, this rank's rows of a reduced
+// column input gradient; kNormGrads, one block's norm-weight gradients (f32, 4 x C).
+enum Scratch {
+  kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
+  kScratchCount
+};
+}  // namespace buffers
+
+struct ActivationShape {
+  int micro_batch_size = 1;
+  int tp_size = 1;
+  bool sequence_parallel = false;  // honoured at tp > 1 only
+  bool last_stage = true;
+  DType compute = DType::kF32;
+  Recompute recompute = Recompute::kNone;
+  double attention_state_bytes = 0;  // one layer's (Ops::attention_state_bytes)
+};
+
+struct ActivationDescription {
+  std::vector<BufferDesc> globals;  // buffers::SlotGlobal order, per slot
+  BufferDesc residual;              // each of x_0 .. x_layers, per slot
+  std::vector<BufferDesc> layer;    // describe_block's buffers, per slot and layer unless shared
+  std::vector<BufferDesc> scratch;  // buffers::Scratch order, shared by all slots
+};
+ActivationDescription describe_activations(const TransformerConfig& config,
+                                           const ActivationShape& shape);
+
+// ---- FLOPs -----------------------------------------------------------------------------
+
+// The local work of one micro-batch's forward.
+struct Work {
+  double gemm_flops = 0, attention_flops = 0, elementwise_bytes = 0;
+};
+// Backward costs twice the forward's work (the input and the weight gradients).
+inline constexpr double kBackwardPerForward = 2;
+struct StageFlops {
+  Work layer;  // one layer's forward
+  Work head;   // the embedding and head (the head's GEMM, softmax, cross-entropy)
+  double layers = 0;
+  // The stage's forward (backward: kBackwardPerForward times it).
+  Work forward() const;
+  // What backward reruns per micro-batch (training.recompute): full the layers'
+  // forward, selective the attention core.
+  Work recompute(Recompute r) const;
+};
+// `part`'s tp size, stages and layer count; sequence_parallel as in the config (the
+// elementwise passes of the [N, C] stream run on a shard).
+StageFlops describe_flops(const TransformerConfig& config, const ModelPartition& part,
+                          int micro_batch_size, DType compute, bool sequence_parallel);
+
+// The tp collectives of one layer: the column-parallel inputs gathered (or their
+// gradients all-reduced) and the row-parallel outputs reduced, each of N x C; and the
+// norm tensors' elements (under sequence parallelism their gradients come from this
+// rank's rows only and are summed over tp).
+struct LayerCollectives {
+  double column_inputs = 0, row_outputs = 0;
+  double norm_floats = 0;       // per layer
+  double head_norm_floats = 0;  // the head group's (the final norm)
+};
+LayerCollectives describe_collectives(const TransformerConfig& config);
+// The forwards of each layer per micro-batch: 2 under full recomputation (backward reruns
+// it, its tp collectives included), else 1.
+inline double forward_passes(Recompute r) { return r == Recompute::kFull ? 2 : 1; }
+
+}  // namespace trident
