@@ -56,15 +56,18 @@ TEST_RE = re.compile(r"^\d+/\d+ Test: (.+)$")
 TIME_RE = re.compile(r"^Test time =\s*([0-9.]+) sec$")
 
 
-def times_from_log(path):
-    """{test name: seconds} from ctest's LastTest.log ("N/M Test: name" ... "Test time = s sec")."""
+def read_log(path):
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+            return f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read the ctest log: {e}")
+
+
+def times_from_log(text):
+    """{test name: seconds} from ctest's LastTest.log ("N/M Test: name" ... "Test time = s sec")."""
     times, current = {}, None
-    for line in lines:
+    for line in text.splitlines():
         m = TEST_RE.match(line)
         if m:
             current = m.group(1).strip()
@@ -175,12 +178,13 @@ def check(times, labels, ceilings, out=sys.stdout):
 
 def run(args, out=sys.stdout):
     build = os.path.abspath(args.build)
-    # The times first: a later ctest call (the labels) rewrites LastTest.log.
+    log_path, log_text = None, None
     if args.junit:
         times = times_from_junit(args.junit)
     else:
-        times = times_from_log(args.log or os.path.join(build, "Testing", "Temporary",
-                                                        "LastTest.log"))
+        log_path = args.log or os.path.join(build, "Testing", "Temporary", "LastTest.log")
+        log_text = read_log(log_path)
+        times = times_from_log(log_text)
     if args.labels_json:
         try:
             with open(args.labels_json, encoding="utf-8") as f:
@@ -188,7 +192,14 @@ def run(args, out=sys.stdout):
         except OSError as e:
             raise InputError(f"{args.labels_json}: cannot read: {e}")
     else:
-        labels = labels_from_ctest(build)
+        try:
+            labels = labels_from_ctest(build)
+        finally:
+            # Every ctest call, --show-only too, rewrites the build's LastTest.log: put the
+            # run's log back, so the check can be repeated.
+            if log_path is not None:
+                with open(log_path, "w", encoding="utf-8") as f:
+                    f.write(log_text)
     problems = check(times, labels, ceilings_from_doc(args.doc), out)
     for p in problems:
         print(f"test_times: {p}", file=out)
