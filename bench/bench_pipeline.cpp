@@ -1,6 +1,6 @@
 // The pipeline bubble, measured: PipelineExecutor over MPI with a synthetic stage model
 // whose forward and backward sleep a fixed time per action, against the analytic
-// (p-1)/(v*m+p-1) (DESIGN.md "Pipeline parallelism"; parallel/pipeline.h). The world is
+// (p-1)/(v*m+p-1) (docs/ARCHITECTURE.md "Pipeline parallelism"; parallel/pipeline.h). The world is
 // the pp group: p = the number of ranks.
 //
 // Each rank holds v chunks; a chunk's forward sleeps tf/v and its backward tb/v, so a

@@ -1,5 +1,5 @@
 // Boxes: rectangular N-D regions of a global row-major tensor, the unit in which
-// checkpoints are saved and read (DESIGN.md, "Checkpoints"). A box is (start, extent)
+// checkpoints are saved and read (docs/CHECKPOINTS.md "Layout on disk"). A box is (start, extent)
 // with one entry per dimension; a 0-D tensor has one box with empty start and extent.
 // Every FSDP/TP/PP shard of a tensor is a box, which is what makes checkpoints
 // reshardable: a reader intersects the boxes it needs with the boxes on disk.

@@ -2,7 +2,7 @@
 //  [--rows R] [--hardware FILE] [--set section.key=value ...]`: the memory, traffic and
 // time of every layout of the config's model and batch on N devices (plan/plan.h;
 // docs/PLAN.md). Prints the ranked table and the recommendation, or with --json the one
-// object of DESIGN.md. Exit 0; 2 for bad usage, a config that does not load, an unknown
+// object of docs/PLAN.md "JSON". Exit 0; 2 for bad usage, a config that does not load, an unknown
 // GPU, or a configured layout that does not fit (the table is printed first).
 #include <cstdio>
 #include <cstdlib>

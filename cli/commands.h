@@ -1,4 +1,4 @@
-// Subcommands of the `trident` executable (DESIGN.md, "The user's surface"). Each
+// Subcommands of the `trident` executable (docs/ARCHITECTURE.md "Commands and exit codes"). Each
 // returns the process exit code: 0 done, 1 failure, 2 bad usage/config/input,
 // 3 stopped on a signal (after a checkpoint was saved, or during start-up).
 // Every subcommand answers --help / -h with its usage on stdout and exit 0.

@@ -22,7 +22,7 @@
 //   collectives (reduce_scatter, all_gather) take equal chunks: input/output count =
 //   size() * chunk. Input and output of one call share dtype and space. Ranks are group
 //   ranks (0..size()-1), not world ranks.
-// - Memory space (DESIGN.md "Memory, dtypes and streams"). Every communicator serves one
+// - Memory space (docs/ARCHITECTURE.md "Memory, dtypes and streams"). Every communicator serves one
 //   space, space(): world and its host twins carry host values (flags, losses, agreement,
 //   stats, strings); dp, tp, pp and embedding carry device memory (comm/topology.h). A
 //   buffer of the other space aborts the call ("host buffer passed to a device
@@ -66,7 +66,8 @@
 // deterministic as any reduction here (fixed by group size and count). A bf16 max is exact.
 //
 // Asynchronous collectives (iall_reduce, ireduce_scatter, iall_gather -> CommWork), for
-// overlapping communication with compute (DESIGN.md "Data parallelism, FSDP and overlap"):
+// overlapping communication with compute (docs/ARCHITECTURE.md "Data parallelism, ZeRO and
+// overlap"):
 // - Same arguments, checks, messages, dtype rules and traffic counting as the synchronous
 //   call (counted at issue). The result is bitwise equal to the synchronous call's for the
 //   same inputs (same group, sizes and op), so overlap on and off train identically.
@@ -192,7 +193,7 @@ struct TrafficCounters {
 };
 
 // Where the calling thread's communication time went, in seconds since reset_traffic()
-// (the overlap instrumentation, DESIGN.md "Observability"):
+// (the overlap instrumentation, docs/ARCHITECTURE.md "Observability"):
 //   exposed_s  time the caller was blocked inside this communicator's calls: synchronous
 //              collectives and point-to-point calls, async issues (they block only where
 //              the backend completes at issue) and CommWork::wait. The compute waited.

@@ -1,5 +1,5 @@
 // Topology: where a world rank sits in the dp x tp x pp grid, and the process groups
-// made from it (DESIGN.md "Ranks and groups").
+// made from it (docs/ARCHITECTURE.md "Parallel layout").
 //
 // Rank order (comm/parallel_layout.h kRankOrder, the one RankGenerator) puts tp
 // innermost (a TP group sits inside one machine), then dp, then pp:

@@ -1,6 +1,6 @@
 // Hang watchdog: ends a process whose communicator call has blocked past its timeout,
 // saying which call, group and step, so a dead or hung peer ends the job instead of
-// stalling it (DESIGN.md "Failures"; PyTorch c10d's watchdog, without the teardown
+// stalling it (docs/ARCHITECTURE.md "Failures"; PyTorch c10d's watchdog, without the teardown
 // subtleties: we do not try to recover, the next launch resumes from a checkpoint).
 //
 // Contract:
@@ -50,7 +50,7 @@
 
 namespace trident {
 
-// DESIGN.md's exit code for a failure.
+// The exit code of a failure (docs/ARCHITECTURE.md "Commands and exit codes").
 inline constexpr int kWatchdogExitCode = 1;
 
 // A call that missed its deadline, as the watchdog saw it.

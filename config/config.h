@@ -1,4 +1,4 @@
-// The training configuration: every YAML key of DESIGN.md with its default. Strict:
+// The training configuration: every YAML key of docs/CONFIG.md with its default. Strict:
 // an unknown key, a value of the wrong type or an impossible value is an error whose
 // message names the key ("training.lr: expected a number, got 'abc'") and exits 2.
 // docs/CONFIG.md documents every key.
@@ -18,7 +18,7 @@
 namespace trident {
 
 enum class LrSchedule { kConstant, kCosine, kLinear };
-// training.precision (DESIGN.md "Memory, dtypes and streams"): fp32, or bf16 compute
+// training.precision (docs/ARCHITECTURE.md "Memory, dtypes and streams"): fp32, or bf16 compute
 // weights and activations over fp32 masters, gradients and AdamW moments.
 enum class Precision { kFp32, kBf16 };
 
@@ -39,7 +39,7 @@ struct ParallelConfig : ParallelLayout {
   int comm_timeout_s = 600;          // a collective blocked longer ends the job (watchdog)
 };
 
-// Where the run computes (DESIGN.md "The user's surface").
+// Where the run computes (docs/CONFIG.md "runtime").
 // runtime.threads may be at most max(kMinThreadsLimit, kMaxThreadsPerCore * cores).
 inline constexpr int kMaxThreadsPerCore = 4;
 inline constexpr int kMinThreadsLimit = 256;

@@ -1,4 +1,4 @@
-// Memory spaces and device pointers (DESIGN.md "Memory, dtypes and streams").
+// Memory spaces and device pointers (docs/ARCHITECTURE.md "Memory, dtypes and streams").
 //
 // Every buffer that crosses Ops, a Communicator or a checkpoint box says its dtype and its
 // memory space: a DevPtr is device memory of one dtype; host buffers are plain pointers or

@@ -44,7 +44,8 @@ class Status {
     return {code_, context + ": " + message_};
   }
 
-  // Process exit code of DESIGN.md: 2 for bad usage, config or input; 1 otherwise.
+  // Process exit code (docs/ARCHITECTURE.md "Commands and exit codes"): 2 for bad usage,
+  // config or input; 1 otherwise.
   int exit_code() const;
 
  private:

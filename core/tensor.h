@@ -12,7 +12,7 @@
 
 namespace trident {
 
-// The element types of DESIGN.md "Memory, dtypes and streams" (the checkpoint manifest's
+// The element types of docs/ARCHITECTURE.md "Memory, dtypes and streams" (the checkpoint manifest's
 // spellings: dtype_name). f32, bf16 and i32 are tensor types; f64 is the device
 // accumulators' (loss, sum of squares), i64 a host counter's, u8 raw bytes (opaque state,
 // strings, records).

@@ -1,4 +1,4 @@
-// The global sample order (DESIGN.md, "Numerics and determinism").
+// The global sample order (docs/ARCHITECTURE.md "Numerics and determinism").
 //
 // A sample is a window of T + 1 tokens of the concatenated stream: sample k is tokens
 // [k*T, k*T + T]; inputs are the first T, targets the last T (shifted by one). So a

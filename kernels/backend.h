@@ -11,7 +11,7 @@
 
 namespace trident {
 
-// runtime.device (DESIGN.md config). kAuto picks the best backend this build and machine
+// runtime.device (docs/CONFIG.md "runtime"). kAuto picks the best backend this build and machine
 // offer: CUDA when the CUDA backend plugin loads (kernels/cuda_plugin.h) and a device is
 // visible, else the CPU.
 enum class DeviceKind { kAuto, kCpu, kCuda };

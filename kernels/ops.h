@@ -1,10 +1,11 @@
-// The ops interface: the only boundary between model code and a compute backend
-// (CPU here; CUDA implements the same interface later). Model code allocates, zeroes,
+// The ops interface: the only boundary between model code and a compute backend (the CPU
+// one in kernels/cpu/, its checked variant, and the CUDA plugin in kernels/cuda/, all
+// behind make_ops, kernels/backend.h). Model code allocates, zeroes,
 // copies and computes only through an Ops object and never touches device memory.
 //
 // Conventions (every backend follows them):
 // - Row-major, contiguous; N = B*T rows of a [B, T, C] activation.
-// - Buffer arguments (DESIGN.md "Memory, dtypes and streams"): every device buffer is a
+// - Buffer arguments (docs/ARCHITECTURE.md "Memory, dtypes and streams"): every device buffer is a
 //   DevPtr (core/memory.h) carrying its dtype; host buffers are plain typed pointers and
 //   appear only in upload/download. A null DevPtr is "absent" (bias, wpe, a gradient not
 //   needed) whatever its dtype.

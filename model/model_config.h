@@ -49,7 +49,7 @@ struct TransformerConfig {
   // Parameter count (global, whole model; the tied head counted once).
   int64_t num_parameters() const;
   // Model FLOPs per token for training: 6*N + 12*L*C*T (attention), with N excluding
-  // the position embedding (DESIGN.md, docs/PERFORMANCE.md).
+  // the position embedding (docs/CONFIG.md "FLOPs per token and MFU").
   double flops_per_token() const;
 };
 

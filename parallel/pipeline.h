@@ -1,6 +1,6 @@
 // Pipeline parallelism: micro-batch schedules (GPipe, 1F1B, interleaved 1F1B) and the
 // executor that walks one on a stage, moving activations and their gradients between
-// the stages of the pp group (DESIGN.md "Pipeline parallelism"). Independent of the
+// the stages of the pp group (docs/ARCHITECTURE.md "Pipeline parallelism"). Independent of the
 // transformer: the model plugs in through PipelineStageModel, one per model chunk.
 //
 // Schedules (make_schedule), per stage, for m micro-batches and p stages:

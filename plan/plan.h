@@ -1,4 +1,4 @@
-// `trident plan` (DESIGN.md "Memory for large models"; docs/PLAN.md): for every valid
+// `trident plan` (docs/PLAN.md): for every valid
 // layout of a config's model and batch on N devices, the memory per rank by kind, the
 // bytes and time per process group, the pipeline bubble, the predicted step time,
 // tokens/s and MFU; a ranking and the recommended layout.
@@ -46,7 +46,8 @@
 //   step = (m + (p - 1) / v) * (c + tp + pp) + dp + optimizer
 //     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1))
 // tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
-// tokens/s per GPU / peak (model FLOPs only, the bf16 peak; DESIGN.md "Observability").
+// tokens/s per GPU / peak (model FLOPs only, the bf16 peak; docs/CONFIG.md "FLOPs per token
+// and MFU").
 //
 // Thread-compatible; plans allocate nothing on a device.
 #pragma once
@@ -181,7 +182,8 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options);
 // Output (plan/plan_output.cpp). The fixed-width table: the first `rows` layouts, the
 // configured one, the recommendation.
 std::string plan_table(const Plan& plan, int rows);
-// DESIGN.md's object: {devices, gpu, gpus_per_node, configured, recommended, layouts}.
+// docs/PLAN.md's "JSON" object: {devices, gpu, gpus_per_node, configured, recommended,
+// layouts}.
 nlohmann::json plan_json(const Plan& plan);
 nlohmann::json layout_json(const PlanResult& l);
 

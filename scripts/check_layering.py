@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The one-way layering of the source folders (DESIGN.md "Layout"), checked from #include lines.
+"""The one-way layering of the source folders, checked from #include lines.
 
 Every folder is one library, and a folder may include headers only from itself and from the
 folders below it:

@@ -4,14 +4,19 @@
 # train.sbatch with a tiny model: smoke, a killed task, SIGUSR1 + requeue) on the
 # freshly built trident. Arguments go to ctest.
 #
-# Ends with one line "N passed, M failed" (ctest's tests plus the Slurm scenarios; a
-# suite that fails without reporting its own counts counts as one failure) and exits
-# non-zero when either suite failed.
+# After ctest, scripts/test_times.py sums the run's test times per ctest label and checks
+# them against the ceilings of docs/ARCHITECTURE.md "Tests: labels and times" (tests that
+# did not run, in a filtered run, count nothing); a label over its ceiling is one failure.
 #
-# Environment: TRIDENT_BUILD_DIR (default build), TRIDENT_TEST_SLURM=0 skips the Slurm
-# test (it needs root: it starts slurmctld/slurmd/munged, and apt-get installs slurm-wlm
-# and munge when missing), TRIDENT_TEST_SCRATCH (its scratch directory; default a new
-# temporary directory, removed when the test passes).
+# Ends with one line "N passed, M failed" (ctest's tests plus the Slurm scenarios; a
+# suite that fails without reporting its own counts counts as one failure, and so does a
+# failed time check) and exits non-zero when any of them failed.
+#
+# Environment: TRIDENT_BUILD_DIR (default build), TRIDENT_TEST_TIMES=0 skips the time
+# check, TRIDENT_TEST_SLURM=0 skips the Slurm test (it needs root: it starts
+# slurmctld/slurmd/munged, and apt-get installs slurm-wlm and munge when missing),
+# TRIDENT_TEST_SCRATCH (its scratch directory; default a new temporary directory, removed
+# when the test passes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! scripts/setup.sh; then
@@ -29,7 +34,8 @@ failed=0
 
 # ---- ctest: keep going when it fails, remember its status ------------------------------
 ctest_rc=0
-(cd "$build" && ctest --output-on-failure -j 1 "$@") 2>&1 | tee "$logs/ctest.log" || ctest_rc=$?
+(cd "$build" && ctest --output-on-failure -j 1 --output-junit "$logs/ctest.xml" "$@") 2>&1 |
+  tee "$logs/ctest.log" || ctest_rc=$?
 # "100% tests passed, 0 tests failed out of 126"
 counts=$(sed -n 's/^[0-9]*% tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\)$/\1 \2/p' \
          "$logs/ctest.log" | tail -n1)
@@ -41,6 +47,17 @@ if [[ -n $counts ]]; then
 else
   echo "test.sh: ctest printed no summary (exit $ctest_rc)"
   [[ $ctest_rc -ne 0 ]] && failed=$((failed + 1))
+fi
+
+# ---- the time per label, against the ceilings of docs/ARCHITECTURE.md -------------------
+times_rc=0
+if [[ ${TRIDENT_TEST_TIMES:-1} == 0 ]]; then
+  echo "test.sh: time check skipped (TRIDENT_TEST_TIMES=0)"
+elif [[ -f $logs/ctest.xml ]]; then
+  python3 "$repo/scripts/test_times.py" --build "$build" --junit "$logs/ctest.xml" || times_rc=$?
+  [[ $times_rc -ne 0 ]] && failed=$((failed + 1))
+else
+  echo "test.sh: time check skipped: ctest wrote no JUnit file"
 fi
 
 # ---- the Slurm end-to-end test ------------------------------------------------------------
@@ -68,4 +85,4 @@ fi
 
 rm -rf "$logs"
 echo "$passed passed, $failed failed"
-[[ $ctest_rc -eq 0 && $slurm_rc -eq 0 && $failed -eq 0 ]]
+[[ $ctest_rc -eq 0 && $times_rc -eq 0 && $slurm_rc -eq 0 && $failed -eq 0 ]]

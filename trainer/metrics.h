@@ -1,6 +1,7 @@
 // Progress output: rank 0's one line per step and the JSONL metrics file with exactly
-// the fields of DESIGN.md: {"step","loss","lr","grad_norm","step_ms","tokens_per_s","mfu"}
-// per training step, {"step","val_loss"} per evaluation, and at the end of a run one
+// the fields of docs/ARCHITECTURE.md "Observability": {"step","loss","lr","grad_norm",
+// "step_ms","tokens_per_s","mfu","comm_exposed_ms","comm_hidden_ms"} per training step,
+// {"step","val_loss"} per evaluation, and at the end of a run one
 // {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
 // idle time. Each launch of `trident train` first writes one segment header,
 // {"segment": {"run_id", "start_step", "resumed_from", "time", "world_size"}}: the file is

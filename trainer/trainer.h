@@ -62,7 +62,8 @@ struct TrainerOptions {
       make_group_world;
 };
 
-// Bytes moved, memory held and pipeline idle time on one rank (DESIGN.md "Observability").
+// Bytes moved, memory held and pipeline idle time on one rank (docs/ARCHITECTURE.md
+// "Observability").
 struct RankStats {
   RankTraffic traffic;   // measured by the communicators, last step
   RankTraffic analytic;  // plan/traffic_model.h for this rank

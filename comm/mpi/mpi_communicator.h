@@ -1,6 +1,7 @@
-// The MPI backend of Communicator (Open MPI 4.1 on CPU; also the bootstrap transport for
-// NCCL later). This header deliberately does not include <mpi.h>: the rest of the tree
-// reaches MPI only through comm/communicator.h and this factory.
+// The MPI backend of Communicator (Open MPI 4.1 on CPU; on GPUs the host twins and the
+// bootstrap of the NCCL world, comm/nccl_world.h). This header deliberately does not
+// include <mpi.h>: the rest of the tree reaches MPI only through comm/communicator.h and
+// this factory.
 //
 // Contract (beyond comm/communicator.h):
 // - MPI is initialized with MPI_THREAD_MULTIPLE (at least MPI_THREAD_SERIALIZED must be

@@ -1,5 +1,5 @@
 // The NCCL abort path: what the hang watchdog (comm/watchdog.h) does on a missed deadline
-// or an asynchronous NCCL error when NCCL communicators exist (DESIGN.md "Failures": on
+// or an asynchronous NCCL error when NCCL communicators exist (docs/ARCHITECTURE.md "Failures": on
 // NCCL the watchdog aborts the communicators). Built with
 // comm/nccl/ (TRIDENT_HAVE_CUDA); no NCCL header here.
 //

@@ -1,5 +1,5 @@
-// Checkpoint boxes carry their dtype and memory space (DESIGN.md "Memory, dtypes and
-// streams"): bf16 and i32 tensors round-trip with a truthful manifest dtype, a reader
+// Checkpoint boxes carry their dtype and memory space (docs/ARCHITECTURE.md "Memory, dtypes
+// and streams"): bf16 and i32 tensors round-trip with a truthful manifest dtype, a reader
 // refuses a destination of another dtype, and device boxes reach the host only through
 // Ops: one download per box when saving, one upload per box when restoring.
 #include <gtest/gtest.h>

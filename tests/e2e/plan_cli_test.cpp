@@ -1,5 +1,5 @@
 // `trident plan` end to end (cli/cmd_plan.cpp; docs/PLAN.md): the 70B config on 1024
-// H100s in well under 5 s with a sensible table, --json with DESIGN.md's object, --gpu
+// H100s in well under 5 s with a sensible table, --json with docs/PLAN.md's "JSON" object, --gpu
 // cpu, and every bad input exiting 2 with a message naming the flag or key.
 #include <gtest/gtest.h>
 

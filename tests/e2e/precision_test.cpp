@@ -1,4 +1,4 @@
-// training.precision end to end (DESIGN.md "Memory, dtypes and streams"): bf16 mixed
+// training.precision end to end (docs/ARCHITECTURE.md "Memory, dtypes and streams"): bf16 mixed
 // precision tracks the fp32 run of the same model and data, really rounds, resumes
 // bitwise, and crosses precisions through its fp32 checkpoints.
 //

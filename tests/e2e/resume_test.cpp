@@ -1,4 +1,4 @@
-// End-to-end resume through the real binary (DESIGN.md "Checkpoints"):
+// End-to-end resume through the real binary (docs/CHECKPOINTS.md "Resume"):
 //  - exact resume: 20 steps straight vs 10 steps, stop, resume, 10 more gives bitwise
 //    identical per-step losses and final parameters and AdamW moments, in one process
 //    and at dp=2 tp=2 pp=2 ZeRO-3 on 8 ranks;

@@ -1,5 +1,6 @@
 // End-to-end: `trident train` on a tiny model — the loss falls, two runs are bitwise
-// identical, the metrics file has the DESIGN.md fields — and bad input exits 2 naming
+// identical, the metrics file has the fields of docs/ARCHITECTURE.md "Observability" — and
+// bad input exits 2 naming
 // the culprit (a directory as --config, an unusable checkpoint.dir found at start-up);
 // every subcommand answers --help on stdout with exit 0.
 #include <gtest/gtest.h>
@@ -88,7 +89,8 @@ TEST_F(TrainCli, LossFallsAndRunsAreBitwiseIdentical) {
     EXPECT_NEAR(first, std::log(256.0), 0.3);  // starts near uniform over the bytes
     EXPECT_LT(last, 0.6 * first) << "loss did not fall: " << first << " -> " << last;
 
-    // The metrics file: exactly the DESIGN.md fields, and evaluations at 15 and 30.
+    // The metrics file: exactly the fields of docs/ARCHITECTURE.md "Observability", and
+    // evaluations at 15 and 30.
     int evals = 0, summaries = 0, segments = 0;
     for (const auto& r : ma) {
       if (r.contains("segment")) {  // one header per launch (trainer/metrics.h)

@@ -1,4 +1,4 @@
-// The central test of the parallel code (DESIGN.md "Numerics and determinism"): every
+// The central test of the parallel code (docs/ARCHITECTURE.md "Numerics and determinism"): every
 // dp x tp x pp layout, every ZeRO stage and both pipeline schedules follow the
 // single-process training trajectory — per-step losses and final parameters within
 // 1e-5 relative — for gpt2 (tied embeddings) and llama (GQA, untied head). Sequence

@@ -1,4 +1,4 @@
-// No device allocation inside the step loop (DESIGN.md "Memory, dtypes and streams"):
+// No device allocation inside the step loop (docs/ARCHITECTURE.md "Memory, dtypes and streams"):
 // after the first optimizer step, further steps allocate nothing through the rank's Ops
 // (Ops::allocation_counts), for every ZeRO stage (ZeRO-2/3 take their group buffers and
 // collective scratch from pools planned at construction), tied (gpt2: the one-stage head

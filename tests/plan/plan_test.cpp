@@ -1,7 +1,7 @@
 // trident plan's library (plan/plan.h, plan/hardware.h): the layouts it
 // enumerates (every valid one, the invalid ones left out), memory, traffic and bubble
 // that are the shared formulas' own figures (one source of truth), the time model's
-// parts adding up, the ranking and reasons, the JSON object of DESIGN.md, and the
+// parts adding up, the ranking and reasons, the JSON object of docs/PLAN.md "JSON", and the
 // hardware table.
 #include "plan/plan.h"
 
