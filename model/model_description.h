@@ -4,8 +4,8 @@
 // into the shared set) and its FLOPs per layer (forward, backward, recompute).
 //
 // The Transformer allocates from it (its parameter table and activation arenas), and the
-// planners only sum it: the memory plan (trainer/memory_plan.h), the traffic model
-// (trainer/traffic_model.h) and `trident plan`'s compute time. A layer's rows come from
+// planners only sum it: the memory plan (plan/memory_plan.h), the traffic model
+// (plan/traffic_model.h) and `trident plan`'s compute time. A layer's rows come from
 // its family's block builder (model/architecture.h): a family whose block has one more
 // tensor or buffer is followed by all of them with no other edit.
 //
