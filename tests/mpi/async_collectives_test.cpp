@@ -22,6 +22,7 @@
 #include "comm/watchdog.h"
 #include "core/device_access.h"
 #include "mpi_test_util.h"
+#include "tests/common/fake_communicator.h"
 #include "protected_device_memory.h"
 
 namespace trident::test {
@@ -298,13 +299,10 @@ TEST(AsyncCollectives, CheckedDeviceMemoryIsCorrectSelf) {
 // ---- the watchdog sees a blocking wait ------------------------------------------------
 
 // A 2-rank fake whose async all_reduce never completes until released (5 s safety net).
-class StuckAsyncCommunicator final : public Communicator {
+class StuckAsyncCommunicator final : public testing::FakeCommunicator {
  public:
-  StuckAsyncCommunicator() : Communicator("dp") {}
+  StuckAsyncCommunicator() : FakeCommunicator("dp", 1, 2, "stuck") {}
   ~StuckAsyncCommunicator() override { check_no_outstanding_work(); }
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  const char* backend() const override { return "stuck"; }
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
     released_ = true;
@@ -330,17 +328,6 @@ class StuckAsyncCommunicator final : public Communicator {
   std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf&, ReduceOp,
                                                   const CollectiveOptions&) override {
     return std::make_unique<Work>(*this);
-  }
-  void do_all_reduce(const CommBuf&, ReduceOp, const CollectiveOptions&) override {}
-  void do_reduce_scatter(const CommBuf&, const CommBuf&, const CollectiveOptions&) override {}
-  void do_all_gather(const CommBuf&, const CommBuf&, const CollectiveOptions&) override {}
-  void do_broadcast(const CommBuf&, int, const CollectiveOptions&) override {}
-  void do_send(const CommBuf&, int, int, const CollectiveOptions&) override {}
-  void do_recv(const CommBuf&, int, int, const CollectiveOptions&) override {}
-  void do_barrier(const CollectiveOptions&) override {}
-  std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
-                                         const CollectiveOptions&) override {
-    return nullptr;
   }
 
  private:

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mpi_test_util.h"
+#include "tests/common/fake_communicator.h"
 
 namespace trident::test {
 namespace {
@@ -31,13 +32,11 @@ double seconds_since(Clock::time_point start) {
 // Rank 1 of a 2-rank group whose all_reduce / recv / barrier block until release() or,
 // so a broken watchdog fails the test instead of hanging it, for at most kSafety; other
 // calls return at once after `delay`.
-class StuckCommunicator final : public Communicator {
+class StuckCommunicator final : public testing::FakeCommunicator {
  public:
   static constexpr milliseconds kSafety{5000};
-  explicit StuckCommunicator(std::string name) : Communicator(std::move(name)) {}
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  const char* backend() const override { return "stuck"; }
+  explicit StuckCommunicator(std::string name)
+      : FakeCommunicator(std::move(name), 1, 2, "stuck") {}
 
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -67,10 +66,6 @@ class StuckCommunicator final : public Communicator {
   }
   void do_recv(const CommBuf&, int, int, const CollectiveOptions&) override { block(); }
   void do_barrier(const CollectiveOptions&) override { block(); }
-  std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
-                                         const CollectiveOptions&) override {
-    return nullptr;
-  }
 
  private:
   std::mutex mutex_;
