@@ -11,6 +11,7 @@
 
 #include "checkpoint/reader.h"
 #include "config/config.h"
+#include "tests/common/trainer_fixture.h"
 #include "tests/e2e/cli_util.h"
 #include "tests/e2e/fault_util.h"
 #include "trainer/trainer.h"
@@ -23,7 +24,7 @@ TEST(AsyncCheckpoint, TrainingContinuesWhileTheWriterWritesAndTheSnapshotIsKept)
   ASSERT_TRUE(write_token_file(dir.file("train.bin"), testing::english_bytes(20000), 1).is_ok());
   // ~0.85M parameters: params + two AdamW moments are ~10 MB, more than one 8 MiB chunk.
   auto config = parse_config(
-      "model: {arch: gpt2, vocab_size: 256, seq_len: 32, n_layers: 4, n_heads: 4, d_model: 128}\n"
+      testing::tiny_model_yaml(Arch::kGpt2, {.n_layers = 4, .d_model = 128}) +
       "parallel: {micro_batch_size: 2}\n"
       "data: {train: " + dir.file("train.bin") + "}\n"
       "training: {global_batch_size: 2, max_steps: 20, lr: 0.003, warmup_steps: 1}\n"
@@ -38,11 +39,8 @@ TEST(AsyncCheckpoint, TrainingContinuesWhileTheWriterWritesAndTheSnapshotIsKept)
   std::atomic<int> chunks{0}, steps_after_save{0};
   std::atomic<int64_t> total_bytes{0};
   std::atomic<bool> hook_returned{false};
-  TrainerOptions options;
-  options.quiet = true;
-  options.peak_flops = 1e12;  // skip the sgemm measurement
-  options.threads = 1;
-  options.resume = "none";
+  TrainerOptions options = testing::test_trainer_options();
+  options.peak_flops = 1e12;
   options.checkpoint_chunk_hook = [&](int64_t written, int64_t total) -> Status {
     ++chunks;
     total_bytes = total;
@@ -57,9 +55,9 @@ TEST(AsyncCheckpoint, TrainingContinuesWhileTheWriterWritesAndTheSnapshotIsKept)
     hook_returned = true;
     return Status::ok();
   };
-  auto created = Trainer::create(std::move(config).value(), options);
-  ASSERT_TRUE(created.is_ok()) << created.status().message();
-  Trainer& trainer = *created.value();
+  const auto created = testing::make_test_trainer(std::move(config).value(), options);
+  ASSERT_NE(created, nullptr);
+  Trainer& trainer = *created;
 
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(trainer.train_step().is_ok());
   const int save_step = trainer.step();

@@ -14,8 +14,15 @@
 
 #include "data/token_file.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident::testing {
+
+// The model: line of the command-line runs: a gpt2 over byte tokens small enough that a
+// step takes milliseconds, so a run is start-up and checkpoint fsyncs.
+inline std::string cli_model_yaml() {
+  return tiny_model_yaml(Arch::kGpt2, {.seq_len = 16, .n_heads = 2, .d_model = 32});
+}
 
 struct CommandResult {
   int exit_code = -1;

@@ -35,7 +35,7 @@ using testing::ScratchDir;
 // A tiny gpt2 over byte tokens: steps take milliseconds, so runs are dominated by start-up
 // and checkpoint fsyncs.
 std::string tiny_config(const std::string& train_bin, const std::string& extra) {
-  return "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+  return testing::cli_model_yaml() +
          "data: {train: " + train_bin + "}\n" + extra;
 }
 

@@ -37,8 +37,7 @@ class Lineage : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(write_token_file(dir_.file("train.bin"), testing::english_bytes(20000), 1).is_ok());
     dir_.write("run.yaml",
-               "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2,"
-               " d_model: 32}\n"
+               testing::cli_model_yaml() +
                "parallel: {micro_batch_size: 2}\n"
                "data: {train: " + dir_.file("train.bin") + "}\n"
                "training: {global_batch_size: 4, max_steps: 40, lr: 0.003, warmup_steps: 2}\n"

@@ -28,7 +28,7 @@ class LossSpike : public ::testing::Test {
     dir_ = new ScratchDir();
     ASSERT_TRUE(write_token_file(dir_->file("train.bin"), testing::english_bytes(20000), 1).is_ok());
     dir_->write("run.yaml",
-                "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+                testing::cli_model_yaml() +
                 "data: {train: " + dir_->file("train.bin") + "}\n"
                 "parallel: {micro_batch_size: 2}\n"
                 "training: {global_batch_size: 4, max_steps: 20, lr: 0.003, warmup_steps: 2}\n"
@@ -90,7 +90,7 @@ class LossSpike : public ::testing::Test {
 
 // The fixture's model and batch, a constant LR, on `train`, checkpoints in `ckpt`.
 std::string tiny_config(const std::string& train, const std::string& ckpt) {
-  return "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+  return testing::cli_model_yaml() +
          "data: {train: " + train + "}\n"
          "parallel: {micro_batch_size: 2}\n"
          "training: {global_batch_size: 4, lr_schedule: constant, warmup_steps: 2}\n"

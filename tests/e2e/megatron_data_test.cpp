@@ -46,7 +46,7 @@ CommandResult megatron_writer(const std::string& raw, const std::string& prefix,
 
 std::string config(const ScratchDir& dir, const std::string& train, const std::string& ckpt,
                    int steps, const std::string& extra = "") {
-  return "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+  return testing::cli_model_yaml() +
          "data: {train: " + train + ", shuffle: false}\n"
          "parallel: {micro_batch_size: 2}\n"
          "training: {global_batch_size: 4, max_steps: " + std::to_string(steps) +

@@ -33,7 +33,7 @@ class Signals : public ::testing::Test {
   std::string write_config(const std::string& name, const std::string& train,
                            const std::string& extra = "") {
     dir_.write(name + ".yaml",
-               "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+               testing::cli_model_yaml() +
                "parallel: {micro_batch_size: 2}\n"
                "data: {train: " + train + "}\n"
                "training: {global_batch_size: 4, max_steps: 1000000, lr: 0.003, warmup_steps: 2}\n"

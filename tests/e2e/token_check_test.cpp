@@ -16,7 +16,7 @@ using testing::run_command;
 using testing::ScratchDir;
 
 std::string config(const ScratchDir& dir, const std::string& data) {
-  return "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2, d_model: 32}\n"
+  return testing::cli_model_yaml() +
          "data: {" + data + ", shuffle: false}\n"
          "parallel: {micro_batch_size: 2}\n"
          "training: {global_batch_size: 2, max_steps: 2}\n"

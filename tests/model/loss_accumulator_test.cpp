@@ -9,21 +9,14 @@
 #include "kernels/ops.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
 
+// Vocabulary 200, padded: the head's padded columns are excluded.
 TransformerConfig tiny(Arch arch) {
-  TransformerConfig c;
-  c.arch = arch;
-  c.vocab_size = 200;  // padded: the head's padded columns are excluded
-  c.seq_len = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = arch == Arch::kGpt2 ? 4 : 2;
-  c.d_model = 32;
-  c.finalize();
-  return c;
+  return testing::tiny_model(arch, {.vocab_size = 200, .seq_len = 16, .d_model = 32});
 }
 
 std::vector<int32_t> tokens_for(int micro, int n, int vocab) {

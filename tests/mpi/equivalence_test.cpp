@@ -15,6 +15,7 @@
 
 #include "tests/mpi/mpi_test_util.h"
 #include "trainer/trainer.h"
+#include "tests/common/trainer_fixture.h"
 
 namespace trident {
 namespace {
@@ -54,11 +55,11 @@ std::string data_file() {
 
 Config make_config(Arch arch, const Case& c) {
   std::string yaml =
-      std::string("model: {arch: ") + (arch == Arch::kGpt2 ? "gpt2" : "llama") +
-      ", vocab_size: 64, seq_len: 16, n_layers: " + std::to_string(c.n_layers) +
-      ", n_heads: 4, n_kv_heads: " +
-      (arch == Arch::kGpt2 ? "4" : c.kv_heads > 0 ? std::to_string(c.kv_heads) : "2") +
-      ", d_model: 32}\n"
+      testing::tiny_model_yaml(arch, {.vocab_size = 64, .seq_len = 16, .n_layers = c.n_layers,
+                                      .n_kv_heads = arch == Arch::kLlama && c.kv_heads > 0
+                                                        ? c.kv_heads
+                                                        : -1,
+                                      .d_model = 32}) +
       "parallel: {dp: " + std::to_string(c.layout.dp) + ", tp: " + std::to_string(c.layout.tp) +
       ", pp: " + std::to_string(c.layout.pp) + ", zero_stage: " + std::to_string(c.zero_stage) +
       ", micro_batch_size: 1, pipeline_schedule: " +
@@ -85,21 +86,15 @@ struct Trajectory {
 };
 
 Trajectory train(Arch arch, const Case& c, Communicator* world) {
-  TrainerOptions options;
-  options.world = world;
-  options.resume = "none";
-  options.quiet = true;
-  options.peak_flops = 1e9;
-  options.threads = 1;
-  auto trainer = Trainer::create(make_config(arch, c), options);
-  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-  if (!trainer.is_ok()) return {};
-  Status st = trainer.value()->run();
+  const auto trainer =
+      testing::make_test_trainer(make_config(arch, c), testing::test_trainer_options(world));
+  if (!trainer) return {};
+  Status st = trainer->run();
   EXPECT_TRUE(st.is_ok()) << st.message();
   Trajectory t;
-  t.losses = trainer.value()->losses();
-  t.params = trainer.value()->gather_parameters();
-  t.peak_live = trainer.value()->last_step_stats().peak_live_micro_batches;
+  t.losses = trainer->losses();
+  t.params = trainer->gather_parameters();
+  t.peak_live = trainer->last_step_stats().peak_live_micro_batches;
   return t;
 }
 

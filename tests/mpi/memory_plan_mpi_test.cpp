@@ -32,36 +32,23 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
   SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.
+  const Arch family = std::string(arch) == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
   const std::string yaml =
-      std::string("model: {arch: ") + arch +
-      ", vocab_size: 200, seq_len: 12, n_layers: " + std::to_string(n_layers) +
-      ", n_heads: 4, n_kv_heads: 2, d_model: 40}\n"
-      "parallel: {dp: " +
-      std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) + ", pp: " + std::to_string(l.pp) +
-      ", zero_stage: " + std::to_string(zero) + ", micro_batch_size: 1, bucket_mb: 1" + extra +
-      "}\n"
-      "data: {train: " +
-      memory_data_file() +
-      "}\n"
+      testing::tiny_model_yaml(family, {.vocab_size = 200, .seq_len = 12, .n_layers = n_layers,
+                                        .d_model = 40}) +
+      test::parallel_yaml(l, zero, ", bucket_mb: 1" + extra) +
+      "data: {train: " + memory_data_file() + "}\n"
       "training: {global_batch_size: 4, max_steps: 1}\n"
       // Nothing is saved, but the directory is locked: one per process, so
       // concurrent test jobs do not collide (checkpoint/dir_lock.h).
       "checkpoint: {dir: " + memory_data_file() + ".ckpt}\n"
       "logging: {metrics: ''}\n";
-  // gpt2 has no GQA: n_kv_heads must equal n_heads.
-  std::vector<std::string> sets;
-  if (std::string(arch) == "gpt2") sets.push_back("model.n_kv_heads=4");
-  auto config = parse_config(yaml, sets);
+  auto config = parse_config(yaml, {});
   ASSERT_TRUE(config.is_ok()) << config.status().message();
-  TrainerOptions options;
-  options.world = &test::world();
-  options.quiet = true;
-  options.peak_flops = 1e9;
-  options.threads = 1;
-  options.resume = "none";
-  auto trainer = Trainer::create(config.value(), options);
-  ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
-  Trainer& t = *trainer.value();
+  const auto trainer =
+      testing::make_test_trainer(config.value(), testing::test_trainer_options(&test::world()));
+  ASSERT_NE(trainer, nullptr);
+  Trainer& t = *trainer;
   ASSERT_TRUE(t.train_step().is_ok());
   const DataParallel::Memory real = t.data_parallel().memory();
   const RankMemory m = estimate_rank_memory(t.config(), t.partition(), t.coords().dp_rank, ops);
@@ -129,14 +116,9 @@ TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
           for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
            for (bool overlap : {false, true}) {
             Config c;
-            c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
-            c.model.vocab_size = 200;
-            c.model.seq_len = 12;
-            c.model.n_layers = 3;
-            c.model.n_heads = 4;
-            c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
-            c.model.d_model = 40;
-            c.model.finalize();
+            c.model = testing::tiny_model(arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama,
+                                          {.vocab_size = 200, .seq_len = 12, .n_layers = 3,
+                                           .d_model = 40});
             c.parallel.dp = n;
             c.parallel.tp = tp;
             c.parallel.pp = pp;

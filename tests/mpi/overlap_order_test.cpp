@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
+#include "tests/model/tiny_config.h"
 #include "parallel/sharded_param_store.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -125,16 +126,8 @@ class LoggingStore final : public ParamStore {
 
 // 3 layers, d_model 32, 4 heads, vocabulary 64, seq_len 16.
 TransformerConfig tiny_model(Arch arch, int kv_heads) {
-  TransformerConfig mc;
-  mc.arch = arch;
-  mc.vocab_size = 64;
-  mc.seq_len = 16;
-  mc.n_layers = 3;
-  mc.n_heads = 4;
-  mc.n_kv_heads = kv_heads;
-  mc.d_model = 32;
-  mc.finalize();
-  return mc;
+  return testing::tiny_model(arch, {.vocab_size = 64, .seq_len = 16, .n_layers = 3,
+                                    .n_kv_heads = kv_heads, .d_model = 32});
 }
 
 int trailing_int(const std::string& label) {

@@ -29,8 +29,7 @@ Outcome train(const std::string& arch, const ParallelLayout& l, int zero, bool s
   const std::string extra = std::string(sp ? ", sequence_parallel: true" : "") +
                             ", virtual_stages: " + std::to_string(v);
   // Interleaving 2 stages x 2 chunks needs 4 layers (the small model has 2).
-  std::string model = test::small_model_yaml(arch);
-  if (v > 1) model.replace(model.find("n_layers: 2"), 11, "n_layers: " + std::to_string(2 * v));
+  const std::string model = test::small_model_yaml(arch, 2 * v);
   auto trainer = test::make_world_trainer(
       model + test::parallel_yaml(l, zero, extra) + "data: {train: " +
           data_file() + "}\n" +

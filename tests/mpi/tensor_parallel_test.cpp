@@ -7,23 +7,17 @@
 
 #include "comm/topology.h"
 #include "core/rng.h"
+#include "tests/model/tiny_config.h"
 #include "model/transformer.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace trident {
 namespace {
 
+// Vocabulary 64, padded to 128: split over tp, with padding on the last ranks.
 TransformerConfig tiny_config(Arch arch, int n_kv_heads) {
-  TransformerConfig c;
-  c.arch = arch;
-  c.vocab_size = 64;  // padded to 128: split over tp, with padding on the last ranks
-  c.seq_len = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = n_kv_heads;
-  c.d_model = 32;
-  c.finalize();
-  return c;
+  return testing::tiny_model(arch, {.vocab_size = 64, .seq_len = 16,
+                                    .n_kv_heads = n_kv_heads, .d_model = 32});
 }
 
 void check_tensor_parallel(const TransformerConfig& c, int tp) {

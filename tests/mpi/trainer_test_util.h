@@ -1,8 +1,8 @@
 // A Trainer over the test world (tests/mpi/mpi_test_util.h) for the multi-rank tests
-// that drive the training loop in-process: quiet, one thread per rank, a fixed peak (no
-// sgemm measurement), a fresh run in a checkpoint directory of its own (nothing is saved
-// with interval 0, but two trainers alive at once may not share one: checkpoint/dir_lock.h)
-// and no metrics file. Failures are reported as gtest failures and a null result.
+// that drive the training loop in-process: the options of tests/common/trainer_fixture.h
+// (quiet, one thread per rank, a fixed peak, a fresh run), a checkpoint directory of its
+// own (nothing is saved with interval 0, but two trainers alive at once may not share one:
+// checkpoint/dir_lock.h) and no metrics file. Failures are reported as gtest failures and a null result.
 #pragma once
 
 #include <memory>
@@ -12,6 +12,7 @@
 
 #include "tests/mpi/mpi_test_util.h"
 #include "trainer/trainer.h"
+#include "tests/common/trainer_fixture.h"
 
 namespace trident::test {
 
@@ -32,9 +33,10 @@ inline std::string case_name(const std::string& arch, const ParallelLayout& l, i
 
 // The model section of the per-step budget tests: a 2-layer gpt2 (tied, MHA) or llama
 // (untied head, GQA 4:2) on 61 token ids.
-inline std::string small_model_yaml(const std::string& arch) {
-  return "model: {arch: " + arch + ", vocab_size: 61, seq_len: 16, n_layers: 2, n_heads: 4, " +
-         "n_kv_heads: " + (arch == "gpt2" ? "4" : "2") + ", d_model: 32}\n";
+inline std::string small_model_yaml(const std::string& arch, int n_layers = 2) {
+  return testing::tiny_model_yaml(arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama,
+                                  {.vocab_size = 61, .seq_len = 16, .n_layers = n_layers,
+                                   .d_model = 32});
 }
 
 // `yaml` has no checkpoint or logging section; the checkpoint directory is
@@ -47,15 +49,7 @@ inline std::unique_ptr<Trainer> make_world_trainer(const std::string& yaml,
                              {});
   EXPECT_TRUE(config.is_ok()) << config.status().message();
   if (!config.is_ok()) return nullptr;
-  TrainerOptions options;
-  options.world = &world();
-  options.resume = "none";
-  options.quiet = true;
-  options.peak_flops = 1e9;
-  options.threads = 1;
-  auto trainer = Trainer::create(config.value(), options);
-  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-  return trainer.is_ok() ? std::move(trainer).value() : nullptr;
+  return testing::make_test_trainer(config.value(), testing::test_trainer_options(&world()));
 }
 
 }  // namespace trident::test

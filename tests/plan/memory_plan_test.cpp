@@ -20,6 +20,7 @@
 #include "parallel/sharded_param_store.h"
 #include "tests/common/captured_log.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/common/trainer_fixture.h"
 #include "trainer/trainer.h"
 
 namespace trident {
@@ -43,16 +44,12 @@ class ScopedEnv {
 Config make_config(const std::string& arch, int tie, int tp, int pp, int dp, int zero,
                    int bucket_mb = 25) {
   Config c;
-  c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
   // Odd sizes on purpose: rows that do not divide by dp (shard padding) and tensors that
   // are not multiples of 16 floats (alignment gaps) must be counted like the real tables.
-  c.model.vocab_size = 200;  // padded 256
-  c.model.seq_len = 12;
-  c.model.n_layers = 5;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
-  c.model.d_model = 40;  // head_dim 10 (even, for RoPE)
-  c.model.d_ff = arch == "gpt2" ? 0 : 74;
+  // vocabulary 200 (padded 256); d_model 40: head_dim 10 (even, for RoPE).
+  c.model = testing::tiny_model(arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama,
+                                {.vocab_size = 200, .seq_len = 12, .n_layers = 5, .d_model = 40,
+                                 .d_ff = arch == "gpt2" ? 0 : 74});
   c.model.tie_embeddings = tie;
   c.model.finalize();
   c.parallel.tp = tp;
@@ -339,23 +336,18 @@ TEST_F(TrainerMemory, RealAllocationsEqualTheEstimate) {
       c.checkpoint.dir = dir_.file("ckpt");
       c.logging.metrics = "";
       ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
-      TrainerOptions options;
-      options.quiet = true;
-      options.peak_flops = 1e9;
-      options.threads = 1;
-      options.resume = "none";
-      auto trainer = Trainer::create(c, options);
-      ASSERT_TRUE(trainer.is_ok()) << trainer.status().message();
-      ASSERT_TRUE(trainer.value()->train_step().is_ok());
-      const DataParallel::Memory real = trainer.value()->data_parallel().memory();
-      const RankMemory m = estimate_rank_memory(c, trainer.value()->partition(), 0, *cpu_ops());
+      const auto trainer = testing::make_test_trainer(c);
+      ASSERT_NE(trainer, nullptr);
+      ASSERT_TRUE(trainer->train_step().is_ok());
+      const DataParallel::Memory real = trainer->data_parallel().memory();
+      const RankMemory m = estimate_rank_memory(c, trainer->partition(), 0, *cpu_ops());
       EXPECT_EQ(m.params, static_cast<double>(real.params_peak));
       EXPECT_EQ(m.grads, static_cast<double>(real.grads_peak));
       EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
       EXPECT_EQ(m.comm_buffers, static_cast<double>(real.comm_scratch));
-      EXPECT_EQ(m.activations, static_cast<double>(trainer.value()->model().activation_bytes()));
+      EXPECT_EQ(m.activations, static_cast<double>(trainer->model().activation_bytes()));
       // Not vacuous: ZeRO-2/3 held group buffers from their pools.
-      DataParallel& ddp = trainer.value()->data_parallel();
+      DataParallel& ddp = trainer->data_parallel();
       if (zero == 2) {
         EXPECT_GT(ddp.grad_sharded()->peak_held_grad_bytes(), 0u);
       }

@@ -14,6 +14,7 @@
 
 #include "parallel/pipeline.h"
 #include "plan/traffic_model.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
@@ -21,15 +22,7 @@ namespace {
 // Tiny llama: 4 heads, 2 kv heads (tp in {1, 2}), 2 layers (pp in {1, 2}), batch 8.
 Config small_config() {
   Config c;
-  c.model.arch = Arch::kLlama;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.d_model = 64;
-  c.model.d_ff = 128;
-  c.model.finalize();
+  c.model = testing::tiny_model(Arch::kLlama, {.d_ff = 128});
   c.parallel.micro_batch_size = 1;
   c.training.global_batch_size = 8;
   c.data.train = "unused";

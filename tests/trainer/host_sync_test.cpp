@@ -10,6 +10,7 @@
 
 #include "tests/common/pattern_tokens.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/common/trainer_fixture.h"
 #include "trainer/trainer.h"
 
 namespace trident {
@@ -22,24 +23,13 @@ class HostSync : public ::testing::Test {
   }
 
   Config make_config(const std::string& arch, int zero) {
-    Config c;
-    c.model.arch = arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
-    c.model.vocab_size = 200;
-    c.model.seq_len = 16;
-    c.model.n_layers = 2;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = arch == "gpt2" ? 4 : 2;
-    c.model.d_model = 32;
-    c.model.finalize();
-    c.parallel.micro_batch_size = 2;
+    Config c = testing::small_trainer_config(arch == "gpt2" ? Arch::kGpt2 : Arch::kLlama,
+                                             dir_.file("train.bin"),
+                                             dir_.file("ckpt" + std::to_string(++trainers_)));
     c.parallel.zero_stage = zero;
     c.training.global_batch_size = 2 * 4;  // 4 micro-batches per step
-    c.training.max_steps = 10;
     c.training.eval_batches = 3;
-    c.data.train = dir_.file("train.bin");
     c.data.val = dir_.file("train.bin");
-    c.checkpoint.dir = dir_.file("ckpt" + std::to_string(++trainers_));
-    c.logging.metrics = "";
     return c;
   }
 
@@ -53,14 +43,9 @@ TEST_F(HostSync, AStepReadsBackOnlyTheLossAndTheNorm) {
       SCOPED_TRACE(arch + " zero " + std::to_string(zero));
       Config c = make_config(arch, zero);
       ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
-      TrainerOptions options;
-      options.quiet = true;
-      options.peak_flops = 1e9;
-      options.threads = 1;
-      options.resume = "none";
-      auto made = Trainer::create(c, options);
-      ASSERT_TRUE(made.is_ok()) << made.status().message();
-      Trainer& trainer = *made.value();
+      const auto made = testing::make_test_trainer(c);
+      ASSERT_NE(made, nullptr);
+      Trainer& trainer = *made;
       const TransferCounts& counts = trainer.ops().transfer_counts();
       std::vector<uint64_t> per_step;
       for (int s = 0; s < 4; ++s) {

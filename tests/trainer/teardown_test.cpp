@@ -18,6 +18,7 @@
 #include "kernels/forwarding_ops.h"
 #include "tests/common/pattern_tokens.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/common/trainer_fixture.h"
 #include "trainer/trainer.h"
 
 namespace trident {
@@ -125,34 +126,13 @@ class Lifecycle : public ::testing::Test {
   }
 
   Config make_config(int zero, bool overlap) {
-    Config c;
-    c.model.arch = Arch::kGpt2;
-    c.model.vocab_size = 200;
-    c.model.seq_len = 16;
-    c.model.n_layers = 2;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = 4;
-    c.model.d_model = 32;
-    c.model.finalize();
-    c.parallel.micro_batch_size = 2;
+    Config c = testing::small_trainer_config(Arch::kGpt2, dir_.file("train.bin"),
+                                             dir_.file("ckpt" + std::to_string(++trainers_)));
     c.parallel.zero_stage = zero;
     c.parallel.overlap_grad_reduce = overlap;
     c.parallel.overlap_param_gather = overlap;
     c.training.global_batch_size = 2 * 2;
-    c.training.max_steps = 10;
-    c.data.train = dir_.file("train.bin");
-    c.checkpoint.dir = dir_.file("ckpt" + std::to_string(++trainers_));
-    c.logging.metrics = "";
     return c;
-  }
-
-  TrainerOptions base_options() {
-    TrainerOptions options;
-    options.quiet = true;
-    options.peak_flops = 1e9;
-    options.threads = 1;
-    options.resume = "none";
-    return options;
   }
 
   testing::ScratchDir dir_;
@@ -163,7 +143,7 @@ TEST_F(Lifecycle, NothingUsesTheOpsStreamAfterTheOpsAreDestroyed) {
   for (int zero : {0, 3}) {
     SCOPED_TRACE("zero " + std::to_string(zero));
     StreamLog log;
-    TrainerOptions options = base_options();
+    TrainerOptions options = testing::test_trainer_options();
     options.make_ops = [&log]() -> Result<std::unique_ptr<Ops>> {
       return std::unique_ptr<Ops>(new StreamOps(log));
     };
@@ -175,9 +155,9 @@ TEST_F(Lifecycle, NothingUsesTheOpsStreamAfterTheOpsAreDestroyed) {
     {
       const Config c = make_config(zero, /*overlap=*/true);
       ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
-      auto made = Trainer::create(c, options);
-      ASSERT_TRUE(made.is_ok()) << made.status().message();
-      Trainer& trainer = *made.value();
+      const auto made = testing::make_test_trainer(c, options);
+      ASSERT_NE(made, nullptr);
+      Trainer& trainer = *made;
       for (int s = 0; s < 2; ++s) ASSERT_TRUE(trainer.train_step().is_ok());
       // A checkpoint still being written when the trainer goes.
       ASSERT_TRUE(trainer.save_checkpoint(/*async=*/true).is_ok());
@@ -205,19 +185,19 @@ TEST_F(Lifecycle, AWorldOfOneOnADeviceBackendNeedsNoNcclAndCopiesThroughTheOps) 
     // The reference: the same run on a plain CPU backend whose groups memmove.
     std::vector<double> want;
     {
-      TrainerOptions options = base_options();
+      TrainerOptions options = testing::test_trainer_options();
       options.make_group_world = [](Communicator&, Ops&) -> Result<std::unique_ptr<Communicator>> {
         return std::unique_ptr<Communicator>(new SelfCommunicator("world"));
       };
-      auto made = Trainer::create(c, options);
-      ASSERT_TRUE(made.is_ok()) << made.status().message();
-      const auto& dp = dynamic_cast<const SelfCommunicator&>(*made.value()->groups().dp);
+      const auto made = testing::make_test_trainer(c, options);
+      ASSERT_NE(made, nullptr);
+      const auto& dp = dynamic_cast<const SelfCommunicator&>(*made->groups().dp);
       EXPECT_FALSE(dp.has_device_copy());
-      for (int s = 0; s < 3; ++s) ASSERT_TRUE(made.value()->train_step().is_ok());
-      want = made.value()->losses();
+      for (int s = 0; s < 3; ++s) ASSERT_TRUE(made->train_step().is_ok());
+      want = made->losses();
     }
     StreamLog log;
-    TrainerOptions options = base_options();
+    TrainerOptions options = testing::test_trainer_options();
     options.make_ops = [&log]() -> Result<std::unique_ptr<Ops>> {
       return std::unique_ptr<Ops>(new StreamOps(log));
     };
