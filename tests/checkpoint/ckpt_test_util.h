@@ -1,6 +1,6 @@
-// Helpers for the checkpoint tests: a temporary directory, a small set of global
-// tensors with known contents (1-D, 2-D, 3-D, 0-D), ways to cut them into boxes, and
-// byte-level file surgery (flip, truncate).
+// Helpers for the checkpoint tests: a temporary directory (tests/common/scratch_dir.h), a
+// small set of global tensors with known contents (1-D, 2-D, 3-D, 0-D), ways to cut them
+// into boxes, and byte-level file surgery (flip, truncate).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,24 +17,11 @@
 #include "checkpoint/train_state.h"
 #include "checkpoint/writer.h"
 #include "comm/communicator.h"
+#include "tests/common/scratch_dir.h"
 
 namespace trident::test {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "trident_ckpt_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = testing::ScratchDir;
 
 // A global tensor with reproducible contents: element i is id * 1000 + i * 0.5 + salt.
 struct GlobalTensor {

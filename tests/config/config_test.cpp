@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/scratch_dir.h"
+
 namespace trident {
 namespace {
 
@@ -429,8 +431,8 @@ TEST(Config, SetOverridesAreJustAsStrict) {
 }
 
 TEST(Config, LoadConfigFromFile) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "trident_config_test.yaml").string();
+  const testing::ScratchDir dir;
+  const std::string path = dir.file("trident.yaml");
   {
     std::ofstream out(path);
     out << kMinimal << "training:\n  lr: fast\n";
@@ -447,7 +449,6 @@ TEST(Config, LoadConfigFromFile) {
   r = load_config(path, {"training.max_steps=9"});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->training.max_steps, 9);
-  std::remove(path.c_str());
 
   r = load_config("/nonexistent/trident.yaml", {});
   ASSERT_FALSE(r.is_ok());

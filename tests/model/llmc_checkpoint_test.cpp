@@ -3,11 +3,9 @@
 // split, layer stacking), bf16 files, the architecture override, the writer, and the
 // exact errors for missing, short, foreign, truncated and impossible files.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -18,12 +16,12 @@
 #include "core/tensor.h"
 #include "model/llmc_checkpoint.h"
 #include "model/model_config.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/model/fixture.h"
 
 namespace trident {
 namespace {
 
-namespace fs = std::filesystem;
 using reference::Fixture;
 
 std::string fixture_path(const std::string& file) {
@@ -47,17 +45,12 @@ void set_header_int(std::vector<char>* bytes, int index, int32_t value) {
 class LlmcCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("trident_llmc_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
     original_ = read_bytes(fixture_path("gpt2_llmc.bin"));
     ASSERT_EQ(original_.size(), 121344u);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string write_variant(const std::string& name, const std::vector<char>& bytes) {
-    const std::string path = (dir_ / name).string();
+    const std::string path = dir_.file(name);
     write_bytes(path, bytes);
     return path;
   }
@@ -72,7 +65,7 @@ class LlmcCheckpointTest : public ::testing::Test {
     EXPECT_EQ(result.status().message().rfind(path, 0), 0u) << "message starts with the path";
   }
 
-  fs::path dir_;
+  testing::ScratchDir dir_;
   std::vector<char> original_;
 };
 
@@ -156,7 +149,7 @@ TEST_F(LlmcCheckpointTest, ReadsBf16VersionWithinRounding) {
 }
 
 TEST_F(LlmcCheckpointTest, MissingFile) {
-  const std::string path = (dir_ / "nope.bin").string();
+  const std::string path = dir_.file("nope.bin");
   expect_error(path, path + ": cannot read llm.c checkpoint: No such file or directory");
 }
 
@@ -294,7 +287,7 @@ TEST_F(LlmcCheckpointTest, WriterRoundTripsByteForByte) {
   config.seq_len = 16;
   ASSERT_TRUE(apply_llmc_architecture(*ckpt, &config).is_ok());
   config.finalize();
-  const std::string path = (dir_ / "written.bin").string();
+  const std::string path = dir_.file("written.bin");
   const LlmcCheckpoint& c = *ckpt;
   ASSERT_TRUE(write_llmc_checkpoint(path, config, [&](const std::string& name) -> const float* {
                 const auto* t = c.find(name);

@@ -19,54 +19,21 @@
 #include "kernels/ops.h"
 #include "mpi_test_util.h"
 #include "parallel/data_parallel.h"
+#include "tests/common/param_layout.h"
 
 namespace trident::test {
 namespace {
 
-struct TensorSpec {
-  const char* name;
-  Shape shape;
-  int group;
-  bool decay;
-  int split_dim;
-  bool tied_copy = false;
-};
-
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-
 // Groups 0 and 3 are empty; tensors at 16-float aligned offsets of the flat layout.
 ParamLayout make_layout() {
-  const std::vector<TensorSpec> specs = {
-      {"a", {7, 5}, 1, true, 0},      {"b", {13}, 1, false, -1},
-      {"c", {3, 4}, 1, true, 1},      {"d", {1, 9}, 2, true, 0},
-      {"e", {2, 3, 2}, 2, true, 0},   {"f", {5, 2}, 2, true, 0, /*tied_copy=*/true},
-      {"g", {4}, 2, false, -1},
-  };
-  ParamLayout layout;
-  layout.groups.resize(4);
-  size_t cursor = 0;
-  for (int g = 0; g < 4; ++g) {
-    ParamGroup& group = layout.groups[static_cast<size_t>(g)];
-    group.id = g;
-    group.offset = cursor;
-    for (const TensorSpec& s : specs) {
-      if (s.group != g) continue;
-      ParamInfo info;
-      info.name = s.name;
-      info.shape = s.shape;
-      info.local_shape = s.shape;
-      info.split_dim = s.split_dim;
-      info.group = g;
-      info.offset = cursor;
-      info.decay = s.decay;
-      info.tied_copy = s.tied_copy;
-      group.params.push_back(static_cast<int>(layout.params.size()));
-      layout.params.push_back(info);
-      cursor = align16(cursor + static_cast<size_t>(info.numel()));
-    }
-    group.num_floats = cursor - group.offset;
-  }
-  return layout;
+  return testing::make_test_layout({{"a", {7, 5}, 1, true, 0},
+                                    {"b", {13}, 1, false, -1},
+                                    {"c", {3, 4}, 1, true, 1},
+                                    {"d", {1, 9}, 2, true, 0},
+                                    {"e", {2, 3, 2}, 2, true, 0},
+                                    {"f", {5, 2}, 2, true, 0, /*tied_copy=*/true},
+                                    {"g", {4}, 2, false, -1}},
+                                   4);
 }
 
 constexpr int kSteps = 3;

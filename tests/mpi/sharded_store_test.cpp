@@ -13,43 +13,17 @@
 #include "kernels/ops.h"
 #include "mpi_test_util.h"
 #include "parallel/sharded_param_store.h"
+#include "tests/common/param_layout.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace trident::test {
 namespace {
 
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-
 // Group 0: (7,5), (13,), (1,9); group 1 empty; group 2: (3,4), (2,3,2). Offsets in the
 // flat layout, 16-float aligned.
 ParamLayout store_layout() {
-  struct Spec {
-    Shape shape;
-    int group;
-  };
-  const std::vector<Spec> specs = {
-      {{7, 5}, 0}, {{13}, 0}, {{1, 9}, 0}, {{3, 4}, 2}, {{2, 3, 2}, 2}};
-  ParamLayout layout;
-  layout.groups.resize(3);
-  size_t cursor = 0;
-  for (int g = 0; g < 3; ++g) {
-    ParamGroup& group = layout.groups[static_cast<size_t>(g)];
-    group.id = g;
-    group.offset = cursor;
-    for (const Spec& s : specs) {
-      if (s.group != g) continue;
-      ParamInfo info;
-      info.name = std::to_string(layout.params.size());
-      info.shape = info.local_shape = s.shape;
-      info.group = g;
-      info.offset = cursor;
-      group.params.push_back(static_cast<int>(layout.params.size()));
-      layout.params.push_back(info);
-      cursor = align16(cursor + static_cast<size_t>(info.numel()));
-    }
-    group.num_floats = cursor - group.offset;
-  }
-  return layout;
+  return testing::make_test_layout(
+      {{"", {7, 5}, 0}, {"", {13}, 0}, {"", {1, 9}, 0}, {"", {3, 4}, 2}, {"", {2, 3, 2}, 2}}, 3);
 }
 
 TEST(ShardGeometry, CeilSplitWithEmptyTailShards) {

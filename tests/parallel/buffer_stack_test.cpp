@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/sharded_param_store.h"
+#include "tests/common/param_layout.h"
 
 namespace trident {
 namespace {
@@ -66,30 +67,8 @@ TEST(BufferStackDeathTest, OverflowAndOutOfOrderNameTheBuffers) {
 // Group 0 (7 x 5, 13), group 1 empty, group 2 (3 x 4): groups 0 and the last both
 // non-empty and no lm_head.weight, as a tied one-stage model.
 ParamLayout tied_layout(bool with_lm_head) {
-  ParamLayout layout;
-  layout.groups.resize(3);
-  const std::vector<std::pair<Shape, int>> specs = {{{7, 5}, 0}, {{13}, 0}, {{3, 4}, 2}};
-  size_t cursor = 0;
-  for (int g = 0; g < 3; ++g) {
-    ParamGroup& group = layout.groups[static_cast<size_t>(g)];
-    group.id = g;
-    group.offset = cursor;
-    for (const auto& [shape, sg] : specs) {
-      if (sg != g) continue;
-      ParamInfo info;
-      info.name = "t";  // appended: GCC 12 -Wrestrict misfires on "literal" + std::string
-      info.name += std::to_string(cursor);
-      if (g == 2 && with_lm_head) info.name = "lm_head.weight";
-      info.shape = info.local_shape = shape;
-      info.group = g;
-      info.offset = cursor;
-      group.params.push_back(static_cast<int>(layout.params.size()));
-      layout.params.push_back(info);
-      cursor = (cursor + static_cast<size_t>(shape.numel()) + 15) / 16 * 16;
-    }
-    group.num_floats = cursor - group.offset;
-  }
-  return layout;
+  return testing::make_test_layout(
+      {{"", {7, 5}, 0}, {"", {13}, 0}, {with_lm_head ? "lm_head.weight" : "", {3, 4}, 2}}, 3);
 }
 
 TEST(BufferStack, StorePoolsHoldTheTiedHeadWithTheEmbeddings) {
