@@ -1,13 +1,12 @@
-// Helpers for the CPU kernel tests: device copies of host vectors for one Ops call, seeded
-// random data, float <-> double conversion, tolerance checks against float64 references,
-// and central finite differences.
+// Helpers for the tests that call Ops directly: device copies of host vectors for one Ops
+// call, seeded random data, float <-> double conversion and a tolerance check. The ops
+// themselves are checked against float64 references in the op table (op_table.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "tests/kernels/op_table.h"
 
 namespace trident::testing {
 
@@ -73,73 +73,17 @@ inline VecF random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0
 
 inline VecD to_d(const VecF& v) { return VecD(v.begin(), v.end()); }
 
-// Every |a - e| <= tol * (|e| + rms(e)): relative, with an absolute floor at the scale of
-// the data so near-zero entries produced by cancellation do not dominate.
-inline void expect_close_d(const VecD& actual, const VecD& expected, double tol,
-                           const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  double ss = 0;
-  for (double e : expected) ss += e * e;
-  const double rms = expected.empty() ? 0.0 : std::sqrt(ss / expected.size());
-  int bad = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double err = std::abs(actual[i] - expected[i]);
-    if (!(err <= tol * (std::abs(expected[i]) + rms))) {
-      if (++bad <= 5)
-        ADD_FAILURE() << what << "[" << i << "]: got " << actual[i] << " want " << expected[i]
-                      << " (tol " << tol << ", rms " << rms << ")";
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << expected.size() << " out of tolerance";
-}
-
-// The same check for fp32 results.
+// Every |a - e| <= tol * (|e| + rms(e)): the op table's comparison (op_table.h), relative
+// with an absolute floor at the scale of the data, so near-zero entries produced by
+// cancellation do not dominate.
 inline void expect_close(const VecF& actual, const VecD& expected, double tol,
                          const std::string& what) {
-  expect_close_d(to_d(actual), expected, tol, what);
+  op_table::Report r;
+  op_table::detail::compare(r, what, to_d(actual), expected, op_table::Tol{tol, 0.0});
+  EXPECT_TRUE(r.ok()) << r.str();
 }
 
-// Gradient of loss(x) by central differences in double.
-inline VecD numeric_grad(const std::function<double(const VecD&)>& loss, VecD x,
-                         double h = 1e-5) {
-  VecD g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double lp = loss(x);
-    x[i] = x0 - h;
-    const double lm = loss(x);
-    x[i] = x0;
-    g[i] = (lp - lm) / (2 * h);
-  }
-  return g;
-}
-
-inline double weighted_sum(const VecD& out, const VecD& w) {
-  double s = 0;
-  for (size_t i = 0; i < out.size(); ++i) s += out[i] * w[i];
-  return s;
-}
-
-// A backward call on grads pre-filled with `before` must give before + (what the same
-// call gives on zeroed grads), up to the rounding of that one addition.
-inline void expect_accumulated(const VecF& after, const VecF& before, const VecF& fresh,
-                               const std::string& what) {
-  ASSERT_EQ(after.size(), before.size()) << what;
-  ASSERT_EQ(after.size(), fresh.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < after.size(); ++i) {
-    const double want = static_cast<double>(before[i]) + fresh[i];
-    const double tol = 1e-6 * (std::abs(before[i]) + std::abs(fresh[i])) + 1e-30;
-    if (!(std::abs(after[i] - want) <= tol) && ++bad <= 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << after[i] << " want " << want;
-  }
-  EXPECT_EQ(bad, 0) << what << " does not accumulate (+=)";
-}
-
-// Tolerances: float64 reference vs fp32 op, and finite differences vs the reference's
-// analytic backward (both in double).
+// The tolerance of an fp32 result against a float64 reference.
 inline constexpr double kTolF32 = 2e-5;
-inline constexpr double kTolFd = 1e-6;
 
 }  // namespace trident::testing

@@ -65,6 +65,8 @@ inline constexpr double kTolF32 = 1e-5;
 inline constexpr double kTolBf16 = 1.0 / 256.0;
 struct Tol {
   double scale = 0, value = 0;
+  // A want of exactly 0 must be got exactly 0: the padded columns an op must clear.
+  bool zeros_exact = false;
 };
 // kTolFd: the backend's backward against central differences of its f32 forward, with
 // step fd_eps (1e-2 on inputs of size ~1). The truncation error is eps^2/6 * f''' ~ 2e-5
@@ -96,7 +98,9 @@ struct Arg {
   double lo = -1.0, hi = 1.0;  // random values uniform in [lo, hi)
   VecD values;                 // given initial values instead (tokens, targets, cast edges)
   std::string alias;           // shares the buffer of that (earlier) arg: dlogits = logits
-  double tol = -1.0;           // output tolerance (Tol::scale); < 0: tolerance_for(...)
+  double tol = -1.0;           // output tolerance (Tol::scale); < 0: tolerance_for(...);
+                               // 0: exact (see exact_want)
+  bool zeros_exact = false;    // Tol::zeros_exact for this output
   // Backend-dependent element count (the attention state's bytes); overrides count.
   std::function<size_t(const Ops&)> count_of;
 };
@@ -129,6 +133,12 @@ struct OpDef {
   double uniform_weight = 1.0;
   double fd_eps = 1e-2;
   bool gradcheck = true;  // f32 entries with wrt pairs get one unless this is false
+  // Optional arguments passed as a null DevPtr (a gradient not needed): not allocated, not
+  // compared; the op must skip them and still produce the others.
+  std::vector<std::string> absent;
+  bool is_absent(const std::string& name) const {
+    return std::find(absent.begin(), absent.end(), name) != absent.end();
+  }
 };
 
 enum class Check : uint8_t { kForward, kBackward, kGradCheck };
@@ -159,6 +169,60 @@ inline Report run_case(Ops& ops, const OpCase& c);
 inline Report check_reference_gradient(const OpDef& def);
 
 inline Tol tolerance_for(DType dtype, size_t reduction);
+
+// ---- float64 references the tests outside the table share ----------------------
+// (the CPU backend's attention state is the probabilities: attention_test.cpp; the
+// tensor-parallel layers: tests/mpi/tp_layers_test.cpp)
+
+struct AttnShape {
+  int B, T, NH, NKV, HD;
+  size_t qi(int b, int t, int h, int e) const {
+    return ((static_cast<size_t>(b) * T + t) * NH + h) * HD + e;
+  }
+  size_t ki(int b, int t, int h, int e) const {
+    return ((static_cast<size_t>(b) * T + t) * NKV + h) * HD + e;
+  }
+};
+
+// P[b, h, i, j] (causal softmax of q k^T / sqrt(HD)), and out = P v.
+inline void ref_attention(const AttnShape& s, const VecD& q, const VecD& k, const VecD& v,
+                          VecD& out, VecD& P) {
+  P.assign(static_cast<size_t>(s.B) * s.NH * s.T * s.T, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HD));
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h) {
+      const int kv = h / (s.NH / s.NKV);
+      for (int i = 0; i < s.T; ++i) {
+        double* p = &P[((static_cast<size_t>(b) * s.NH + h) * s.T + i) * s.T];
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int e = 0; e < s.HD; ++e) dot += q[s.qi(b, i, h, e)] * k[s.ki(b, j, kv, e)];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        for (int e = 0; e < s.HD; ++e) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) o += p[j] * v[s.ki(b, j, kv, e)];
+          out[s.qi(b, i, h, e)] = o;
+        }
+      }
+    }
+}
+
+// The softmax cross-entropy of one row of V real logits: returns the loss
+// -log softmax(x)[target]; when d is given, d[0, V) = dloss * (softmax(x) - onehot(target)).
+inline double ref_xent_row(const double* x, int V, int target, double dloss, double* d) {
+  double mx = -1e300, sum = 0;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+  for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+  if (d != nullptr)
+    for (int v = 0; v < V; ++v)
+      d[v] = dloss * (std::exp(x[v] - mx) / sum - (v == target ? 1.0 : 0.0));
+  return std::log(sum) + mx - x[target];
+}
 
 // ---- implementation ---------------------------------------------------------------
 
@@ -328,6 +392,10 @@ class Workspace {
  public:
   Workspace(Ops& ops, const OpDef& def, const Host& init) : ops_(ops), def_(def) {
     for (const Arg& arg : def.args) {
+      if (def.is_absent(arg.name)) {
+        bufs_.set(arg.name, DevPtr());
+        continue;
+      }
       if (!arg.alias.empty()) {
         bufs_.set(arg.name, bufs_[arg.alias].as(arg.dtype));
         continue;
@@ -340,7 +408,7 @@ class Workspace {
   }
   void upload_all(const Host& host) {
     for (const Arg& arg : def_.args) {
-      if (!arg.alias.empty()) continue;
+      if (!arg.alias.empty() || def_.is_absent(arg.name)) continue;
       const VecD& v = host.at(arg.name);
       if (v.empty()) continue;
       const auto bytes = encode(v, arg.dtype);
@@ -384,6 +452,8 @@ inline void compare(Report& r, const std::string& what, const VecD& got, const V
     double allowed = 0, err = 0;
     if (!std::isfinite(e)) {
       ok = std::isnan(e) ? std::isnan(g) : g == e;
+    } else if (e == 0.0 && tol.zeros_exact) {
+      ok = g == 0.0;
     } else {
       err = std::abs(g - e);
       allowed = tol.scale * (std::abs(e) + floor) + tol.value * std::abs(e);
@@ -406,8 +476,27 @@ inline void compare(Report& r, const std::string& what, const VecD& got, const V
   }
 }
 
+// An exact output (tol 0) is the float64 result rounded once to the output's dtype, to the
+// bit: a copy, a max, a picked element, or one fp32 operation on stored values (an add, a
+// product), whose float64 result rounded to fp32 is the correctly rounded fp32 result
+// (53 >= 2 * 24 + 2 bits: rounding twice changes nothing), and so is its bf16 rounding.
+// The reference itself stays unrounded, so that it can be differentiated.
+inline VecD exact_want(const Arg& arg, VecD want) {
+  if (arg.tol == 0.0)
+    for (double& x : want) x = stored(x, arg.dtype);
+  return want;
+}
+
 inline Tol arg_tolerance(const Arg& arg, const OpDef& def) {
-  return arg.tol >= 0 ? Tol{arg.tol, 0.0} : tolerance_for(arg.dtype, def.reduction);
+  Tol tol = arg.tol >= 0 ? Tol{arg.tol, 0.0} : tolerance_for(arg.dtype, def.reduction);
+  tol.zeros_exact = arg.zeros_exact;
+  return tol;
+}
+
+// Whether the check of `backward` (else the forward) compares this argument.
+inline bool compared(const OpDef& def, const Arg& arg, bool backward) {
+  if (def.is_absent(arg.name)) return false;
+  return backward ? is_grad_output(arg.role) : arg.role == Role::kOut || arg.role == Role::kInOut;
 }
 
 // The probed elements of an input of n elements: all, or kMaxProbes spread at random.
@@ -450,9 +539,9 @@ inline Report run_forward(Ops& ops, const OpCase& c) {
   Host ref = init;
   def.ref_forward(ref);
   for (const Arg& arg : def.args)
-    if (arg.role == Role::kOut || arg.role == Role::kInOut)
-      compare(r, arg.name, ws.download(arg, ref.at(arg.name).size()), ref.at(arg.name),
-              arg_tolerance(arg, def));
+    if (compared(def, arg, false))
+      compare(r, arg.name, ws.download(arg, ref.at(arg.name).size()),
+              exact_want(arg, ref.at(arg.name)), arg_tolerance(arg, def));
   return r;
 }
 
@@ -467,9 +556,9 @@ inline Report run_backward(Ops& ops, const OpCase& c) {
   def.ref_forward(ref);
   def.ref_backward(ref);
   for (const Arg& arg : def.args)
-    if (is_grad_output(arg.role))
-      compare(r, arg.name, ws.download(arg, ref.at(arg.name).size()), ref.at(arg.name),
-              arg_tolerance(arg, def));
+    if (compared(def, arg, true))
+      compare(r, arg.name, ws.download(arg, ref.at(arg.name).size()),
+              exact_want(arg, ref.at(arg.name)), arg_tolerance(arg, def));
   return r;
 }
 

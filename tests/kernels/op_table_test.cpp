@@ -51,8 +51,13 @@ Arg aliased(std::string name, std::string of, DType dtype, size_t count, Role ro
   a.alias = std::move(of);
   return a;
 }
-Arg exact(Arg a) {  // an output the op determines exactly (a max, a picked element)
+// An output the op determines exactly (a max, a picked element, one rounded operation).
+Arg exact(Arg a) {
   a.tol = 0.0;
+  return a;
+}
+Arg clears_padding(Arg a) {  // an output whose padded columns the op must set to exactly 0
+  a.zeros_exact = true;
   return a;
 }
 
@@ -90,6 +95,19 @@ Def make(std::string op, std::string dtype, std::string shape) {
   return d;
 }
 
+// The entry with the gradients `absent` not needed (null pointers): the op skips them and
+// gives the others as before. The entry itself has the gradcheck.
+Def without(const Def& entry, const std::vector<std::string>& absent) {
+  auto d = std::make_shared<OpDef>(*entry);
+  d->absent = absent;
+  for (const std::string& g : absent) {
+    d->shape.append("_no_").append(g);
+    std::erase_if(d->wrt, [&](const auto& pair) { return pair.second == g; });
+  }
+  d->gradcheck = false;
+  return d;
+}
+
 // ---- embedding ------------------------------------------------------------------
 // wte holds rows [vb, vb + vl) of a V-row table (vocab-parallel); vb >= V is a rank that
 // holds padding rows only, whose output is wpe alone and whose dwte stays untouched.
@@ -98,7 +116,8 @@ Def embedding(DType F, int B, int T, int C, int V, int vb, int vl, bool wpe) {
                 dims({{"B", B}, {"T", T}, {"C", C}, {"V", V}, {"vb", vb}, {"vl", vl}}) +
                     (wpe ? "" : "_nowpe"));
   const int N = B * T;
-  d->args = {arg("out", F, sz(N) * C, Role::kOut), given("tokens", kI32, ids(N, V, 3)),
+  // A copy, or one fp32 addition rounded once: exact.
+  d->args = {exact(arg("out", F, sz(N) * C, Role::kOut)), given("tokens", kI32, ids(N, V, 3)),
              arg("wte", F, sz(vl) * C, Role::kIn)};
   if (wpe) d->args.push_back(arg("wpe", F, sz(T) * C, Role::kIn));
   d->args.push_back(arg("dout", F, sz(N) * C, Role::kGradIn));
@@ -339,40 +358,6 @@ Def rope(DType F, int B, int T, int H, int HD, int pos_offset) {
 }
 
 // ---- attention ------------------------------------------------------------------
-struct AttnShape {
-  int B, T, NH, NKV, HD;
-  size_t qi(int b, int t, int h, int e) const { return ((sz(b) * T + t) * NH + h) * HD + e; }
-  size_t ki(int b, int t, int h, int e) const { return ((sz(b) * T + t) * NKV + h) * HD + e; }
-};
-
-// P[b, h, i, j] (causal softmax of q k^T / sqrt(HD)), and out = P v.
-void ref_attention(const AttnShape& s, const VecD& q, const VecD& k, const VecD& v, VecD& out,
-                   VecD& P) {
-  P.assign(sz(s.B) * s.NH * s.T * s.T, 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HD));
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.NH; ++h) {
-      const int kv = h / (s.NH / s.NKV);
-      for (int i = 0; i < s.T; ++i) {
-        double* p = &P[((sz(b) * s.NH + h) * s.T + i) * s.T];
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (int e = 0; e < s.HD; ++e) dot += q[s.qi(b, i, h, e)] * k[s.ki(b, j, kv, e)];
-          p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
-        }
-        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = 0; j <= i; ++j) p[j] /= sum;
-        for (int e = 0; e < s.HD; ++e) {
-          double o = 0;
-          for (int j = 0; j <= i; ++j) o += p[j] * v[s.ki(b, j, kv, e)];
-          out[s.qi(b, i, h, e)] = o;
-        }
-      }
-    }
-}
-
 Def attention(DType F, AttnShape s) {
   auto d = make("attention", dtype_name(F),
                 dims({{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"NKV", s.NKV}, {"HD", s.HD}}));
@@ -493,11 +478,15 @@ Def swiglu(DType F, size_t n) {
   return d;
 }
 
+// add, accumulate and scale are one fp32 operation rounded once to the output's dtype:
+// exact (op_table.h, exact_want).
+
 // out = a + b; `alias_a`: out is a's buffer.
 Def add(DType F, size_t n, bool alias_a) {
   auto d = make("add", dtype_name(F), n_label(n) + (alias_a ? "_inplace" : ""));
   d->args = {arg("a", F, n, Role::kIn), arg("b", F, n, Role::kIn),
-             alias_a ? aliased("out", "a", F, n, Role::kOut) : arg("out", F, n, Role::kOut)};
+             exact(alias_a ? aliased("out", "a", F, n, Role::kOut)
+                           : arg("out", F, n, Role::kOut))};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.add(b["out"], b["a"], b["b"], n); };
   d->ref_forward = [=](Host& h) {
     for (size_t i = 0; i < n; ++i) h.at("out")[i] = h.at("a")[i] + h.at("b")[i];
@@ -510,7 +499,7 @@ Def accumulate(DType dst, DType src, size_t n) {
                 dst == src ? dtype_name(dst)
                            : std::string("mixed_dst") + dtype_name(dst) + "_src" + dtype_name(src),
                 n_label(n));
-  d->args = {arg("dst", dst, n, Role::kInOut), arg("src", src, n, Role::kIn)};
+  d->args = {exact(arg("dst", dst, n, Role::kInOut)), arg("src", src, n, Role::kIn)};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.accumulate(b["dst"], b["src"], n); };
   d->ref_forward = [=](Host& h) {
     for (size_t i = 0; i < n; ++i) h.at("dst")[i] += h.at("src")[i];
@@ -520,7 +509,7 @@ Def accumulate(DType dst, DType src, size_t n) {
 
 Def scale(DType F, size_t n, float s) {
   auto d = make("scale", dtype_name(F), n_label(n));
-  d->args = {arg("x", F, n, Role::kInOut)};
+  d->args = {exact(arg("x", F, n, Role::kInOut))};
   d->forward = [=](Ops& ops, const Bufs& b) { ops.scale(b["x"], s, n); };
   d->ref_forward = [=](Host& h) {
     for (auto& x : h.at("x")) x *= s;
@@ -531,22 +520,13 @@ Def scale(DType F, size_t n, float s) {
 // ---- loss -----------------------------------------------------------------------
 constexpr float kDloss = 0.7f;
 
-// dlogits[n, :] for the real columns of a row, from the full row of V real logits.
-void ref_softmax_grad(const double* x, int V, int target, double dloss, double* d) {
-  double mx = -1e300, sum = 0;
-  for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
-  for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
-  for (int v = 0; v < V; ++v)
-    d[v] = dloss * (std::exp(x[v] - mx) / sum - (v == target ? 1.0 : 0.0));
-}
-
 Def cross_entropy(DType F, int N, int V, int Vp, bool inplace) {
   auto d = make("cross_entropy", dtype_name(F),
                 dims({{"N", N}, {"V", V}, {"Vp", Vp}}) + (inplace ? "_inplace" : ""));
   d->args = {arg("losses", kF32, sz(N), Role::kOut), arg("logits", F, sz(N) * Vp, Role::kIn, -2, 2),
              given("targets", kI32, ids(N, V, 1)),
-             inplace ? aliased("dlogits", "logits", F, sz(N) * Vp, Role::kGradSet)
-                     : arg("dlogits", F, sz(N) * Vp, Role::kGradSet)};
+             clears_padding(inplace ? aliased("dlogits", "logits", F, sz(N) * Vp, Role::kGradSet)
+                                    : arg("dlogits", F, sz(N) * Vp, Role::kGradSet))};
   d->reduction = sz(V);
   d->forward = [=](Ops& ops, const Bufs& b) {
     ops.cross_entropy_forward(b["losses"], b["logits"], b["targets"], N, V, Vp);
@@ -555,19 +535,15 @@ Def cross_entropy(DType F, int N, int V, int Vp, bool inplace) {
     ops.cross_entropy_backward(b["dlogits"], b["logits"], b["targets"], kDloss, N, V, Vp);
   };
   d->ref_forward = [=](Host& h) {
-    for (int n = 0; n < N; ++n) {
-      const double* x = &h.at("logits")[sz(n) * Vp];
-      double mx = -1e300, sum = 0;
-      for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
-      for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
-      h.at("losses")[sz(n)] = std::log(sum) + mx - x[static_cast<int>(h.at("targets")[sz(n)])];
-    }
+    for (int n = 0; n < N; ++n)
+      h.at("losses")[sz(n)] = ref_xent_row(&h.at("logits")[sz(n) * Vp], V,
+                                           static_cast<int>(h.at("targets")[sz(n)]), 0.0, nullptr);
   };
   d->ref_backward = [=](Host& h) {
     for (int n = 0; n < N; ++n) {
       double* dl = &h.at("dlogits")[sz(n) * Vp];
-      ref_softmax_grad(&h.at("logits")[sz(n) * Vp], V, static_cast<int>(h.at("targets")[sz(n)]),
-                       kDloss, dl);
+      ref_xent_row(&h.at("logits")[sz(n) * Vp], V, static_cast<int>(h.at("targets")[sz(n)]),
+                   kDloss, dl);
       for (int v = V; v < Vp; ++v) dl[v] = 0.0;
     }
   };
@@ -630,8 +606,8 @@ Def xent_local_backward(DType F, int N, int Vpl, int vb, int V, bool inplace) {
   auto d = make("xent_local_backward", dtype_name(F),
                 rank_shape(N, Vpl, vb, V) + (inplace ? "_inplace" : ""));
   d->args = {arg("logits", F, sz(N) * Vpl, Role::kIn, -2, 2),
-             inplace ? aliased("dlogits", "logits", F, sz(N) * Vpl, Role::kOut)
-                     : arg("dlogits", F, sz(N) * Vpl, Role::kOut),
+             clears_padding(inplace ? aliased("dlogits", "logits", F, sz(N) * Vpl, Role::kOut)
+                                    : arg("dlogits", F, sz(N) * Vpl, Role::kOut)),
              arg("row_max", kF32, sz(N), Role::kIn, 1, 2),
              arg("sum_exp", kF32, sz(N), Role::kIn, 1, 8), given("targets", kI32, ids(N, V, 5))};
   d->forward = [=](Ops& ops, const Bufs& b) {
@@ -687,7 +663,7 @@ Def xent_parallel(DType F, int N, int R, int Vpl, int V) {
              arg("sum_exp", kF32, sz(N), Role::kOut),
              exact(arg("target_logit", kF32, sz(N), Role::kOut)),
              arg("losses", kF32, sz(N), Role::kOut),
-             arg("dlogits", F, block * R, Role::kGradSet)};
+             clears_padding(arg("dlogits", F, block * R, Role::kGradSet))};
   d->reduction = sz(V);
   d->forward = [=](Ops& ops, const Bufs& b) {
     std::vector<float> part(sz(N) * R), a(sz(N)), c(sz(N));
@@ -746,7 +722,7 @@ Def xent_parallel(DType F, int N, int R, int Vpl, int V) {
     for (int n = 0; n < N; ++n) {
       const VecD x = row(h.at("logits"), n);
       VecD g(sz(V));
-      ref_softmax_grad(x.data(), V, static_cast<int>(h.at("targets")[sz(n)]), kDloss, g.data());
+      ref_xent_row(x.data(), V, static_cast<int>(h.at("targets")[sz(n)]), kDloss, g.data());
       for (int c = 0; c < V; ++c) dl[block * (c / Vpl) + sz(n) * Vpl + c % Vpl] = g[sz(c)];
     }
   };
@@ -772,15 +748,17 @@ Def loss_accumulate(int N) {
 }
 
 // ---- optimizer ------------------------------------------------------------------
-Def adamw(size_t n, bool compute_copy) {
-  auto d = make("adamw_update", compute_copy ? "bf16copy" : "f32", n_label(n));
+Def adamw(size_t n, bool compute_copy, int step = 3) {
+  std::string shape = n_label(n);
+  if (step != 3) shape.append("_step").append(std::to_string(step));
+  auto d = make("adamw_update", compute_copy ? "bf16copy" : "f32", shape);
   d->args = {arg("param", kF32, n, Role::kInOut), arg("grad", kF32, n, Role::kIn),
              arg("m", kF32, n, Role::kInOut, -0.1, 0.1), arg("v", kF32, n, Role::kInOut, 0, 0.01)};
   if (compute_copy) d->args.push_back(arg("copy", kBF16, n, Role::kOut));
   AdamWParams p;
   p.lr = 0.01f;
   p.weight_decay = 0.1f;
-  p.step = 3;
+  p.step = step;
   d->forward = [=](Ops& ops, const Bufs& b) {
     ops.adamw_update(b["param"], b["grad"], b["m"], b["v"], compute_copy ? b["copy"] : DevPtr(), n,
                      p);
@@ -849,12 +827,20 @@ std::vector<Def> table_defs() {
     defs.push_back(embedding(F, 2, 5, 7, 13, 0, 15, true));
     defs.push_back(embedding(F, 2, 5, 7, 13, 10, 5, false));
     defs.push_back(embedding(F, 2, 5, 7, 13, 15, 5, true));
+    // 21 tokens over 11 ids: repeated tokens scatter into one row; the whole table and
+    // rows [4, 9) with wpe.
+    defs.push_back(embedding(F, 3, 7, 13, 11, 0, 11, true));
+    defs.push_back(embedding(F, 3, 7, 13, 11, 4, 5, true));
+    defs.push_back(without(embedding(F, 2, 5, 7, 13, 0, 15, true), {"dwpe"}));
     defs.push_back(layernorm(F, 7, 13, true));
     defs.push_back(layernorm(F, 5, 6, false));
     defs.push_back(layernorm(F, 70, 16, true));  // dweight / dbias over three column chunks
+    defs.push_back(without(layernorm(F, 7, 13, true), {"dweight", "dbias"}));
     defs.push_back(rmsnorm(F, 7, 13));
+    defs.push_back(without(rmsnorm(F, 7, 13), {"dinp"}));
     defs.push_back(matmul(F, F, 7, 13, 5, true));
     defs.push_back(matmul(F, F, 5, 7, 13, false));
+    defs.push_back(without(matmul(F, F, 7, 13, 5, true), {"dinp", "dbias"}));
     // Rows of 8-element multiples: the CUDA backend runs these through cuBLASLt (the odd
     // shapes above take its simple kernel), and dbias over 40 rows takes two column chunks.
     defs.push_back(matmul(F, F, 40, 32, 24, true));
@@ -863,18 +849,24 @@ std::vector<Def> table_defs() {
     defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
     defs.push_back(attention(F, {1, 7, 4, 2, 5}));  // GQA, odd T, odd head_dim
     defs.push_back(attention(F, {2, 1, 2, 1, 3}));  // T = 1
+    defs.push_back(attention(F, {3, 7, 6, 2, 6}));  // GQA, 3 query heads per kv head
+    defs.push_back(attention(F, {1, 150, 2, 2, 8}));  // past the CPU kernel's 64-row blocks
+    defs.push_back(without(attention(F, {2, 5, 3, 3, 4}), {"dq", "dk"}));
     defs.push_back(gelu_def(F, 37));
     defs.push_back(swiglu(F, 29));
+    defs.push_back(without(swiglu(F, 29), {"dgate"}));
     defs.push_back(add(F, 31, false));
     defs.push_back(add(F, 31, true));
     defs.push_back(accumulate(F, F, 31));
     defs.push_back(scale(F, 31, -0.37f));
     defs.push_back(cross_entropy(F, 5, 13, 16, false));  // padded vocabulary
     defs.push_back(cross_entropy(F, 3, 7, 7, true));     // dlogits aliases logits
+    defs.push_back(cross_entropy(F, 5, 13, 16, true));   // aliased, padded
     // Vocab-parallel: V = 13 over ranks of 6 columns (Vp 18): a whole rank, the rank
-    // with 1 real column and 5 padded, and over ranks of 5 (Vp 20) the rank holding
-    // columns 15..19, none of them real.
-    for (auto [Vpl, vb] : {std::pair{6, 0}, std::pair{6, 12}, std::pair{5, 15}}) {
+    // with 1 real column and 5 padded, a slice that starts at V, and over ranks of 5
+    // (Vp 20) the rank holding columns 15..19, none of them real.
+    for (auto [Vpl, vb] :
+         {std::pair{6, 0}, std::pair{6, 12}, std::pair{6, 13}, std::pair{5, 15}}) {
       defs.push_back(xent_local_max(F, 5, Vpl, vb, 13));
       defs.push_back(xent_local_sums(F, 5, Vpl, vb, 13));
       defs.push_back(xent_local_backward(F, 5, Vpl, vb, 13, false));
@@ -882,11 +874,19 @@ std::vector<Def> table_defs() {
     defs.push_back(xent_local_backward(F, 5, 6, 6, 13, true));
     defs.push_back(xent_parallel(F, 5, 3, 6, 13));
     defs.push_back(xent_parallel(F, 4, 4, 5, 13));
+    // Vp 32 cut into 1 to 8 slices for V = 27, 20, 16 and 1: slices that are all padding,
+    // starting at V or past it, and a vocabulary of one.
+    for (auto [V, R] : {std::pair{27, 1}, std::pair{27, 2}, std::pair{27, 4}, std::pair{27, 8},
+                        std::pair{20, 4}, std::pair{16, 2}, std::pair{16, 4}, std::pair{1, 4}})
+      defs.push_back(xent_parallel(F, 37, R, 32 / R, V));
+    defs.push_back(sum_squares(F, 0));
     defs.push_back(sum_squares(F, 37));
     // Past the kernels' parallel threshold (2^15 elements): threaded and chunked paths.
     // (No gradcheck there: the small entries check the formulas.)
     defs.push_back(sum_squares(F, 40001));
     defs.push_back(add(F, 40001, false));
+    defs.push_back(accumulate(F, F, 40001));
+    defs.push_back(scale(F, 40001, -0.37f));
     defs.push_back(gelu_def(F, 33001));
     defs.back()->gradcheck = false;
   }
@@ -905,6 +905,7 @@ std::vector<Def> table_defs() {
   defs.push_back(adamw(37, false));
   defs.push_back(adamw(37, true));
   defs.push_back(adamw(40001, true));
+  defs.push_back(adamw(37, false, 1));  // the first step's bias correction
   for (DType from : {kF32, kBF16})
     for (DType to : {kF32, kBF16}) defs.push_back(cast(from, to));
   return defs;
@@ -988,11 +989,8 @@ std::map<std::string, VecD> outputs_on(Ops& ops, const OpCase& c) {
   const bool backward = c.check == Check::kBackward;
   if (backward) def.backward(ops, ws.bufs());
   std::map<std::string, VecD> out;
-  for (const Arg& arg : def.args) {
-    const bool compared = backward ? is_grad_output(arg.role)
-                                   : arg.role == Role::kOut || arg.role == Role::kInOut;
-    if (compared) out[arg.name] = ws.download(arg, init.at(arg.name).size());
-  }
+  for (const Arg& arg : def.args)
+    if (compared(def, arg, backward)) out[arg.name] = ws.download(arg, init.at(arg.name).size());
   return out;
 }
 
@@ -1174,6 +1172,37 @@ TEST(OpTableSelfTest, FlagsABf16OutputRoundedTowardZero) {
   const Report r = run_case(ops, case_named("matmul_forward_bf16_N7_IC13_OC5"));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.str().find("out: "), std::string::npos) << r.str();
+}
+
+// An exact output is checked to the bit: an add one ulp off in one element fails, and a
+// cross-entropy gradient that leaves 1e-30 in one padded column.
+class UlpOffOps : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
+    inner_.add(out, a, b, n);
+    float x;
+    inner_.download(&x, out + 5, sizeof x);
+    x = std::nextafter(x, INFINITY);
+    inner_.upload(out + 5, &x, sizeof x);
+  }
+  void cross_entropy_backward(DevPtr dlogits, DevPtr logits, DevPtr targets, float dloss, int N,
+                              int V, int Vp) override {
+    inner_.cross_entropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+    const float tiny = 1e-30f;
+    inner_.upload(dlogits + (Vp - 1), &tiny, sizeof tiny);  // row 0's last padded column
+  }
+};
+
+TEST(OpTableSelfTest, FlagsAnExactOutputOneUlpOffAndAPaddedColumnNotCleared) {
+  auto cpu = make_cpu_ops(2);
+  UlpOffOps ops(*cpu);
+  Report r = run_case(ops, case_named("add_f32_n31"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("out[5]"), std::string::npos) << r.str();
+  r = run_case(ops, case_named("cross_entropy_backward_f32_N5_V13_Vp16"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("dlogits[15]"), std::string::npos) << r.str();
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // Vocab-parallel cross-entropy (xent_local_max / _sums / _finish / _backward): the logits are cut
 // into S vocab slices, the two all-reduces (max, then sum) are emulated here, and the
-// per-row loss and the concatenated dlogits must match a float64 reference and the fused
-// cross_entropy_forward / _backward, for any slicing, slices that are all padding,
-// aliased dlogits, and any thread count (bitwise).
+// per-row loss and the concatenated dlogits must match the fused cross_entropy_forward /
+// _backward (bitwise for one slice), for any slicing, with aliased dlogits (bitwise), and
+// for any thread count (bitwise). Each piece and the whole decomposition against float64,
+// slices that are all padding and padded columns cleared exactly: the op table's
+// xent_local_* and xent_parallel entries (op_table_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -84,22 +86,6 @@ Result run_sliced(Ops& ops, const Problem& p, int S, bool in_place) {
   return out;
 }
 
-// float64 softmax cross-entropy over the first V columns and its gradient.
-void reference(const Problem& p, VecD* losses, VecD* dlogits) {
-  losses->assign(p.N, 0.0);
-  dlogits->assign(static_cast<size_t>(p.N) * p.Vp, 0.0);
-  for (int n = 0; n < p.N; ++n) {
-    const float* x = &p.logits[static_cast<size_t>(n) * p.Vp];
-    double m = x[0], sum = 0;
-    for (int v = 0; v < p.V; ++v) m = std::max(m, static_cast<double>(x[v]));
-    for (int v = 0; v < p.V; ++v) sum += std::exp(x[v] - m);
-    (*losses)[n] = std::log(sum) + m - x[p.targets[n]];
-    for (int v = 0; v < p.V; ++v)
-      (*dlogits)[static_cast<size_t>(n) * p.Vp + v] =
-          p.dloss * (std::exp(x[v] - m) / sum - (v == p.targets[n] ? 1.0 : 0.0));
-  }
-}
-
 Result run_fused(Ops& ops, const Problem& p) {
   Result out{VecF(p.N), VecF(static_cast<size_t>(p.N) * p.Vp)};
   ops.cross_entropy_forward(dev(ops, out.losses), dev(ops, p.logits), dev(ops, p.targets), p.N, p.V,
@@ -113,17 +99,10 @@ bool bitwise_equal(const VecF& a, const VecF& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-void expect_padding_zero(const Result& r, const Problem& p, const std::string& what) {
-  int bad = 0;
-  for (int n = 0; n < p.N; ++n)
-    for (int v = p.V; v < p.Vp; ++v)
-      if (r.dlogits[static_cast<size_t>(n) * p.Vp + v] != 0.0f) ++bad;
-  EXPECT_EQ(bad, 0) << what << ": padded columns of dlogits not exactly 0";
-}
-
 // (V, S) over Vp = 32: V = 27 as asked, S = 8 and V in {16, 20} add slices that are
-// entirely padding (vocab_begin == V and vocab_begin > V).
-TEST(CpuVocabParallelXent, MatchesReferenceAndFusedForEverySlicing) {
+// entirely padding (vocab_begin == V and vocab_begin > V). The same slicings against
+// float64: the op table's xent_parallel_*_N37_R<S>_Vpl<32/S>_V<V> entries.
+TEST(CpuVocabParallelXent, MatchesTheFusedOpForEverySlicing) {
   auto ops = make_cpu_ops(2);
   const int N = 37, Vp = 32;
   const std::pair<int, int> cases[] = {{27, 1}, {27, 2}, {27, 4}, {27, 8},
@@ -132,15 +111,10 @@ TEST(CpuVocabParallelXent, MatchesReferenceAndFusedForEverySlicing) {
     const std::string what = "V=" + std::to_string(V) + " S=" + std::to_string(S);
     SCOPED_TRACE(what);
     const Problem p = make_problem(N, V, Vp, 300 + V);
-    VecD ref_loss, ref_d;
-    reference(p, &ref_loss, &ref_d);
     const Result fused = run_fused(*ops, p);
     const Result sliced = run_sliced(*ops, p, S, /*in_place=*/false);
-    expect_close(sliced.losses, ref_loss, kTol, "losses vs float64");
-    expect_close(sliced.dlogits, ref_d, kTol, "dlogits vs float64");
     expect_close(sliced.losses, to_d(fused.losses), kTol, "losses vs fused");
     expect_close(sliced.dlogits, to_d(fused.dlogits), kTol, "dlogits vs fused");
-    expect_padding_zero(sliced, p, what);
     // One rank runs the fused op's arithmetic exactly.
     if (S == 1) {
       EXPECT_TRUE(bitwise_equal(sliced.losses, fused.losses)) << "S=1 losses vs fused";
@@ -149,51 +123,6 @@ TEST(CpuVocabParallelXent, MatchesReferenceAndFusedForEverySlicing) {
     const Result aliased = run_sliced(*ops, p, S, /*in_place=*/true);
     EXPECT_TRUE(bitwise_equal(aliased.dlogits, sliced.dlogits)) << "aliased dlogits differ";
   }
-}
-
-TEST(CpuVocabParallelXent, PaddingOnlySliceContributesNothing) {
-  auto ops = make_cpu_ops(1);
-  const int N = 5, Vl = 8, V = 27;
-  const std::vector<int32_t> tgt = {0, 26, 13, 24, 3};
-  const VecF logits = random_vec(N * Vl, 7, -4, 4);
-  for (int vocab_begin : {27, 32}) {  // == V and > V
-    VecF row_max(N, 0.0f), sum_exp(N, 5.0f), tl(N, 5.0f), d(N * Vl, 9.0f);
-    ops->xent_local_max(dev(*ops, row_max), dev(*ops, logits), N, Vl, vocab_begin, V);
-    for (float m : row_max) EXPECT_EQ(m, -FLT_MAX);
-    const VecF global_max(N, 1.5f), global_sum(N, 3.0f);
-    ops->xent_local_sums(dev(*ops, sum_exp), dev(*ops, tl), dev(*ops, logits),
-                         dev(*ops, global_max), dev(*ops, tgt), N, Vl, vocab_begin, V);
-    EXPECT_EQ(sum_exp, VecF(N, 0.0f));
-    EXPECT_EQ(tl, VecF(N, 0.0f));
-    ops->xent_local_backward(dev(*ops, d), dev(*ops, logits), dev(*ops, global_max),
-                             dev(*ops, global_sum), dev(*ops, tgt), 0.5f, N, Vl, vocab_begin, V);
-    EXPECT_EQ(d, VecF(N * Vl, 0.0f));
-  }
-}
-
-// Local values on a partly padded slice, checked one by one against direct formulas:
-// the max and the sum skip padded columns, target_logit is set only on the owning rank.
-TEST(CpuVocabParallelXent, LocalValuesOnPartlyPaddedSlice) {
-  auto ops = make_cpu_ops(1);
-  const int N = 3, Vl = 8, vocab_begin = 24, V = 27;  // columns 24..26 real, 27..31 padding
-  VecF logits = random_vec(N * Vl, 11, -2, 2);
-  for (int n = 0; n < N; ++n)
-    for (int v = 3; v < Vl; ++v) logits[n * Vl + v] = 60.0f;
-  const std::vector<int32_t> tgt = {24, 26, 23};  // first, last real column; another rank's
-  VecF row_max(N), sum_exp(N), tl(N);
-  ops->xent_local_max(dev(*ops, row_max), dev(*ops, logits), N, Vl, vocab_begin, V);
-  const VecF m(N, 2.5f);
-  ops->xent_local_sums(dev(*ops, sum_exp), dev(*ops, tl), dev(*ops, logits), dev(*ops, m),
-                       dev(*ops, tgt), N, Vl, vocab_begin, V);
-  for (int n = 0; n < N; ++n) {
-    const float* x = &logits[n * Vl];
-    EXPECT_EQ(row_max[n], std::max({x[0], x[1], x[2]})) << n;
-    const double want = std::exp(x[0] - 2.5) + std::exp(x[1] - 2.5) + std::exp(x[2] - 2.5);
-    EXPECT_NEAR(sum_exp[n], want, 1e-6 * want) << n;
-  }
-  EXPECT_EQ(tl[0], logits[0 * Vl + 0]);
-  EXPECT_EQ(tl[1], logits[1 * Vl + 2]);
-  EXPECT_EQ(tl[2], 0.0f);
 }
 
 // Large enough that every step takes its OpenMP path (N * Vp_local >= 32 Ki).
