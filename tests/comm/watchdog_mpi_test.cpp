@@ -3,7 +3,7 @@
 // instead of ending the process; one test runs real MPI collectives on every rank under a
 // running watchdog and checks that nothing fires. The real abort path (a rank made to
 // hang, the job ends non-zero naming the call) is the CTest entry
-// mpi_watchdog_names_culprit_np2, which runs main.cpp's --abort_demo=hang.
+// mpi_watchdog_names_culprit_np2, which runs mpi_main.cpp's --abort_demo=hang.
 #include "comm/watchdog.h"
 
 #include <gtest/gtest.h>

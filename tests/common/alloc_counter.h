@@ -1,6 +1,6 @@
 // Counts heap allocations (operator new) made by the calling thread, for tests that
 // check a warm path allocates nothing. alloc_counter.cpp replaces the global operator
-// new / delete of the mpi_tests binary with malloc / free plus this counter.
+// new / delete of each MPI test binary with malloc / free plus this counter.
 #pragma once
 
 namespace trident::test {

@@ -1,4 +1,5 @@
-// main() of mpi_tests, run under mpirun (CMakeLists.txt registers -np 1, 2, 4, 8).
+// main() of every MPI test binary (tests/<folder>/*_mpi_test.cpp), run under mpirun
+// (CMakeLists.txt registers -np 1, 2, 4, 8).
 // - Initializes MPI itself (so make_world_communicator must cope with an initialized
 //   MPI and leave finalizing to us), then makes the world communicator.
 // - Rank 0 prints gtest's usual output; other ranks print only their failures, tagged

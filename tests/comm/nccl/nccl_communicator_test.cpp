@@ -8,7 +8,7 @@
 // stream), traffic counting, and the abort path (in process, and abort-and-exit in a
 // child). Each test skips ("no CUDA device: ...") without a device. Send/recv and
 // batch_p2p need a peer (peer != rank), so a world of one cannot run them: they wait
-// for a multi-GPU machine (tests/mpi's collective suite, parametrised by backend).
+// for a multi-GPU machine (tests/comm/collectives_mpi_test.cpp, parametrised by backend).
 // scripts/gpu_check.sh's nccl step runs this file's tests (--gtest_filter=Nccl*).
 #include "comm/nccl/nccl_communicator.h"
 

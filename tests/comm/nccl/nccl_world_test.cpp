@@ -1,7 +1,7 @@
 // NCCL on one GPU (comm/nccl/nccl_bootstrap.h): a world of one (the id shared over a
 // one-process host communicator) initialises, checks and tears down. NCCL refuses two
 // ranks on one GPU, so this is what a one-GPU machine can run (scripts/gpu_check.sh runs
-// cuda_tests there); without a device it must fail with NCCL's reason, not hang.
+// comm_nccl_tests there); without a device it must fail with NCCL's reason, not hang.
 #include "comm/nccl/nccl_bootstrap.h"
 
 #include <gtest/gtest.h>
