@@ -42,7 +42,7 @@
 //   Status values returned by comm/topology.h.
 // - Determinism. For a fixed group size and fixed buffer sizes, results are bitwise
 //   identical run to run and on every rank of the group (MPI picks its algorithm from
-//   size and count only; tests/mpi checks both). Float sums across different group
+//   size and count only; tests/comm checks both). Float sums across different group
 //   sizes differ in rounding, as everywhere.
 //
 // Traffic counters (bytes, per kind, since reset_traffic()): the algorithm-independent

@@ -5,7 +5,7 @@
 //
 // The figures follow the allocations of the trainer exactly where the trainer's own
 // accounting exists (tests/plan/memory_plan_test.cpp and, over several ranks,
-// tests/mpi/memory_plan_mpi_test.cpp compare them):
+// tests/plan/memory_plan_mpi_test.cpp compare them):
 //   params, master, grads,    = DataParallel::memory() params_peak, master, grads_peak,
 //   optimizer                   optimizer
 //                               (parallel/data_parallel.h; ZeRO stage aware: stage 3

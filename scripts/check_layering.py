@@ -233,7 +233,7 @@ def self_test():
                            '#include "plan/plan.h"\n',  # bad: above
         "plan/plan.h": '#include "config/config.h"\n',
         "cli/main.cpp": '#include "trainer/trainer.h"\n#include "plan/plan.h"\n',
-        "tests/mpi/main.cpp": '#include "comm/mpi/mpi_communicator.h"\n#include <mpi.h>\n',
+        "tests/common/mpi_main.cpp": '#include "comm/mpi/mpi_communicator.h"\n#include <mpi.h>\n',
         "bench/bench_model.cpp": '#include "kernels/cpu/cpu_kernels.h"\n'
                                  '#include "trainer/trainer.h"\n'
                                  '#include "tests/kernels/forwarding_ops.h"\n',  # bad: tests

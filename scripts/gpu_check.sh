@@ -3,8 +3,8 @@
 # backend on a GPU machine and returns the figures first.
 #
 #   scripts/gpu_check.sh --prepare [--jobs N]   here: build trident, the CUDA plugin
-#       (libtrident_cuda.so, when the tree has the target trident_cuda), cuda_tests and
-#       kernels_tests for sm_90 in build-gpu/, and pack stripped copies with the Debian
+#       (libtrident_cuda.so, when the tree has the target trident_cuda), kernels_cuda_tests,
+#       comm_nccl_tests and kernels_tests for sm_90 in build-gpu/, and pack stripped copies with the Debian
 #       libraries they load into .gpu-carry/ (with the tree <= 64 MiB), plus Debian's
 #       -dev packages for a build there should the binaries not start
 #   scripts/gpu_check.sh --dry-run [--out D]    here, no GPU: every step that can run
@@ -30,7 +30,7 @@
 #
 # Steps, by value: env (GPU, driver, the CUDA libraries loaded, cores, memory); binaries
 # (the carried ones start, else a build there); smoke (5 CUDA steps of configs/tiny.yaml:
-# exit code, time to first step, steady step); plans (cuda_tests' cuDNN attention tests);
+# exit code, time to first step, steady step); plans (kernels_cuda_tests' cuDNN attention tests);
 # bench (GPT-2 124M plain and cuDNN attention, Llama ~1B and GPT-2 350M with cuDNN, each
 # beside PyTorch eager bf16; MFU against the datasheet and against a bf16 GEMM measured
 # here); parity (tiny gpt2: CUDA vs CPU in fp32 and bf16, bf16 twice and a resume
@@ -112,7 +112,7 @@ BOX_FIRST=(libstdc++.so.6 libgcc_s.so.1 libgomp.so.1 libz.so.1 libudev.so.1 libg
 # The mount namespace of the dry run keeps only these in Debian's library folders.
 NS_KEEP=(ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libmvec.so.1 libpthread.so.0 libdl.so.2
          librt.so.1 libresolv.so.2 libutil.so.1 libstdc++.so.6 libgcc_s.so.1 libgomp.so.1)
-BINARIES=(trident cuda_tests kernels_tests)
+BINARIES=(trident kernels_cuda_tests comm_nccl_tests kernels_tests)
 PLUGIN=libtrident_cuda.so
 ARCH_LIB=usr/lib/x86_64-linux-gnu
 
@@ -122,7 +122,7 @@ LDCONFIG=$(command -v ldconfig || echo /sbin/ldconfig)
 
 # The compiled sources of the carried binaries, hashed the same way here and there.
 src_hash() {
-  (cd "$ROOT" && find CMakeLists.txt core kernels comm parallel model checkpoint data config plan trainer cli tests/cuda tests/kernels \
+  (cd "$ROOT" && find CMakeLists.txt core kernels comm parallel model checkpoint data config plan trainer cli tests/kernels tests/comm/nccl \
      -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) 2>/dev/null |
    LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 }
@@ -686,7 +686,7 @@ except Exception: pass' "$E/probe.json")
     # The golden-trace test reads its data from the source folder compiled in.
     if [[ $MODE == check && ${CARRY_SOURCE_DIR:-} != "$ROOT" && ! -e ${CARRY_SOURCE_DIR:-/} ]]; then
       mkdir -p "$(dirname "$CARRY_SOURCE_DIR")" && ln -s "$ROOT" "$CARRY_SOURCE_DIR" &&
-        echo "linked $CARRY_SOURCE_DIR -> $ROOT (the source folder compiled into cuda_tests)" >>"$E/report.txt"
+        echo "linked $CARRY_SOURCE_DIR -> $ROOT (the source folder compiled into kernels_cuda_tests)" >>"$E/report.txt"
     fi
     local used
     if [[ $MODE == dry ]]; then used=$(fallback_links "$RT/fallback-used" ns_has | paste -sd' ')
@@ -815,7 +815,7 @@ starts() {  # starts STEP LABEL: the binaries in BIN start under TRI; one check
   local logf="$RES/binaries/start_${label//[^a-z]/_}.log"
   : >"$logf"
   "${TRI[@]}" "$BIN/trident" --help >>"$logf" 2>&1 || bad+=("trident --help: exit $?")
-  for b in cuda_tests kernels_tests; do
+  for b in kernels_cuda_tests comm_nccl_tests kernels_tests; do
     [[ -x $BIN/$b ]] || continue
     "${TRI[@]}" "$BIN/$b" --gtest_list_tests >"$RES/binaries/${b}_list.txt" 2>&1 || bad+=("$b --gtest_list_tests: exit $?")
   done
@@ -824,7 +824,11 @@ starts() {  # starts STEP LABEL: the binaries in BIN start under TRI; one check
     [[ -z $nf ]] || bad+=("$PLUGIN needs $nf")
   fi
   if [[ ${#bad[@]} -eq 0 ]]; then
-    check "$st" "start ($label)" PASS "trident --help$( [[ -x $BIN/cuda_tests ]] && echo ", cuda_tests ($(grep -c '^  ' "$RES/binaries/cuda_tests_list.txt") tests)")$( [[ -x $BIN/kernels_tests ]] && echo ", kernels_tests ($(grep -c '^  ' "$RES/binaries/kernels_tests_list.txt") tests)")$( [[ -f $BIN/$PLUGIN ]] && echo ", $PLUGIN resolves") start"
+    local counts=""
+    for b in kernels_cuda_tests comm_nccl_tests kernels_tests; do
+      [[ -x $BIN/$b ]] && counts+=", $b ($(grep -c '^  ' "$RES/binaries/${b}_list.txt") tests)"
+    done
+    check "$st" "start ($label)" PASS "trident --help$counts$( [[ -f $BIN/$PLUGIN ]] && echo ", $PLUGIN resolves") start"
     return 0
   fi
   check "$st" "start ($label)" FAIL "$(printf '%s; ' "${bad[@]}")$(grep -m2 'error while loading\|not found\|cannot open' "$logf" "$RES"/binaries/*_list.txt 2>/dev/null | cut -c1-200 | paste -sd' ')"
@@ -934,17 +938,17 @@ step_smoke() {
 }
 
 # ======================================================================================
-# step plans: cuDNN's plans for the attention tests (cuda_tests' cuDNN and attention
+# step plans: cuDNN's plans for the attention tests (kernels_cuda_tests' cuDNN and attention
 # GPU tests, and a benchmark-shape test where the tree has one)
 # ======================================================================================
 PLAN_FILTER='AttentionGpu.*:Cudnn*:MakeCudnnAttention.*:*BenchmarkShape*'
 step_plans() {
   local t0; t0=$(now)
-  gtest_run plans cudnn_attention cuda_tests 90 -- --gtest_filter="$PLAN_FILTER"
-  if [[ -f $RES/binaries/cuda_tests_list.txt ]] && ! grep -qi 'BenchmarkShape' "$RES/binaries/cuda_tests_list.txt"; then
-    check plans "benchmark shapes" SKIPPED "cuda_tests has no test at the benchmark shapes (a *BenchmarkShape* test: B16 T1024 H12 HD64, B16 T1024 H16 HD64, B8 T2048 H32 KV8 HD64); the bench's cudnn rows build those plans first"
+  gtest_run plans cudnn_attention kernels_cuda_tests 90 -- --gtest_filter="$PLAN_FILTER"
+  if [[ -f $RES/binaries/kernels_cuda_tests_list.txt ]] && ! grep -qi 'BenchmarkShape' "$RES/binaries/kernels_cuda_tests_list.txt"; then
+    check plans "benchmark shapes" SKIPPED "kernels_cuda_tests has no test at the benchmark shapes (a *BenchmarkShape* test: B16 T1024 H12 HD64, B16 T1024 H16 HD64, B8 T2048 H32 KV8 HD64); the bench's cudnn rows build those plans first"
   fi
-  fig plans "## cuDNN attention: cuda_tests --gtest_filter='$PLAN_FILTER'"
+  fig plans "## cuDNN attention: kernels_cuda_tests --gtest_filter='$PLAN_FILTER'"
   fig plans
   fig plans "- $(awk -F'\t' '$1 == "plans" {print $3 " " $2 ": " $4}' "$RES/checks.tsv" | paste -sd';' | sed 's/;/; /g')"
   step_done plans "$t0"
@@ -1143,28 +1147,28 @@ step_parity() {
 }
 
 # ======================================================================================
-# step ops: the op table's cuda rows once, and cuda_tests' other tests
+# step ops: the op table's cuda rows once, and kernels_cuda_tests' other tests
 # ======================================================================================
 step_ops() {
   local t0; t0=$(now)
   gtest_run ops optable_cuda kernels_tests 60 -- --gtest_filter='OpTable.cuda*'
-  gtest_run ops cuda_unit cuda_tests 60 -- --gtest_filter="-Nccl*:$PLAN_FILTER"
+  gtest_run ops cuda_unit kernels_cuda_tests 60 -- --gtest_filter="-$PLAN_FILTER"
   step_done ops "$t0"
 }
 
 # ======================================================================================
-# step nccl: the NCCL communicator on one GPU (cuda_tests Nccl*): the bootstrap, a world
+# step nccl: the NCCL communicator on one GPU (comm_nccl_tests Nccl*): the bootstrap, a world
 # of one, device and host splits, every collective against host references, the abort
 # path. Send/recv need two GPUs.
 # ======================================================================================
 step_nccl() {
   local t0; t0=$(now)
-  gtest_run nccl nccl_tests cuda_tests 60 NCCL_DEBUG=WARN -- --gtest_filter='Nccl*'
+  gtest_run nccl nccl_tests comm_nccl_tests 60 NCCL_DEBUG=WARN -- --gtest_filter='Nccl*'
   step_done nccl "$t0"
 }
 
 # ======================================================================================
-# step sanitizer: compute-sanitizer memcheck on cuda_tests' GPU tests; kernel faults
+# step sanitizer: compute-sanitizer memcheck on kernels_cuda_tests' GPU tests; kernel faults
 # count, API return codes do not (--report-api-errors no)
 # ======================================================================================
 SAN_FILTER='CudaOpsGpu.*:AttentionGpu.*:GemmEngineGpu.*'
@@ -1175,7 +1179,7 @@ step_sanitizer() {
   limit 150
   if (( LIMIT == 0 )); then check sanitizer memcheck 'NOT RUN' "out of time ($(left) s left)"; step_done sanitizer "$t0"; return; fi
   trun "$S/memcheck.log" "$LIMIT" "$S/memcheck_run.json" -- env LD_LIBRARY_PATH="$TRI_LD" compute-sanitizer --tool memcheck \
-    --report-api-errors no --error-exitcode 97 --log-file "$S/memcheck.txt" "$BIN/cuda_tests" --gtest_filter="$SAN_FILTER"
+    --report-api-errors no --error-exitcode 97 --log-file "$S/memcheck.txt" "$BIN/kernels_cuda_tests" --gtest_filter="$SAN_FILTER"
   local rc=$?
   local summary errors; summary=$(grep -m1 'ERROR SUMMARY' "$S/memcheck.txt" 2>/dev/null)
   errors=$(grep -cE '^=+ (Invalid|Program hit|Error|Uninitialized|Leaked)' "$S/memcheck.txt" 2>/dev/null)

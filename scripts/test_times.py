@@ -10,9 +10,15 @@ Prints one row per label: the tests that ran out of those the label has, their s
 summed, and the ceiling. A test with several labels counts for each; tests that did not
 run (a filtered run, `ctest -R X`) count nothing, so a partial run is checked on what ran.
 
+The table's optional `kind` column says what a label is: `folder` (the folder of tests/
+a test lives in, or scripts) or `launcher` (mpi, cuda: how it runs, across folders). With
+it, every test that ran must carry exactly one folder label, so the folder rows split the
+run and add up to its total, and a launcher row is a second view of some of those tests.
+
 Exit 0 when every label is within its ceiling (a ceiling of TODO is not checked); 1 naming
-each label over its ceiling, and each label of the run that has no row in the table; 2 for
-unreadable input (no times, no table).
+each label over its ceiling, each label of the run that has no row in the table, and each
+test that ran without exactly one folder label; 2 for unreadable input (no times, no
+table, an unknown kind).
 
 Usage:
     test_times.py [--build DIR] [--junit FILE | --log FILE] [--labels-json FILE] [--doc FILE]
@@ -101,8 +107,12 @@ def labels_from_ctest(build):
     return labels_from_json(out, f"ctest --show-only=json-v1 in {build}")
 
 
-def ceilings_from_doc(path):
-    """{label: ceiling seconds or None for TODO} from the marked table of the doc."""
+KINDS = ("folder", "launcher")
+
+
+def ceilings_from_doc(path, kinds=None):
+    """{label: ceiling seconds or None for TODO} from the marked table of the doc; fills
+    kinds (when given) with {label: kind} if the table has a kind column."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -124,11 +134,18 @@ def ceilings_from_doc(path):
         ceiling_col = next(i for i, h in enumerate(header) if h.startswith("ceiling"))
     except (ValueError, StopIteration):
         raise InputError(f"{path}: the test-times table needs a 'label' and a 'ceiling' column")
+    kind_col = header.index("kind") if "kind" in header else None
     ceilings = {}
     for row in rows[2:]:  # rows[1] is the |---| line
         c = cells(row)
         if len(c) <= max(label_col, ceiling_col):
             raise InputError(f"{path}: short row in the test-times table: {row}")
+        if kind_col is not None and kinds is not None:
+            kind = c[kind_col] if kind_col < len(c) else ""
+            if kind not in KINDS:
+                raise InputError(f"{path}: label {c[label_col]}: kind '{kind}' is not one of "
+                                 f"{', '.join(KINDS)}")
+            kinds[c[label_col]] = kind
         value = c[ceiling_col]
         if value.upper().startswith("TODO"):
             ceilings[c[label_col]] = None
@@ -141,8 +158,9 @@ def ceilings_from_doc(path):
     return ceilings
 
 
-def check(times, labels, ceilings, out=sys.stdout):
-    """Prints the table; returns the problems (one line each, naming the label)."""
+def check(times, labels, ceilings, out=sys.stdout, kinds=None):
+    """Prints the table; returns the problems (one line each, naming the label or test).
+    kinds: {label: folder or launcher}, or None when the table has no kind column."""
     members, ran, seconds = {}, {}, {}
     for name, test_labels in labels.items():
         for label in test_labels:
@@ -156,7 +174,14 @@ def check(times, labels, ceilings, out=sys.stdout):
             ran[NO_LABEL] = ran.get(NO_LABEL, 0) + 1
             seconds[NO_LABEL] = seconds.get(NO_LABEL, 0.0) + times[name]
     problems = []
-    print(f"# test time per label ({len(times)} tests ran; ceilings from {SECTION})", file=out)
+    if kinds:
+        for name in sorted(times):
+            folders = [l for l in labels.get(name, []) if kinds.get(l) == "folder"]
+            if len(folders) != 1:
+                problems.append(f"test {name}: {len(folders)} folder labels "
+                                f"({', '.join(folders) or 'none'}); every test needs one")
+    print(f"# test time per label ({len(times)} tests ran, {sum(times.values()):.1f} s in all; "
+          f"ceilings from {SECTION})", file=out)
     print(f"# {'label':<12} {'tests':>9} {'seconds':>9} {'ceiling':>9}", file=out)
     order = [l for l in ceilings] + sorted(l for l in members if l not in ceilings)
     for label in order:
@@ -200,7 +225,9 @@ def run(args, out=sys.stdout):
             if log_path is not None:
                 with open(log_path, "w", encoding="utf-8") as f:
                     f.write(log_text)
-    problems = check(times, labels, ceilings_from_doc(args.doc), out)
+    kinds = {}
+    ceilings = ceilings_from_doc(args.doc, kinds)
+    problems = check(times, labels, ceilings, out, kinds)
     for p in problems:
         print(f"test_times: {p}", file=out)
     if not problems:
@@ -212,11 +239,11 @@ def self_test():
     """A fake doc, test list and run: label b is over its ceiling and must be named."""
     doc = f"""# Fake
 {BEGIN}
-| label | tests | measured s | ceiling s |
-|---|---|---|---|
-| `a` | 2 | 1.0 | 10 |
-| `b` | 1 | 2.0 | 5 |
-| `c` | 1 | TODO | TODO |
+| label | kind | tests | measured s | ceiling s |
+|---|---|---|---|---|
+| `a` | folder | 2 | 1.0 | 10 |
+| `b` | launcher | 1 | 2.0 | 5 |
+| `c` | folder | 1 | TODO | TODO |
 {END}
 """
     labels = {"tests": [
@@ -226,11 +253,10 @@ def self_test():
         {"name": "loose", "properties": []},
     ]}
     junit = """<?xml version="1.0" encoding="UTF-8"?>
-<testsuite name="fake" tests="4">
+<testsuite name="fake" tests="3">
   <testcase name="a_one" classname="a_one" time="3.0" status="run"/>
   <testcase name="a_two" classname="a_two" time="4.5" status="fail"/>
   <testcase name="c_one" classname="c_one" time="999" status="notrun"/>
-  <testcase name="loose" classname="loose" time="1" status="run"/>
 </testsuite>
 """
     # c_one's ceiling is TODO: its 999 s are reported, not checked.
@@ -265,8 +291,9 @@ def self_test():
                       f"{expect_text}")
                 ok = False
 
-        # a = a_one + a_two = 7.5 s (ceiling 10), b = a_two = 4.5 s (ceiling 5); c_one did
-        # not run; loose has no label. Then a_two takes longer and b is over.
+        # a = a_one + a_two = 7.5 s (ceiling 10), b (a launcher label) = a_two = 4.5 s
+        # (ceiling 5); c_one did not run, nor did loose, which has no label. Then a_two
+        # takes longer and b is over.
         case("junit, b within", 0, ["ok"], junit=paths["junit.xml"])
         over = junit.replace('time="4.5"', 'time="6.5"')
         with open(paths["junit.xml"], "w") as f:
@@ -277,15 +304,34 @@ def self_test():
         with open(paths["LastTest.log"], "w") as f:
             f.write(log.replace("4.50", "5.50"))
         case("LastTest.log, b over", 1, ["label b: 5.5 s, over"], log=paths["LastTest.log"])
+        # Every test that ran needs exactly one folder label: loose has none, and a_two
+        # with two (a and c) would count twice in the folder rows.
+        with open(paths["LastTest.log"], "w") as f:
+            f.write(log + "4/4 Testing: loose\n4/4 Test: loose\nTest time =   1.00 sec\n")
+        case("a test without a folder label", 1, ["test loose: 0 folder labels (none)"],
+             log=paths["LastTest.log"])
+        two = json.loads(json.dumps(labels))
+        two["tests"][1]["properties"][0]["value"] = ["a", "b", "c"]
+        with open(paths["labels.json"], "w") as f:
+            f.write(json.dumps(two))
+        case("a test with two folder labels", 1, ["test a_two: 2 folder labels (a, c)"],
+             log=paths["LastTest.log"])
+        with open(paths["labels.json"], "w") as f:
+            f.write(json.dumps(labels))
+        with open(paths["LastTest.log"], "w") as f:
+            f.write(log.replace("4.50", "5.50"))
         # A label of the run without a row in the doc fails, naming it.
         with open(paths["doc.md"], "w") as f:
-            f.write(doc.replace("| `b` | 1 | 2.0 | 5 |\n", ""))
+            f.write(doc.replace("| `b` | launcher | 1 | 2.0 | 5 |\n", ""))
         case("a label without a row", 1, ["label b: 1 test(s) ran", "no row"],
              log=paths["LastTest.log"])
         # No table: bad input.
         with open(paths["doc.md"], "w") as f:
             f.write("# nothing\n")
         case("no table", 2, ["no table between"], log=paths["LastTest.log"])
+        with open(paths["doc.md"], "w") as f:
+            f.write(doc.replace("| `b` | launcher |", "| `b` | runner |"))
+        case("an unknown kind", 2, ["label b: kind 'runner'"], log=paths["LastTest.log"])
     print("self-test: " + ("ok, an over-ceiling label fails and is named" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -6,7 +6,7 @@
 // Contract (beyond comm/communicator.h):
 // - MPI is initialized with MPI_THREAD_MULTIPLE (at least MPI_THREAD_SERIALIZED must be
 //   provided) if nobody has initialized it; a process that initialized MPI itself
-//   (tests/mpi/main.cpp) keeps that duty and its finalize.
+//   (tests/common/mpi_main.cpp) keeps that duty and its finalize.
 // - Async collectives (communicator.h "Asynchronous collectives"): when MPI provides
 //   MPI_THREAD_MULTIPLE, the first async call of a communicator duplicates its MPI_Comm
 //   (MPI_Comm_dup, collective, in call order) and starts its communication thread; each
@@ -38,7 +38,7 @@
 //   string, instead of MPI's default handler, which names none of them.
 // - Determinism: MPI_Allreduce / MPI_Reduce_scatter_block pick their algorithm from
 //   (group size, count), so a fixed layout reduces in a fixed order: bitwise identical
-//   run to run and across the group (tests/mpi/collectives_test.cpp checks both).
+//   run to run and across the group (tests/comm/collectives_mpi_test.cpp checks both).
 #pragma once
 
 #include <memory>

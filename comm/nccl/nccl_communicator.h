@@ -1,7 +1,7 @@
 // The NCCL backend of Communicator (issue 9 item 1): device-memory
 // groups over NCCL, each with a host twin for host values. Built with the CUDA backend
 // (TRIDENT_HAVE_CUDA); no NCCL or CUDA header is visible through this file. COMPILED AND
-// HOST-TESTED ONLY: no line of it has run on a GPU yet (tests/cuda/nccl_communicator_test.cpp
+// HOST-TESTED ONLY: no line of it has run on a GPU yet (tests/comm/nccl/nccl_communicator_test.cpp
 // holds the GPU tests, run by scripts/gpu_check.sh's nccl step).
 //
 // Shape (the four splits of comm/topology.h work unchanged):

@@ -1,6 +1,6 @@
 // Launch configurations of the CUDA kernels (kernels/cuda/*.cu): pure host arithmetic,
 // no CUDA headers, so every grid and block size is unit-tested without a device
-// (tests/cuda/cuda_ops_host_test.cpp).
+// (tests/kernels/cuda/cuda_ops_host_test.cpp).
 //
 // Four shapes of launch cover every kernel:
 // - elementwise: a 1-D grid-stride loop over n elements, kBlock threads a block, the grid

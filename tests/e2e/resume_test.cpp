@@ -198,7 +198,7 @@ TEST_F(Resume, Exact2x2x2Zero3On8Ranks) {
 // ---- 2. Resharding -----------------------------------------------------------------
 
 // Continued losses within 1e-5 relative per step; final parameters within 1e-5 in
-// norm over the model and 1e-4 per tensor (see tests/mpi/equivalence_test.cpp: AdamW
+// norm over the model and 1e-4 per tensor (see tests/trainer/equivalence_mpi_test.cpp: AdamW
 // turns summation-order noise in near-zero gradient elements into lr-sized steps, and
 // attn.k.bias, whose true gradient is zero, is bounded only by AdamW's largest move).
 void expect_close(Resume& t, const std::string& name, const std::string& ref_name) {

@@ -172,7 +172,7 @@ inline Tol tolerance_for(DType dtype, size_t reduction);
 
 // ---- float64 references the tests outside the table share ----------------------
 // (the CPU backend's attention state is the probabilities: attention_test.cpp; the
-// tensor-parallel layers: tests/mpi/tp_layers_test.cpp)
+// tensor-parallel layers: tests/parallel/tp_layers_mpi_test.cpp)
 
 struct AttnShape {
   int B, T, NH, NKV, HD;

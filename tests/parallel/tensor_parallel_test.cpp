@@ -2,7 +2,7 @@
 // layer is exactly its plain Ops call (bitwise), so a model with tp = 1 is the model
 // without tensor parallelism; a split that does not divide and a collective on a
 // planning-only group fail naming what. The split layers over real groups:
-// tests/mpi/tp_layers_test.cpp.
+// tests/parallel/tp_layers_mpi_test.cpp.
 #include "parallel/tensor_parallel.h"
 
 #include <gtest/gtest.h>

@@ -205,7 +205,7 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
 
 // What a DataParallel really allocates (Ops::allocation_counts: every byte is in one
 // of the Memory kinds) equals the plan, for every rank of tp x pp partitions, every ZeRO
-// stage and both precisions (dp = 1 here; tests/mpi/memory_plan_mpi_test.cpp runs dp > 1).
+// stage and both precisions (dp = 1 here; tests/plan/memory_plan_mpi_test.cpp runs dp > 1).
 // bf16 stores 2-byte compute weights (the ZeRO-3 compute shard and gathered pool too) and
 // keeps f32 gradients.
 TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {

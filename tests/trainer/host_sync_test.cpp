@@ -1,7 +1,7 @@
 // The host-synchronisation budget of a training step ("device-ready core"): per optimizer
 // step a rank reads back from the device at most the loss and the gradient norm's sum of
 // squares (Ops::transfer_counts().downloads), however many micro-batches and tensors the
-// step has; an evaluation reads one value. Single process here; tests/mpi/host_sync_test
+// step has; an evaluation reads one value. Single process here; tests/trainer/host_sync_mpi_test
 // covers tp = 2 (the vocab-parallel cross-entropy) and pp = 2.
 #include <gtest/gtest.h>
 
