@@ -2,7 +2,8 @@
 // The test oracles for Trident's tiktoken-style vocabularies, none of them code of ours
 // (the packages are fetched by scripts/fetch_vocabs.sh into the vocabulary directory):
 //   cl100k_base, o200k_base  npm tiktoken@1.0.22 (OpenAI's Rust tiktoken core compiled to
-//                            WebAssembly): get_encoding(NAME)
+//                            WebAssembly): get_encoding(NAME); also gpt2, for
+//                            bench/tokenizer_bench.sh
 //   llama3                   the same core with Llama 3's ranks (llama3.tiktoken), special
 //                            tokens and pattern as llama3-tokenizer-js@1.2.0 declares them:
 //                            what Meta's tokenizer.py (tiktoken) does;
@@ -10,10 +11,10 @@
 //                            JavaScript encoder (Hugging Face's merges and JavaScript \s;
 //                            it always matches special tokens)
 //
-//   node bpe_reference_encode.js --encoding NAME [--dir DIR] [--allow-special]
-//        [--engine tiktoken|llama3-tokenizer-js] [--bench] FILE...
-// prints one line of ids per file (encode_ordinary, or encode(text, "all") with
-// --allow-special), or with --bench one JSON line: MB/s of encoding the files one at a
+//   node bpe_reference_encode.js --encoding NAME [--dir DIR]
+//        [--engine tiktoken|llama3-tokenizer-js] [--bench] FILE... [--allow-special FILE...]
+// prints one line of ids per file (encode_ordinary, or encode(text, "all") for the files
+// after --allow-special), or with --bench one JSON line: MB/s of encoding the files one at a
 // time, single-threaded. Each file is read as bytes and decoded as UTF-8 with the WHATWG
 // decoder (ill-formed sequences become U+FFFD, a leading BOM is kept), which is what
 // Trident's sanitize_utf8 does before encoding. --dir defaults to $TRIDENT_VOCAB_DIR,
@@ -23,23 +24,27 @@ const fs = require('fs');
 const path = require('path');
 
 const args = process.argv.slice(2);
-let dir = process.env.TRIDENT_VOCAB_DIR || path.join(__dirname, '..', '..', '.cache', 'vocab');
+let dir = path.resolve(process.env.TRIDENT_VOCAB_DIR || path.join(__dirname, '..', '..', '.cache', 'vocab'));
 let encoding = '';
 let engine = 'tiktoken';
 let bench = false;
 let allowSpecial = false;
 const files = [];
+const special = [];  // [file]: encode with special tokens allowed
 for (let i = 0; i < args.length; ++i) {
-  if (args[i] === '--dir') dir = args[++i];
+  if (args[i] === '--dir') dir = path.resolve(args[++i]);
   else if (args[i] === '--encoding') encoding = args[++i];
   else if (args[i] === '--engine') engine = args[++i];
   else if (args[i] === '--bench') bench = true;
   else if (args[i] === '--allow-special') allowSpecial = true;
-  else files.push(args[i]);
+  else {
+    files.push(args[i]);
+    special.push(allowSpecial);
+  }
 }
-if (!['cl100k_base', 'o200k_base', 'llama3'].includes(encoding) || files.length === 0 ||
+if (!['gpt2', 'cl100k_base', 'o200k_base', 'llama3'].includes(encoding) || files.length === 0 ||
     !['tiktoken', 'llama3-tokenizer-js'].includes(engine)) {
-  process.stderr.write('usage: bpe_reference_encode.js --encoding cl100k_base|o200k_base|llama3 ' +
+  process.stderr.write('usage: bpe_reference_encode.js --encoding gpt2|cl100k_base|o200k_base|llama3 ' +
                        '[--dir DIR] [--allow-special] [--engine tiktoken|llama3-tokenizer-js] ' +
                        '[--bench] FILE...\n');
   process.exit(2);
@@ -67,7 +72,7 @@ if (engine === 'llama3-tokenizer-js') {
   } else {
     enc = require(path.join(dir, 'tiktoken', 'tiktoken.cjs')).get_encoding(encoding);
   }
-  encode = allowSpecial ? t => enc.encode(t, 'all') : t => enc.encode_ordinary(t);
+  encode = (t, allow) => allow ? enc.encode(t, 'all') : enc.encode_ordinary(t);
 }
 
 const decoder = new TextDecoder('utf-8', {ignoreBOM: true});
@@ -84,5 +89,5 @@ if (bench) {
   }
   console.log(JSON.stringify({encoding, engine, bytes, tokens, best_s: best, mb_per_s: bytes / 1e6 / best}));
 } else {
-  for (const t of texts) console.log(Array.from(encode(t)).join(' '));
+  texts.forEach((t, i) => console.log(Array.from(encode(t, special[i])).join(' ')));
 }
