@@ -1,6 +1,7 @@
-// GPT-2 tokenizer throughput: MB of text per second through sanitize_utf8 +
-// Gpt2Tokenizer::encode_parallel, one document (file) at a time as `trident prepare`
-// does, at each thread count. Columns:
+// Tokenizer throughput: MB of text per second through sanitize_utf8 +
+// BpeTokenizer::encode_parallel, one document (file) at a time as `trident prepare`
+// does, at each thread count, for one vocabulary (--tokenizer: gpt2, cl100k_base,
+// o200k_base, llama3, data/bpe_vocabularies.h; default gpt2). Columns:
 //   threads   OpenMP threads for encode_parallel
 //   MB        input bytes (10^6) encoded per repetition
 //   tokens    ids produced
@@ -11,7 +12,8 @@
 //   wrong     ids that differ from the 1-thread serial encode() (must be 0)
 // Prints a '#' header and a fixed-width table.
 //
-//   build/bench/bench_tokenizer --vocab-dir DIR [--threads 1,2] [--reps N] FILE...
+//   build/bench/bench_tokenizer [--tokenizer NAME] --vocab-dir DIR [--threads 1,2] [--reps N]
+//                               FILE...
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,11 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_vocabularies.h"
 
 namespace {
 
-using trident::Gpt2Tokenizer;
+using trident::load_vocabulary;
 
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
@@ -38,12 +40,15 @@ std::vector<int> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::string vocab_dir;
+  std::string name = "gpt2";
   std::vector<int> thread_counts = {1, 2};
   int reps = 3;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--vocab-dir" && i + 1 < argc) {
+    if (a == "--tokenizer" && i + 1 < argc) {
+      name = argv[++i];
+    } else if (a == "--vocab-dir" && i + 1 < argc) {
       vocab_dir = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       thread_counts = parse_list(argv[++i]);
@@ -54,10 +59,11 @@ int main(int argc, char** argv) {
     }
   }
   if (vocab_dir.empty() || files.empty()) {
-    std::fprintf(stderr, "usage: bench_tokenizer --vocab-dir DIR [--threads 1,2] [--reps N] FILE...\n");
+    std::fprintf(stderr, "usage: bench_tokenizer [--tokenizer NAME] --vocab-dir DIR [--threads 1,2] "
+                         "[--reps N] FILE...\n");
     return 2;
   }
-  auto tokenizer = Gpt2Tokenizer::load_dir(vocab_dir);
+  auto tokenizer = load_vocabulary(name, vocab_dir, "");
   if (!tokenizer.is_ok()) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", tokenizer.status().message().c_str());
     return 2;
@@ -79,17 +85,17 @@ int main(int argc, char** argv) {
   for (const std::string& r : raw) {
     std::string text;
     trident::sanitize_utf8(r, &text);
-    tokenizer->encode(text, &reference);
+    tokenizer->bpe.encode(text, &reference);
   }
 
-  std::printf("# GPT-2 tokenizer: %zu files, %.2f MB, %zu tokens (%.2f bytes/token)\n",
-              files.size(), bytes / 1e6, reference.size(),
+  std::printf("# %s tokenizer: %zu files, %.2f MB, %zu tokens (%.2f bytes/token)\n",
+              name.c_str(), files.size(), bytes / 1e6, reference.size(),
               static_cast<double>(bytes) / reference.size());
   std::printf("# %7s %8s %10s %8s %10s %8s %6s\n", "threads", "MB", "tokens", "best_s",
               "cold_MB/s", "MB/s", "wrong");
   for (int threads : thread_counts) {
     // A fresh tokenizer per thread count, so the first repetition has a cold cache.
-    auto fresh = Gpt2Tokenizer::load_dir(vocab_dir);
+    auto fresh = load_vocabulary(name, vocab_dir, "");
     double best = 1e30, cold = 0;
     std::vector<uint32_t> ids;
     for (int r = 0; r < reps; ++r) {
@@ -99,7 +105,7 @@ int main(int argc, char** argv) {
       for (const std::string& doc : raw) {
         text.clear();
         trident::sanitize_utf8(doc, &text);
-        fresh->encode_parallel(text, threads, &ids);
+        fresh->bpe.encode_parallel(text, threads, &ids);
       }
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

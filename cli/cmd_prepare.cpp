@@ -1,11 +1,15 @@
-// `trident prepare --input FILES... --out DIR --tokenizer byte|gpt2 [--format llmc|megatron]
-//                  [--val-fraction F] [--shard-tokens N] [--vocab-dir DIR] [--threads N]`
-// Parses the flags, runs prepare_corpus (data/prepare.h) and prints a summary; progress
-// lines go to stderr every few seconds. The GPT-2 files are looked up in --vocab-dir,
-// else $TRIDENT_GPT2_DIR, else the .cache/gpt2 that scripts/fetch_gpt2_vocab.sh fills in
-// the source tree. Exit 0 on success, 2 on bad usage or unreadable input, 1 on a write
-// failure, 128 + the signal number after SIGINT, SIGTERM or SIGHUP (the output directory
-// is left as it was and the partial files are removed).
+// `trident prepare --input FILES... --out DIR --tokenizer SPEC [--format llmc|megatron]
+//                  [--val-fraction F] [--shard-tokens N] [--vocab-dir DIR]
+//                  [--tokenizer-pattern P] [--threads N]`
+// SPEC: byte, gpt2, cl100k_base, o200k_base, llama3, or the path of a tiktoken rank file
+// (with --tokenizer-pattern gpt2|cl100k|o200k|llama3). Parses the flags, runs
+// prepare_corpus (data/prepare.h) and prints a summary; progress lines go to stderr every
+// few seconds. The vocabulary's files are looked up in --vocab-dir, else for gpt2
+// $TRIDENT_GPT2_DIR, else the .cache/gpt2 that scripts/fetch_gpt2_vocab.sh fills, and for
+// cl100k_base, o200k_base and llama3 $TRIDENT_VOCAB_DIR, else the .cache/vocab that
+// scripts/fetch_vocabs.sh fills, in the source tree. Exit 0 on success, 2 on bad usage or
+// unreadable input, 1 on a write failure, 128 + the signal number after SIGINT, SIGTERM or
+// SIGHUP (the output directory is left as it was and the partial files are removed).
 #include <signal.h>
 
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "data/bpe_vocabularies.h"
 #include "data/prepare.h"
 
 namespace trident {
@@ -24,14 +29,19 @@ namespace {
 
 void print_prepare_usage(std::FILE* to = stderr) {
   std::fprintf(to,
-               "usage: trident prepare --input FILES... --out DIR --tokenizer byte|gpt2\n"
+               "usage: trident prepare --input FILES... --out DIR --tokenizer SPEC\n"
+               "         SPEC: byte | gpt2 | cl100k_base | o200k_base | llama3 | PATH.tiktoken\n"
                "                       [--format llmc|megatron (default llmc)]\n"
                "                       [--val-fraction F (default 0.05)]\n"
                "                       [--shard-tokens N (default 100000000; llmc)]\n"
-               "                       [--vocab-dir DIR (gpt2; default $TRIDENT_GPT2_DIR,\n"
-               "                        else %s)]\n"
-               "                       [--threads N (gpt2; default all cores)]\n",
-               TRIDENT_DEFAULT_GPT2_DIR);
+               "                       [--vocab-dir DIR (gpt2: default $TRIDENT_GPT2_DIR,\n"
+               "                        else %s;\n"
+               "                        cl100k_base, o200k_base, llama3: default\n"
+               "                        $TRIDENT_VOCAB_DIR, else %s)]\n"
+               "                       [--tokenizer-pattern gpt2|cl100k|o200k|llama3\n"
+               "                        (a rank file PATH: its pre-tokenizer)]\n"
+               "                       [--threads N (BPE; default all cores)]\n",
+               TRIDENT_DEFAULT_GPT2_DIR, TRIDENT_DEFAULT_VOCAB_DIR);
 }
 
 int usage_error(const std::string& message) {
@@ -107,7 +117,10 @@ int cmd_prepare(const std::vector<std::string>& args) {
     } else if (flag == "--out") {
       if (!value(&options.out_dir)) return usage_error("--out needs a directory");
     } else if (flag == "--tokenizer") {
-      if (!value(&options.tokenizer)) return usage_error("--tokenizer needs byte or gpt2");
+      if (!value(&options.tokenizer)) {
+        return usage_error("--tokenizer needs byte, gpt2, cl100k_base, o200k_base, llama3 or a "
+                           "rank file path");
+      }
       have_tokenizer = true;
     } else if (flag == "--val-fraction") {
       if (!value(&v) || !parse_double(v, &options.val_fraction)) {
@@ -121,6 +134,10 @@ int cmd_prepare(const std::vector<std::string>& args) {
       if (!value(&options.format)) return usage_error("--format needs llmc or megatron");
     } else if (flag == "--vocab-dir") {
       if (!value(&options.vocab_dir)) return usage_error("--vocab-dir needs a directory");
+    } else if (flag == "--tokenizer-pattern") {
+      if (!value(&options.tokenizer_pattern)) {
+        return usage_error("--tokenizer-pattern needs gpt2, cl100k, o200k or llama3");
+      }
     } else if (flag == "--threads") {
       if (!value(&v) || !parse_int(v, &options.threads)) {
         return usage_error("--threads needs an integer in [1, 4096]");
@@ -131,17 +148,22 @@ int cmd_prepare(const std::vector<std::string>& args) {
   }
   if (options.inputs.empty()) return usage_error("missing --input FILES...");
   if (options.out_dir.empty()) return usage_error("missing --out DIR");
-  if (!have_tokenizer) return usage_error("missing --tokenizer byte|gpt2");
-  if (options.tokenizer == "gpt2" && options.vocab_dir.empty()) {
-    const char* env = std::getenv("TRIDENT_GPT2_DIR");
-    options.vocab_dir = env != nullptr && *env != '\0' ? env : TRIDENT_DEFAULT_GPT2_DIR;
+  if (!have_tokenizer) return usage_error("missing --tokenizer SPEC");
+  const bool gpt2 = options.tokenizer == "gpt2";
+  if (is_named_vocabulary(options.tokenizer) && options.vocab_dir.empty()) {
+    const char* env = std::getenv(gpt2 ? "TRIDENT_GPT2_DIR" : "TRIDENT_VOCAB_DIR");
+    options.vocab_dir = env != nullptr && *env != '\0'
+                            ? env
+                            : (gpt2 ? TRIDENT_DEFAULT_GPT2_DIR : TRIDENT_DEFAULT_VOCAB_DIR);
+    const std::string file = options.vocab_dir + (gpt2 ? "/encoder.json" : "/" + options.tokenizer + ".tiktoken");
     std::error_code ec;
-    if (!std::filesystem::exists(options.vocab_dir + "/encoder.json", ec)) {
+    if (!std::filesystem::exists(file, ec)) {
       std::fprintf(stderr,
-                   "trident prepare: GPT-2 tokenizer files not found: %s/encoder.json (run "
-                   "scripts/fetch_gpt2_vocab.sh, or pass --vocab-dir DIR or set "
-                   "TRIDENT_GPT2_DIR)\n",
-                   options.vocab_dir.c_str());
+                   "trident prepare: %s tokenizer files not found: %s (run scripts/%s, or pass "
+                   "--vocab-dir DIR or set %s)\n",
+                   gpt2 ? "GPT-2" : options.tokenizer.c_str(), file.c_str(),
+                   gpt2 ? "fetch_gpt2_vocab.sh" : "fetch_vocabs.sh",
+                   gpt2 ? "TRIDENT_GPT2_DIR" : "TRIDENT_VOCAB_DIR");
       return 2;
     }
   }

@@ -1,4 +1,8 @@
-// GPT-2's byte-level BPE tokenizer (OpenAI's encoder.json + vocab.bpe, 50,257 ids).
+// GPT-2's byte-level BPE tokenizer (OpenAI's encoder.json + vocab.bpe, 50,257 ids): one
+// configuration of the byte-level BPE engine (data/bpe_tokenizer.h). encoder.json's ids
+// are the ranks (every merge's result has id 256 + its line in vocab.bpe), vocab.bpe's
+// pairs are the merges (BpeMergeRule::kRecordedMerges: exactly encoder.py's bpe()), the
+// pattern is BpePattern::kGpt2 and <|endoftext|> (50256) the one special token.
 //
 // Encoding = pre-tokenize the text with GPT-2's regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -18,12 +22,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
+#include "data/bpe_tokenizer.h"
 
 namespace trident {
 
@@ -39,12 +43,8 @@ class Gpt2Tokenizer {
   // load(dir + "/encoder.json", dir + "/vocab.bpe").
   static Result<Gpt2Tokenizer> load_dir(const std::string& dir);
 
-  Gpt2Tokenizer(Gpt2Tokenizer&&) noexcept;
-  Gpt2Tokenizer& operator=(Gpt2Tokenizer&&) noexcept;
-  ~Gpt2Tokenizer();
-
   // Appends the ids of `text` (valid UTF-8) to *out.
-  void encode(std::string_view text, std::vector<uint32_t>* out) const;
+  void encode(std::string_view text, std::vector<uint32_t>* out) const { bpe_.encode(text, out); }
   // The ids of the pre-tokenizer matches that start before `end` (all of them by
   // default), computed by `threads` OpenMP threads over pieces of the text split where
   // the pre-tokenizer always splits (see safe_split()); the result equals the serial
@@ -52,30 +52,28 @@ class Gpt2Tokenizer {
   // split and handed over with one more byte encodes exactly as inside the whole text.
   // Text without safe splits is encoded serially.
   void encode_parallel(std::string_view text, int threads, std::vector<uint32_t>* out,
-                       size_t end = std::string_view::npos) const;
+                       size_t end = std::string_view::npos) const {
+    bpe_.encode_parallel(text, threads, out, end);
+  }
 
   // The bytes of the ids (every id < kGpt2VocabSize; the special token decodes to
   // "<|endoftext|>"). Not necessarily valid UTF-8 for an arbitrary id sequence.
-  std::string decode(const std::vector<uint32_t>& ids) const;
+  std::string decode(const std::vector<uint32_t>& ids) const { return bpe_.decode(ids); }
 
   // Whether a match of the regex always starts at p (0 < p < text.size()):
-  // text[p-1] == '\n' and text[p] is printable ASCII (0x21..0x7E). A '\n' can only be in
-  // a whitespace match, which cannot take the non-space after it, and the optional ' '
-  // prefix of the other alternatives is U+0020, not '\n'.
+  // text[p-1] == '\n' and text[p] is printable ASCII (0x21..0x7E); see
+  // BpeTokenizer::safe_split for why.
   static bool safe_split(std::string_view text, size_t p) {
-    const unsigned char c = static_cast<unsigned char>(text[p]);
-    return text[p - 1] == '\n' && c >= 0x21 && c <= 0x7E;
+    return BpeTokenizer::safe_split(BpePattern::kGpt2, text, p);
   }
 
- private:
-  struct Impl;
-  explicit Gpt2Tokenizer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+  // The engine itself, for code that serves every vocabulary (prepare).
+  const BpeTokenizer& bpe() const { return bpe_; }
+  BpeTokenizer release() && { return std::move(bpe_); }
 
-// Appends `in` to *out with every ill-formed UTF-8 subsequence replaced by U+FFFD (one
-// per maximal subpart: the WHATWG Encoding Standard's rule, which Node's TextDecoder
-// follows). Returns the number of replacements.
-size_t sanitize_utf8(std::string_view in, std::string* out);
+ private:
+  explicit Gpt2Tokenizer(BpeTokenizer bpe) : bpe_(std::move(bpe)) {}
+  BpeTokenizer bpe_;
+};
 
 }  // namespace trident

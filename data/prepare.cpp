@@ -19,7 +19,7 @@
 #include <set>
 #include <system_error>
 
-#include "data/gpt2_tokenizer.h"
+#include "data/bpe_vocabularies.h"
 #include "data/megatron_file.h"
 #include "data/token_file.h"
 #include "data/token_meta.h"
@@ -47,10 +47,11 @@ Status check_stop(const std::atomic<bool>* stop) {
 // Buffers tokens and writes a shard each time shard_tokens have arrived.
 class ShardWriter {
  public:
+  // version: llm.c's 1 (uint16 tokens) or 7 (uint32), data/token_file.h.
   ShardWriter(std::string dir, std::string prefix, uint64_t shard_tokens,
-              const std::atomic<bool>* stop)
+              const std::atomic<bool>* stop, int version = 1)
       : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens),
-        stop_(stop) {}
+        stop_(stop), version_(version) {}
 
   Status add(uint32_t token) {
     buffer_.push_back(token);
@@ -62,7 +63,7 @@ class ShardWriter {
     if (buffer_.empty()) return Status::ok();
     TRIDENT_RETURN_IF_ERROR(check_stop(stop_));
     std::string path = (fs::path(dir_) / shard_name(prefix_, written_.size())).string();
-    TRIDENT_RETURN_IF_ERROR(write_token_file(path, buffer_, 1));
+    TRIDENT_RETURN_IF_ERROR(write_token_file(path, buffer_, version_));
     // The sidecar spares `trident train` a scan for the largest id (data/token_meta.h).
     std::error_code ec;
     const uint64_t bytes = fs::file_size(path, ec);
@@ -81,14 +82,28 @@ class ShardWriter {
   std::string prefix_;
   uint64_t shard_tokens_;
   const std::atomic<bool>* stop_;
+  int version_;
   std::vector<uint32_t> buffer_;
   std::vector<std::string> written_;
 };
 
+// A --tokenizer that is not a name is the path of a rank file.
+bool is_rank_file_spec(const std::string& spec) {
+  auto ends_with = [&](const std::string& tail) {
+    return spec.size() > tail.size() && spec.compare(spec.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return spec.find('/') != std::string::npos || ends_with(".tiktoken") || ends_with(".model");
+}
+
 Status validate(const PrepareOptions& o) {
-  if (o.tokenizer != "byte" && o.tokenizer != "gpt2") {
+  if (o.tokenizer != "byte" && !is_named_vocabulary(o.tokenizer) && !is_rank_file_spec(o.tokenizer)) {
     return Status::invalid_config("--tokenizer: unknown tokenizer '" + o.tokenizer +
-                                  "' (allowed: byte, gpt2)");
+                                  "' (allowed: byte, gpt2, cl100k_base, o200k_base, llama3, or "
+                                  "the path of a .tiktoken rank file)");
+  }
+  if (!o.tokenizer_pattern.empty() && !is_rank_file_spec(o.tokenizer)) {
+    return Status::invalid_config("--tokenizer-pattern: only for a rank file path, not for "
+                                  "--tokenizer " + o.tokenizer);
   }
   if (o.inputs.empty()) return Status::invalid_config("--input: at least one file is required");
   if (o.out_dir.empty()) return Status::invalid_config("--out: an output directory is required");
@@ -101,9 +116,11 @@ Status validate(const PrepareOptions& o) {
     return Status::invalid_config("--format: unknown format '" + o.format +
                                   "' (allowed: llmc, megatron)");
   }
-  if (o.tokenizer == "gpt2" && o.vocab_dir.empty()) {
-    return Status::invalid_config("--tokenizer gpt2 needs the directory of encoder.json and "
-                                  "vocab.bpe (--vocab-dir)");
+  if (is_named_vocabulary(o.tokenizer) && o.vocab_dir.empty()) {
+    return Status::invalid_config("--tokenizer " + o.tokenizer + " needs the directory of " +
+                                  (o.tokenizer == "gpt2" ? std::string("encoder.json and vocab.bpe")
+                                                         : o.tokenizer + ".tiktoken") +
+                                  " (--vocab-dir)");
   }
   return Status::ok();
 }
@@ -208,7 +225,7 @@ Result<PrepareSummary> prepare_bytes(const PrepareOptions& options, PrepareSumma
   return summary;
 }
 
-// ---- the tokenizing path: gpt2 (any format) and byte with --format megatron ----------
+// ---- the tokenizing path: BPE (any format) and byte with --format megatron -----------
 
 // Prints "prepare: done/total MB (p%), rate MB/s, tokens" on stderr every few seconds.
 class Progress {
@@ -232,14 +249,15 @@ class Progress {
   std::chrono::steady_clock::time_point last_ = start_;
 };
 
-// The whole token stream as uint16 in a temp file in the staging directory (the split
-// needs the total before anything is written, and the stream may not fit in memory),
-// mapped for reading once complete. Removed when the object goes away.
+// The whole token stream as uint16 or uint32 (width 2 or 4 bytes) in a temp file in the
+// staging directory (the split needs the total before anything is written, and the
+// stream may not fit in memory), mapped for reading once complete. Removed when the
+// object goes away.
 class TokenSpool {
  public:
-  explicit TokenSpool(std::string path) : path_(std::move(path)) {}
+  TokenSpool(std::string path, int width) : path_(std::move(path)), width_(width) {}
   ~TokenSpool() {
-    if (map_ != nullptr) ::munmap(map_, count_ * sizeof(uint16_t));
+    if (map_ != nullptr) ::munmap(map_, count_ * width_);
     if (file_ != nullptr) std::fclose(file_);
     ::unlink(path_.c_str());
   }
@@ -249,11 +267,15 @@ class TokenSpool {
     return Status::ok();
   }
   Status append(const std::vector<uint32_t>& ids) {
-    buffer_.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) buffer_[i] = static_cast<uint16_t>(ids[i]);
-    if (std::fwrite(buffer_.data(), sizeof(uint16_t), ids.size(), file_) != ids.size()) {
-      return Status::io_error(path_ + ": write failed: " + std::strerror(errno));
+    size_t written;
+    if (width_ == 4) {
+      written = std::fwrite(ids.data(), sizeof(uint32_t), ids.size(), file_);
+    } else {
+      buffer_.resize(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) buffer_[i] = static_cast<uint16_t>(ids[i]);
+      written = std::fwrite(buffer_.data(), sizeof(uint16_t), ids.size(), file_);
     }
+    if (written != ids.size()) return Status::io_error(path_ + ": write failed: " + std::strerror(errno));
     count_ += ids.size();
     return Status::ok();
   }
@@ -265,17 +287,24 @@ class TokenSpool {
     if (count_ == 0) return Status::ok();
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::io_error(path_ + ": cannot reopen: " + std::strerror(errno));
-    void* map = ::mmap(nullptr, count_ * sizeof(uint16_t), PROT_READ, MAP_PRIVATE, fd, 0);
+    void* map = ::mmap(nullptr, count_ * width_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
     if (map == MAP_FAILED) return Status::io_error(path_ + ": mmap: " + std::strerror(errno));
     map_ = map;
     return Status::ok();
   }
   uint64_t count() const { return count_; }
-  const uint16_t* tokens() const { return static_cast<const uint16_t*>(map_); }
+  int width() const { return width_; }
+  uint32_t token(uint64_t i) const {
+    return width_ == 4 ? static_cast<const uint32_t*>(map_)[i] : static_cast<const uint16_t*>(map_)[i];
+  }
+  const uint16_t* tokens16() const { return static_cast<const uint16_t*>(map_); }
+  // The ids as Megatron's int32 (every id < 2^31).
+  const int32_t* tokens32() const { return static_cast<const int32_t*>(map_); }
 
  private:
   std::string path_;
+  int width_;
   FILE* file_ = nullptr;
   void* map_ = nullptr;
   uint64_t count_ = 0;
@@ -283,9 +312,9 @@ class TokenSpool {
 };
 
 // Streams one input file through the tokenizer (nullptr = byte tokens) in blocks cut at
-// safe splits (Gpt2Tokenizer::safe_split), so the ids equal those of the whole file.
+// safe splits (BpeTokenizer::safe_split), so the ids equal those of the whole file.
 Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t block_bytes,
-                     const Gpt2Tokenizer* gpt2, int threads, TokenSpool* spool,
+                     const BpeTokenizer* bpe, int threads, TokenSpool* spool,
                      PrepareSummary* summary, uint64_t* bytes_done, Progress* progress,
                      const std::atomic<bool>* stop) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
@@ -310,10 +339,10 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
     }
     // Cut after the last safe split; without one, read more (or take all at the end).
     size_t cut = pending.size();
-    if (!eof && gpt2 != nullptr) {
+    if (!eof && bpe != nullptr) {
       cut = 0;
       for (size_t p = pending.size() - 1; p > 0; --p) {
-        if (Gpt2Tokenizer::safe_split(pending, p)) {
+        if (bpe->safe_split(pending, p)) {
           cut = p;
           break;
         }
@@ -321,7 +350,7 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
       if (cut == 0) continue;
     }
     ids.clear();
-    if (gpt2 == nullptr) {
+    if (bpe == nullptr) {
       ids.assign(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(cut));
       for (uint32_t& id : ids) id &= 0xFF;
     } else {
@@ -329,7 +358,7 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
       summary->utf8_replacements += sanitize_utf8(std::string_view(pending).substr(0, cut), &text);
       const size_t end = text.size();
       if (cut < pending.size()) text.push_back(pending[cut]);  // ASCII look-ahead byte
-      gpt2->encode_parallel(text, threads, &ids, end);
+      bpe->encode_parallel(text, threads, &ids, end);
     }
     TRIDENT_RETURN_IF_ERROR(spool->append(ids));
     pending.erase(0, cut);
@@ -358,17 +387,23 @@ std::vector<uint64_t> documents_in(const std::vector<uint64_t>& doc_lengths, uin
 }
 
 Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareSummary summary) {
-  std::unique_ptr<Gpt2Tokenizer> gpt2;
-  if (options.tokenizer == "gpt2") {
-    TRIDENT_ASSIGN_OR_RETURN(Gpt2Tokenizer loaded, Gpt2Tokenizer::load_dir(options.vocab_dir));
-    gpt2 = std::make_unique<Gpt2Tokenizer>(std::move(loaded));
-    summary.vocab_size = kGpt2VocabSize;
+  std::unique_ptr<LoadedTokenizer> bpe;
+  if (options.tokenizer != "byte") {
+    TRIDENT_ASSIGN_OR_RETURN(LoadedTokenizer loaded,
+                             load_vocabulary(options.tokenizer, options.vocab_dir,
+                                             options.tokenizer_pattern));
+    bpe = std::make_unique<LoadedTokenizer>(std::move(loaded));
+    summary.vocab_size = bpe->bpe.vocab_size();
   }
+  // llm.c's uint16 shards hold ids < 65536; Megatron switches to int32 at 65500.
+  const bool megatron = options.format == "megatron";
+  const int width = summary.vocab_size > (megatron ? 65499 : 65536) ? 4 : 2;
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
 
   std::error_code ec;
   TokenSpool spool(
-      (fs::path(options.out_dir) / (".prepare_tokens.tmp." + std::to_string(::getpid()))).string());
+      (fs::path(options.out_dir) / (".prepare_tokens.tmp." + std::to_string(::getpid()))).string(),
+      width);
   TRIDENT_RETURN_IF_ERROR(spool.open());
   Progress progress(options.progress, summary.bytes);
   std::vector<uint64_t> doc_lengths;
@@ -377,9 +412,10 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     const uint64_t size = fs::file_size(input, ec);
     if (ec) return Status::invalid_input(input + ": cannot stat: " + ec.message());
     const uint64_t first = spool.count();
-    if (gpt2 != nullptr) TRIDENT_RETURN_IF_ERROR(spool.append({kGpt2EndOfText}));
+    if (bpe != nullptr) TRIDENT_RETURN_IF_ERROR(spool.append({bpe->document_token}));
     TRIDENT_RETURN_IF_ERROR(tokenize_file(input, size, std::max<size_t>(options.read_block_bytes, 1),
-                                          gpt2.get(), threads, &spool, &summary, &bytes_done,
+                                          bpe ? &bpe->bpe : nullptr, threads, &spool, &summary,
+                                          &bytes_done,
                                           &progress, options.stop));
     doc_lengths.push_back(spool.count() - first);
   }
@@ -395,9 +431,8 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
                                  std::to_string(summary.bytes) +
                                  " bytes of text leave too few train tokens");
   }
-  const uint16_t* tokens = spool.tokens();
   std::vector<uint64_t> counts(summary.vocab_size, 0);
-  for (uint64_t i = 0; i < summary.train_tokens; ++i) ++counts[tokens[i]];
+  for (uint64_t i = 0; i < summary.train_tokens; ++i) ++counts[spool.token(i)];
 
   if (options.format == "megatron") {
     for (const auto& [name, begin, end] :
@@ -406,15 +441,19 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
       if (begin == end) continue;
       TRIDENT_RETURN_IF_ERROR(check_stop(options.stop));
       const std::string prefix = (fs::path(options.out_dir) / name).string();
-      TRIDENT_RETURN_IF_ERROR(write_megatron_dataset(prefix, tokens + begin, end - begin,
-                                                     documents_in(doc_lengths, begin, end)));
+      const std::vector<uint64_t> docs = documents_in(doc_lengths, begin, end);
+      TRIDENT_RETURN_IF_ERROR(width == 4 ? write_megatron_dataset(prefix, spool.tokens32() + begin,
+                                                                  end - begin, docs)
+                                         : write_megatron_dataset(prefix, spool.tokens16() + begin,
+                                                                  end - begin, docs));
       (begin == 0 ? summary.train_shards : summary.val_shards).push_back(prefix + ".bin");
     }
   } else {
-    ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop);
-    ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop);
+    const int version = width == 4 ? 7 : 1;
+    ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop, version);
+    ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop, version);
     for (uint64_t i = 0; i < total; ++i) {
-      TRIDENT_RETURN_IF_ERROR((i < summary.train_tokens ? train : val).add(tokens[i]));
+      TRIDENT_RETURN_IF_ERROR((i < summary.train_tokens ? train : val).add(spool.token(i)));
     }
     TRIDENT_RETURN_IF_ERROR(train.flush());
     TRIDENT_RETURN_IF_ERROR(val.flush());

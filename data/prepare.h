@@ -15,13 +15,19 @@
 // stopped leaves out_dir as it was and removes its staging directory; one of a process
 // that no longer exists (a kill -9) is removed by the next run for the same out_dir.
 //
-// Tokenizers:
+// Tokenizers (--tokenizer SPEC):
 //   "byte": every byte is a token (vocab 256); the files are one byte stream, no
 //           document separators.
-//   "gpt2": GPT-2's BPE (data/gpt2_tokenizer.h, vocab 50257) from vocab_dir. Each input
-//           file is one document and <|endoftext|> (50256) is placed before every
-//           document, as llm.c and nanoGPT do. Invalid UTF-8 becomes U+FFFD (counted in
-//           the summary). Tokenized by `threads` threads; the ids do not depend on it.
+//   "gpt2", "cl100k_base", "o200k_base", "llama3", or the path of a tiktoken rank file
+//           (with tokenizer_pattern): byte-level BPE (data/bpe_vocabularies.h) from
+//           vocab_dir. Each input file is one document, and the vocabulary's document
+//           token is placed before every document (<|endoftext|>: gpt2 50256, cl100k_base
+//           100257, o200k_base 199999; llama3 <|begin_of_text|> 128000), as llm.c and
+//           nanoGPT do for GPT-2. Special-token text inside a document is ordinary text.
+//           Invalid UTF-8 becomes U+FFFD (counted in the summary). Tokenized by `threads`
+//           threads; the ids do not depend on it.
+// Vocabularies of more than 65,536 ids write llm.c version 7 (uint32) shards, and from
+// 65,500 ids on Megatron int32 files (Megatron's preprocess_data.py rule).
 // With megatron, each document is one sequence; the document that straddles the
 // train/val split is cut there, so both formats hold the same token stream.
 // Errors name the file or option.
@@ -43,8 +49,12 @@ struct PrepareOptions {
   double val_fraction = 0.05;          // in [0, 1)
   uint64_t shard_tokens = 100'000'000;  // >= 1 (llmc)
   std::string format = "llmc";          // llmc | megatron
-  std::string vocab_dir;                // gpt2: holds encoder.json and vocab.bpe
-  int threads = 0;                      // gpt2 tokenization threads; 0 = all cores
+  // gpt2: holds encoder.json and vocab.bpe; cl100k_base, o200k_base, llama3: holds
+  // <name>.tiktoken (scripts/fetch_vocabs.sh); unused for a rank file path.
+  std::string vocab_dir;
+  // A rank file's pre-tokenizer: gpt2 | cl100k | o200k | llama3 (the file does not say).
+  std::string tokenizer_pattern;
+  int threads = 0;                      // BPE tokenization threads; 0 = all cores
   bool progress = false;                // a progress line on stderr every few seconds
   // Text read and tokenized at a time (bounds memory; a file with no safe split in a
   // block is read further). The ids do not depend on it; tests make it small.
@@ -60,7 +70,7 @@ struct PrepareSummary {
   int64_t vocab_size = 0;
   uint64_t train_tokens = 0;
   uint64_t val_tokens = 0;
-  uint64_t documents = 0;           // gpt2 or megatron: one per input file
+  uint64_t documents = 0;           // BPE or megatron: one per input file
   uint64_t utf8_replacements = 0;   // ill-formed UTF-8 subsequences replaced by U+FFFD
   std::vector<std::string> train_shards;  // the .bin files written (megatron: train.bin)
   std::vector<std::string> val_shards;

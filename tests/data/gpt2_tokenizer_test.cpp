@@ -23,30 +23,17 @@
 
 #include "tests/common/gpt2_files.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/data/tokenizer_test_util.h"
 
 namespace trident {
 namespace {
 
 using testing::gpt2_dir;
+using testing::parse_ids;
+using testing::read_bytes;
 
 std::string fixture(const std::string& name) {
   return std::string(TRIDENT_SOURCE_DIR) + "/tests/reference/gpt2/" + name;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<uint32_t> parse_ids(const std::string& line) {
-  std::vector<uint32_t> ids;
-  std::istringstream in(line);
-  uint32_t id;
-  while (in >> id) ids.push_back(id);
-  return ids;
 }
 
 // Loaded once for the whole binary (loading parses 2 MB of JSON and BPE).
@@ -114,14 +101,9 @@ TEST(Gpt2Tokenizer, MatchesNpmReferenceLive) {
   dir.write("gen.txt", text);
   const std::string cmd = "node " + std::string(TRIDENT_SOURCE_DIR) +
                           "/tests/reference/gpt2_reference_encode.js --package " + gpt2_dir() +
-                          "/package " + dir.file("gen.txt") + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(cmd.c_str(), "r"), &::pclose);
-  ASSERT_NE(pipe, nullptr);
+                          "/package " + dir.file("gen.txt");
   std::string output;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe.get())) > 0) output.append(buf, n);
-  const int rc = ::pclose(pipe.release());
+  const int rc = testing::run_capture(cmd, &output);
   ASSERT_EQ(rc, 0) << cmd << "\n" << output.substr(0, 2000);
   const std::vector<uint32_t> want = parse_ids(output);
   ASSERT_GT(want.size(), 10000u) << output.substr(0, 2000);
@@ -177,28 +159,7 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncode) {
   const std::string gen = generated_text(3, 200000);
   EXPECT_EQ(tokenizer()->decode(encode(gen)), gen);
   // Random code points from every plane (no surrogates), UTF-8 encoded.
-  std::mt19937 rng(5);
-  std::string random;
-  for (int i = 0; i < 20000; ++i) {
-    uint32_t cp = rng() % 0x110000;
-    if (cp >= 0xD800 && cp < 0xE000) continue;
-    if (rng() % 2) cp %= 0x80;  // plenty of ASCII, so words and spaces form too
-    if (cp < 0x80) {
-      random += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      random += static_cast<char>(0xC0 | (cp >> 6));
-      random += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      random += static_cast<char>(0xE0 | (cp >> 12));
-      random += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      random += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      random += static_cast<char>(0xF0 | (cp >> 18));
-      random += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      random += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      random += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
+  const std::string random = testing::random_utf8(5, 20000);
   ASSERT_EQ(sanitized(random), random);  // the generator made valid UTF-8
   EXPECT_EQ(tokenizer()->decode(encode(random)), random);
 }

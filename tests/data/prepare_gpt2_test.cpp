@@ -18,6 +18,7 @@
 #include "data/token_meta.h"
 #include "tests/common/gpt2_files.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/data/tokenizer_test_util.h"
 
 namespace trident {
 namespace {
@@ -54,12 +55,7 @@ std::vector<uint32_t> reference_stream(const std::vector<std::string>& files) {
 }
 
 std::vector<uint32_t> read_stream(const std::string& spec) {
-  auto ds = TokenDataset::open(spec, kGpt2VocabSize);
-  EXPECT_TRUE(ds.is_ok()) << ds.status().message();
-  if (!ds.is_ok()) return {};
-  std::vector<int32_t> ids(ds->num_tokens());
-  EXPECT_TRUE(ds->read(0, ids.size(), ids.data()).is_ok());
-  return std::vector<uint32_t>(ids.begin(), ids.end());
+  return testing::read_token_stream(spec, kGpt2VocabSize);
 }
 
 // Text with many lines, a stretch with no safe split longer than the test's read

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# fetch_vocabs.sh [DIR] — the tiktoken rank files of `trident prepare --tokenizer
+# cl100k_base|o200k_base|llama3`, and the npm packages that are their test oracles.
+#
+#   npm pack tiktoken@1.0.22 (MIT; OpenAI's tiktoken, its Rust core compiled to
+#     WebAssembly): encoders/{cl100k,o200k}_base.json hold the ranks, converted here to
+#     cl100k_base.tiktoken and o200k_base.tiktoken, which must be byte-identical to
+#     OpenAI's files: the SHA-256 below are the ones tiktoken itself checks
+#     (tiktoken_ext/openai_public.py, expected_hash).
+#   npm pack llama3-tokenizer-js@1.2.0 (MIT): its vocabulary, converted to llama3.tiktoken
+#     (ranks 0..127999, the special tokens 128000.. are not in the file), which must be
+#     byte-identical to Meta's Llama 3 / 3.1 original/tokenizer.model (SHA-256 below).
+# Leaves in DIR:
+#   cl100k_base.tiktoken, o200k_base.tiktoken, llama3.tiktoken   what Trident loads
+#   tiktoken/, llama3-tokenizer-js/   the whole npm packages (tests/reference/
+#                                     bpe_reference_encode.js runs them)
+# DIR: the argument, else $TRIDENT_VOCAB_DIR, else .cache/vocab under the repository.
+# Idempotent: files already there with the right hashes are kept. Exits non-zero when
+# the files cannot be fetched or do not match.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+dir=${1:-${TRIDENT_VOCAB_DIR:-$repo/.cache/vocab}}
+
+readonly CL100K_SHA256=223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7
+readonly O200K_SHA256=446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d
+readonly LLAMA3_SHA256=82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55
+readonly TIKTOKEN=tiktoken@1.0.22 LLAMA3_JS=llama3-tokenizer-js@1.2.0
+
+hash_ok() { [[ -f $1 ]] && [[ $(sha256sum "$1" | cut -d' ' -f1) == "$2" ]]; }
+have_all() {
+  hash_ok "$dir/cl100k_base.tiktoken" $CL100K_SHA256 &&
+    hash_ok "$dir/o200k_base.tiktoken" $O200K_SHA256 &&
+    hash_ok "$dir/llama3.tiktoken" $LLAMA3_SHA256 &&
+    [[ -f $dir/tiktoken/package.json && -f $dir/llama3-tokenizer-js/package.json ]]
+}
+fail() { echo "fetch_vocabs: $*" >&2; exit 1; }
+
+if have_all; then
+  echo "fetch_vocabs: $dir already has cl100k_base, o200k_base and llama3"
+  exit 0
+fi
+command -v npm >/dev/null || fail "npm not found"
+command -v node >/dev/null || fail "node not found"
+mkdir -p "$dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for pkg in $TIKTOKEN $LLAMA3_JS; do
+  name=${pkg%@*}
+  (cd "$tmp" && npm pack --silent "$pkg" >/dev/null) || fail "npm pack $pkg failed"
+  mkdir -p "$tmp/$name"
+  tar -xzf "$tmp/$name-${pkg#*@}.tgz" -C "$tmp/$name" --strip-components=1
+done
+
+# tiktoken's encoders/*.json: "bpe_ranks" is lines of "<ignored> <first rank> <base64>...",
+# the tokens of consecutive ranks; a rank file is "<base64> <rank>\n" by rank.
+for enc in cl100k_base o200k_base; do
+  node - "$tmp/tiktoken/encoders/$enc.json" "$tmp/$enc.tiktoken" <<'EOF' || fail "converting $enc failed"
+const fs = require('fs');
+const [src, dst] = process.argv.slice(2);
+const byRank = [];
+for (const line of JSON.parse(fs.readFileSync(src, 'utf8')).bpe_ranks.split('\n')) {
+  if (!line) continue;
+  const [, first, ...tokens] = line.split(' ');
+  tokens.forEach((t, i) => { byRank[Number(first) + i] = t; });
+}
+const out = [];
+for (let r = 0; r < byRank.length; ++r) {
+  if (byRank[r] === undefined) throw new Error(`${src}: no token of rank ${r}`);
+  out.push(`${byRank[r]} ${r}\n`);
+}
+fs.writeFileSync(dst, out.join(''));
+EOF
+done
+# llama3-tokenizer-js: vocabById[id] is Hugging Face's byte-level string of the token
+# (GPT-2's bytes_to_unicode), the last 256 entries the special tokens.
+node - "$tmp/llama3-tokenizer-js" "$tmp/llama3.tiktoken" <<'EOF' || fail "converting llama3 failed"
+const fs = require('fs');
+const [pkg, dst] = process.argv.slice(2);
+const {llama3Tokenizer} = require(pkg + '/bundle/commonjs-llama3-tokenizer-with-baked-data.cjs');
+const bs = [];
+for (let b = 33; b <= 126; ++b) bs.push(b);
+for (let b = 161; b <= 172; ++b) bs.push(b);
+for (let b = 174; b <= 255; ++b) bs.push(b);
+const cs = bs.slice();
+for (let b = 0, n = 0; b < 256; ++b) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
+const byteOf = new Map(bs.map((b, i) => [String.fromCodePoint(cs[i]), b]));
+const vocab = llama3Tokenizer.vocabById;
+const out = [];
+for (let r = 0; r < vocab.length - 256; ++r) {
+  const bytes = Array.from(vocab[r], c => {
+    if (!byteOf.has(c)) throw new Error(`token ${r} is not a byte-level string`);
+    return byteOf.get(c);
+  });
+  out.push(`${Buffer.from(bytes).toString('base64')} ${r}\n`);
+}
+fs.writeFileSync(dst, out.join(''));
+EOF
+hash_ok "$tmp/cl100k_base.tiktoken" $CL100K_SHA256 || fail "cl100k_base.tiktoken does not have OpenAI's SHA-256"
+hash_ok "$tmp/o200k_base.tiktoken" $O200K_SHA256 || fail "o200k_base.tiktoken does not have OpenAI's SHA-256"
+hash_ok "$tmp/llama3.tiktoken" $LLAMA3_SHA256 || fail "llama3.tiktoken does not have Meta's tokenizer.model SHA-256"
+# Stage, then rename, so an interrupted run never leaves files that look complete.
+for name in tiktoken llama3-tokenizer-js; do
+  rm -rf "$dir/$name"
+  mv "$tmp/$name" "$dir/$name"
+done
+for f in cl100k_base o200k_base llama3; do
+  cp "$tmp/$f.tiktoken" "$dir/$f.tiktoken.tmp" && mv "$dir/$f.tiktoken.tmp" "$dir/$f.tiktoken"
+done
+echo "fetch_vocabs: cl100k_base, o200k_base ($TIKTOKEN) and llama3 ($LLAMA3_JS) in $dir"

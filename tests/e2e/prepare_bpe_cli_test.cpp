@@ -1,0 +1,95 @@
+// `trident prepare` with a tiktoken vocabulary on the command line, then `trident train`
+// on its uint32 shards: the vocabulary's size and document token reach the shards, a
+// model whose vocabulary is too small for them exits 2 naming the shard and the id, and
+// the failures of --tokenizer / --tokenizer-pattern exit 2 naming the option or file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "data/token_file.h"
+#include "tests/data/vocab_files.h"
+#include "tests/e2e/checkpoint_util.h"
+#include "tests/e2e/cli_util.h"
+
+namespace trident {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_command;
+using testing::trident_binary;
+
+std::string train_config(const testing::ScratchDir& dir, int64_t vocab) {
+  return "model: {arch: gpt2, vocab_size: " + std::to_string(vocab) +
+         ", seq_len: 16, n_layers: 1, n_heads: 2, d_model: 16}\n"
+         "data: {train: " + dir.file("out/train_*.bin") + ", val: " + dir.file("out/val_*.bin") +
+         ", shuffle: false}\n"
+         "parallel: {micro_batch_size: 2}\n"
+         "training: {global_batch_size: 2, max_steps: 4, lr: 0.003, lr_schedule: constant}\n"
+         "checkpoint: {dir: " + dir.file("ckpt") + "}\n"
+         "logging: {metrics: " + dir.file("metrics.jsonl") + ", log_interval: 1000}\n";
+}
+
+TEST(PrepareBpeCli, Cl100kShardsTrainAndFailures) {
+  testing::ScratchDir dir;
+  std::string text;
+  for (int i = 0; i < 60; ++i) {
+    text += "It is a truth universally acknowledged, that a single man in possession of a good "
+            "fortune, must be in want of a wife. 中文 " + std::to_string(i) + "\n";
+  }
+  dir.write("a.txt", text);
+  dir.write("b.txt", text);
+  const std::string env = "TRIDENT_VOCAB_DIR=" + testing::vocab_dir() + " ";
+  const std::string base = trident_binary() + " prepare --input " + dir.file("a.txt") + " " +
+                           dir.file("b.txt");
+
+  auto ok = run_command(env + base + " --out " + dir.file("out") +
+                        " --tokenizer cl100k_base --val-fraction 0.1");
+  ASSERT_EQ(ok.exit_code, 0) << testing::vocab_missing_hint() << "\n" << ok.output;
+  EXPECT_NE(ok.output.find("(tokenizer cl100k_base, vocab 100277, format llmc)"), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("documents: 2\n"), std::string::npos) << ok.output;
+  auto shard = TokenFile::open(dir.file("out/train_000000.bin"));
+  ASSERT_TRUE(shard.is_ok()) << shard.status().message();
+  EXPECT_EQ(shard->version(), 7);
+  EXPECT_EQ(shard->token(0), 100257u);  // <|endoftext|> before the first document
+
+  // The model takes the data as it is; a vocabulary below the ids is refused at start-up.
+  dir.write("train.yaml", train_config(dir, 100277));
+  auto train = run_command("OMP_WAIT_POLICY=passive " + trident_binary() + " train --config " +
+                           dir.file("train.yaml"));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const auto losses = testing::metrics_losses(dir.file("metrics.jsonl"));
+  ASSERT_EQ(losses.size(), 4u) << train.output;
+  // Near ln(100277) = 11.5 at the start: a uniform guess over the whole vocabulary.
+  EXPECT_NEAR(std::stod(losses.begin()->second), std::log(100277.0), 1.0);
+  dir.write("small.yaml", train_config(dir, 50304));
+  auto small = run_command(trident_binary() + " train --config " + dir.file("small.yaml"));
+  EXPECT_EQ(small.exit_code, 2) << small.output;
+  EXPECT_NE(small.output.find("is >= model.vocab_size 50304"), std::string::npos) << small.output;
+
+  auto missing = run_command("TRIDENT_VOCAB_DIR=" + dir.file("none") + " " + base +
+                             " --out " + dir.file("o2") + " --tokenizer o200k_base");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("trident prepare: o200k_base tokenizer files not found: " +
+                                dir.file("none") + "/o200k_base.tiktoken (run "
+                                "scripts/fetch_vocabs.sh"),
+            std::string::npos)
+      << missing.output;
+
+  const std::string rank_file = testing::vocab_dir() + "/llama3.tiktoken";
+  auto no_pattern = run_command(base + " --out " + dir.file("o3") + " --tokenizer " + rank_file);
+  EXPECT_EQ(no_pattern.exit_code, 2) << no_pattern.output;
+  EXPECT_NE(no_pattern.output.find("a rank file needs --tokenizer-pattern"), std::string::npos)
+      << no_pattern.output;
+  auto by_path = run_command(base + " --out " + dir.file("o3") + " --tokenizer " + rank_file +
+                             " --tokenizer-pattern llama3 --format megatron");
+  ASSERT_EQ(by_path.exit_code, 0) << by_path.output;
+  EXPECT_NE(by_path.output.find("vocab 128256, format megatron)"), std::string::npos)
+      << by_path.output;
+  EXPECT_FALSE(fs::exists(dir.file("o2")));
+}
+
+}  // namespace
+}  // namespace trident
