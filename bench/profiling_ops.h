@@ -135,6 +135,14 @@ class ProfilingOps : public testing::ForwardingOps {
     Scope s(this, "attention_backward", 8.0 * B * NH * static_cast<double>(T) * T * HD, 0);
     inner_.attention_backward(dq, dk, dv, dout, out, state, q, k, v, B, T, NH, NKV, HD);
   }
+  // The Tq x (pos + Tq) products, as attention_forward's count.
+  void attention_cached_forward(DevPtr out, DevPtr q, DevPtr k_cache, DevPtr v_cache, int B,
+                                int Tq, int pos, int capacity, int NH, int NKV,
+                                int HD) override {
+    Scope s(this, "attention_cached_forward",
+            4.0 * B * NH * static_cast<double>(Tq) * (pos + Tq) * HD, 0);
+    inner_.attention_cached_forward(out, q, k_cache, v_cache, B, Tq, pos, capacity, NH, NKV, HD);
+  }
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Scope s(this, "gelu_forward", 0, bytes_of(n, {out, inp}));
     inner_.gelu_forward(out, inp, n);

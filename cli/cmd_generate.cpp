@@ -241,8 +241,8 @@ int cmd_generate(const std::vector<std::string>& args) {
         "50257, or padded up to 50304)"));
   }
 
-  // The CPU backend, whatever runtime.device trained the checkpoint: the decoder's
-  // single-token attention runs on host copies (model/kv_cache_decoder.h).
+  // The CPU backend, whatever runtime.device trained the checkpoint (the decoder runs on
+  // any Ops; a CUDA generate is not wired up here).
   auto made = make_ops(DeviceKind::kCpu, /*threads=*/0, /*ranks_sharing_cores=*/1);
   if (!made.is_ok()) return fail(made.status());
   std::unique_ptr<Ops> ops = std::move(made).value();

@@ -88,6 +88,11 @@ class ForwardingOps : public Ops {
                           int HD) override {
     inner_.attention_backward(dq, dk, dv, dout, out, state, q, k, v, B, T, NH, NKV, HD);
   }
+  void attention_cached_forward(DevPtr out, DevPtr q, DevPtr k_cache, DevPtr v_cache, int B,
+                                int Tq, int pos, int capacity, int NH, int NKV,
+                                int HD) override {
+    inner_.attention_cached_forward(out, q, k_cache, v_cache, B, Tq, pos, capacity, NH, NKV, HD);
+  }
 
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override { inner_.gelu_forward(out, inp, n); }
   void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) override {

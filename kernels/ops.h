@@ -194,6 +194,23 @@ class Ops {
   virtual void attention_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
                                   DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T, int NH,
                                   int NKV, int HD) = 0;
+  // Forward-only attention of new queries over a key/value cache (inference: the model's
+  // cache mode, model/transformer.h). q[B, Tq, NH, HD] holds the queries at absolute
+  // positions pos .. pos+Tq-1 of each sequence; k_cache and v_cache [B, capacity, NKV, HD]
+  // hold each sequence's keys and values by absolute position, of which positions
+  // 0 .. pos+Tq-1 are read (the caller has written the new ones, pos .. pos+Tq-1, before
+  // the call) and the rest never are. The mask is causal by absolute position: query row
+  // i (position pos + i) attends to key positions 0 .. pos + i. `pos` is thus an offset of
+  // the query positions against the key/value positions, the same offset a
+  // context-parallel rank's causal mask needs for its block of queries. Scale 1/sqrt(HD);
+  // query head h reads kv head h / (NH / NKV). out[B, Tq, NH, HD] (overwritten). q, the
+  // caches and out share one F dtype; the softmax is computed in fp32. No state and no
+  // backward. Requires Tq >= 1, pos >= 0, pos + Tq <= capacity, NH % NKV == 0.
+  // With pos = 0, Tq = capacity = T the result is attention_forward's out on the same q,
+  // k, v (bitwise on the CPU, whose two ops share one kernel).
+  virtual void attention_cached_forward(DevPtr out, DevPtr q, DevPtr k_cache, DevPtr v_cache,
+                                        int B, int Tq, int pos, int capacity, int NH, int NKV,
+                                        int HD) = 0;
 
   // ---- pointwise ----------------------------------------------------------------
   // GELU, tanh approximation (GPT-2).

@@ -52,8 +52,7 @@ GenerateResult generate(KvCacheDecoder& decoder, std::span<const int32_t> prompt
                     "prompt of " + std::to_string(prompt.size()) + " tokens");
   GenerateResult result;
   decoder.reset();
-  const std::vector<float>* logits = nullptr;
-  for (int32_t t : prompt) logits = &decoder.step(t);
+  const std::vector<float>* logits = &decoder.feed(prompt);  // the prefill: one forward
   for (int i = 0; i < max_new_tokens; ++i) {
     if (i > 0) {
       if (decoder.position() >= decoder.max_positions()) {

@@ -1,6 +1,6 @@
 // Text generation on a KvCacheDecoder: choosing the next token from logits (greedy,
-// temperature, top-k) and the decode loop (feed the prompt, then sample until
-// max_new_tokens or the end of the model's context).
+// temperature, top-k) and the decode loop (prefill the prompt in one forward, then sample
+// and feed one token at a time until max_new_tokens or the end of the model's context).
 //
 // Sampling (choose_token), over the first `vocab_limit` logits only (the tokenizer's ids;
 // padded columns and ids the tokenizer cannot decode are never chosen):
@@ -39,7 +39,7 @@ struct GenerateResult {
 };
 
 // Resets the decoder, feeds `prompt` (non-empty, ids < vocab_size, at most
-// max_positions()), then chooses up to max_new_tokens tokens, calling on_token (if set)
+// max_positions()) in one call, then chooses up to max_new_tokens tokens, calling on_token (if set)
 // after each. The last new token is not fed back (its logits are never needed).
 GenerateResult generate(KvCacheDecoder& decoder, std::span<const int32_t> prompt,
                         int max_new_tokens, const SamplingOptions& options, bool keep_logits,

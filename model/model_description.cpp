@@ -84,11 +84,12 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   t.push_back({std::string(out) + ".weight", P::kMlpOutW, Dim::kC, Dim::kF, row});
   if (bias) t.push_back({std::string(out) + ".bias", P::kMlpOutB, Dim::kC, Dim::kOne, row_bias});
 
-  // The buffers backward reads. Both norms keep a mean row (RMSNorm leaves it unused).
+  // The buffers backward reads. LayerNorm keeps a mean and an rstd row, RMSNorm (which
+  // has no mean) an rstd row only.
   auto& b = block->buffers;
   using K = BufferKind;
   b.push_back({"ln1", B::kLn1, Dim::kC, K::kCompute, true});
-  b.push_back({"ln1_mean", B::kLn1Mean, Dim::kOne, K::kStatistic, true});
+  if (norm_bias) b.push_back({"ln1_mean", B::kLn1Mean, Dim::kOne, K::kStatistic, true});
   b.push_back({"ln1_rstd", B::kLn1Rstd, Dim::kOne, K::kStatistic, true});
   b.push_back({"q", B::kQ, Dim::kQ, K::kCompute, false});  // after RoPE
   b.push_back({"k", B::kK, Dim::kKV, K::kCompute, false});
@@ -97,7 +98,7 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   b.push_back({"atty", B::kAtty, Dim::kQ, K::kCompute, false});
   b.push_back({"res2", B::kRes2, Dim::kC, K::kCompute, true});  // residual after attention
   b.push_back({"ln2", B::kLn2, Dim::kC, K::kCompute, true});
-  b.push_back({"ln2_mean", B::kLn2Mean, Dim::kOne, K::kStatistic, true});
+  if (norm_bias) b.push_back({"ln2_mean", B::kLn2Mean, Dim::kOne, K::kStatistic, true});
   b.push_back({"ln2_rstd", B::kLn2Rstd, Dim::kOne, K::kStatistic, true});
   b.push_back({"h1", B::kH1, Dim::kF, K::kCompute, false});  // fc / gate output
   if (a.swiglu()) b.push_back({"h2", B::kH2, Dim::kF, K::kCompute, false});  // up output
@@ -214,6 +215,20 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
 
 // ---- activations -----------------------------------------------------------------------
 
+namespace {
+
+BufferDesc buffer(std::string name, double elements, DType dtype, bool kept = true) {
+  BufferDesc b;
+  b.name = std::move(name);
+  b.dtype = dtype;
+  b.elements = elements;
+  b.bytes = elements * static_cast<double>(dtype_size(dtype));
+  b.kept = kept;
+  return b;
+}
+
+}  // namespace
+
 ActivationDescription describe_activations(const TransformerConfig& c,
                                            const ActivationShape& s) {
   TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
@@ -229,54 +244,92 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   const double kv = double(c.n_kv_heads / s.tp_size) * c.head_dim;
   const DimSizes local{C, q, kv, F};
   const bool last = s.last_stage, swiglu = architecture(c.arch).swiglu();
+  const bool layer_norm = architecture(c.arch).layer_norm();
   const DType cd = s.compute, f32 = DType::kF32, i32 = DType::kI32;
-  auto buf = [](std::string name, double elements, DType dtype, bool kept = true) {
-    BufferDesc b;
-    b.name = std::move(name);
-    b.dtype = dtype;
-    b.elements = elements;
-    b.bytes = elements * static_cast<double>(dtype_size(dtype));
-    b.kept = kept;
-    return b;
-  };
   ActivationDescription d;
   // Compute tensors (activations and their gradients, logits) are of the compute dtype;
   // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
-  d.globals = {buf("tokens", N, i32),
-               buf("targets", last ? N : 0, i32),
-               buf("lnf", last ? N * C : 0, cd),  // the head's input: all rows (gathered)
-               buf("lnf_mean", last ? n : 0, f32),
-               buf("lnf_rstd", last ? n : 0, f32),
-               buf("logits", last ? N * Vl : 0, cd),
-               buf("losses", last ? N : 0, f32),
-               buf("xent_max", last ? N : 0, f32),
-               buf("xent_sums", last ? 2 * N : 0, f32)};
-  d.residual = buf("x", n * C, cd);
+  d.globals = {buffer("tokens", N, i32),
+               buffer("targets", last ? N : 0, i32),
+               buffer("lnf", last ? N * C : 0, cd),  // the head's input: all rows (gathered)
+               buffer("lnf_mean", last && layer_norm ? n : 0, f32),  // RMSNorm: no mean
+               buffer("lnf_rstd", last ? n : 0, f32),
+               buffer("logits", last ? N * Vl : 0, cd),
+               buffer("losses", last ? N : 0, f32),
+               buffer("xent_max", last ? N : 0, f32),
+               buffer("xent_sums", last ? 2 * N : 0, f32)};
+  d.residual = buffer("x", n * C, cd);
   for (const LayerBuffer& b : describe_block(c).buffers) {
     BufferDesc out;
     if (b.kind == BufferKind::kAttentionState) {
-      out = buf(b.name, s.attention_state_bytes, DType::kU8);
+      out = buffer(b.name, s.attention_state_bytes, DType::kU8);
     } else {
-      out = buf(b.name, (b.sharded ? n : N) * local.of(b.width),
-                b.kind == BufferKind::kCompute ? cd : f32);
+      out = buffer(b.name, (b.sharded ? n : N) * local.of(b.width),
+                   b.kind == BufferKind::kCompute ? cd : f32);
     }
     out.role = b.role;
     out.shared = s.recompute == Recompute::kFull ||
                  (s.recompute == Recompute::kSelective && b.selective);
     d.layer.push_back(std::move(out));
   }
-  d.scratch = {buf("dx", n * C, cd, false),
-               buf("dln", N * C, cd, false),
-               buf("dq", N * q, cd, false),
-               buf("dk", N * kv, cd, false),
-               buf("dv", N * kv, cd, false),
-               buf("datty", N * q, cd, false),
-               buf("dh1", N * F, cd, false),
-               buf("dh2", swiglu ? N * F : 0, cd, false),
-               buf("dh_act", N * F, cd, false),
-               buf("gather", sp ? N * C : 0, cd, false),
-               buf("dln_local", sp ? n * C : 0, cd, false),
-               buf("norm_grads", sp ? 4 * C : 0, f32, false)};
+  d.scratch = {buffer("dx", n * C, cd, false),
+               buffer("dln", N * C, cd, false),
+               buffer("dq", N * q, cd, false),
+               buffer("dk", N * kv, cd, false),
+               buffer("dv", N * kv, cd, false),
+               buffer("datty", N * q, cd, false),
+               buffer("dh1", N * F, cd, false),
+               buffer("dh2", swiglu ? N * F : 0, cd, false),
+               buffer("dh_act", N * F, cd, false),
+               buffer("gather", sp ? N * C : 0, cd, false),
+               buffer("dln_local", sp ? n * C : 0, cd, false),
+               buffer("norm_grads", sp ? 4 * C : 0, f32, false)};
+  return d;
+}
+
+// ---- the key/value cache -----------------------------------------------------------------
+
+double KvCacheDescription::bytes(int local_layers) const {
+  double total = local_layers * (keys.bytes + values.bytes) + 2 * forward.residual.bytes;
+  for (const BufferDesc& b : forward.globals) total += b.bytes;
+  for (const BufferDesc& b : forward.layer) total += b.bytes;
+  return total;
+}
+
+KvCacheDescription describe_kv_cache(const TransformerConfig& c, const KvCacheShape& s) {
+  TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
+  TRIDENT_CHECK_MSG(s.batch > 0 && s.capacity > 0 && s.max_new > 0 && s.tp_size > 0,
+                    "kv cache: batch " + std::to_string(s.batch) + ", capacity " +
+                        std::to_string(s.capacity) + ", max_new " + std::to_string(s.max_new));
+  KvCacheDescription d;
+  const double kv = double(c.n_kv_heads / s.tp_size) * c.head_dim;
+  const double elements = double(s.batch) * s.capacity * kv;
+  d.keys = buffer("k_cache", elements, s.compute);
+  d.values = buffer("v_cache", elements, s.compute);
+  // The forward's buffers are the training forward's for batch x max_new token rows, with
+  // every layer buffer in the one shared set (full recomputation's layout: nothing is kept
+  // per layer) and no attention state.
+  TransformerConfig rows = c;
+  rows.seq_len = s.max_new;
+  ActivationShape a;
+  a.micro_batch_size = s.batch;
+  a.tp_size = s.tp_size;
+  a.last_stage = true;
+  a.compute = s.compute;
+  a.recompute = Recompute::kFull;
+  a.attention_state_bytes = 0;
+  d.forward = describe_activations(rows, a);
+  d.forward.scratch.clear();
+  using namespace buffers;
+  const double head_rows = s.all_logits ? 1.0 : 1.0 / s.max_new;  // of batch x max_new
+  for (int g : {kLnf, kLnfMean, kLnfRstd, kLogits}) {
+    BufferDesc& b = d.forward.globals[static_cast<size_t>(g)];
+    b = buffer(b.name, b.elements * head_rows, b.dtype);
+  }
+  for (int g : {kTargets, kLosses, kXentMax, kXentSums}) {
+    BufferDesc& b = d.forward.globals[static_cast<size_t>(g)];
+    b = buffer(b.name, 0, b.dtype);
+  }
   return d;
 }
 

@@ -1,9 +1,10 @@
 // The model description: for a TransformerConfig and one rank's part of it, the one list
 // of the model's parameter tensors (name, global and local shape, tensor-parallel split,
 // group), its activation buffers (rows, width, dtype, whether recomputation moves them
-// into the shared set) and its FLOPs per layer (forward, backward, recompute).
+// into the shared set), the buffers of a key/value cache for its cached forward, and its
+// FLOPs per layer (forward, backward, recompute).
 //
-// The Transformer allocates from it (its parameter table and activation arenas), and the
+// The Transformer allocates from it (its parameter table, activation arenas and caches), and the
 // planners only sum it: the memory plan (plan/memory_plan.h), the traffic model
 // (plan/traffic_model.h) and `trident plan`'s compute time. A layer's rows come from
 // its family's block builder (model/architecture.h): a family whose block has one more
@@ -177,6 +178,33 @@ struct ActivationDescription {
 };
 ActivationDescription describe_activations(const TransformerConfig& config,
                                            const ActivationShape& shape);
+
+// ---- the key/value cache (Transformer::forward_cached) ------------------------------------
+
+struct KvCacheShape {
+  int batch = 1;     // sequences
+  int capacity = 0;  // positions per sequence
+  int max_new = 0;   // new tokens per sequence one cached forward takes at most (a prefill)
+  int tp_size = 1;
+  DType compute = DType::kF32;
+  bool all_logits = false;  // the head on every new token, else on each sequence's last
+};
+
+struct KvCacheDescription {
+  // Per local layer: the keys and the values of this rank's kv heads,
+  // [batch][capacity][kv_dim local], compute dtype.
+  BufferDesc keys, values;
+  // The buffers of one cached forward of batch x max_new tokens: describe_activations'
+  // globals and layer buffers, the layer ones one set for every layer (shared: nothing is
+  // kept for a backward), no attention state (the cached attention keeps none), the
+  // residual stream in two buffers (the layers alternate between them), no scratch. The
+  // head's buffers (lnf, its statistics, logits) have batch rows unless all_logits; the
+  // loss's (targets, losses, cross-entropy statistics) none.
+  ActivationDescription forward;
+  // What a cache of a stage with `local_layers` layers allocates.
+  double bytes(int local_layers) const;
+};
+KvCacheDescription describe_kv_cache(const TransformerConfig& config, const KvCacheShape& shape);
 
 // ---- FLOPs -----------------------------------------------------------------------------
 

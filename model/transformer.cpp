@@ -148,7 +148,7 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   const auto& c = config_;
   TRIDENT_CHECK_MSG(c.head_dim > 0 && c.padded_vocab >= c.vocab_size,
                     "TransformerConfig must be finalize()d");
-  TRIDENT_CHECK(micro_batch_size > 0 && num_slots > 0);
+  TRIDENT_CHECK(micro_batch_size > 0 && num_slots >= 0);
   if (part_.layer_end < 0) part_.layer_end = c.n_layers;
   micro_batch_size_ = micro_batch_size;
   num_slots_ = num_slots;
@@ -200,6 +200,7 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
 
 void Transformer::allocate_activations() {
   const auto& c = config_;
+  if (num_slots_ == 0) return;  // cache mode only: forward_cached brings its buffers
   ActivationShape shape;
   shape.micro_batch_size = micro_batch_size_;
   shape.tp_size = tp_.size();
@@ -282,22 +283,33 @@ Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const
   return p;
 }
 
+namespace {
+
+// The block's view of buffers listed in describe_block order: buffer i (role roles[i]) is
+// ptr_of(i).
+template <class PtrOf>
+Transformer::LayerActs bind_layer_acts(const std::vector<BufferRole>& roles, PtrOf ptr_of) {
+  Transformer::LayerActs a;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i] == BufferRole::kNone) continue;  // allocated, not read by this block
+    a.*kBufferField[static_cast<size_t>(roles[i])] = ptr_of(i);
+  }
+  return a;
+}
+
+}  // namespace
+
 Transformer::LayerActs Transformer::layer_acts(int slot, int local_layer) const {
   const size_t count = buffer_roles_.size();
   const int base = kSlotGlobals + n_local_layers_ + 1 + local_layer * static_cast<int>(count);
-  LayerActs a;
-  for (size_t i = 0; i < count; ++i) {
-    if (buffer_roles_[i] == BufferRole::kNone) continue;  // allocated, not read by this block
-    DevPtr LayerActs::*field = kBufferField[static_cast<size_t>(buffer_roles_[i])];
+  return bind_layer_acts(buffer_roles_, [&](size_t i) {
     const size_t shared_off = shared_offsets_[i];
     if (shared_off != kAbsent) {  // recomputed: one set for every layer and slot
       const DType dtype = slot_dtypes_[static_cast<size_t>(base) + i];
-      a.*field = shared_.get().byte_offset(shared_off).as(dtype);
-    } else {
-      a.*field = act(slot, base + static_cast<int>(i));
+      return shared_.get().byte_offset(shared_off).as(dtype);
     }
-  }
-  return a;
+    return act(slot, base + static_cast<int>(i));
+  });
 }
 
 DevPtr Transformer::group_param(int group, const char* name) {
@@ -396,7 +408,14 @@ void Transformer::zero_grads() { zero_elements(grad_data(), num_param_floats());
 
 void Transformer::zero_elements(DevPtr p, size_t n) { ops_.zero(p, n * dtype_size(p.dtype())); }
 
+void Transformer::check_slots(const char* call) const {
+  TRIDENT_CHECK_MSG(num_slots_ > 0, std::string(call) +
+                                        ": this model has no activation slots (num_slots 0: "
+                                        "built for forward_cached only)");
+}
+
 std::vector<float> Transformer::logits_to_host() const {
+  check_slots("logits_to_host");
   const SlotInfo& s = slot_info_[0];
   const size_t n = static_cast<size_t>(s.B) * s.T * static_cast<size_t>(vocab_local_);
   std::vector<float> host(n);
@@ -433,6 +452,7 @@ DevPtr Transformer::input_grad() { return scratch(kDx); }
 void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, int B,
                                 int T) {
   const auto& c = config_;
+  check_slots("forward_stage");
   TRIDENT_CHECK_MSG(slot >= 0 && slot < num_slots_ && B >= 1 && B <= micro_batch_size_ &&
                         T >= 1 && T <= c.seq_len,
                     "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
@@ -469,13 +489,19 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
 }
 
 void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T) {
+  block_forward(layer, layer_acts(slot, layer - part_.layer_begin), x_in, x_out, B, T, nullptr);
+}
+
+void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B,
+                                int T, const CachedKv* cache) {
   const auto& c = config_;
   const LayerParams p = layer_params(layer, store_->params(1 + layer));
-  const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of x, the norms and res2 (N/tp: sequence parallel)
   const Architecture& arch = c.family();
-  DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
+  // Sequence parallelism's [N, C] workspace, else null (cache mode has no scratch).
+  DevPtr work = tp_.sequence_parallel() ? scratch(kGather) : DevPtr();
+  const int pos = cache != nullptr ? cache->pos : 0;  // of the first of the T tokens
 
   if (arch.layer_norm()) {
     ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, n, C, c.norm_eps);
@@ -487,10 +513,25 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
   k_.forward(a.k, ln1, p.k_w, p.k_b, N);
   v_.forward(a.v, ln1, p.v_w, p.v_b, N);
   if (arch.rope()) {
-    ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, 0);
-    ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, 0);
+    ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, pos);
+    ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, pos);
   }
-  ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  if (cache == nullptr) {
+    ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  } else {
+    // The new keys and values join the cache at their positions; the queries attend over
+    // every cached position up to their own.
+    const size_t kv_dim = static_cast<size_t>(kv_heads_) * HD;
+    const size_t bytes = static_cast<size_t>(T) * kv_dim * dtype_size(a.k.dtype());
+    for (int b = 0; b < B; ++b) {
+      const size_t row = (static_cast<size_t>(b) * cache->capacity + pos) * kv_dim;
+      const size_t src = static_cast<size_t>(b) * T * kv_dim;
+      ops_.copy(cache->keys + row, a.k + src, bytes);
+      ops_.copy(cache->values + row, a.v + src, bytes);
+    }
+    ops_.attention_cached_forward(a.atty, a.q, cache->keys, cache->values, B, T, pos,
+                                  cache->capacity, heads_, kv_heads_, HD);
+  }
   // res2 = x_in + attn.o(atty), summed over the tp ranks' heads
   o_.forward(a.res2, a.atty, p.o_w, p.o_b, N, work);
   ops_.add(a.res2, a.res2, x_in, static_cast<size_t>(n) * C);
@@ -515,8 +556,20 @@ void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, 
 }
 
 void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
+  const int N = B * T;
+  DevPtr logits = act(slot, kLogits);
+  final_norm_and_head(act(slot, x_index(n_local_layers_)), act(slot, kLnf), act(slot, kLnfMean),
+                      act(slot, kLnfRstd), logits, N);
+  if (!with_loss) return;
+
+  xent_.forward(act(slot, kLosses), act(slot, kXentMax), act(slot, kXentSums), logits,
+                act(slot, kTargets).as(DType::kI32), N);
+}
+
+void Transformer::final_norm_and_head(DevPtr xL, DevPtr lnf, DevPtr lnf_mean, DevPtr lnf_rstd,
+                                      DevPtr logits, int N) {
   const auto& c = config_;
-  const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
+  const int L = c.n_layers, C = c.d_model, head_group = L + 1;
   const int n = tp_.local_rows(N);
   // A tied head in a one-stage model reads wte from the embedding group.
   const bool head_in_embeddings = c.tied() && part_.first_stage();
@@ -525,34 +578,152 @@ void Transformer::head_forward(int slot, int B, int T, bool with_loss) {
   // The head reads all N rows of the final norm: with sequence parallelism this rank's
   // rows are normed in the workspace and gathered into kLnf (kept for the head's weight
   // gradient).
-  DevPtr lnf = act(slot, kLnf);
   DevPtr lnf_rows = tp_.sequence_parallel() ? scratch(kGather) : lnf;
-  DevPtr xL = act(slot, x_index(n_local_layers_));
   DevPtr lnf_w = group_param(head_group, "lnf.weight");
   if (c.family().layer_norm()) {
-    ops_.layernorm_forward(lnf_rows, act(slot, kLnfMean), act(slot, kLnfRstd), xL, lnf_w,
+    ops_.layernorm_forward(lnf_rows, lnf_mean, lnf_rstd, xL, lnf_w,
                            group_param(head_group, "lnf.bias"), n, C, c.norm_eps);
   } else {
-    ops_.rmsnorm_forward(lnf_rows, act(slot, kLnfRstd), xL, lnf_w, n, C, c.norm_eps);
+    ops_.rmsnorm_forward(lnf_rows, lnf_rstd, xL, lnf_w, n, C, c.norm_eps);
   }
   if (tp_.sequence_parallel()) tp_.gather_rows(lnf_rows, lnf, N, C, "head input");
   DevPtr head = head_in_embeddings ? group_param(0, "wte")
                 : c.tied()         ? group_param(head_group, "wte")
                                    : group_param(head_group, "lm_head.weight");
-  DevPtr logits = act(slot, kLogits);
   head_.forward(logits, lnf, head, DevPtr(), N);
   if (head_in_embeddings) store_->release(0, Phase::kForward);
   store_->release(head_group, Phase::kForward);
-  if (!with_loss) return;
+}
 
-  xent_.forward(act(slot, kLosses), act(slot, kXentMax), act(slot, kXentSums), logits,
-                act(slot, kTargets).as(DType::kI32), N);
+// ---- cache mode ----------------------------------------------------------------------------
+
+KvCache Transformer::make_kv_cache(int batch, int capacity, int max_new, bool all_logits) {
+  const auto& c = config_;
+  TRIDENT_CHECK_MSG(capacity >= 1 && capacity <= c.max_seq_len,
+                    "KV cache capacity " + std::to_string(capacity) + " is not in [1, " +
+                        std::to_string(c.max_seq_len) + "] (model.max_seq_len)");
+  TRIDENT_CHECK_MSG(max_new >= 1 && max_new <= capacity,
+                    "KV cache: max_new " + std::to_string(max_new) + " is not in [1, capacity " +
+                        std::to_string(capacity) + "]");
+  KvCacheShape shape;
+  shape.batch = batch;
+  shape.capacity = capacity;
+  shape.max_new = max_new;
+  shape.tp_size = tp_.size();
+  shape.compute = compute_dtype_;
+  shape.all_logits = all_logits;
+  const KvCacheDescription d = describe_kv_cache(c, shape);
+  KvCache cache;
+  cache.batch_ = batch;
+  cache.capacity_ = capacity;
+  cache.max_new_ = max_new;
+  cache.all_logits_ = all_logits;
+  cache.layer_elements_ = static_cast<size_t>(d.keys.elements);
+  const size_t layers = static_cast<size_t>(n_local_layers_);
+  cache.keys_ = DeviceBuffer(ops_, std::max<size_t>(1, layers * static_cast<size_t>(d.keys.bytes)));
+  cache.values_ =
+      DeviceBuffer(ops_, std::max<size_t>(1, layers * static_cast<size_t>(d.values.bytes)));
+  const std::vector<BufferDesc>& globals = d.forward.globals;
+  Arena arena;
+  std::vector<size_t> global_off, layer_off;
+  auto reserve = [&](const BufferDesc& b) {
+    return b.bytes > 0 ? arena.reserve(static_cast<size_t>(b.bytes)) : kAbsent;
+  };
+  for (const BufferDesc& b : globals) global_off.push_back(reserve(b));
+  const size_t x0 = reserve(d.forward.residual), x1 = reserve(d.forward.residual);
+  for (const BufferDesc& b : d.forward.layer) layer_off.push_back(reserve(b));
+  cache.work_ = DeviceBuffer(ops_, std::max<size_t>(1, arena.total_bytes()));
+  auto view = [&](size_t off, DType dtype) {
+    return off == kAbsent ? DevPtr() : cache.work_.get().byte_offset(off).as(dtype);
+  };
+  for (size_t i = 0; i < globals.size(); ++i) {
+    cache.globals_.push_back(view(global_off[i], globals[i].dtype));
+  }
+  cache.x_ = {view(x0, d.forward.residual.dtype), view(x1, d.forward.residual.dtype)};
+  for (size_t i = 0; i < d.forward.layer.size(); ++i) {
+    cache.layer_.push_back(view(layer_off[i], d.forward.layer[i].dtype));
+    cache.roles_.push_back(d.forward.layer[i].role);
+  }
+  return cache;
+}
+
+void Transformer::forward_cached(const int32_t* tokens, int B, int T, KvCache& cache) {
+  const auto& c = config_;
+  TRIDENT_CHECK_MSG(part_.first_stage() && part_.last_stage(),
+                    "forward_cached runs a whole model: cache mode has no pipeline stages "
+                    "(pp > 1 is not supported)");
+  TRIDENT_CHECK_MSG(tp_.size() == 1,
+                    "forward_cached: cache mode does not support tensor (or sequence) "
+                    "parallelism, tp " + std::to_string(tp_.size()));
+  TRIDENT_CHECK_MSG(cache.capacity_ > 0 && cache.layer_elements_ > 0,
+                    "forward_cached needs a cache from make_kv_cache");
+  TRIDENT_CHECK_MSG(B >= 1 && B <= cache.batch_ && T >= 1 && T <= cache.max_new_,
+                    "forward_cached: B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                        " (the cache takes batch " + std::to_string(cache.batch_) +
+                        ", max_new " + std::to_string(cache.max_new_) + ")");
+  const int pos = cache.position_;
+  TRIDENT_CHECK_MSG(pos + T <= cache.capacity_,
+                    "KV cache full: " + std::to_string(pos) + " positions filled + " +
+                        std::to_string(T) + " new tokens exceed its capacity of " +
+                        std::to_string(cache.capacity_) + " positions");
+  const int N = B * T, C = c.d_model;
+  const auto global = [&](int g) { return cache.globals_[static_cast<size_t>(g)]; };
+  DevPtr d_tokens = global(kTokens).as(DType::kI32);
+  ops_.upload(d_tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  store_->acquire(0, Phase::kForward);
+  DevPtr wte = group_param(0, "wte");
+  // Learned positions: wpe's rows pos.. are the table the embedding indexes by t.
+  DevPtr wpe = c.family().learned_positions()
+                   ? group_param(0, "wpe") + static_cast<size_t>(pos) * C
+                   : DevPtr();
+  embedding_.forward(cache.x_[0], d_tokens, wte, wpe, B, T, DevPtr());
+  store_->release(0, Phase::kForward);
+
+  const LayerActs a =
+      bind_layer_acts(cache.roles_, [&](size_t i) { return cache.layer_[i]; });
+  for (int l = 0; l < n_local_layers_; ++l) {
+    const int layer = part_.layer_begin + l;
+    const size_t off = static_cast<size_t>(l) * cache.layer_elements_;
+    const CachedKv kv{cache.keys_.as(compute_dtype_) + off, cache.values_.as(compute_dtype_) + off,
+                      pos, cache.capacity_};
+    store_->acquire(1 + layer, Phase::kForward);
+    block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv);
+    store_->release(1 + layer, Phase::kForward);
+  }
+  DevPtr xL = cache.x_[n_local_layers_ % 2];
+  int rows = N;
+  if (!cache.all_logits_ && T > 1) {
+    // Only each sequence's last row goes through the head: gathered into the other
+    // residual buffer (free by now).
+    DevPtr last = cache.x_[(n_local_layers_ + 1) % 2];
+    const size_t row_bytes = static_cast<size_t>(C) * dtype_size(xL.dtype());
+    for (int b = 0; b < B; ++b) {
+      ops_.copy(last + static_cast<size_t>(b) * C,
+                xL + (static_cast<size_t>(b) * T + T - 1) * C, row_bytes);
+    }
+    xL = last;
+  }
+  if (!cache.all_logits_) rows = B;
+  final_norm_and_head(xL, global(kLnf), global(kLnfMean), global(kLnfRstd), global(kLogits),
+                      rows);
+  cache.position_ = pos + T;
+  cache.last_B_ = B;
+  cache.last_T_ = T;
+}
+
+std::vector<float> Transformer::cached_logits_to_host(const KvCache& cache) const {
+  TRIDENT_CHECK_MSG(cache.last_B_ > 0, "cached_logits_to_host needs a forward_cached first");
+  const size_t rows = static_cast<size_t>(cache.last_B_) * (cache.all_logits_ ? cache.last_T_ : 1);
+  std::vector<float> host(rows * static_cast<size_t>(vocab_local_));
+  ops_.download_floats(host.data(), cache.globals_[kLogits], host.size());
+  return host;
 }
 
 // ---- backward ----------------------------------------------------------------------------
 
 void Transformer::backward_stage(int slot, float loss_scale) {
   const auto& c = config_;
+  check_slots("backward_stage");
   SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
   const int B = info.B, T = info.T;
   TRIDENT_CHECK_MSG(B > 0, "backward_stage() needs a forward_stage() in slot " + std::to_string(slot));

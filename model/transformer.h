@@ -57,6 +57,16 @@
 // is drawn from Philox keyed by (seed, hash(P)) at counter i: the same global weights
 // for every layout. Weight decay applies to 2-D parameters only.
 //
+// Cache mode (inference): forward_cached runs the same layer code over new tokens at
+// positions [p, p + T) of a KvCache: the embedding (gpt2: wpe rows p..p+T-1), per layer
+// the norms, q/k/v, RoPE at positions p.., the new keys and values written into the
+// cache at p.., Ops::attention_cached_forward over positions 0..p+T-1, attn.o, the MLP and
+// the residuals, then the final norm and the head. A prompt is prefilled in one call and
+// decoding feeds one token per call. One stage, no tensor parallelism (the cache mode is
+// not built for collectives: forward_cached refuses pp > 1 and tp > 1, sequence
+// parallelism included). A model built with num_slots 0 has no training activations and
+// runs forward_cached only (generation: model/kv_cache_decoder.h).
+//
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tensor-parallel layers' tp Communicator (collectives in
 // the same order on every tp rank, as comm/communicator.h requires).
@@ -81,6 +91,40 @@ namespace trident {
 
 class Communicator;
 
+// The key/value cache of Transformer::forward_cached: per local layer the keys (after
+// RoPE) and values of this rank's kv heads at positions [0, capacity) of `batch`
+// sequences, [batch][capacity][kv_dim] in the model's compute dtype, and the buffers of
+// one cached forward of up to batch x max_new new tokens. Sizes: describe_kv_cache
+// (model/model_description.h). Made by Transformer::make_kv_cache, used only with the
+// model that made it. Move-only (it owns device buffers).
+class KvCache {
+ public:
+  KvCache() = default;
+  int batch() const { return batch_; }
+  int capacity() const { return capacity_; }
+  int max_new() const { return max_new_; }
+  bool all_logits() const { return all_logits_; }
+  // Positions filled: the next forward_cached starts here.
+  int position() const { return position_; }
+  // Forgets every position (the next forward_cached starts at 0); no device work.
+  void reset() { position_ = 0; }
+  size_t bytes() const { return keys_.bytes() + values_.bytes() + work_.bytes(); }
+
+ private:
+  friend class Transformer;
+  int batch_ = 0, capacity_ = 0, max_new_ = 0;
+  bool all_logits_ = false;
+  int position_ = 0;
+  int last_B_ = 0, last_T_ = 0;  // the last forward_cached's shape (whose logits are kept)
+  size_t layer_elements_ = 0;    // of one layer's keys (or values)
+  DeviceBuffer keys_, values_;   // local layers x [batch][capacity][kv_dim]
+  DeviceBuffer work_;            // the forward's buffers, views below (null: absent)
+  std::vector<DevPtr> globals_;  // buffers::SlotGlobal order
+  std::array<DevPtr, 2> x_{};    // the residual stream, alternating between layers
+  std::vector<DevPtr> layer_;    // describe_block's buffers, one set for every layer
+  std::vector<BufferRole> roles_;
+};
+
 // Layers per stage: `stage_layers` if given, else contiguous and balanced (earlier
 // stages take the remainder).
 std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>& stage_layers);
@@ -104,7 +148,8 @@ class Transformer {
               DType compute = DType::kF32);
   // One rank's part. `tp` null means no tensor parallelism; `store` null means an own
   // resident store (else it must outlive the model, follow describe_params(config, part) and
-  // have compute_dtype() == compute).
+  // have compute_dtype() == compute). num_slots 0: no activation slots nor backward
+  // scratch (cache mode only: forward_cached's buffers are its KvCache's).
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
               DType compute = DType::kF32, Recompute recompute = Recompute::kNone);
@@ -152,6 +197,20 @@ class Transformer {
   // Logits of the last forward, [B, T, Vp_local] on the host.
   std::vector<float> logits_to_host() const;
 
+  // ---- cache mode (inference: the whole model, no tensor parallelism) -------------------
+  // A cache for `batch` sequences of `capacity` positions (<= max_seq_len) whose calls take
+  // up to max_new new tokens per sequence; `all_logits`: keep the logits of every new
+  // token, else of each sequence's last one only (the head then runs on B rows).
+  KvCache make_kv_cache(int batch, int capacity, int max_new, bool all_logits = false);
+  // Forward of T new tokens per sequence (tokens: host, [B][T]; B <= cache.batch(),
+  // T <= cache.max_new()) at positions cache.position() .. +T-1 (see "Cache mode" above),
+  // then cache.position() += T. CHECK-fails naming the limit when the cache would run past
+  // its capacity ("KV cache full"), and for pipeline stages or tensor parallelism.
+  void forward_cached(const int32_t* tokens, int B, int T, KvCache& cache);
+  // The logits of the last forward_cached on `cache`, on the host (one download): [B, T, Vp]
+  // with all_logits, else [B, Vp] (each sequence's last new token).
+  std::vector<float> cached_logits_to_host(const KvCache& cache) const;
+
   // ---- one pipeline stage --------------------------------------------------------------
   // Forward of a micro-batch kept in activation slot `slot`. The first stage embeds
   // `tokens`; other stages read input_activation(slot). The last stage computes the loss
@@ -175,6 +234,7 @@ class Transformer {
 
  private:
   void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
+  void check_slots(const char* call) const;  // CHECK-fails without activation slots
   void allocate_activations();
   LayerParams layer_params(int layer, DevPtr base) const;
   LayerActs layer_acts(int slot, int local_layer) const;
@@ -191,6 +251,20 @@ class Transformer {
   NormGrads norm_grad_targets(const NormGrads& params);
   void finish_norm_grads(const NormGrads& params, const NormGrads& targets, const char* label);
   void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
+  // One layer's cache in a cached forward: keys and values of layer_elements each, new
+  // rows written at `pos` of each sequence's `capacity` positions.
+  struct CachedKv {
+    DevPtr keys, values;
+    int pos = 0, capacity = 0;
+  };
+  // The layer code of both forwards: `cache` null is the training forward
+  // (attention_forward over the T tokens, its state kept in a.att_state), else the cached
+  // one.
+  void block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B, int T,
+                     const CachedKv* cache);
+  // The final norm of N rows of xL and the head's logits (both forwards).
+  void final_norm_and_head(DevPtr xL, DevPtr lnf, DevPtr lnf_mean, DevPtr lnf_rstd,
+                           DevPtr logits, int N);
   void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);

@@ -67,6 +67,10 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH,
                         int NKV, int HD);
+// The caches are [B, capacity, NKV, HD] (only positions < pos + Tq are read).
+void attention_cached_forward(float* out, const float* q, const float* k_cache,
+                              const float* v_cache, int B, int Tq, int pos, int capacity, int NH,
+                              int NKV, int HD);
 
 // activation.cpp
 void gelu_forward(float* out, const float* inp, size_t n);

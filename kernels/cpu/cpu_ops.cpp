@@ -165,6 +165,28 @@ class F32Out {
 size_t elems(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
 size_t elems(int a, int b, int c, int d) { return elems(a, b) * elems(c, d); }
 
+// The positions [0, keys) of each of B sequences of a [B, capacity, width] key/value cache
+// as f32 rows: the buffer itself (`capacity` rows per sequence), or just those positions
+// widened into scratch (`keys` rows per sequence), so a bf16 cache costs the positions
+// read, not its capacity.
+struct CacheRows {
+  const float* data;
+  int rows_per_sequence;
+};
+CacheRows cache_rows(Call& call, DevPtr p, int B, int keys, int capacity, int width,
+                     const char* arg) {
+  call.expect_float(p, arg);
+  if (p.dtype() == DType::kF32) return {static_cast<const float*>(p.raw()), capacity};
+  const size_t used = elems(keys, width);
+  float* w = call.take(elems(B, 1) * used);
+  for (int b = 0; b < B; ++b) {
+    widen(w + static_cast<size_t>(b) * used,
+          static_cast<const bf16_t*>(p.raw()) + static_cast<size_t>(b) * elems(capacity, width),
+          used);
+  }
+  return {w, keys};
+}
+
 class CpuOps final : public Ops {
  public:
   CpuOps(int threads, bool checked)
@@ -345,6 +367,35 @@ class CpuOps final : public Ops {
                             static_cast<const float*>(c.bytes(state, "state")), B, T, NH, NKV, HD);
   }
 
+  void attention_cached_forward(DevPtr out, DevPtr q, DevPtr k_cache, DevPtr v_cache, int B,
+                                int Tq, int pos, int capacity, int NH, int NKV,
+                                int HD) override {
+    Call c = call("attention_cached_forward");
+    TRIDENT_CHECK_MSG(NKV > 0 && NH % NKV == 0 && B >= 1 && Tq >= 1 && pos >= 0 &&
+                          pos <= capacity - Tq,
+                      "attention_cached_forward B=" + std::to_string(B) + " Tq=" +
+                          std::to_string(Tq) + " pos=" + std::to_string(pos) + " capacity=" +
+                          std::to_string(capacity) + " NH=" + std::to_string(NH) +
+                          " NKV=" + std::to_string(NKV));
+    for (const DevPtr& p : {q, k_cache, v_cache}) {
+      TRIDENT_CHECK_MSG(p.dtype() == out.dtype(),
+                        std::string("cpu attention_cached_forward: q, the caches and out must "
+                                    "share one dtype (out is ") +
+                            dtype_name(out.dtype()) + ", an input " + dtype_name(p.dtype()) + ")");
+    }
+    check_extent(out, elems(B, Tq, NH, HD), "attention_cached_forward", "out");
+    check_extent(q, elems(B, Tq, NH, HD), "attention_cached_forward", "q");
+    check_extent(k_cache, elems(B, capacity, NKV, HD), "attention_cached_forward", "k_cache");
+    check_extent(v_cache, elems(B, capacity, NKV, HD), "attention_cached_forward", "v_cache");
+    const int keys = pos + Tq;
+    F32In q_f(c, q, elems(B, Tq, NH, HD), "q");
+    const CacheRows k = cache_rows(c, k_cache, B, keys, capacity, NKV * HD, "k_cache");
+    const CacheRows v = cache_rows(c, v_cache, B, keys, capacity, NKV * HD, "v_cache");
+    F32Out out_f(c, out, elems(B, Tq, NH, HD), "out", Store::kOverwrite);
+    cpu::attention_cached_forward(out_f, q_f, k.data, v.data, B, Tq, pos, k.rows_per_sequence,
+                                  NH, NKV, HD);
+  }
+
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Call c = call("gelu_forward");
     F32In inp_f(c, inp, n, "inp");
@@ -487,6 +538,17 @@ class CpuOps final : public Ops {
 
  private:
   Call call(const char* op) { return Call(threads_, scratch_, op); }
+  // The checked backend verifies that a buffer holds as many elements as the call's shapes
+  // say: inside a call every checked allocation is accessible, so a read past a too-short
+  // buffer (a cache allocated for fewer positions than `capacity`) would not fault.
+  void check_extent(DevPtr p, size_t elements, const char* op, const char* arg) const {
+    if (!checked_ || p.is_null()) return;
+    const size_t bytes = elements * dtype_size(p.dtype());
+    TRIDENT_CHECK_MSG(device_access_hook() != nullptr &&
+                          device_access_hook()->is_device_range(p.raw(), bytes),
+                      std::string("cpu-checked ") + op + ": argument " + arg + " is not " +
+                          std::to_string(bytes) + " bytes of one device allocation");
+  }
 
   int threads_;
   bool checked_;

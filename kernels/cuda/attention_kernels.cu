@@ -101,6 +101,56 @@ __global__ void softmax_backward_kernel(T* ds, const T* p, const float* dp, int6
   }
 }
 
+// Sum or max over the kCachedAttentionBlock threads, in a fixed order; every thread gets
+// the result. `shared` holds one value per warp; synchronises before and after its use.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* shared) {
+  constexpr int kWarps = kCachedAttentionBlock / 32;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = shared[0];
+  for (int w = 1; w < kWarps; ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
+  return r;
+}
+
+template <class T>
+__global__ void cached_attention_kernel(T* out, const T* q, const T* k, const T* v, float* scores,
+                                        int Tq, int pos, int capacity, int NH, int NKV, int HD,
+                                        float scale) {
+  __shared__ float shared[kCachedAttentionBlock / 32];
+  const int h = blockIdx.x, i = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (NH / NKV);
+  const int keys = pos + i + 1;  // positions 0 .. pos + i
+  const int64_t row = (static_cast<int64_t>(b) * Tq + i) * NH + h;
+  const T* qr = q + row * HD;
+  float* s = scores + row * (pos + Tq);
+  const int64_t kv_row = static_cast<int64_t>(NKV) * HD;
+  const T* kb = k + static_cast<int64_t>(b) * capacity * kv_row + static_cast<int64_t>(kvh) * HD;
+  const T* vb = v + static_cast<int64_t>(b) * capacity * kv_row + static_cast<int64_t>(kvh) * HD;
+  float m = -FLT_MAX;
+  for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+    float dot = 0.0f;
+    for (int e = 0; e < HD; ++e) dot += load(qr, e) * load(kb, j * kv_row + e);
+    s[j] = scale * dot;
+    m = fmaxf(m, s[j]);
+  }
+  m = block_reduce<true>(m, shared);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+    s[j] = expf(s[j] - m);
+    sum += s[j];
+  }
+  sum = block_reduce<false>(sum, shared);  // its __syncthreads also publish every s[j]
+  const float inv = 1.0f / sum;
+  for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < keys; ++j) acc += s[j] * load(vb, j * kv_row + e);
+    store(out + row * HD, e, acc * inv);
+  }
+}
+
 void check_launch(const char* kernel) {
   cudaError_t e = cudaGetLastError();
   TRIDENT_CHECK_MSG(e == cudaSuccess, std::string(kernel) + " launch: " + cudaGetErrorString(e));
@@ -181,6 +231,30 @@ void causal_softmax_backward(void* ds, const void* p, DType dtype, const float* 
         static_cast<__nv_bfloat16*>(ds), static_cast<const __nv_bfloat16*>(p), dp, rows, T, ld, scale);
   }
   check_launch("causal_softmax_backward");
+}
+
+void cached_attention_forward(void* out, const void* q, const void* k_cache, const void* v_cache,
+                              DType dtype, float* scores, int B, int Tq, int pos, int capacity,
+                              int NH, int NKV, int HD, CUstream_st* stream) {
+  check_dtype(dtype, "cached_attention_forward");
+  TRIDENT_CHECK_MSG(B > 0 && Tq > 0 && pos >= 0 && pos + Tq <= capacity && NKV > 0 &&
+                        NH % NKV == 0 && HD > 0 && Tq <= 65535 && B <= 65535,
+                    "cached_attention_forward: B " + std::to_string(B) + " Tq " +
+                        std::to_string(Tq) + " pos " + std::to_string(pos) + " capacity " +
+                        std::to_string(capacity));
+  const dim3 grid(static_cast<unsigned>(NH), static_cast<unsigned>(Tq), static_cast<unsigned>(B));
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  if (dtype == DType::kF32) {
+    cached_attention_kernel<float><<<grid, kCachedAttentionBlock, 0, stream>>>(
+        static_cast<float*>(out), static_cast<const float*>(q), static_cast<const float*>(k_cache),
+        static_cast<const float*>(v_cache), scores, Tq, pos, capacity, NH, NKV, HD, scale);
+  } else {
+    cached_attention_kernel<__nv_bfloat16><<<grid, kCachedAttentionBlock, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(q),
+        static_cast<const __nv_bfloat16*>(k_cache), static_cast<const __nv_bfloat16*>(v_cache),
+        scores, Tq, pos, capacity, NH, NKV, HD, scale);
+  }
+  check_launch("cached_attention_forward");
 }
 
 }  // namespace trident::cuda

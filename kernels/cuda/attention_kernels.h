@@ -1,5 +1,5 @@
 // The plain attention path's own kernels (attention_kernels.cu, one nvcc translation
-// unit); attention_plain.cpp is the only caller. Every launcher takes raw device pointers
+// unit); attention_plain.cpp calls them, and cuda_ops.cpp the cached attention's. Every launcher takes raw device pointers
 // of the dtype it names (f32 or bf16), enqueues on `stream` and CHECK-fails on a launch
 // error. Index arithmetic is 64-bit, so B*H*T*T beyond 2^31 is fine.
 //
@@ -45,5 +45,17 @@ void causal_softmax_forward(void* p, DType p_dtype, const float* s, int64_t rows
 // else 0. p and ds in `dtype`, dp f32. fp32 math; ds rounded once.
 void causal_softmax_backward(void* ds, const void* p, DType dtype, const float* dp, int64_t rows,
                              int T, int64_t ld, float scale, CUstream_st* stream);
+
+// Ops::attention_cached_forward (kernels/ops.h): q and out [B, Tq, NH, HD], the caches
+// [B, capacity, NKV, HD], all of `dtype`; query row i (position pos + i) attends to cache
+// positions 0 .. pos + i. One block of kCachedAttentionBlock threads per (head, query row,
+// sequence): the scores of the row in `scores` (f32 scratch, B * Tq * NH * (pos + Tq)
+// floats), a block max, exponentials and a block sum, then each output element as the
+// sum of probability * value over the positions. fp32 math, the output rounded once.
+// Simple and obviously correct rather than fast (a decode step is one query row).
+inline constexpr int kCachedAttentionBlock = 128;
+void cached_attention_forward(void* out, const void* q, const void* k_cache, const void* v_cache,
+                              DType dtype, float* scores, int B, int Tq, int pos, int capacity,
+                              int NH, int NKV, int HD, CUstream_st* stream);
 
 }  // namespace trident::cuda

@@ -36,6 +36,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
@@ -402,6 +403,23 @@ class CudaOps final : public Ops {
                            k, v, shape);
   }
 
+  // The plain kernel of attention_kernels.h, whatever the attention path: one row of
+  // scores per (sequence, query row, head) in grow-only scratch.
+  void attention_cached_forward(DevPtr out, DevPtr q, DevPtr k_cache, DevPtr v_cache, int B,
+                                int Tq, int pos, int capacity, int NH, int NKV,
+                                int HD) override {
+    Op op(*this, "attention_cached_forward");
+    const AttentionShape shape = attention_shape(op, {q, k_cache, v_cache, out}, B, Tq, NH, NKV, HD);
+    TRIDENT_CHECK_MSG(B > 0 && Tq > 0 && pos >= 0 && pos <= capacity - Tq,
+                      "cuda attention_cached_forward: B " + std::to_string(B) + " Tq " +
+                          std::to_string(Tq) + " pos " + std::to_string(pos) + " capacity " +
+                          std::to_string(capacity));
+    const size_t floats = elems(B, Tq) * elems(NH, pos + Tq);
+    float* scores = static_cast<float*>(scratch(kScores, floats * sizeof(float)).raw());
+    cuda::cached_attention_forward(out.raw(), q.raw(), k_cache.raw(), v_cache.raw(), shape.dtype,
+                                   scores, B, Tq, pos, capacity, NH, NKV, HD, stream_);
+  }
+
   // ---- pointwise ----------------------------------------------------------------
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Op op(*this, "gelu_forward");
@@ -690,7 +708,9 @@ class CudaOps final : public Ops {
   }
 
   // Grow-only scratch, one buffer per use that can be live at the same time.
-  enum Slot { kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kRope, kSlots };
+  enum Slot {
+    kOperandA, kOperandB, kResult, kBias, kPartials, kOverlap, kColumns, kRope, kScores, kSlots
+  };
   struct Scratch {
     DevPtr ptr;
     size_t bytes = 0;

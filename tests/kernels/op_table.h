@@ -176,36 +176,43 @@ inline Tol tolerance_for(DType dtype, size_t reduction);
 
 struct AttnShape {
   int B, T, NH, NKV, HD;
+  // Over a key/value cache (attention_cached_forward): the T queries sit at positions
+  // pos .. pos+T-1 and k, v hold `capacity` positions per sequence (0: T).
+  int pos = 0, capacity = 0;
+  int kv_rows() const { return capacity > 0 ? capacity : T; }
   size_t qi(int b, int t, int h, int e) const {
     return ((static_cast<size_t>(b) * T + t) * NH + h) * HD + e;
   }
   size_t ki(int b, int t, int h, int e) const {
-    return ((static_cast<size_t>(b) * T + t) * NKV + h) * HD + e;
+    return ((static_cast<size_t>(b) * kv_rows() + t) * NKV + h) * HD + e;
   }
 };
 
-// P[b, h, i, j] (causal softmax of q k^T / sqrt(HD)), and out = P v.
+// P[b, h, i, j] (causal softmax of q k^T / sqrt(HD): query i at position pos + i sees
+// keys 0 .. pos + i; rows of pos + T), and out = P v.
 inline void ref_attention(const AttnShape& s, const VecD& q, const VecD& k, const VecD& v,
                           VecD& out, VecD& P) {
-  P.assign(static_cast<size_t>(s.B) * s.NH * s.T * s.T, 0.0);
+  const size_t cols = static_cast<size_t>(s.pos) + s.T;
+  P.assign(static_cast<size_t>(s.B) * s.NH * s.T * cols, 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.HD));
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.NH; ++h) {
       const int kv = h / (s.NH / s.NKV);
       for (int i = 0; i < s.T; ++i) {
-        double* p = &P[((static_cast<size_t>(b) * s.NH + h) * s.T + i) * s.T];
+        double* p = &P[((static_cast<size_t>(b) * s.NH + h) * s.T + i) * cols];
+        const int last = s.pos + i;
         double mx = -1e300, sum = 0;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = 0; j <= last; ++j) {
           double dot = 0;
           for (int e = 0; e < s.HD; ++e) dot += q[s.qi(b, i, h, e)] * k[s.ki(b, j, kv, e)];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
-        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        for (int j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= last; ++j) p[j] /= sum;
         for (int e = 0; e < s.HD; ++e) {
           double o = 0;
-          for (int j = 0; j <= i; ++j) o += p[j] * v[s.ki(b, j, kv, e)];
+          for (int j = 0; j <= last; ++j) o += p[j] * v[s.ki(b, j, kv, e)];
           out[s.qi(b, i, h, e)] = o;
         }
       }

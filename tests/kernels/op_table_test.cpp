@@ -418,6 +418,112 @@ Def attention(DType F, AttnShape s) {
   return d;
 }
 
+// ---- attention over a key/value cache ----------------------------------------------
+// Queries at positions pos .. pos+Tq-1 over a cache of `capacity` positions, of which
+// 0 .. pos+Tq-1 hold keys and values and the rest NaN: a kernel reading a position beyond
+// pos + Tq returns NaN, and one reading past its row's causal limit (a later real
+// position) disagrees with the reference.
+struct CachedShape {
+  int B, Tq, pos, capacity, NH, NKV, HD;
+};
+
+VecD cache_values(const CachedShape& s, double lo, double hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  const size_t row = sz(s.NKV) * s.HD;
+  VecD v(sz(s.B) * s.capacity * row, std::numeric_limits<double>::quiet_NaN());
+  for (int b = 0; b < s.B; ++b)
+    for (size_t i = 0; i < sz(s.pos + s.Tq) * row; ++i) v[sz(b) * s.capacity * row + i] = dist(gen);
+  return v;
+}
+
+Def attention_cached(DType F, CachedShape s) {
+  auto d = make("attention_cached", dtype_name(F),
+                dims({{"B", s.B}, {"Tq", s.Tq}, {"pos", s.pos}, {"cap", s.capacity}, {"NH", s.NH},
+                      {"NKV", s.NKV}, {"HD", s.HD}}));
+  const size_t nq = sz(s.B) * s.Tq * s.NH * s.HD;
+  d->args = {arg("out", F, nq, Role::kOut), arg("q", F, nq, Role::kIn, -2, 2),
+             given("k_cache", F, cache_values(s, -2, 2, 11)),
+             given("v_cache", F, cache_values(s, -1, 1, 12))};
+  d->reduction = sz(std::max(s.pos + s.Tq, s.HD) * (s.NH / s.NKV));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.attention_cached_forward(b["out"], b["q"], b["k_cache"], b["v_cache"], s.B, s.Tq, s.pos,
+                                 s.capacity, s.NH, s.NKV, s.HD);
+  };
+  d->ref_forward = [=](Host& h) {
+    VecD P;
+    ref_attention({s.B, s.Tq, s.NH, s.NKV, s.HD, s.pos, s.capacity}, h.at("q"), h.at("k_cache"),
+                  h.at("v_cache"), h.at("out"), P);
+  };
+  return d;
+}
+
+std::vector<Def> attention_cached_defs(DType F) {
+  return {attention_cached(F, {2, 1, 0, 6, 3, 3, 4}),      // a decode step at position 0
+          attention_cached(F, {2, 1, 5, 9, 4, 2, 5}),      // at position 5, GQA, odd head_dim
+          attention_cached(F, {1, 4, 3, 10, 4, 1, 6}),     // a prefill continuing a cache
+          attention_cached(F, {2, 70, 5, 80, 2, 1, 3})};   // more rows than one CPU row block
+}
+
+// With pos 0 and Tq = capacity = T the cached op is attention_forward (kernels/ops.h):
+// bitwise on the CPU backends (one kernel), within the op's tolerance elsewhere.
+void expect_cached_equals_attention_forward(Ops& ops, DType F, bool bitwise) {
+  const AttnShape s{2, 9, 4, 2, 6};
+  const size_t nq = sz(s.B) * s.T * s.NH * s.HD, nkv = sz(s.B) * s.T * s.NKV * s.HD;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<double> dist(-2, 2);
+  auto random = [&](size_t n) {
+    VecD v(n);
+    for (double& x : v) x = dist(gen);
+    return detail::encode(v, F);
+  };
+  const size_t es = dtype_size(F);
+  DeviceBuffer q(ops, nq * es), k(ops, nkv * es), v(ops, nkv * es), out(ops, nq * es),
+      cached(ops, nq * es), state(ops, ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD, F));
+  ops.upload(q.get(), random(nq).data(), nq * es);
+  ops.upload(k.get(), random(nkv).data(), nkv * es);
+  ops.upload(v.get(), random(nkv).data(), nkv * es);
+  ops.attention_forward(out.as(F), state.get(), q.as(F), k.as(F), v.as(F), s.B, s.T, s.NH, s.NKV,
+                        s.HD);
+  ops.attention_cached_forward(cached.as(F), q.as(F), k.as(F), v.as(F), s.B, s.T, 0, s.T, s.NH,
+                               s.NKV, s.HD);
+  std::vector<unsigned char> a(nq * es), b(nq * es);
+  ops.download(a.data(), out.get(), a.size());
+  ops.download(b.data(), cached.get(), b.size());
+  if (bitwise) {
+    EXPECT_EQ(a, b) << ops.name() << " " << dtype_name(F);
+    return;
+  }
+  Report r;
+  detail::compare(r, "cached", detail::decode(b, nq, F), detail::decode(a, nq, F),
+                  tolerance_for(F, sz(s.T) * (s.NH / s.NKV)));
+  EXPECT_TRUE(r.ok()) << ops.name() << " " << dtype_name(F) << ":\n" << r.str();
+}
+
+TEST(OpTableCachedAttention, PrefillAtPositionZeroEqualsAttentionForward) {
+  for (DType F : {kF32, kBF16}) {
+    for (bool checked : {false, true}) {
+      auto cpu = make_cpu_ops(2, checked);
+      expect_cached_equals_attention_forward(*cpu, F, /*bitwise=*/true);
+    }
+    auto cuda = make_ops(DeviceKind::kCuda, 0, 1);
+    if (cuda.is_ok()) expect_cached_equals_attention_forward(**cuda, F, /*bitwise=*/false);
+  }
+}
+
+// The checked backend refuses a cache shorter than the capacity the call names.
+TEST(OpTableCachedAttention, CheckedBackendRefusesACacheShorterThanItsCapacity) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto ops = make_cpu_ops(1, /*checked=*/true);
+  const int NH = 2, HD = 4, capacity = 8;
+  DeviceBuffer q(*ops, sz(NH) * HD * 4), out(*ops, sz(NH) * HD * 4);
+  DeviceBuffer short_cache(*ops, sz(capacity - 1) * NH * HD * 4);  // one position short
+  DeviceBuffer cache(*ops, sz(capacity) * NH * HD * 4);
+  EXPECT_DEATH(ops->attention_cached_forward(out.as(kF32), q.as(kF32), short_cache.as(kF32),
+                                             cache.as(kF32), 1, 1, 0, capacity, NH, NH, HD),
+               "cpu-checked attention_cached_forward: argument k_cache is not 256 bytes");
+}
+
 // ---- pointwise ------------------------------------------------------------------
 double gelu(double x) {
   const double s = std::sqrt(2.0 / M_PI);
@@ -852,6 +958,7 @@ std::vector<Def> table_defs() {
     defs.push_back(attention(F, {3, 7, 6, 2, 6}));  // GQA, 3 query heads per kv head
     defs.push_back(attention(F, {1, 150, 2, 2, 8}));  // past the CPU kernel's 64-row blocks
     defs.push_back(without(attention(F, {2, 5, 3, 3, 4}), {"dq", "dk"}));
+    for (Def d : attention_cached_defs(F)) defs.push_back(d);
     defs.push_back(gelu_def(F, 37));
     defs.push_back(swiglu(F, 29));
     defs.push_back(without(swiglu(F, 29), {"dgate"}));
@@ -1033,6 +1140,7 @@ TEST(OpTableCoverage, EveryComputeOpIsInTheTable) {
                          "matmul",
                          "rope",
                          "attention",
+                         "attention_cached",
                          "gelu",
                          "swiglu",
                          "add",
