@@ -939,9 +939,14 @@ Status Trainer::run() {
       TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async || loss_guard_.enabled()));
     }
   }
-  // The final state is always worth keeping when checkpoints are on.
+  // training.max_steps reached: the run's end is what a user continues, exports or
+  // evaluates, so it is saved whatever the interval (checkpoint.save_final), and committed
+  // (sync) before the run returns; an interval step is saved either way. A step an interval
+  // save already committed, or a launch that trained nothing, writes nothing.
   TRIDENT_RETURN_IF_ERROR(writer_->wait());
-  if (ck.interval > 0 && writer_->last_committed_step() != step_ && step_ > first_step) {
+  const bool on_schedule = ck.interval > 0 && step_ % ck.interval == 0;
+  if ((ck.save_final || on_schedule) && writer_->last_committed_step() != step_ &&
+      step_ > first_step) {
     TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
   }
   if (step_ > first_step) {

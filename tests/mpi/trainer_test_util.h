@@ -1,7 +1,8 @@
 // A Trainer over the test world (tests/mpi/mpi_test_util.h) for the multi-rank tests
 // that drive the training loop in-process: quiet, one thread per rank, a fixed peak (no
 // sgemm measurement), a fresh run in a checkpoint directory of its own (nothing is saved
-// with interval 0, but two trainers alive at once may not share one: checkpoint/dir_lock.h)
+// with interval 0 and save_final false, but two trainers alive at once may not share one:
+// checkpoint/dir_lock.h)
 // and no metrics file. Failures are reported as gtest failures and a null result.
 #pragma once
 
@@ -43,7 +44,8 @@ inline std::unique_ptr<Trainer> make_world_trainer(const std::string& yaml,
                                                    const std::string& dir_base) {
   static int trainers = 0;
   auto config = parse_config(yaml + "checkpoint: {dir: " + dir_base + ".ckpt" +
-                                 std::to_string(++trainers) + "}\nlogging: {metrics: ''}\n",
+                                 std::to_string(++trainers) +
+                                 ", save_final: false}\nlogging: {metrics: ''}\n",
                              {});
   EXPECT_TRUE(config.is_ok()) << config.status().message();
   if (!config.is_ok()) return nullptr;
