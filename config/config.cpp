@@ -545,10 +545,10 @@ Status tp_divides(int tp, const std::string& what, int value) {
                                 "=" + std::to_string(value));
 }
 
-// World sizes and ranks are ints (MPI's); dp * tp * pp must be one.
+// World sizes and ranks are ints (MPI's); the product of the degrees must be one (cp and
+// ep are 1 here: validate_degrees).
 Status validate_layout_sizes(const ParallelConfig& p) {
-  const double world = static_cast<double>(p.dp) * p.tp * p.pp;
-  if (world <= std::numeric_limits<int>::max()) return Status::ok();
+  if (p.world_size_wide() <= std::numeric_limits<int>::max()) return Status::ok();
   return Status::invalid_config("parallel: dp * tp * pp = " + std::to_string(p.dp) + " * " +
                                 std::to_string(p.tp) + " * " + std::to_string(p.pp) +
                                 " is more than " +
