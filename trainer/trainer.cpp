@@ -218,8 +218,8 @@ Status Trainer::make_groups() {
   }
   if (group_world_) group_world_->set_default_timeout(world_->default_timeout());
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
-  TRIDENT_ASSIGN_OR_RETURN(groups_,
-                           make_process_groups(*group_world, config_.parallel, config_.model.tied()));
+  TRIDENT_ASSIGN_OR_RETURN(
+      groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
   return Status::ok();
 }
@@ -314,7 +314,8 @@ Status Trainer::load_initial_weights(const InitWeights& init) {
   if (init.llmc || init.hf) {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
       const ParamInfo& p = layout_.params[i];
-      const std::vector<float>* values = init.llmc ? init.llmc->find(p.name) : init.hf->find(p.name);
+      const std::vector<float>* values =
+          init.llmc ? init.llmc->find(p.name) : init.hf->find(p.name);
       if (!values || static_cast<int64_t>(values->size()) != p.shape.numel()) {
         return Status::invalid_input(config_.model.init_from + ": tensor " + p.name +
                                      " does not fit the model");
