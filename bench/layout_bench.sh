@@ -21,7 +21,8 @@ for layout in "1 1 1 0 1f1b" "2 1 1 0 1f1b" "2 1 1 3 1f1b" "1 2 1 0 1f1b" "1 1 2
   args=(train --config bench/medium.yaml --set data.train="$work/data/train_*.bin"
         --set parallel.dp="$dp" --set parallel.tp="$tp" --set parallel.pp="$pp"
         --set parallel.zero_stage="$zero" --set parallel.pipeline_schedule="$sched"
-        --set training.max_steps="$steps" --set logging.metrics="$metrics")
+        --set training.max_steps="$steps" --set logging.metrics="$metrics"
+        --set checkpoint.save_final=false)  # else the next layout resumes at max_steps
   if ((n == 1)); then
     build/trident "${args[@]}" > "$work/log" 2>&1
   else

@@ -22,6 +22,7 @@ for round in $(seq "$rounds"); do
         --set parallel.overlap_grad_reduce="$overlap" --set parallel.overlap_param_gather="$overlap" \
         --set training.max_steps="$steps" \
         --set logging.metrics="$metrics" --set checkpoint.dir="$work/ck_${round}_${zero}_${overlap}" \
+        --set checkpoint.save_final=false \
         > "$work/log" 2>&1 || { cat "$work/log"; exit 1; }
       python3 - "$metrics" "$round" "$zero" "$overlap" <<'PY'
 import json, sys

@@ -19,6 +19,8 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -58,6 +60,9 @@ struct ParallelLayout {
 
   int degree(ParallelDim d) const;
   int world_size() const;  // the product of every degree
+  // The same product in 64 bits, saturated at INT64_MAX: for degrees (each >= 1) not yet
+  // known to fit an int's world (config/config.cpp's size check, trident plan).
+  int64_t world_size_wide() const;
   bool operator==(const ParallelLayout&) const = default;
 };
 
@@ -88,6 +93,16 @@ inline constexpr DimensionInfo kDimensions[kNumParallelDims] = {
     {ParallelDim::kPp, "pp", &ParallelLayout::pp, &RankCoords::pp_rank},
 };
 const char* dim_name(ParallelDim d);  // "tp", "cp", ...
+
+inline int64_t ParallelLayout::world_size_wide() const {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t n = 1;
+  for (const DimensionInfo& i : kDimensions) {
+    const int64_t d = this->*i.degree;
+    n = n > kMax / d ? kMax : n * d;
+  }
+  return n;
+}
 
 // The rank order, innermost (stride 1) first.
 inline constexpr std::array<ParallelDim, kNumParallelDims> kRankOrder = {

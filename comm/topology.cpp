@@ -25,7 +25,7 @@ Status validate_degrees(const ParallelLayout& layout) {
 
 Status validate_layout(const ParallelLayout& layout, int world_size) {
   TRIDENT_RETURN_IF_ERROR(validate_degrees(layout));
-  const long long product = 1LL * layout.dp * layout.tp * layout.pp;
+  const int64_t product = layout.world_size_wide();
   if (product != world_size) {
     return Status::invalid_config(
         "parallel: dp*tp*pp = " + std::to_string(product) + " but the world size is " +

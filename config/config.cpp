@@ -86,7 +86,8 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(training, loss_spike_window, kInt)}},
       {"checkpoint",
        {TRIDENT_FIELD(checkpoint, dir, kString), TRIDENT_FIELD(checkpoint, interval, kInt),
-        TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool)}},
+        TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool),
+        TRIDENT_FIELD(checkpoint, save_final, kBool)}},
       {"logging",
        {TRIDENT_FIELD(logging, metrics, kString), TRIDENT_FIELD(logging, log_interval, kInt)}},
   };
@@ -544,10 +545,10 @@ Status tp_divides(int tp, const std::string& what, int value) {
                                 "=" + std::to_string(value));
 }
 
-// World sizes and ranks are ints (MPI's); dp * tp * pp must be one.
+// World sizes and ranks are ints (MPI's); the product of the degrees must be one (cp and
+// ep are 1 here: validate_degrees).
 Status validate_layout_sizes(const ParallelConfig& p) {
-  const double world = static_cast<double>(p.dp) * p.tp * p.pp;
-  if (world <= std::numeric_limits<int>::max()) return Status::ok();
+  if (p.world_size_wide() <= std::numeric_limits<int>::max()) return Status::ok();
   return Status::invalid_config("parallel: dp * tp * pp = " + std::to_string(p.dp) + " * " +
                                 std::to_string(p.tp) + " * " + std::to_string(p.pp) +
                                 " is more than " +
@@ -768,7 +769,8 @@ Status validate_config(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.interval", ck.interval, 0));
   TRIDENT_RETURN_IF_ERROR(at_least("checkpoint.keep_last", ck.keep_last, 1));
   if (ck.dir.empty()) {
-    // Also needed with interval 0: a SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop saves a checkpoint.
+    // Also needed with interval 0 and save_final false: a SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop
+    // saves a checkpoint.
     return Status::invalid_config("checkpoint.dir: must not be empty");
   }
   TRIDENT_RETURN_IF_ERROR(at_least("logging.log_interval", config.logging.log_interval, 1));

@@ -89,6 +89,9 @@ struct CheckpointConfig {
   int interval = 0;  // 0 = off
   int keep_last = 3;
   bool async = true;
+  // Save the state after training.max_steps whatever the interval (a run's end is what a
+  // user goes on from, exports or evaluates); false = interval saves and stop signals only.
+  bool save_final = true;
 };
 
 struct LoggingConfig {

@@ -24,6 +24,16 @@
 
 namespace trident {
 
+// How a parameter's initial values are drawn (model/transformer.h "Initialisation"): the
+// rule its model description row declares (model/model_description.h).
+enum class InitKind {
+  kNormal,          // N(0, model.init_std)
+  kResidualNormal,  // N(0, init_std / sqrt(2 * n_layers)): projections into the residual
+  kVocabNormal,     // kNormal on the vocabulary's rows; the padded rows stay zero
+  kZeros,           // biases
+  kOnes,            // norm weights
+};
+
 struct ParamInfo {
   std::string name;         // global name (model/transformer.h)
   Shape shape;              // global shape
@@ -38,6 +48,7 @@ struct ParamInfo {
   bool tied_copy = false;   // the last stage's copy of wte: same values as the first
                             // stage's; its gradient is summed over the embedding group
                             // and it is counted once in norms and checkpoints
+  InitKind init = InitKind::kNormal;  // its description row's rule
   int64_t numel() const { return local_shape.numel(); }
   bool tp_replicated() const { return split_dim < 0; }
 };

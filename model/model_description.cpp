@@ -35,10 +35,12 @@ bool is_norm(ParamRole r) {
 
 double numel(const Shape& s) { return static_cast<double>(s.numel()); }
 
-TensorDesc tensor(std::string name, ParamRole role, Shape shape, int split_dim, int tp) {
+TensorDesc tensor(std::string name, ParamRole role, Shape shape, int split_dim, int tp,
+                  InitKind init) {
   TensorDesc t;
   t.name = std::move(name);
   t.role = role;
+  t.init = init;
   t.shape = shape;
   t.local_shape = shape;
   t.split_dim = split_dim;
@@ -122,10 +124,11 @@ std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kin
   switch (kind) {
     case GroupKind::kEmbedding:
       out.push_back(tensor("wte", ParamRole::kNone, {c.padded_vocab, C},
-                           VocabParallelEmbedding::kTableSplitDim, tp));
+                           VocabParallelEmbedding::kTableSplitDim, tp, InitKind::kVocabNormal));
       out.back().lookup = true;
       if (a.learned_positions()) {
-        out.push_back(tensor("wpe", ParamRole::kNone, {c.max_seq_len, C}, -1, tp));
+        out.push_back(tensor("wpe", ParamRole::kNone, {c.max_seq_len, C}, -1, tp,
+                             InitKind::kNormal));
         out.back().lookup = true;
       }
       break;
@@ -136,19 +139,21 @@ std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kin
         const Shape shape = t.cols == Dim::kOne
                                 ? Shape{rows}
                                 : Shape{rows, static_cast<int64_t>(g.of(t.cols))};
-        out.push_back(tensor(t.name, t.role, shape, t.split_dim, tp));
+        out.push_back(tensor(t.name, t.role, shape, t.split_dim, tp, t.init));
       }
       break;
     }
     case GroupKind::kHead:
-      out.push_back(tensor("lnf.weight", ParamRole::kNone, {C}, -1, tp));
-      if (a.layer_norm()) out.push_back(tensor("lnf.bias", ParamRole::kNone, {C}, -1, tp));
+      out.push_back(tensor("lnf.weight", ParamRole::kNone, {C}, -1, tp, InitKind::kOnes));
+      if (a.layer_norm()) {
+        out.push_back(tensor("lnf.bias", ParamRole::kNone, {C}, -1, tp, InitKind::kZeros));
+      }
       if (!c.tied()) {
         out.push_back(tensor("lm_head.weight", ParamRole::kNone, {c.padded_vocab, C},
-                             ColumnParallelLinear::kWeightSplitDim, tp));
+                             ColumnParallelLinear::kWeightSplitDim, tp, InitKind::kVocabNormal));
       } else if (!first) {
         out.push_back(tensor("wte", ParamRole::kNone, {c.padded_vocab, C},
-                             ColumnParallelLinear::kWeightSplitDim, tp));
+                             ColumnParallelLinear::kWeightSplitDim, tp, InitKind::kVocabNormal));
         out.back().tied_copy = true;
       }
       break;
@@ -184,6 +189,7 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
     p.split_dim = t.split_dim;
     if (t.split_dim >= 0) p.split_offset = p.local_shape[t.split_dim] * r;
     p.tied_copy = t.tied_copy;
+    p.init = t.init;
     p.group = group;
     p.offset = (cursor + 15) / 16 * 16;
     cursor = p.offset + static_cast<size_t>(p.local_shape.numel());

@@ -65,6 +65,20 @@ enum class BufferRole {
 inline constexpr int kParamRoles = static_cast<int>(ParamRole::kNone);
 inline constexpr int kBufferRoles = static_cast<int>(BufferRole::kNone);
 
+// The initial values of a layer tensor of `role` (a row may declare another): norm weights
+// ones, biases zeros, the projections into the residual stream (attn.o, the MLP's output)
+// the residual-scaled normal, every other weight (kNone included) the plain normal.
+constexpr InitKind init_for(ParamRole role) {
+  switch (role) {
+    case ParamRole::kNorm1W: case ParamRole::kNorm2W: return InitKind::kOnes;
+    case ParamRole::kNorm1B: case ParamRole::kNorm2B: case ParamRole::kQB: case ParamRole::kKB:
+    case ParamRole::kVB: case ParamRole::kOB: case ParamRole::kMlpInB: case ParamRole::kMlpOutB:
+      return InitKind::kZeros;
+    case ParamRole::kOW: case ParamRole::kMlpOutW: return InitKind::kResidualNormal;
+    default: return InitKind::kNormal;
+  }
+}
+
 // One parameter tensor of a layer, in parameter-layout order (offsets, shards and
 // checkpoints follow it).
 struct LayerTensor {
@@ -75,6 +89,7 @@ struct LayerTensor {
   // Column-parallel weights (split_dim 0, 2-D): the buffer their GEMM reads, gathered
   // over tp under sequence parallelism (weights reading the same input share one gather).
   BufferRole input = BufferRole::kNone;
+  InitKind init = init_for(role);  // Transformer::initial_value's rule
 };
 
 // What an activation buffer's elements are.
@@ -119,6 +134,7 @@ struct TensorDesc {
   int split_dim = -1;
   bool tied_copy = false;  // the head's copy of wte (tied, pp > 1)
   bool lookup = false;     // read as a table (wte on the first stage, wpe), not a GEMM
+  InitKind init = InitKind::kNormal;  // Transformer::initial_value's rule
 };
 // The tensors of one group of a rank with tp size `tp`: the embedding group of the first
 // stage, any layer's group, the head group of the last stage (`first`: this chunk also

@@ -13,10 +13,6 @@ namespace {
 
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 using namespace buffers;  // the per-slot globals and the scratch (model_description.h)
 
 }  // namespace
@@ -91,20 +87,19 @@ std::vector<int> stage_layer_counts(int n_layers, int pp, const std::vector<int>
 
 std::vector<float> Transformer::initial_value(const TransformerConfig& c, const ParamInfo& p,
                                               uint64_t seed) {
+  // The rule is the parameter's model description row's (model/model_description.h).
   std::vector<float> host(static_cast<size_t>(p.numel()), 0.0f);
-  const std::string_view name = p.name;
-  if (ends_with(name, ".bias")) return host;
-  if (name == "lnf.weight" || ends_with(name, "ln1.weight") || ends_with(name, "ln2.weight")) {
+  if (p.init == InitKind::kZeros) return host;
+  if (p.init == InitKind::kOnes) {
     std::fill(host.begin(), host.end(), 1.0f);
     return host;
   }
-  const bool residual = ends_with(name, "attn.o.weight") || ends_with(name, "mlp.proj.weight") ||
-                        ends_with(name, "mlp.down.weight");
-  const float std = residual ? c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers))
-                             : c.init_std;
+  const float std = p.init == InitKind::kResidualNormal
+                        ? c.init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers))
+                        : c.init_std;
   const uint64_t key = rng_key(seed, hash_name(p.name));
   // Padded vocabulary rows stay zero: they never receive a gradient either.
-  const bool vocab_rows = name == "wte" || name == "lm_head.weight";
+  const bool vocab_rows = p.init == InitKind::kVocabNormal;
   const int64_t rows = p.local_shape[0];
   const int64_t cols = p.local_shape.rank() == 2 ? p.local_shape[1] : 1;
   const int64_t global_cols = p.shape.rank() == 2 ? p.shape[1] : 1;

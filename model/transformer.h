@@ -51,7 +51,8 @@
 // forward (tensor-parallel all-reduces included) before its backward. Both recompute
 // exactly what forward computed, so results are bitwise those of kNone.
 //
-// Initialisation (initial_value): every matrix and embedding ~ N(0, init_std), the
+// Initialisation (initial_value, by the rule of each parameter's description row:
+// model/model_description.h init_for): every matrix and embedding ~ N(0, init_std), the
 // residual output projections (attn.o, mlp.proj, mlp.down) ~ N(0, init_std/sqrt(2L)),
 // biases 0, norm weights 1, padded vocabulary rows 0. Element i of the GLOBAL tensor P
 // is drawn from Philox keyed by (seed, hash(P)) at counter i: the same global weights

@@ -423,12 +423,12 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   // The configured layout on N devices: as written, or with dp rescaled.
   Config configured = config;
   const ParallelConfig& p = config.parallel;
-  const int64_t world = int64_t{p.dp} * p.tp * p.pp;
+  const int64_t world = p.world_size_wide();
   if (world != n) {
-    const int64_t tp_pp = int64_t{p.tp} * p.pp;
-    configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / tp_pp));
+    const int64_t others = world / p.dp;  // the product of every degree but dp
+    configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / others));
     const Status st = validate_config(configured);
-    if (n % tp_pp != 0) {
+    if (n % others != 0) {
       plan.configured_error =
           "parallel.tp * parallel.pp = " + std::to_string(p.tp) + " * " + std::to_string(p.pp) +
           " does not divide --devices " + std::to_string(n) + " (the config's layout, parallel.dp=" +

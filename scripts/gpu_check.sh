@@ -493,7 +493,10 @@ print("" if v is None else v)' "$1" "$2"; }
 
 # train NAME OWN_LIMIT CONFIG [--cuda] [--resume DIR] [--env K=V]... [--set K=V]...: one
 # `trident train` under WORK/runs/NAME (metrics, checkpoints); sets RUN_RC, RUN_STATUS,
-# RUN_WHY, RUN_DIR. A CUDA run is skipped after the first one that crashed or hung.
+# RUN_WHY, RUN_DIR. A CUDA run is skipped after the first one that crashed or hung. No
+# checkpoint unless the sets ask for one (a final save of a benchmark's model would be
+# timed with it): parity's checkpoint.interval is half its even step count, so its last
+# step is still saved.
 train() {
   local name=$1 own=$2 cfg=$3; shift 3
   local cuda=0 resume=none envs=() sets=()
@@ -520,7 +523,7 @@ train() {
     --mark "first_step=\bstep 1/" --mark "done=^info: done:" --maps "$RES/runs/$name.maps" --maps-at '\bstep 2/' -- \
     "${TRI[@]}" env NCCL_DEBUG=WARN "${envs[@]}" "$BIN/trident" train --config "$ROOT/$cfg" --resume "$resume" \
     --set "data.train=$WORK/data/train_*.bin" --set data.val= --set training.eval_interval=0 \
-    --set checkpoint.dir="$RUN_DIR/ckpt" --set checkpoint.interval=0 \
+    --set checkpoint.dir="$RUN_DIR/ckpt" --set checkpoint.interval=0 --set checkpoint.save_final=false \
     --set logging.metrics="$RUN_DIR/metrics.jsonl" --set logging.log_interval=1 "${sets[@]}"
   RUN_RC=$?
   cp "$RUN_DIR/metrics.jsonl" "$RES/runs/$name.metrics.jsonl" 2>/dev/null

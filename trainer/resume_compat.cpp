@@ -122,6 +122,7 @@ const std::vector<KeyRule>& key_rules() {
       {"checkpoint.interval", Rule::kIgnore},
       {"checkpoint.keep_last", Rule::kIgnore},
       {"checkpoint.async", Rule::kIgnore},
+      {"checkpoint.save_final", Rule::kIgnore},
       {"logging.metrics", Rule::kIgnore},
       {"logging.log_interval", Rule::kIgnore},
   };

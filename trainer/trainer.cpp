@@ -123,31 +123,62 @@ Result<std::unique_ptr<Trainer>> Trainer::create(Config config, TrainerOptions o
   return trainer;
 }
 
+// model.init_from's tensors: read (and its architecture applied) before anything is sized,
+// loaded into the parameters once the model is built.
+struct Trainer::InitWeights {
+  std::optional<LlmcCheckpoint> llmc;
+  std::optional<HfModel> hf;
+};
+
 Status Trainer::init() {
+  attach_world();
+  TRIDENT_RETURN_IF_ERROR(claim_checkpoint_dir());
+  InitWeights init_weights;
+  TRIDENT_RETURN_IF_ERROR(read_init_from(&init_weights));
+  TRIDENT_RETURN_IF_ERROR(make_backend());
+  TRIDENT_RETURN_IF_ERROR(make_groups());
+  // Before the data is opened or anything big allocated: refuse a run whose ranks would
+  // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
+  // an allocation or be OOM-killed later (plan/memory_plan.h).
+  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(), groups_.coords.dp_rank, *ops_,
+                                                *world_, options_.quiet));
+  TRIDENT_RETURN_IF_ERROR(open_data());
+  TRIDENT_RETURN_IF_ERROR(check_token_ids());
+  build_model();
+  TRIDENT_RETURN_IF_ERROR(load_initial_weights(init_weights));
+  TRIDENT_RETURN_IF_ERROR(resume());
+  make_checkpoint_writer();
+  TRIDENT_RETURN_IF_ERROR(open_metrics());
+  find_peak_flops();
+  if (!options_.quiet && world_->rank() == 0) print_banner();
+  return Status::ok();
+}
+
+void Trainer::attach_world() {
   if (options_.world) {
     world_ = options_.world;
   } else {
     own_world_ = std::make_unique<SelfCommunicator>();
     world_ = own_world_.get();
   }
-  TRIDENT_RETURN_IF_ERROR(claim_checkpoint_dir());
+}
+
+Status Trainer::read_init_from(InitWeights* init) {
   // model.init_from: a directory is a Hugging Face model (model/hf_export.h), a file an
   // llm.c GPT-2 checkpoint (model/llmc_checkpoint.h).
-  std::optional<LlmcCheckpoint> init_ckpt;
-  std::optional<HfModel> init_hf;
-  if (!config_.model.init_from.empty()) {
-    if (is_hf_model_dir(config_.model.init_from)) {
-      TRIDENT_ASSIGN_OR_RETURN(init_hf, read_hf_model(config_.model.init_from));
-      TRIDENT_RETURN_IF_ERROR(apply_hf_architecture(*init_hf, &config_.model));
-    } else {
-      TRIDENT_ASSIGN_OR_RETURN(init_ckpt, read_llmc_checkpoint(config_.model.init_from));
-      TRIDENT_RETURN_IF_ERROR(apply_llmc_architecture(*init_ckpt, &config_.model));
-    }
-    config_.model.finalize();
-    TRIDENT_RETURN_IF_ERROR(validate_config(config_));
+  if (config_.model.init_from.empty()) return Status::ok();
+  if (is_hf_model_dir(config_.model.init_from)) {
+    TRIDENT_ASSIGN_OR_RETURN(init->hf, read_hf_model(config_.model.init_from));
+    TRIDENT_RETURN_IF_ERROR(apply_hf_architecture(*init->hf, &config_.model));
+  } else {
+    TRIDENT_ASSIGN_OR_RETURN(init->llmc, read_llmc_checkpoint(config_.model.init_from));
+    TRIDENT_RETURN_IF_ERROR(apply_llmc_architecture(*init->llmc, &config_.model));
   }
-  const auto& mc = config_.model;
-  const auto& par = config_.parallel;
+  config_.model.finalize();
+  return validate_config(config_);
+}
+
+Status Trainer::make_backend() {
   // The backend first: it sizes the attention state the memory plan counts, and on CUDA
   // its stream orders the device groups. The ranks of this world share the machine's
   // cores (make_ops divides them).
@@ -157,6 +188,10 @@ Status Trainer::init() {
                         : make_ops(config_.runtime.device, threads, world_->size());
   if (!ops.is_ok()) return ops.status();
   ops_ = std::move(ops).value();
+  return Status::ok();
+}
+
+Status Trainer::make_groups() {
   if (options_.make_group_world) {
     TRIDENT_ASSIGN_OR_RETURN(group_world_, options_.make_group_world(*world_, *ops_));
   } else if (world_->size() == 1) {
@@ -183,14 +218,14 @@ Status Trainer::init() {
   }
   if (group_world_) group_world_->set_default_timeout(world_->default_timeout());
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
-  TRIDENT_ASSIGN_OR_RETURN(groups_, make_process_groups(*group_world, par, mc.tied()));
+  TRIDENT_ASSIGN_OR_RETURN(
+      groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
-  // Before the data is opened or anything big allocated: refuse a run whose ranks would
-  // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
-  // an allocation or be OOM-killed later (plan/memory_plan.h).
-  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(), groups_.coords.dp_rank, *ops_,
-                                                *world_, options_.quiet));
+  return Status::ok();
+}
 
+Status Trainer::open_data() {
+  const auto& mc = config_.model;
   TRIDENT_ASSIGN_OR_RETURN(
       DataLoader train,
       config_.data.train_blend.empty()
@@ -216,26 +251,33 @@ Status Trainer::init() {
     TRIDENT_RETURN_IF_ERROR(val.num_samples(mc.seq_len).status());
     val_data_.emplace(std::move(val));
   }
-  {
-    // Out-of-vocabulary ids fail now, not when a batch first reads one hours in. The
-    // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
-    std::string verdict;  // rank 0's error; empty: every id fits
-    if (world_->rank() == 0) {
-      Status st = Status::ok();
-      const auto& train_sets = train_data_->datasets();
-      for (size_t i = 0; i < train_sets.size() && st.is_ok(); ++i) {
-        const std::string key =
-            train_data_->blend() ? "data.train[" + std::to_string(i) + "]" : "data.train";
-        st = check_token_ids_at_startup(key, train_sets[i], mc.vocab_size);
-      }
-      if (st.is_ok() && val_data_) {
-        st = check_token_ids_at_startup("data.val", val_data_->dataset(), mc.vocab_size);
-      }
-      if (!st.is_ok()) verdict = encode_error(st);
-    }
-    TRIDENT_RETURN_IF_ERROR(agree(verdict).status());
-  }
+  return Status::ok();
+}
 
+Status Trainer::check_token_ids() {
+  // Out-of-vocabulary ids fail now, not when a batch first reads one hours in. The
+  // ranks read the same files: rank 0 checks (data/token_check.h), all exit together.
+  const int vocab_size = config_.model.vocab_size;
+  std::string verdict;  // rank 0's error; empty: every id fits
+  if (world_->rank() == 0) {
+    Status st = Status::ok();
+    const auto& train_sets = train_data_->datasets();
+    for (size_t i = 0; i < train_sets.size() && st.is_ok(); ++i) {
+      const std::string key =
+          train_data_->blend() ? "data.train[" + std::to_string(i) + "]" : "data.train";
+      st = check_token_ids_at_startup(key, train_sets[i], vocab_size);
+    }
+    if (st.is_ok() && val_data_) {
+      st = check_token_ids_at_startup("data.val", val_data_->dataset(), vocab_size);
+    }
+    if (!st.is_ok()) verdict = encode_error(st);
+  }
+  return agree(verdict).status();
+}
+
+void Trainer::build_model() {
+  const auto& mc = config_.model;
+  const auto& par = config_.parallel;
   layout_ = describe_params(mc, chunks_);
   AdamWParams adamw;
   adamw.beta1 = config_.training.beta1;
@@ -266,11 +308,14 @@ Status Trainer::init() {
     runners_.push_back(std::make_unique<StageRunner>(*this, static_cast<int>(k)));
     stages_.push_back(runners_.back().get());
   }
+}
 
-  if (init_ckpt || init_hf) {
+Status Trainer::load_initial_weights(const InitWeights& init) {
+  if (init.llmc || init.hf) {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
       const ParamInfo& p = layout_.params[i];
-      const std::vector<float>* values = init_ckpt ? init_ckpt->find(p.name) : init_hf->find(p.name);
+      const std::vector<float>* values =
+          init.llmc ? init.llmc->find(p.name) : init.hf->find(p.name);
       if (!values || static_cast<int64_t>(values->size()) != p.shape.numel()) {
         return Status::invalid_input(config_.model.init_from + ": tensor " + p.name +
                                      " does not fit the model");
@@ -281,12 +326,15 @@ Status Trainer::init() {
   } else {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
       const std::vector<float> local =
-          Transformer::initial_value(mc, layout_.params[i], config_.training.seed);
+          Transformer::initial_value(config_.model, layout_.params[i], config_.training.seed);
       dp_->load_param(static_cast<int>(i), local);
     }
   }
   dp_->zero_grad();
-  TRIDENT_RETURN_IF_ERROR(resume());
+  return Status::ok();
+}
+
+void Trainer::make_checkpoint_writer() {
   CheckpointWriterOptions writer_options;
   writer_options.ops = ops_.get();
   writer_options.dir = config_.checkpoint.dir;
@@ -301,13 +349,19 @@ Status Trainer::init() {
     writer_options.protect_steps.insert(step_);
   }
   writer_ = std::make_unique<CheckpointWriter>(writer_options);
+}
+
+Status Trainer::open_metrics() {
   if (world_->rank() == 0) {
     TRIDENT_RETURN_IF_ERROR(metrics_.open(config_.logging.metrics));
     metrics_.write_segment(run_id_, step_, resumed_from_, world_->size());
   }
-  inputs_.resize(static_cast<size_t>(par.micro_batch_size) * mc.seq_len);
+  inputs_.resize(static_cast<size_t>(config_.parallel.micro_batch_size) * config_.model.seq_len);
   targets_.resize(inputs_.size());
+  return Status::ok();
+}
 
+void Trainer::find_peak_flops() {
   // The MFU denominator: given (options), configured (runtime.peak_tflops), or the
   // backend's (CPU: measured sgemm rate; CUDA: the peak table, 0 for an unknown GPU).
   const double configured = options_.peak_flops > 0 ? options_.peak_flops
@@ -315,8 +369,6 @@ Status Trainer::init() {
   double peak = configured;
   if (peak <= 0) peak = world_->rank() == 0 ? ops_->peak_flops() : 0.0;
   peak_flops_ = configured > 0 ? peak : all_reduce_scalar(peak, "peak flops");
-  if (!options_.quiet && world_->rank() == 0) print_banner();
-  return Status::ok();
 }
 
 double Trainer::all_reduce_scalar(double local, const char* label) {
@@ -939,9 +991,14 @@ Status Trainer::run() {
       TRIDENT_RETURN_IF_ERROR(save_checkpoint(ck.async || loss_guard_.enabled()));
     }
   }
-  // The final state is always worth keeping when checkpoints are on.
+  // training.max_steps reached: the run's end is what a user continues, exports or
+  // evaluates, so it is saved whatever the interval (checkpoint.save_final), and committed
+  // (sync) before the run returns; an interval step is saved either way. A step an interval
+  // save already committed, or a launch that trained nothing, writes nothing.
   TRIDENT_RETURN_IF_ERROR(writer_->wait());
-  if (ck.interval > 0 && writer_->last_committed_step() != step_ && step_ > first_step) {
+  const bool on_schedule = ck.interval > 0 && step_ % ck.interval == 0;
+  if ((ck.save_final || on_schedule) && writer_->last_committed_step() != step_ &&
+      step_ > first_step) {
     TRIDENT_RETURN_IF_ERROR(save_checkpoint(false));
   }
   if (step_ > first_step) {

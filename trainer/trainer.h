@@ -125,11 +125,36 @@ class Trainer {
 
  private:
   class StageRunner;
+  struct InitWeights;
   Trainer(Config config, TrainerOptions options);
+  // The steps below, in the order they run.
   Status init();
+  // world_: the given world, or a SelfCommunicator of one.
+  void attach_world();
   // Rank 0 locks checkpoint.dir and removes crash leftovers; every rank gets its status.
   Status claim_checkpoint_dir();
+  // model.init_from's tensors into *init, its architecture into config_.model.
+  Status read_init_from(InitWeights* init);
+  // ops_: the compute backend of runtime.device.
+  Status make_backend();
+  // group_world_, groups_ (dp, tp, pp, embedding) and chunks_ (this rank's layers).
+  Status make_groups();
+  // train_data_, val_data_ and, on rank 0, data_fingerprint_.
+  Status open_data();
+  // Every token id of the data below model.vocab_size, checked by rank 0 for all ranks.
+  Status check_token_ids();
+  // layout_, dp_ (the ZeRO engine), models_ (one per chunk), executor_ and its stages.
+  void build_model();
+  // The parameters: init_from's values or Transformer::initial_value; gradients zeroed.
+  Status load_initial_weights(const InitWeights& init);
+  // run_id_ and, from the checkpoint --resume chooses, its state, step and data position.
   Status resume();
+  // writer_, pruning this run's checkpoints and sparing the one resumed from.
+  void make_checkpoint_writer();
+  // The metrics file and its segment header (rank 0); the token buffers.
+  Status open_metrics();
+  // peak_flops_: the MFU denominator, agreed by every rank.
+  void find_peak_flops();
   // Rank 0's decision, sent to every rank: the text, or the error it encodes
   // ("!<code>:<message>"), so that every rank fails alike.
   Result<std::string> agree(const std::string& decision);

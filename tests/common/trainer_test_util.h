@@ -1,8 +1,9 @@
 // A Trainer over the test world (tests/common/mpi_test_util.h) for the multi-rank tests
 // that drive the training loop in-process: the options of tests/common/trainer_fixture.h
 // (quiet, one thread per rank, a fixed peak, a fresh run), a checkpoint directory of its
-// own (nothing is saved with interval 0, but two trainers alive at once may not share one:
-// checkpoint/dir_lock.h) and no metrics file. Failures are reported as gtest failures and a null result.
+// own (nothing is saved with interval 0 and save_final false, but two trainers alive at
+// once may not share one: checkpoint/dir_lock.h) and no metrics file. Failures are
+// reported as gtest failures and a null result.
 #pragma once
 
 #include <memory>
@@ -45,7 +46,8 @@ inline std::unique_ptr<Trainer> make_world_trainer(const std::string& yaml,
                                                    const std::string& dir_base) {
   static int trainers = 0;
   auto config = parse_config(yaml + "checkpoint: {dir: " + dir_base + ".ckpt" +
-                                 std::to_string(++trainers) + "}\nlogging: {metrics: ''}\n",
+                                 std::to_string(++trainers) +
+                                 ", save_final: false}\nlogging: {metrics: ''}\n",
                              {});
   EXPECT_TRUE(config.is_ok()) << config.status().message();
   if (!config.is_ok()) return nullptr;

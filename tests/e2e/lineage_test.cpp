@@ -152,8 +152,10 @@ TEST_F(Lineage, StartUpCleanupSparesTheUsersFiles) {
   fs::create_directories(ckpt() + "/step_7.tmp");  // Trident's own: an interrupted save
   std::ofstream(ckpt() + "/notes.tmp") << "mine";
   std::ofstream(ckpt() + "/latest.tmp") << "step_7\n";
-  // interval 0: no checkpoint is saved, so the directory holds only what was there.
-  CommandResult r = train("--resume none --set training.max_steps=2 --set checkpoint.interval=0");
+  // interval 0 and no final save: no checkpoint is saved, so the directory holds only what
+  // was there.
+  CommandResult r = train("--resume none --set training.max_steps=2 --set checkpoint.interval=0"
+                          " --set checkpoint.save_final=false");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(without_lock(entries()),
             (std::vector<std::string>{"notes.tmp", "scratch.deleting"}));

@@ -35,7 +35,7 @@ class SizeLimits : public ::testing::Test {
                    "training: {global_batch_size: 8, max_steps: 2}\n"
                    "checkpoint: {dir: " +
                    dir_.file("ckpt") +
-                   "}\n"
+                   ", save_final: false}\n"  // every run is a new one (--resume none) here
                    "logging: {metrics: ''}\n");
   }
 

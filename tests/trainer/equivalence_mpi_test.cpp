@@ -71,8 +71,9 @@ Config make_config(Arch arch, const Case& c) {
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: 8, max_steps: 10, lr: 0.001, warmup_steps: 2,"
       " weight_decay: 0.1, grad_clip: 1.0, precision: " + (c.bf16 ? "bf16" : "fp32") + "}\n"
-      // Its own checkpoint directory (nothing is saved: interval 0), shared by the ranks.
-      "checkpoint: {dir: " + data_file() + ".ckpt}\n"
+      // Its own checkpoint directory (nothing is saved: interval 0, no final save), shared
+      // by the ranks.
+      "checkpoint: {dir: " + data_file() + ".ckpt, save_final: false}\n"
       "logging: {metrics: ''}\n";
   auto config = parse_config(yaml, {});
   EXPECT_TRUE(config.is_ok()) << config.status().message();
