@@ -12,7 +12,7 @@
 //   normalizer     null.
 //   pre_tokenizer  ByteLevel with use_regex true (GPT-2's pattern), or a Sequence of
 //                  Split {pattern: {Regex: R}, behavior: Isolated, invert: false} and
-//                  ByteLevel with use_regex false (Llama 3, Qwen2, ...), where R is one of
+//                  ByteLevel with use_regex false (Llama 3's layout), where R is one of
 //                  the patterns Trident knows, spelled as bpe_pattern_source() spells it
 //                  (after JSON unescaping): gpt2, cl100k (= Llama 3's), o200k.
 //                  add_prefix_space false.
@@ -28,7 +28,7 @@
 // truncation and padding do not change the ids of a text and are ignored.
 //
 // The document token: the special token that TemplateProcessing's single template starts
-// with (Llama 3: <|begin_of_text|>), else the added token <|endoftext|> (GPT-2, Qwen2).
+// with (Llama 3: <|begin_of_text|>), else the added token <|endoftext|> (GPT-2).
 #pragma once
 
 #include <string>

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <tuple>
 #include <string>
@@ -75,6 +76,8 @@ std::vector<uint32_t> encode(const BpeTokenizer& tok, const std::string& text,
 std::vector<std::vector<uint32_t>> hf_ids(const std::string& engine, const std::string& json_file,
                                           std::vector<std::string> files,
                                           const std::vector<std::string>& special_files = {}) {
+  const std::string package = vocab_dir() + (engine == "js" ? "/huggingface-tokenizers" : "/hf-tokenizers");
+  EXPECT_TRUE(std::filesystem::exists(package + "/package.json")) << testing::vocab_missing_hint();
   std::string cmd = "node " + fixture("hf_reference_encode.js") + " --dir " + vocab_dir() +
                     " --engine " + engine + " --json " + json_file;
   for (const std::string& f : files) cmd += " " + f;
