@@ -77,6 +77,8 @@ for entry in "${HF_PACKAGES[@]}"; do
   mkdir -p "$tmp/$name"
   tar -xzf "$tmp/$tgz" -C "$tmp/$name" --strip-components=1
 done
+# tokenizers ships a native binding per platform (5 MB each); Linux's are the ones used.
+find "$tmp/hf-tokenizers" -name 'tokenizers.*.node' ! -name 'tokenizers.linux-*' -delete
 
 # tiktoken's encoders/*.json: "bpe_ranks" is lines of "<ignored> <first rank> <base64>...",
 # the tokens of consecutive ranks; a rank file is "<base64> <rank>\n" by rank.
