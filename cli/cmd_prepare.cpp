@@ -1,10 +1,11 @@
 // `trident prepare --input FILES... --out DIR --tokenizer SPEC [--format llmc|megatron]
 //                  [--val-fraction F] [--shard-tokens N] [--vocab-dir DIR]
-//                  [--tokenizer-pattern P] [--threads N]`
-// SPEC: byte, gpt2, cl100k_base, o200k_base, llama3, or the path of a tiktoken rank file
-// (with --tokenizer-pattern gpt2|cl100k|o200k|llama3). Parses the flags, runs
-// prepare_corpus (data/prepare.h) and prints a summary; progress lines go to stderr every
-// few seconds. The vocabulary's files are looked up in --vocab-dir, else for gpt2
+//                  [--tokenizer-pattern P] [--allow-special] [--threads N]`
+// SPEC: byte, gpt2, cl100k_base, o200k_base, llama3, the path of a tiktoken rank file
+// (with --tokenizer-pattern gpt2|cl100k|o200k|llama3) or of a Hugging Face tokenizer.json.
+// --allow-special: special-token text in a document becomes the special id. Parses the
+// flags, runs prepare_corpus (data/prepare.h) and prints a summary; progress lines go to
+// stderr every few seconds. The vocabulary's files are looked up in --vocab-dir, else for gpt2
 // $TRIDENT_GPT2_DIR, else the .cache/gpt2 that scripts/fetch_gpt2_vocab.sh fills, and for
 // cl100k_base, o200k_base and llama3 $TRIDENT_VOCAB_DIR, else the .cache/vocab that
 // scripts/fetch_vocabs.sh fills, in the source tree. Exit 0 on success, 2 on bad usage or
@@ -30,7 +31,8 @@ namespace {
 void print_prepare_usage(std::FILE* to = stderr) {
   std::fprintf(to,
                "usage: trident prepare --input FILES... --out DIR --tokenizer SPEC\n"
-               "         SPEC: byte | gpt2 | cl100k_base | o200k_base | llama3 | PATH.tiktoken\n"
+               "         SPEC: byte | gpt2 | cl100k_base | o200k_base | llama3 | PATH.tiktoken |\n"
+               "               PATH/tokenizer.json (Hugging Face, byte-level BPE)\n"
                "                       [--format llmc|megatron (default llmc)]\n"
                "                       [--val-fraction F (default 0.05)]\n"
                "                       [--shard-tokens N (default 100000000; llmc)]\n"
@@ -40,6 +42,8 @@ void print_prepare_usage(std::FILE* to = stderr) {
                "                        $TRIDENT_VOCAB_DIR, else %s)]\n"
                "                       [--tokenizer-pattern gpt2|cl100k|o200k|llama3\n"
                "                        (a rank file PATH: its pre-tokenizer)]\n"
+               "                       [--allow-special (special-token text becomes the\n"
+               "                        special id; default: ordinary text)]\n"
                "                       [--threads N (BPE; default all cores)]\n",
                TRIDENT_DEFAULT_GPT2_DIR, TRIDENT_DEFAULT_VOCAB_DIR);
 }
@@ -118,8 +122,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
       if (!value(&options.out_dir)) return usage_error("--out needs a directory");
     } else if (flag == "--tokenizer") {
       if (!value(&options.tokenizer)) {
-        return usage_error("--tokenizer needs byte, gpt2, cl100k_base, o200k_base, llama3 or a "
-                           "rank file path");
+        return usage_error("--tokenizer needs byte, gpt2, cl100k_base, o200k_base, llama3, a "
+                           "rank file path or a tokenizer.json path");
       }
       have_tokenizer = true;
     } else if (flag == "--val-fraction") {
@@ -138,6 +142,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
       if (!value(&options.tokenizer_pattern)) {
         return usage_error("--tokenizer-pattern needs gpt2, cl100k, o200k or llama3");
       }
+    } else if (flag == "--allow-special") {
+      options.allow_special = true;
     } else if (flag == "--threads") {
       if (!value(&v) || !parse_int(v, &options.threads)) {
         return usage_error("--threads needs an integer in [1, 4096]");

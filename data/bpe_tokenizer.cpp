@@ -51,6 +51,25 @@ const char* pattern_regex(BpePattern pattern) {
   }
   return "";
 }
+// The same patterns with \s, as tiktoken's pat_str and Hugging Face's Split regex spell them.
+#define TRIDENT_SOURCE_TAIL "|\\s+(?!\\S)|\\s+"
+const char* pattern_source_regex(BpePattern pattern) {
+  switch (pattern) {
+    case BpePattern::kGpt2:
+      return "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+" TRIDENT_SOURCE_TAIL;
+    case BpePattern::kCl100k:
+    case BpePattern::kLlama3:
+      return "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+             "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+" TRIDENT_SOURCE_TAIL;
+    case BpePattern::kO200k:
+      return "[^\\r\\n\\p{L}\\p{N}]?" TRIDENT_O200K_UPPER "*" TRIDENT_O200K_LOWER
+          "+" TRIDENT_O200K_CONTRACTION "|[^\\r\\n\\p{L}\\p{N}]?" TRIDENT_O200K_UPPER
+          "+" TRIDENT_O200K_LOWER "*" TRIDENT_O200K_CONTRACTION "|\\p{N}{1,3}"
+          "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+" TRIDENT_SOURCE_TAIL;
+  }
+  return "";
+}
+#undef TRIDENT_SOURCE_TAIL
 #undef TRIDENT_O200K_CONTRACTION
 #undef TRIDENT_O200K_LOWER
 #undef TRIDENT_O200K_UPPER
@@ -178,6 +197,8 @@ const char* bpe_pattern_name(BpePattern pattern) {
   return "?";
 }
 
+const char* bpe_pattern_source(BpePattern pattern) { return pattern_source_regex(pattern); }
+
 Result<BpePattern> parse_bpe_pattern(const std::string& name) {
   for (BpePattern p : {BpePattern::kGpt2, BpePattern::kCl100k, BpePattern::kO200k,
                        BpePattern::kLlama3}) {
@@ -209,8 +230,9 @@ struct BpeTokenizer::Impl {
   void encode_piece(std::string_view piece, std::vector<uint32_t>* out) const;
   void encode_range(std::string_view text, size_t begin, size_t end,
                     std::vector<uint32_t>* out) const;
-  // The special token that starts at text[p], longest first, or nullptr.
-  const BpeSpecialToken* special_at(std::string_view text, size_t p) const;
+  // encode_parallel without special tokens: text[end:] is look-ahead.
+  void encode_parallel_range(std::string_view text, int threads, std::vector<uint32_t>* out,
+                             size_t end) const;
 };
 
 // Merges the lowest-ranked adjacent pair, leftmost first, until no pair has a rank. This
@@ -297,7 +319,7 @@ void BpeTokenizer::Impl::encode_piece(std::string_view piece, std::vector<uint32
     return;
   }
   std::vector<uint32_t> parts;
-  const uint32_t whole = rule == BpeMergeRule::kTiktoken ? rank_of.find(piece) : kNoId;
+  const uint32_t whole = rule != BpeMergeRule::kRecordedMerges ? rank_of.find(piece) : kNoId;
   if (whole != kNoId) {
     parts.push_back(whole);
   } else {
@@ -334,17 +356,6 @@ void BpeTokenizer::Impl::encode_range(std::string_view text, size_t begin, size_
     encode_piece(text.substr(ovector[0], ovector[1] - ovector[0]), out);
     pos = ovector[1];
   }
-}
-
-const BpeSpecialToken* BpeTokenizer::Impl::special_at(std::string_view text, size_t p) const {
-  const BpeSpecialToken* best = nullptr;
-  for (const BpeSpecialToken& s : specials) {
-    if ((best == nullptr || s.text.size() > best->text.size()) &&
-        text.compare(p, s.text.size(), s.text) == 0) {
-      best = &s;
-    }
-  }
-  return best;
 }
 
 BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -408,7 +419,7 @@ Result<BpeTokenizer> BpeTokenizer::create(std::string name, std::vector<std::str
     impl->byte_id[b] = it;
   }
 
-  if (rule == BpeMergeRule::kRecordedMerges) {
+  if (rule != BpeMergeRule::kTiktoken) {
     impl->merges.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       const auto [l, r] = merges[i];
@@ -460,6 +471,35 @@ Result<BpeTokenizer> BpeTokenizer::create(std::string name, std::vector<std::str
   return BpeTokenizer(std::move(impl));
 }
 
+namespace {
+
+// Calls ordinary(begin, end) for each stretch of text[0, end) between special tokens (the
+// leftmost, then the longest at one position; empty stretches too) and special(token)
+// for each special token that lies inside text[0, end), in order.
+template <typename Ordinary, typename Special>
+void split_at_specials(const std::vector<BpeSpecialToken>& specials, const bool* first_byte,
+                       std::string_view text, size_t end, Ordinary ordinary, Special special) {
+  size_t start = 0;
+  for (size_t p = 0; p < end; ++p) {
+    if (!first_byte[static_cast<unsigned char>(text[p])]) continue;
+    const BpeSpecialToken* best = nullptr;
+    for (const BpeSpecialToken& s : specials) {
+      if ((best == nullptr || s.text.size() > best->text.size()) && p + s.text.size() <= end &&
+          text.compare(p, s.text.size(), s.text) == 0) {
+        best = &s;
+      }
+    }
+    if (best == nullptr) continue;
+    ordinary(start, p);
+    special(*best);
+    start = p + best->text.size();
+    p = start - 1;
+  }
+  ordinary(start, end);
+}
+
+}  // namespace
+
 void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>* out,
                           bool allow_special) const {
   TRIDENT_CHECK_MSG(valid_utf8(text), impl_->name + ": encode: text is not valid UTF-8");
@@ -467,43 +507,73 @@ void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>* out,
     impl_->encode_range(text, 0, text.size(), out);
     return;
   }
-  size_t start = 0;
-  for (size_t p = 0; p < text.size(); ++p) {
-    if (!impl_->special_first_byte[static_cast<unsigned char>(text[p])]) continue;
-    const BpeSpecialToken* s = impl_->special_at(text, p);
-    if (s == nullptr) continue;
-    // The ordinary text before it is a subject of its own: the pattern's look-ahead must
-    // not see the special token.
-    impl_->encode_range(text.substr(start, p - start), 0, p - start, out);
-    out->push_back(s->id);
-    start = p + s->text.size();
-    p = start - 1;
+  // The ordinary text between special tokens is a subject of its own: the pattern's
+  // look-ahead must not see the special token.
+  split_at_specials(
+      impl_->specials, impl_->special_first_byte, text, text.size(),
+      [&](size_t b, size_t e) { impl_->encode_range(text.substr(b, e - b), 0, e - b, out); },
+      [&](const BpeSpecialToken& s) { out->push_back(s.id); });
+}
+
+bool BpeTokenizer::safe_split(std::string_view text, size_t p, bool allow_special) const {
+  if (!safe_split(text, p)) return false;
+  if (!allow_special) return true;
+  // Whether s may start at `start`: it does, or the text ends inside it (a block read so
+  // far), so the rest may follow.
+  auto may_start = [&](const std::string& s, size_t start) {
+    const size_t n = std::min(s.size(), text.size() - start);
+    return text.compare(start, n, s, 0, n) == 0;
+  };
+  for (const BpeSpecialToken& s : impl_->specials) {
+    if (may_start(s.text, p)) return false;
+    // A special token that spans p has the '\n' before p inside it, not last.
+    for (size_t k = s.text.find('\n'); k != std::string::npos && k + 1 < s.text.size();
+         k = s.text.find('\n', k + 1)) {
+      if (p - 1 >= k && may_start(s.text, p - 1 - k)) return false;
+    }
   }
-  impl_->encode_range(text.substr(start), 0, text.size() - start, out);
+  return true;
 }
 
 void BpeTokenizer::encode_parallel(std::string_view text, int threads,
-                                   std::vector<uint32_t>* out, size_t end) const {
+                                   std::vector<uint32_t>* out, size_t end,
+                                   bool allow_special) const {
   TRIDENT_CHECK_MSG(valid_utf8(text), impl_->name + ": encode_parallel: text is not valid UTF-8");
   end = std::min(end, text.size());
+  if (!allow_special || impl_->specials.empty()) {
+    impl_->encode_parallel_range(text, threads, out, end);
+    return;
+  }
+  split_at_specials(
+      impl_->specials, impl_->special_first_byte, text, end,
+      [&](size_t b, size_t e) {
+        // The last stretch keeps text[end:] as its look-ahead, the others end at a special.
+        impl_->encode_parallel_range(e == end ? text.substr(b) : text.substr(b, e - b), threads,
+                                     out, e - b);
+      },
+      [&](const BpeSpecialToken& s) { out->push_back(s.id); });
+}
+
+void BpeTokenizer::Impl::encode_parallel_range(std::string_view text, int threads,
+                                               std::vector<uint32_t>* out, size_t end) const {
   // Pieces of at least 256 KiB, about 4 per thread so uneven pieces still balance.
   threads = std::max(threads, 1);
   const size_t target = std::max<size_t>(size_t{1} << 18, end / (size_t(threads) * 4) + 1);
   std::vector<size_t> bounds{0};
   for (size_t p = target; threads > 1 && p < end; p = bounds.back() + target) {
-    while (p < end && !safe_split(text, p)) ++p;
+    while (p < end && !BpeTokenizer::safe_split(pattern, text, p)) ++p;
     if (p >= end) break;
     bounds.push_back(p);
   }
   bounds.push_back(end);
   const int pieces = static_cast<int>(bounds.size()) - 1;
   if (pieces == 1) {
-    impl_->encode_range(text, 0, end, out);
+    encode_range(text, 0, end, out);
     return;
   }
   std::vector<std::vector<uint32_t>> ids(pieces);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int i = 0; i < pieces; ++i) impl_->encode_range(text, bounds[i], bounds[i + 1], &ids[i]);
+  for (int i = 0; i < pieces; ++i) encode_range(text, bounds[i], bounds[i + 1], &ids[i]);
   size_t total = out->size();
   for (const auto& v : ids) total += v.size();
   out->reserve(total);

@@ -1,16 +1,21 @@
 // Byte-level BPE: the one engine behind every vocabulary Trident reads (GPT-2's
-// encoder.json + vocab.bpe, tiktoken rank files: cl100k_base, o200k_base, Llama 3).
+// encoder.json + vocab.bpe, tiktoken rank files: cl100k_base, o200k_base, Llama 3, and
+// Hugging Face tokenizer.json files: data/bpe_hf_tokenizer.h).
 //
 // A vocabulary is a list of byte strings indexed by rank (the rank is the id), a
 // pre-tokenizer pattern and a set of special tokens. Encoding = split the text into
 // pieces with the pattern (PCRE2, UTF + UCP, JIT when available), then merge the bytes of
-// each piece, lowest rank first, leftmost first among equal ranks. Two merge rules:
+// each piece, lowest rank first, leftmost first among equal ranks. The merge rules:
 //   kTiktoken:        any adjacent pair whose concatenation is a token merges, at that
 //                     token's rank, and a piece that is itself a token is that token
 //                     without merging (tiktoken's _byte_pair_merge and its whole-piece
 //                     lookup; Llama 3's tokenizer.json says the same with ignore_merges).
-//   kRecordedMerges:  only the pairs of a merge list merge (GPT-2's encoder.py bpe()), at
-//                     the rank of the result, with no whole-piece lookup.
+//   kRecordedMerges:  only the pairs of a merge list merge (GPT-2's encoder.py bpe(),
+//                     Hugging Face's BPE model), the earlier in the list first (GPT-2's
+//                     list is in the order of the results' ranks), with no whole-piece
+//                     lookup.
+//   kRecordedMergesWholePiece: the same with the whole-piece lookup (Hugging Face's
+//                     ignore_merges).
 // \s in every pattern is Unicode White_Space, as in tiktoken's Rust regex and Python's
 // `regex`: U+0085 is whitespace, U+FEFF is not (the JavaScript encoders differ exactly
 // there; see docs/DATA.md).
@@ -57,8 +62,11 @@ enum class BpePattern {
 // "gpt2", "cl100k", "o200k", "llama3" <-> the enum; parse fails naming the allowed ones.
 const char* bpe_pattern_name(BpePattern pattern);
 Result<BpePattern> parse_bpe_pattern(const std::string& name);
+// The pattern as its source spells it (with \s, before Trident spells \s out): what a
+// Hugging Face tokenizer.json's Split pre-tokenizer declares for it (Llama 3's is cl100k's).
+const char* bpe_pattern_source(BpePattern pattern);
 
-enum class BpeMergeRule { kTiktoken, kRecordedMerges };
+enum class BpeMergeRule { kTiktoken, kRecordedMerges, kRecordedMergesWholePiece };
 
 struct BpeSpecialToken {
   std::string text;
@@ -68,8 +76,9 @@ struct BpeSpecialToken {
 class BpeTokenizer {
  public:
   // tokens[rank] = the token's bytes (ranks 0..n-1, all distinct, every single byte among
-  // them). merges: for kRecordedMerges, the (left rank, right rank) pairs in merge order;
-  // ignored for kTiktoken. Special ids must not collide with ranks or each other.
+  // them). merges: for the kRecordedMerges rules, the (left rank, right rank) pairs in
+  // merge order; ignored for kTiktoken. Special ids must not collide with ranks or each
+  // other.
   // `name` appears in messages ("cl100k_base", a file path).
   static Result<BpeTokenizer> create(std::string name, std::vector<std::string> tokens,
                                      BpePattern pattern, BpeMergeRule rule,
@@ -96,11 +105,14 @@ class BpeTokenizer {
   // The ids of the pre-tokenizer matches that start before `end` (all of them by
   // default), computed by `threads` OpenMP threads over pieces of the text cut at
   // safe_split() positions; the result equals the serial encode() (special tokens are
-  // ordinary text here). text[end:] is look-ahead only: the regex sees it, so a block cut
-  // at a safe split and handed over with one more byte encodes exactly as inside the
-  // whole text. Text without safe splits is encoded serially.
+  // ordinary text unless allow_special). text[end:] is look-ahead only: the regex sees
+  // it, so a block cut at a safe split and handed over with one more byte encodes exactly
+  // as inside the whole text. Text without safe splits is encoded serially. With
+  // allow_special, the special tokens in text[0, end) are found first and the text
+  // between them is encoded as separate subjects, each in parallel, as encode() does; a
+  // block must then be cut where safe_split(text, p, true) holds.
   void encode_parallel(std::string_view text, int threads, std::vector<uint32_t>* out,
-                       size_t end = std::string_view::npos) const;
+                       size_t end = std::string_view::npos, bool allow_special = false) const;
 
   // The bytes of the ids; every id must be a rank or a special token (a special token
   // decodes to its text). Not necessarily valid UTF-8 for an arbitrary id sequence.
@@ -126,6 +138,11 @@ class BpeTokenizer {
     return text[p - 1] == '\n' && c >= 0x21 && c <= 0x7E && (pattern != BpePattern::kO200k || c != '/');
   }
   bool safe_split(std::string_view text, size_t p) const { return safe_split(pattern(), text, p); }
+  // With special tokens matched (allow_special), a block cut must also not start or cut
+  // through a special token's text, nor one that the end of `text` cuts short (it may go
+  // on in the next read): then the look-ahead byte is ordinary text in both the block and
+  // the whole text, and each special token lies inside one block.
+  bool safe_split(std::string_view text, size_t p, bool allow_special) const;
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 //   o200k_base    OpenAI's, 199,998 ranks + 2 special tokens (ids up to 200018)
 //   llama3        Meta's Llama 3 / 3.1 tokenizer.model, 128,000 ranks + 256 special
 //                 tokens (128000..128255, Llama 3.1's names)
+//   PATH.json     a Hugging Face tokenizer.json (data/bpe_hf_tokenizer.h)
 //   PATH          a tiktoken rank file (*.tiktoken, or a tokenizer.model of that format)
 //                 with the pre-tokenizer pattern given separately, since the file does
 //                 not say. Its special tokens: those of the named vocabulary of the same
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "data/bpe_tokenizer.h"
@@ -30,6 +32,10 @@ namespace trident {
 struct LoadedTokenizer {
   BpeTokenizer bpe;
   uint32_t document_token = 0;
+  // What the data records of it (data/token_meta.h): SPEC as given, and the SHA-256 (hex)
+  // of the file(s) it was read from (gpt2: encoder.json then vocab.bpe, as one stream).
+  std::string spec;
+  std::string sha256;
 };
 
 // Whether SPEC names a vocabulary ("gpt2", "cl100k_base", "o200k_base", "llama3").
@@ -41,5 +47,9 @@ bool is_named_vocabulary(const std::string& spec);
 // (invalid_config: "--tokenizer-pattern ...").
 Result<LoadedTokenizer> load_vocabulary(const std::string& spec, const std::string& dir,
                                         const std::string& pattern);
+
+// The SHA-256 (FIPS 180-4), lowercase hex, of the files' bytes one after the other; an
+// unreadable file is io_error naming it.
+Result<std::string> sha256_hex_of_files(const std::vector<std::string>& paths);
 
 }  // namespace trident

@@ -44,14 +44,24 @@ Status check_stop(const std::atomic<bool>* stop) {
   return Status::ok();
 }
 
+// The sidecar of a file just written: it spares `trident train` a scan for the largest id
+// and carries the tokenizer with the data (data/token_meta.h).
+Status write_sidecar(const std::string& path, uint64_t tokens, uint32_t max_id,
+                     const TokenizerRecord& tokenizer) {
+  std::error_code ec;
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (ec) return Status::io_error(path + ": cannot stat the file just written: " + ec.message());
+  return write_token_meta(path, {tokens, max_id, bytes, tokenizer});
+}
+
 // Buffers tokens and writes a shard each time shard_tokens have arrived.
 class ShardWriter {
  public:
   // version: llm.c's 1 (uint16 tokens) or 7 (uint32), data/token_file.h.
   ShardWriter(std::string dir, std::string prefix, uint64_t shard_tokens,
-              const std::atomic<bool>* stop, int version = 1)
+              const std::atomic<bool>* stop, const TokenizerRecord& tokenizer, int version = 1)
       : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens),
-        stop_(stop), version_(version) {}
+        stop_(stop), tokenizer_(tokenizer), version_(version) {}
 
   Status add(uint32_t token) {
     buffer_.push_back(token);
@@ -64,12 +74,9 @@ class ShardWriter {
     TRIDENT_RETURN_IF_ERROR(check_stop(stop_));
     std::string path = (fs::path(dir_) / shard_name(prefix_, written_.size())).string();
     TRIDENT_RETURN_IF_ERROR(write_token_file(path, buffer_, version_));
-    // The sidecar spares `trident train` a scan for the largest id (data/token_meta.h).
-    std::error_code ec;
-    const uint64_t bytes = fs::file_size(path, ec);
-    if (ec) return Status::io_error(path + ": cannot stat the shard just written: " + ec.message());
-    TRIDENT_RETURN_IF_ERROR(write_token_meta(
-        path, {buffer_.size(), *std::max_element(buffer_.begin(), buffer_.end()), bytes}));
+    TRIDENT_RETURN_IF_ERROR(write_sidecar(path, buffer_.size(),
+                                          *std::max_element(buffer_.begin(), buffer_.end()),
+                                          tokenizer_));
     written_.push_back(path);
     buffer_.clear();
     return Status::ok();
@@ -82,24 +89,29 @@ class ShardWriter {
   std::string prefix_;
   uint64_t shard_tokens_;
   const std::atomic<bool>* stop_;
+  const TokenizerRecord& tokenizer_;
   int version_;
   std::vector<uint32_t> buffer_;
   std::vector<std::string> written_;
 };
 
-// A --tokenizer that is not a name is the path of a rank file.
+// A --tokenizer that is not a name is the path of a rank file or a tokenizer.json.
 bool is_rank_file_spec(const std::string& spec) {
   auto ends_with = [&](const std::string& tail) {
     return spec.size() > tail.size() && spec.compare(spec.size() - tail.size(), tail.size(), tail) == 0;
   };
-  return spec.find('/') != std::string::npos || ends_with(".tiktoken") || ends_with(".model");
+  return spec.find('/') != std::string::npos || ends_with(".tiktoken") || ends_with(".model") ||
+         ends_with(".json");
 }
 
 Status validate(const PrepareOptions& o) {
   if (o.tokenizer != "byte" && !is_named_vocabulary(o.tokenizer) && !is_rank_file_spec(o.tokenizer)) {
     return Status::invalid_config("--tokenizer: unknown tokenizer '" + o.tokenizer +
                                   "' (allowed: byte, gpt2, cl100k_base, o200k_base, llama3, or "
-                                  "the path of a .tiktoken rank file)");
+                                  "the path of a .tiktoken rank file or a tokenizer.json)");
+  }
+  if (o.allow_special && o.tokenizer == "byte") {
+    return Status::invalid_config("--allow-special: the byte tokenizer has no special tokens");
   }
   if (!o.tokenizer_pattern.empty() && !is_rank_file_spec(o.tokenizer)) {
     return Status::invalid_config("--tokenizer-pattern: only for a rank file path, not for "
@@ -125,10 +137,10 @@ Status validate(const PrepareOptions& o) {
   return Status::ok();
 }
 
-// Removes train_NNNNNN.bin / val_NNNNNN.bin shards with their .meta.json sidecars and
-// train/val.{bin,idx} Megatron files (by file name) this run did not write.
+// Removes train_NNNNNN.bin / val_NNNNNN.bin shards and train/val.{bin,idx} Megatron files
+// with their .meta.json sidecars (by file name) that this run did not write.
 void remove_stale_shards(const std::string& dir, const std::set<std::string>& keep) {
-  static const std::regex kShard(R"((train|val)(_\d{6}\.bin(\.meta\.json)?|\.bin|\.idx))");
+  static const std::regex kShard(R"((train|val)(_\d{6}\.bin(\.meta\.json)?|\.bin(\.meta\.json)?|\.idx))");
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
        it.increment(ec)) {
@@ -187,8 +199,9 @@ Result<PrepareSummary> prepare_bytes(const PrepareOptions& options, PrepareSumma
                                  " bytes of text leave too few train tokens");
   }
 
-  ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop);
-  ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop);
+  const TokenizerRecord byte{"byte", "", kByteVocab, -1};
+  ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop, byte);
+  ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop, byte);
   std::vector<uint64_t> counts(kByteVocab, 0);
   uint64_t position = 0;
   std::vector<unsigned char> chunk(1 << 20);
@@ -314,7 +327,7 @@ class TokenSpool {
 // Streams one input file through the tokenizer (nullptr = byte tokens) in blocks cut at
 // safe splits (BpeTokenizer::safe_split), so the ids equal those of the whole file.
 Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t block_bytes,
-                     const BpeTokenizer* bpe, int threads, TokenSpool* spool,
+                     const BpeTokenizer* bpe, bool allow_special, int threads, TokenSpool* spool,
                      PrepareSummary* summary, uint64_t* bytes_done, Progress* progress,
                      const std::atomic<bool>* stop) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
@@ -342,7 +355,7 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
     if (!eof && bpe != nullptr) {
       cut = 0;
       for (size_t p = pending.size() - 1; p > 0; --p) {
-        if (bpe->safe_split(pending, p)) {
+        if (bpe->safe_split(pending, p, allow_special)) {
           cut = p;
           break;
         }
@@ -358,7 +371,7 @@ Status tokenize_file(const std::string& path, uint64_t expected_bytes, size_t bl
       summary->utf8_replacements += sanitize_utf8(std::string_view(pending).substr(0, cut), &text);
       const size_t end = text.size();
       if (cut < pending.size()) text.push_back(pending[cut]);  // ASCII look-ahead byte
-      bpe->encode_parallel(text, threads, &ids, end);
+      bpe->encode_parallel(text, threads, &ids, end, allow_special);
     }
     TRIDENT_RETURN_IF_ERROR(spool->append(ids));
     pending.erase(0, cut);
@@ -395,6 +408,10 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     bpe = std::make_unique<LoadedTokenizer>(std::move(loaded));
     summary.vocab_size = bpe->bpe.vocab_size();
   }
+  const TokenizerRecord record =
+      bpe == nullptr ? TokenizerRecord{"byte", "", kByteVocab, -1}
+                     : TokenizerRecord{bpe->spec, bpe->sha256, bpe->bpe.vocab_size(),
+                                       bpe->document_token};
   // llm.c's uint16 shards hold ids < 65536; Megatron switches to int32 at 65500.
   const bool megatron = options.format == "megatron";
   const int width = summary.vocab_size > (megatron ? 65499 : 65536) ? 4 : 2;
@@ -414,7 +431,8 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     const uint64_t first = spool.count();
     if (bpe != nullptr) TRIDENT_RETURN_IF_ERROR(spool.append({bpe->document_token}));
     TRIDENT_RETURN_IF_ERROR(tokenize_file(input, size, std::max<size_t>(options.read_block_bytes, 1),
-                                          bpe ? &bpe->bpe : nullptr, threads, &spool, &summary,
+                                          bpe ? &bpe->bpe : nullptr, options.allow_special,
+                                          threads, &spool, &summary,
                                           &bytes_done,
                                           &progress, options.stop));
     doc_lengths.push_back(spool.count() - first);
@@ -446,12 +464,15 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
                                                                   end - begin, docs)
                                          : write_megatron_dataset(prefix, spool.tokens16() + begin,
                                                                   end - begin, docs));
+      uint32_t max_id = 0;
+      for (uint64_t i = begin; i < end; ++i) max_id = std::max(max_id, spool.token(i));
+      TRIDENT_RETURN_IF_ERROR(write_sidecar(prefix + ".bin", end - begin, max_id, record));
       (begin == 0 ? summary.train_shards : summary.val_shards).push_back(prefix + ".bin");
     }
   } else {
     const int version = width == 4 ? 7 : 1;
-    ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop, version);
-    ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop, version);
+    ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop, record, version);
+    ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop, record, version);
     for (uint64_t i = 0; i < total; ++i) {
       TRIDENT_RETURN_IF_ERROR((i < summary.train_tokens ? train : val).add(spool.token(i)));
     }

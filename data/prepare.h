@@ -5,9 +5,10 @@
 //   llmc (default): train_000000.bin, train_000001.bin, ...  at most shard_tokens each
 //                   val_000000.bin, ...                      (absent when the split is empty)
 //                   in llm.c version 1 (uint16) format (data/token_file.h), each with a
-//                   sidecar <shard>.meta.json holding its token count, largest id and
-//                   size (data/token_meta.h)
-//   megatron:       train.bin + train.idx, val.bin + val.idx  (data/megatron_file.h)
+//                   sidecar <shard>.meta.json holding its token count, largest id, size
+//                   and the tokenizer (data/token_meta.h)
+//   megatron:       train.bin + train.idx, val.bin + val.idx  (data/megatron_file.h),
+//                   with the sidecars train.bin.meta.json, val.bin.meta.json
 // The files are written into a fresh staging directory beside out_dir (".<name>.prepare.
 // <pid>", same file system) and moved into out_dir only once all are complete; then the
 // outputs of an earlier run beyond the ones written now (shards of either format) are
@@ -18,12 +19,14 @@
 // Tokenizers (--tokenizer SPEC):
 //   "byte": every byte is a token (vocab 256); the files are one byte stream, no
 //           document separators.
-//   "gpt2", "cl100k_base", "o200k_base", "llama3", or the path of a tiktoken rank file
-//           (with tokenizer_pattern): byte-level BPE (data/bpe_vocabularies.h) from
-//           vocab_dir. Each input file is one document, and the vocabulary's document
-//           token is placed before every document (<|endoftext|>: gpt2 50256, cl100k_base
-//           100257, o200k_base 199999; llama3 <|begin_of_text|> 128000), as llm.c and
-//           nanoGPT do for GPT-2. Special-token text inside a document is ordinary text.
+//   "gpt2", "cl100k_base", "o200k_base", "llama3", the path of a tiktoken rank file
+//           (with tokenizer_pattern) or of a Hugging Face tokenizer.json: byte-level BPE
+//           (data/bpe_vocabularies.h) from vocab_dir. Each input file is one document, and
+//           the vocabulary's document token is placed before every document
+//           (<|endoftext|>: gpt2 50256, cl100k_base 100257, o200k_base 199999; llama3
+//           <|begin_of_text|> 128000), as llm.c and nanoGPT do for GPT-2. Special-token
+//           text inside a document is ordinary text, or with allow_special the special id
+//           (the text is then cut into blocks only where no special token is cut).
 //           Invalid UTF-8 becomes U+FFFD (counted in the summary). Tokenized by `threads`
 //           threads; the ids do not depend on it.
 // Vocabularies of more than 65,536 ids write llm.c version 7 (uint32) shards, and from
@@ -54,6 +57,9 @@ struct PrepareOptions {
   std::string vocab_dir;
   // A rank file's pre-tokenizer: gpt2 | cl100k | o200k | llama3 (the file does not say).
   std::string tokenizer_pattern;
+  // Special-token text inside a document becomes the special id (BPE only); by default it
+  // is ordinary text.
+  bool allow_special = false;
   int threads = 0;                      // BPE tokenization threads; 0 = all cores
   bool progress = false;                // a progress line on stderr every few seconds
   // Text read and tokenized at a time (bounds memory; a file with no safe split in a

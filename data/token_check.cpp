@@ -5,7 +5,6 @@
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "data/token_meta.h"
 
 namespace trident {
 
@@ -50,15 +49,37 @@ std::optional<uint64_t> first_out_of_range(const TokenFile& file, int64_t vocab_
 Result<TokenIdCheck> check_token_ids(const TokenDataset& dataset, int64_t vocab_size) {
   Timer timer;
   TokenIdCheck r;
+  std::string tokenizer_file;  // the first file whose sidecar records the tokenizer
   for (const TokenFile& file : dataset.files()) {
     r.tokens += file.num_tokens();
+    const std::optional<TokenFileMeta> meta = read_token_meta(file);
+    if (meta && meta->tokenizer) {
+      const TokenizerRecord& t = *meta->tokenizer;
+      // The byte tokenizer is exempt: a model may cover only the bytes that occur (ASCII
+      // text under a vocabulary of 128), which the id check below bounds.
+      if (t.vocab_size > vocab_size && t.name != "byte") {
+        return Status::invalid_input(file.path() + ": its tokenizer " + t.name + " has " +
+                                     std::to_string(t.vocab_size) +
+                                     " ids, more than model.vocab_size " +
+                                     std::to_string(vocab_size));
+      }
+      if (!r.tokenizer) {
+        r.tokenizer = t;
+        tokenizer_file = file.path();
+      } else if (r.tokenizer->vocab_size != t.vocab_size || r.tokenizer->sha256 != t.sha256) {
+        return Status::invalid_input(file.path() + ": its tokenizer " + t.name + " (" +
+                                     std::to_string(t.vocab_size) + " ids) is not the one of " +
+                                     tokenizer_file + " (" + r.tokenizer->name + ", " +
+                                     std::to_string(r.tokenizer->vocab_size) + " ids)");
+      }
+    }
     if (file.token_width() == 2 && vocab_size >= 65536) {
       ++r.files_skipped;
       continue;
     }
     uint32_t file_max = 0;
     bool scanned = false;
-    if (auto meta = read_token_meta(file)) {
+    if (meta) {
       file_max = meta->max_id;
     } else {
       file_max = max_token_id(file);

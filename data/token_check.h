@@ -2,7 +2,16 @@
 // vocab_size. DataLoader also checks each id it reads, but only when a batch first
 // reads it — possibly hours into a run; this check runs before the first step.
 //
-// Per shard, cheapest first:
+// First, per shard with a trusted sidecar that records the tokenizer (data/token_meta.h):
+// the tokenizer's vocabulary must fit, vocab_size >= its size, even when the ids in the
+// data happen to be smaller (a special token that has not occurred yet still can), and
+// every such shard of the dataset must name the same tokenizer (equal vocabulary size
+// and SHA-256): ids of two vocabularies in one stream mean nothing. Failures:
+// "<file>: its tokenizer llama3 has 128256 ids, more than model.vocab_size 128000". The
+// byte tokenizer is exempt from the size: its ids are the bytes that occur.
+// Sidecars without the record (older ones) and shards without sidecars skip this part.
+//
+// Then the ids, per shard, cheapest first:
 //   - uint16 shards with vocab_size >= 65536: nothing to check;
 //   - a trusted sidecar (data/token_meta.h): its max_id;
 //   - otherwise a scan of the mapped tokens for the largest id, in parallel (OpenMP,
@@ -17,10 +26,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
 #include "data/dataset.h"
+#include "data/token_meta.h"
 
 namespace trident {
 
@@ -32,6 +43,8 @@ struct TokenIdCheck {
   int files_from_sidecar = 0;
   int files_skipped = 0;       // uint16 shards under a vocabulary of >= 65536
   double seconds = 0;
+  // The tokenizer the sidecars record (the same for all that record one), if any does.
+  std::optional<TokenizerRecord> tokenizer;
 };
 
 Result<TokenIdCheck> check_token_ids(const TokenDataset& dataset, int64_t vocab_size);

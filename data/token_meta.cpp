@@ -21,8 +21,15 @@ std::string token_meta_path(const std::string& shard_path) {
 Status write_token_meta(const std::string& shard_path, const TokenFileMeta& meta) {
   const std::string path = token_meta_path(shard_path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const nlohmann::ordered_json j = {
+  nlohmann::ordered_json j = {
       {"tokens", meta.tokens}, {"max_id", meta.max_id}, {"bytes", meta.bytes}};
+  if (meta.tokenizer) {
+    nlohmann::ordered_json t = {{"name", meta.tokenizer->name}};
+    if (!meta.tokenizer->sha256.empty()) t["sha256"] = meta.tokenizer->sha256;
+    t["vocab_size"] = meta.tokenizer->vocab_size;
+    if (meta.tokenizer->document_token >= 0) t["document_token"] = meta.tokenizer->document_token;
+    j["tokenizer"] = std::move(t);
+  }
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << j.dump() << "\n";
@@ -67,7 +74,25 @@ std::optional<TokenFileMeta> read_token_meta(const TokenFile& file) {
       max_id > std::numeric_limits<uint32_t>::max()) {
     return std::nullopt;
   }
-  return TokenFileMeta{tokens, static_cast<uint32_t>(max_id), bytes};
+  TokenFileMeta meta{tokens, static_cast<uint32_t>(max_id), bytes, std::nullopt};
+  if (auto t = j.find("tokenizer"); t != j.end()) {
+    if (!t->is_object()) return std::nullopt;
+    auto name = t->find("name"), sha = t->find("sha256"), vocab = t->find("vocab_size"),
+         doc = t->find("document_token");
+    if (name == t->end() || !name->is_string() || vocab == t->end() ||
+        !vocab->is_number_unsigned() || vocab->get<uint64_t>() > (uint64_t{1} << 32) ||
+        (sha != t->end() && !sha->is_string()) ||
+        (doc != t->end() && !doc->is_number_unsigned())) {
+      return std::nullopt;
+    }
+    TokenizerRecord r;
+    r.name = name->get<std::string>();
+    r.vocab_size = vocab->get<int64_t>();
+    if (sha != t->end()) r.sha256 = sha->get<std::string>();
+    if (doc != t->end()) r.document_token = doc->get<int64_t>();
+    meta.tokenizer = std::move(r);
+  }
+  return meta;
 }
 
 }  // namespace trident

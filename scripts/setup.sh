@@ -5,7 +5,7 @@
 # Usage: scripts/setup.sh [--demo] [--no-build | TARGET...]
 #   (no option)  everything scripts/test.sh needs: the packages of the build, the tests
 #                and their PyTorch reference, GPT-2's tokenizer files and the tiktoken
-#                rank files (scripts/fetch_vocabs.sh); configures build/
+#                rank files and tokenizer.json files (scripts/fetch_vocabs.sh); configures build/
 #                with the CUDA backend plugin when nvcc is there (TRIDENT_CUDA, default
 #                AUTO) and the tests, and builds TARGETs (default: all).
 #   --demo       only what scripts/demo.sh needs: the build's packages and numpy +
@@ -52,10 +52,12 @@ fi
 if ((!demo)) && ! scripts/fetch_gpt2_vocab.sh; then
   echo "setup: WARNING: could not fetch the GPT-2 tokenizer files; the gpt2 tests will fail" >&2
 fi
-# The same for the tiktoken rank files (cl100k_base, o200k_base, llama3) and their npm
-# oracles (tiktoken, llama3-tokenizer-js) into .cache/vocab or $TRIDENT_VOCAB_DIR.
+# The same for the tiktoken rank files (cl100k_base, o200k_base, llama3), the tokenizer.json
+# files built from GPT-2's and Llama 3's vocabularies, and their npm oracles (tiktoken,
+# llama3-tokenizer-js, @huggingface/tokenizers, tokenizers) into .cache/vocab or
+# $TRIDENT_VOCAB_DIR.
 if ((!demo)) && ! scripts/fetch_vocabs.sh; then
-  echo "setup: WARNING: could not fetch the tiktoken rank files; their tests will fail" >&2
+  echo "setup: WARNING: could not fetch the tiktoken rank files and tokenizer.json files; their tests will fail" >&2
 fi
 
 # Arguments: --no-build, or the build targets to make (default: all).

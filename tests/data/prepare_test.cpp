@@ -129,7 +129,8 @@ TEST(Prepare, RerunRemovesTemporariesOfDeadRuns) {
   EXPECT_EQ(names, (std::set<std::string>{"a.txt", "out"}));
   names.clear();
   for (const auto& e : fs::directory_iterator(dir.file("out"))) names.insert(e.path().filename());
-  EXPECT_EQ(names, (std::set<std::string>{"train.bin", "train.idx", "val.bin", "val.idx"}));
+  EXPECT_EQ(names, (std::set<std::string>{"train.bin", "train.bin.meta.json", "train.idx",
+                                          "val.bin", "val.bin.meta.json", "val.idx"}));
 }
 
 TEST(Prepare, ErrorsNameTheCulprit) {

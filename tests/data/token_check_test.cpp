@@ -1,5 +1,7 @@
 // The start-up vocabulary check (data/token_check.h) and the shard sidecars it trusts
-// (data/token_meta.h), including those `trident prepare` writes.
+// (data/token_meta.h), including those `trident prepare` writes, and the tokenizer they
+// record: its vocabulary must fit model.vocab_size, one per dataset, and sidecars from
+// before the record still count.
 #include "data/token_check.h"
 
 #include <gtest/gtest.h>
@@ -187,6 +189,87 @@ TEST(Prepare, WritesASidecarPerShardThatTheCheckTrusts) {
   EXPECT_FALSE(fs::exists(dir.file("out/train_000001.bin")));
   EXPECT_FALSE(fs::exists(dir.file("out/train_000001.bin.meta.json")));
   EXPECT_TRUE(fs::exists(dir.file("out/train_000000.bin.meta.json")));
+}
+
+// A shard whose ids fit but whose tokenizer has more ids than the model: the special
+// tokens of the vocabulary may occur later (in other data, in generation), so the data's
+// tokenizer decides, before any scan, and the message names the file and both sizes.
+TEST(CheckTokenIds, TheDataTokenizerVocabularyMustFitTheModel) {
+  ScratchDir dir;
+  const std::string shard = dir.file("train_000000.bin");
+  ASSERT_TRUE(write_token_file(shard, {100257, 5, 42}, 7).is_ok());
+  const TokenizerRecord cl100k{"cl100k_base", "2239", 100277, 100257};
+  ASSERT_TRUE(write_token_meta(shard, {3, 100257, kTokenFileHeaderBytes + 12, cl100k}).is_ok());
+  auto check = check_token_ids(open_dataset(shard), 100260);
+  ASSERT_FALSE(check.is_ok());
+  EXPECT_EQ(check.status().message(),
+            shard + ": its tokenizer cl100k_base has 100277 ids, more than model.vocab_size 100260");
+  Status st = check_token_ids_at_startup("data.train", open_dataset(shard), 100260);
+  EXPECT_EQ(st.exit_code(), 2);
+  EXPECT_EQ(st.message(), "data.train " + shard +
+                              ": its tokenizer cl100k_base has 100277 ids, more than "
+                              "model.vocab_size 100260");
+  check = check_token_ids(open_dataset(shard), 100277);
+  ASSERT_TRUE(check.is_ok()) << check.status().message();
+  ASSERT_TRUE(check->tokenizer.has_value());
+  EXPECT_EQ(check->tokenizer->name, "cl100k_base");
+  EXPECT_EQ(check->tokenizer->document_token, 100257);
+  EXPECT_EQ(check->files_from_sidecar, 1);
+
+  // A second shard of another tokenizer in the same dataset.
+  const std::string other = dir.file("train_000001.bin");
+  ASSERT_TRUE(write_token_file(other, {1, 2}, 7).is_ok());
+  ASSERT_TRUE(write_token_meta(other, {2, 2, kTokenFileHeaderBytes + 8,
+                                       TokenizerRecord{"o200k_base", "446a", 200019, 199999}})
+                  .is_ok());
+  check = check_token_ids(open_dataset(dir.file("train_*.bin")), 300000);
+  ASSERT_FALSE(check.is_ok());
+  EXPECT_EQ(check.status().message(),
+            other + ": its tokenizer o200k_base (200019 ids) is not the one of " + shard +
+                " (cl100k_base, 100277 ids)");
+  // The same tokenizer named by another path is the same tokenizer.
+  ASSERT_TRUE(write_token_meta(other, {2, 2, kTokenFileHeaderBytes + 8,
+                                       TokenizerRecord{"/x/cl100k_base.tiktoken", "2239", 100277,
+                                                       100257}})
+                  .is_ok());
+  EXPECT_TRUE(check_token_ids(open_dataset(dir.file("train_*.bin")), 100277).is_ok());
+}
+
+// The byte tokenizer's record does not ask for 256 ids: ASCII data trains under 128.
+TEST(CheckTokenIds, ByteDataNeedsOnlyItsIds) {
+  ScratchDir dir;
+  const std::string shard = dir.file("s.bin");
+  ASSERT_TRUE(write_token_file(shard, {'a', 'z'}, 1).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {2, 'z', kTokenFileHeaderBytes + 4,
+                                       TokenizerRecord{"byte", "", 256, -1}})
+                  .is_ok());
+  auto check = check_token_ids(open_dataset(shard), 128);
+  ASSERT_TRUE(check.is_ok()) << check.status().message();
+  EXPECT_EQ(check->files_from_sidecar, 1);
+  EXPECT_FALSE(check_token_ids(open_dataset(shard), 'z').is_ok());
+}
+
+// Sidecars written before the tokenizer was recorded are still trusted for their max_id
+// and say nothing about the tokenizer; a malformed record makes the sidecar untrusted.
+TEST(CheckTokenIds, SidecarsWithoutATokenizerRecordKeepWorking) {
+  ScratchDir dir;
+  const std::string shard = dir.file("s.bin");
+  ASSERT_TRUE(write_token_file(shard, {1, 2, 300}, 1).is_ok());
+  std::ofstream(token_meta_path(shard)) << "{\"tokens\": 3, \"max_id\": 9, \"bytes\": "
+                                        << kTokenFileHeaderBytes + 6 << "}\n";
+  auto check = check_token_ids(open_dataset(shard), 10);
+  ASSERT_TRUE(check.is_ok()) << check.status().message();
+  EXPECT_EQ(check->files_from_sidecar, 1);
+  EXPECT_FALSE(check->tokenizer.has_value());
+  for (const char* bad : {"\"tokenizer\": 5", "\"tokenizer\": {\"name\": \"x\"}",
+                          "\"tokenizer\": {\"name\": 1, \"vocab_size\": 5}",
+                          "\"tokenizer\": {\"name\": \"x\", \"vocab_size\": -5}"}) {
+    std::ofstream(token_meta_path(shard)) << "{\"tokens\": 3, \"max_id\": 9, \"bytes\": "
+                                          << kTokenFileHeaderBytes + 6 << ", " << bad << "}\n";
+    check = check_token_ids(open_dataset(shard), 10);
+    ASSERT_FALSE(check.is_ok()) << bad;  // scanned: the 300 is found
+    EXPECT_NE(check.status().message().find("token id 300 at position 2"), std::string::npos) << bad;
+  }
 }
 
 }  // namespace

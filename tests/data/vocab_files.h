@@ -1,6 +1,6 @@
-// Where tests find the tiktoken rank files and their oracle packages: $TRIDENT_VOCAB_DIR,
-// else the source tree's .cache/vocab that scripts/fetch_vocabs.sh (run by
-// scripts/setup.sh) fills. As with GPT-2's files, a test that needs them fails when they
+// Where tests find the tiktoken rank files, the tokenizer.json files and their oracle
+// packages: $TRIDENT_VOCAB_DIR, else the source tree's .cache/vocab that
+// scripts/fetch_vocabs.sh (run by scripts/setup.sh) fills. As with GPT-2's files, a test that needs them fails when they
 // are missing, saying how to fetch them: a missing download must not look like a pass.
 #pragma once
 
@@ -15,7 +15,7 @@ inline std::string vocab_dir() {
 }
 
 inline std::string vocab_missing_hint() {
-  return "tiktoken rank files not loadable from " + vocab_dir() +
+  return "tiktoken rank files / tokenizer.json files not loadable from " + vocab_dir() +
          " (run scripts/fetch_vocabs.sh, or set TRIDENT_VOCAB_DIR)";
 }
 

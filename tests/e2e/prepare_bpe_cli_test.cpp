@@ -1,7 +1,10 @@
 // `trident prepare` with a tiktoken vocabulary on the command line, then `trident train`
 // on its uint32 shards: the vocabulary's size and document token reach the shards, a
-// model whose vocabulary is too small for them exits 2 naming the shard and the id, and
-// the failures of --tokenizer / --tokenizer-pattern exit 2 naming the option or file.
+// model whose vocabulary is smaller than the data's tokenizer exits 2 naming the key, the
+// shard and both sizes (even when the ids fit), one below the ids (shards without the
+// tokenizer record) exits 2 naming the shard and the id, and the failures of --tokenizer /
+// --tokenizer-pattern exit 2 naming the option or file. Then a Hugging Face tokenizer.json
+// with --allow-special, and a tokenizer.json that Trident refuses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,8 +67,25 @@ TEST(PrepareBpeCli, Cl100kShardsTrainAndFailures) {
   ASSERT_EQ(losses.size(), 4u) << train.output;
   // Near ln(100277) = 11.5 at the start: a uniform guess over the whole vocabulary.
   EXPECT_NEAR(std::stod(losses.begin()->second), std::log(100277.0), 1.0);
-  dir.write("small.yaml", train_config(dir, 50304));
+  // The ids fit (the largest is 100257) but the tokenizer has 100277.
+  for (int64_t vocab : {50304, 100260}) {
+    dir.write("small.yaml", train_config(dir, vocab));
+    auto small = run_command(trident_binary() + " train --config " + dir.file("small.yaml"));
+    EXPECT_EQ(small.exit_code, 2) << small.output;
+    EXPECT_NE(small.output.find("data.train " + dir.file("out/train_000000.bin") +
+                                ": its tokenizer cl100k_base has 100277 ids, more than "
+                                "model.vocab_size " + std::to_string(vocab)),
+              std::string::npos)
+        << small.output;
+  }
+  // Without the sidecars (shards from elsewhere) the ids themselves are checked.
+  for (const auto& e : fs::directory_iterator(dir.file("out"))) {
+    if (e.path().string().find(".meta.json") != std::string::npos) fs::remove(e.path());
+  }
   auto small = run_command(trident_binary() + " train --config " + dir.file("small.yaml"));
+  EXPECT_EQ(small.exit_code, 0) << small.output;  // 100260 > every id
+  dir.write("small.yaml", train_config(dir, 50304));
+  small = run_command(trident_binary() + " train --config " + dir.file("small.yaml"));
   EXPECT_EQ(small.exit_code, 2) << small.output;
   EXPECT_NE(small.output.find("is >= model.vocab_size 50304"), std::string::npos) << small.output;
 
@@ -88,6 +108,47 @@ TEST(PrepareBpeCli, Cl100kShardsTrainAndFailures) {
   ASSERT_EQ(by_path.exit_code, 0) << by_path.output;
   EXPECT_NE(by_path.output.find("vocab 128256, format megatron)"), std::string::npos)
       << by_path.output;
+  EXPECT_FALSE(fs::exists(dir.file("o2")));
+}
+
+TEST(PrepareBpeCli, TokenizerJsonWithAllowSpecialTrains) {
+  testing::ScratchDir dir;
+  std::string text;
+  for (int i = 0; i < 60; ++i) {
+    text += "<|start_header_id|>user<|end_header_id|>\n\nWhat is " + std::to_string(i) +
+            " squared?<|eot_id|>\n";
+  }
+  dir.write("a.txt", text);
+  const std::string json = testing::vocab_dir() + "/llama3.tokenizer.json";
+  const std::string base = trident_binary() + " prepare --input " + dir.file("a.txt") +
+                           " --out " + dir.file("out") + " --tokenizer " + json +
+                           " --val-fraction 0.1";
+  for (bool allow : {false, true}) {
+    auto ok = run_command(base + (allow ? " --allow-special" : ""));
+    ASSERT_EQ(ok.exit_code, 0) << testing::vocab_missing_hint() << "\n" << ok.output;
+    EXPECT_NE(ok.output.find("vocab 128256, format llmc)"), std::string::npos) << ok.output;
+    auto shard = TokenFile::open(dir.file("out/train_000000.bin"));
+    ASSERT_TRUE(shard.is_ok()) << shard.status().message();
+    EXPECT_EQ(shard->token(0), 128000u);  // <|begin_of_text|>, from the TemplateProcessing
+    // <|start_header_id|> is 128006 when allowed, else its text: '<', '|', 'start', ...
+    EXPECT_EQ(shard->token(1) == 128006u, allow) << shard->token(1);
+    uint64_t eot = 0;
+    for (uint64_t i = 0; i < shard->num_tokens(); ++i) eot += shard->token(i) == 128009u;
+    EXPECT_EQ(eot > 40, allow) << eot;
+  }
+  dir.write("train.yaml", train_config(dir, 128256));
+  auto train = run_command("OMP_WAIT_POLICY=passive " + trident_binary() + " train --config " +
+                           dir.file("train.yaml"));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_EQ(testing::metrics_losses(dir.file("metrics.jsonl")).size(), 4u) << train.output;
+
+  dir.write("bad.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
+  auto bad = run_command(trident_binary() + " prepare --input " + dir.file("a.txt") + " --out " +
+                         dir.file("o2") + " --tokenizer " + dir.file("bad.json"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find(dir.file("bad.json") + ": model.type: 'Unigram' is not implemented"),
+            std::string::npos)
+      << bad.output;
   EXPECT_FALSE(fs::exists(dir.file("o2")));
 }
 
