@@ -325,7 +325,7 @@ class Reader {
       return bad("added_tokens", "no document token: neither a TemplateProcessing post_processor "
                                  "that starts with a special token nor an <|endoftext|> added token");
     }
-    return LoadedTokenizer{std::move(bpe), static_cast<uint32_t>(document)};
+    return LoadedTokenizer{std::move(bpe), static_cast<uint32_t>(document), {}, {}};
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "data/bpe_vocabularies.h"
 
+#include <openssl/evp.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -66,7 +68,7 @@ const NamedVocabulary* find_named(const std::string& name) {
 Result<LoadedTokenizer> with_document_token(BpeTokenizer bpe, const std::string& document) {
   const int64_t id = bpe.special_id(document);
   if (id < 0) return Status::internal(bpe.name() + ": no special token " + document);
-  return LoadedTokenizer{std::move(bpe), static_cast<uint32_t>(id)};
+  return LoadedTokenizer{std::move(bpe), static_cast<uint32_t>(id), {}, {}};
 }
 
 }  // namespace
@@ -86,7 +88,7 @@ Result<LoadedTokenizer> load_bpe(const std::string& spec, const std::string& dir
   if (spec == "gpt2") {
     TRIDENT_ASSIGN_OR_RETURN(Gpt2Tokenizer gpt2, Gpt2Tokenizer::load_dir(dir));
     *files = {dir + "/encoder.json", dir + "/vocab.bpe"};
-    return LoadedTokenizer{std::move(gpt2).release(), kGpt2EndOfText};
+    return LoadedTokenizer{std::move(gpt2).release(), kGpt2EndOfText, {}, {}};
   }
   if (const NamedVocabulary* named = find_named(spec)) {
     const std::string path = dir + "/" + spec + ".tiktoken";
@@ -141,104 +143,32 @@ Result<LoadedTokenizer> load_vocabulary(const std::string& spec, const std::stri
   return loaded;
 }
 
-namespace {
-
-// SHA-256 over a stream of bytes, block by block (FIPS 180-4, section 6.2).
-class Sha256 {
- public:
-  void update(const unsigned char* p, size_t n) {
-    bytes_ += n;
-    while (n > 0) {
-      const size_t take = std::min(n, size_t{64} - fill_);
-      std::copy(p, p + take, block_.begin() + static_cast<ptrdiff_t>(fill_));
-      fill_ += take;
-      p += take;
-      n -= take;
-      if (fill_ == 64) {
-        compress();
-        fill_ = 0;
-      }
-    }
-  }
-  std::string hex() {
-    const uint64_t bits = bytes_ * 8;
-    const unsigned char pad = 0x80;
-    update(&pad, 1);
-    const unsigned char zero = 0;
-    while (fill_ != 56) update(&zero, 1);
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(bits >> (56 - 8 * i));
-    update(length, 8);
-    std::string out;
-    char buf[9];
-    for (uint32_t v : h_) {
-      std::snprintf(buf, sizeof(buf), "%08x", v);
-      out += buf;
-    }
-    return out;
-  }
-
- private:
-  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-  void compress() {
-    static constexpr uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-        0xc67178f2};
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i) {
-      w[i] = uint32_t{block_[4 * i]} << 24 | uint32_t{block_[4 * i + 1]} << 16 |
-             uint32_t{block_[4 * i + 2]} << 8 | uint32_t{block_[4 * i + 3]};
-    }
-    for (int i = 16; i < 64; ++i) {
-      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-    for (int i = 0; i < 64; ++i) {
-      const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      h = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    const uint32_t v[8] = {a, b, c, d, e, f, g, h};
-    for (int i = 0; i < 8; ++i) h_[i] += v[i];
-  }
-
-  std::array<uint32_t, 8> h_ = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  std::array<unsigned char, 64> block_{};
-  size_t fill_ = 0;
-  uint64_t bytes_ = 0;
-};
-
-}  // namespace
-
+// SHA-256 through OpenSSL's EVP digest (libcrypto).
 Result<std::string> sha256_hex_of_files(const std::vector<std::string>& paths) {
-  Sha256 sha;
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    return Status::internal("SHA-256: OpenSSL could not start a digest");
+  }
   std::vector<unsigned char> buf(size_t{1} << 20);
   for (const std::string& path : paths) {
     std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
     if (!f) return Status::io_error(path + ": cannot open for reading");
     size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) sha.update(buf.data(), n);
+    while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) {
+      EVP_DigestUpdate(ctx.get(), buf.data(), n);
+    }
     if (std::ferror(f.get())) return Status::io_error(path + ": read error");
   }
-  return sha.hex();
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &len);
+  std::string out;
+  char hex[3];
+  for (unsigned int i = 0; i < len; ++i) {
+    std::snprintf(hex, sizeof(hex), "%02x", digest[i]);
+    out += hex;
+  }
+  return out;
 }
 
 }  // namespace trident

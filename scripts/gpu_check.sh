@@ -164,7 +164,7 @@ required_versions() {
 # Debian 12 -dev packages for a build on the GPU machine (its fallback when the carried
 # binaries do not start): every find_package / find_library of CMakeLists.txt it lacks.
 DEBS=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
-      nlohmann-json3-dev libxxhash-dev libxxhash0 libpcre2-dev libpcre2-8-0
+      nlohmann-json3-dev libxxhash-dev libxxhash0 libpcre2-dev libpcre2-8-0 libssl-dev libssl3
       libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0
       libopenmpi-dev libopenmpi3 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
       libudev1 libgtest-dev)
@@ -782,6 +782,8 @@ build_there() {  # the fallback: configure and build against the carried -dev pa
     -DTRIDENT_CBLAS_INCLUDE="$P/usr/include/x86_64-linux-gnu/openblas-openmp"
     -DTRIDENT_XXHASH_INCLUDE="$P/usr/include" -DTRIDENT_XXHASH="$L/libxxhash.so"
     -DTRIDENT_PCRE2_INCLUDE="$P/usr/include" -DTRIDENT_PCRE2="$L/libpcre2-8.so"
+    -DOPENSSL_ROOT_DIR="$P/usr" -DOPENSSL_INCLUDE_DIR="$P/usr/include"
+    -DOPENSSL_CRYPTO_LIBRARY="$L/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$L/libssl.so"
     # FindMPI: LIB_NAMES + COMPILER_INCLUDE_DIRS given = no wrapper, pkg-config or guessing.
     -DMPI_CXX_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$L/openmpi/lib/libmpi.so"
     -DMPI_CXX_HEADER_DIR="$L/openmpi/include" -DMPI_CXX_COMPILER_INCLUDE_DIRS="$L/openmpi/include"

@@ -25,7 +25,7 @@ fi
 
 # What the build and `trident` need.
 PACKAGES=(cmake g++ libyaml-cpp-dev libspdlog-dev libopenmpi-dev openmpi-bin
-          libopenblas-openmp-dev nlohmann-json3-dev libxxhash-dev ninja-build libpcre2-dev
+          libopenblas-openmp-dev nlohmann-json3-dev libxxhash-dev ninja-build libpcre2-dev libssl-dev
           # /usr/bin/python3 modules of scripts/plot_metrics.py.
           python3-numpy python3-matplotlib)
 if ((!demo)); then

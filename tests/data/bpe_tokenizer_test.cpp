@@ -9,10 +9,11 @@
 // The rank files and oracle packages come from scripts/fetch_vocabs.sh (setup.sh runs it).
 // Without them these tests FAIL, saying so. Regenerate the committed ids:
 //   for e in cl100k_base o200k_base llama3; do
-//     node tests/reference/bpe_reference_encode.js --encoding $e tests/reference/bpe/mixed.txt \
+//     node tests/reference/bpe_reference_encode.js --encoding $e tests/reference/bpe/mixed.txt
 //       > tests/reference/bpe/mixed.$e.ids
-//     node tests/reference/bpe_reference_encode.js --encoding $e \
+//     node tests/reference/bpe_reference_encode.js --encoding $e
 //       tests/reference/gpt2/invalid_utf8.txt > tests/reference/bpe/invalid_utf8.$e.ids; done
+// (each node command on one line).
 #include "data/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>

@@ -142,7 +142,7 @@ TEST_P(PrepareBpe, Uint32ShardsWithDocumentTokensIndependentOfThreadsAndBlocks) 
 // ("\n\n" before <|endoftext|> is one GPT-2 piece, before ordinary text two), so the cut
 // must go elsewhere.
 TEST(PrepareBpeSpecial, OrdinaryTextByDefaultTheSpecialIdWithAllowSpecial) {
-  for (const std::string spec : {std::string("llama3"), vocab_dir() + "/gpt2.tokenizer.json"}) {
+  for (const std::string& spec : {std::string("llama3"), vocab_dir() + "/gpt2.tokenizer.json"}) {
     auto tok = load_vocabulary(spec, vocab_dir(), "");
     ASSERT_TRUE(tok.is_ok()) << testing::vocab_missing_hint() << ": " << tok.status().message();
     testing::ScratchDir dir;

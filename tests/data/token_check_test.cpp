@@ -102,7 +102,7 @@ TEST(CheckTokenIds, TrustsAMatchingSidecarInsteadOfScanning) {
   ASSERT_TRUE(write_token_file(shard, {1, 2, 300}, 1).is_ok());
   // A sidecar that matches the shard's size is believed: the claimed max 9 hides the
   // real 300 (the reader's own per-batch check remains the backstop for such a lie).
-  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 6}).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 6, {}}).is_ok());
   auto check = check_token_ids(open_dataset(shard), 256);
   ASSERT_TRUE(check.is_ok()) << check.status().message();
   EXPECT_EQ(check->files_from_sidecar, 1);
@@ -120,16 +120,16 @@ TEST(CheckTokenIds, IgnoresSidecarsThatDoNotMatchTheShard) {
     EXPECT_NE(check.status().message().find("token id 300 at position 2"), std::string::npos)
         << why << ": " << check.status().message();
   };
-  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 8}).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 8, {}}).is_ok());
   expect_scanned("wrong byte count");
-  ASSERT_TRUE(write_token_meta(shard, {4, 9, kTokenFileHeaderBytes + 6}).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {4, 9, kTokenFileHeaderBytes + 6, {}}).is_ok());
   expect_scanned("wrong token count");
   std::ofstream(token_meta_path(shard)) << "{\"tokens\": 3, \"max_id\": 9";
   expect_scanned("torn sidecar");
   std::ofstream(token_meta_path(shard)) << "{\"tokens\": 3, \"max_id\": -1, \"bytes\": 1030}";
   expect_scanned("negative max_id");
   // Right sizes but older than the shard: the shard was rewritten after it.
-  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 6}).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {3, 9, kTokenFileHeaderBytes + 6, {}}).is_ok());
   fs::last_write_time(token_meta_path(shard),
                       fs::last_write_time(shard) - std::chrono::seconds(10));
   expect_scanned("stale sidecar");
@@ -139,7 +139,7 @@ TEST(CheckTokenIds, SidecarClaimingABadIdThatIsNotThereFallsBackToTheScan) {
   ScratchDir dir;
   const std::string shard = dir.file("s.bin");
   ASSERT_TRUE(write_token_file(shard, {1, 2, 3}, 1).is_ok());
-  ASSERT_TRUE(write_token_meta(shard, {3, 5000, kTokenFileHeaderBytes + 6}).is_ok());
+  ASSERT_TRUE(write_token_meta(shard, {3, 5000, kTokenFileHeaderBytes + 6, {}}).is_ok());
   auto check = check_token_ids(open_dataset(shard), 256);
   ASSERT_TRUE(check.is_ok()) << check.status().message();
   EXPECT_EQ(check->max_id, 3u);
