@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
       std::string ranks;
       for (int r = 0; r < world->size(); ++r)
         if (failed_by_rank[r]) ranks.append(" ").append(std::to_string(r));
-      std::fprintf(stderr, "mpi_tests: failures on rank(s)%s of %d\n", ranks.c_str(),
+      const std::string binary = std::filesystem::path(argv[0]).filename().string();
+      std::fprintf(stderr, "%s: failures on rank(s)%s of %d\n", binary.c_str(), ranks.c_str(),
                    world->size());
     }
     rc = any_failed ? 1 : 0;
