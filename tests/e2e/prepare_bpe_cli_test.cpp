@@ -30,7 +30,8 @@ std::string train_config(const testing::ScratchDir& dir, int64_t vocab) {
          ", shuffle: false}\n"
          "parallel: {micro_batch_size: 2}\n"
          "training: {global_batch_size: 2, max_steps: 4, lr: 0.003, lr_schedule: constant}\n"
-         "checkpoint: {dir: " + dir.file("ckpt") + "}\n"
+         // No final save: the runs share the directory and would resume one another.
+         "checkpoint: {dir: " + dir.file("ckpt") + ", save_final: false}\n"
          "logging: {metrics: " + dir.file("metrics.jsonl") + ", log_interval: 1000}\n";
 }
 
