@@ -1,5 +1,6 @@
 // `trident generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-//                   [--top-k K] [--seed S] [--vocab-dir DIR]`
+//                   [--top-k K] [--seed S] [--tokenizer SPEC [--tokenizer-pattern P]]
+//                   [--vocab-dir DIR] [--print-ids]`
 // Loads the parameters of a Trident checkpoint of any layout (the reader reshards every
 // "param/<name>" to its global shape) into a KvCacheDecoder (model/kv_cache_decoder.h),
 // with the architecture from the trainer state's "config" (the YAML the run trained
@@ -7,15 +8,28 @@
 // a model started from an llm.c checkpoint loads too). DIR is a step directory or a
 // checkpoint root (then `latest`, else the newest step_<N>).
 //
-// The tokenizer follows from model.vocab_size (the config has no tokenizer key):
-//   256            -> byte tokenizer (a token is one byte)
-//   50257..50304   -> GPT-2 BPE (50257, or padded up to 50304 as nanoGPT does; only
-//                     ids < 50257 are ever sampled); files from --vocab-dir, else
-//                     $TRIDENT_GPT2_DIR, else the source tree's .cache/gpt2
-//   anything else  -> exit 2 naming the tokenizers that exist.
+// The tokenizer, first that applies:
+//   --tokenizer SPEC  as `trident prepare` takes it (byte, gpt2, cl100k_base, o200k_base,
+//                     llama3, a rank file with --tokenizer-pattern, a tokenizer.json);
+//   the checkpoint's  the record of the training data's tokenizer that the trainer stores
+//                     in the trainer state ("tokenizer", data/token_meta.h), loaded as
+//                     prepare loaded it; a recorded file that is gone, or whose SHA-256 is
+//                     not the recorded one, is exit 2 naming the file and both hashes
+//                     (--tokenizer overrides);
+//   model.vocab_size  for checkpoints without the record (trained on data without
+//                     sidecars, or before the trainer stored it):
+//     256            -> byte tokenizer (a token is one byte)
+//     50257..50304   -> GPT-2 BPE (50257, or padded up to 50304 as nanoGPT does; only
+//                       ids < 50257 are ever sampled)
+//     anything else  -> exit 2 naming the tokenizers that exist.
+// Vocabulary files of the names come from --vocab-dir, else $TRIDENT_GPT2_DIR (gpt2) or
+// $TRIDENT_VOCAB_DIR (the others), else the source tree's .cache/gpt2 or .cache/vocab.
+// Only ids below the tokenizer's size are sampled; a tokenizer larger than
+// model.vocab_size is exit 2 naming both.
 //
 // Prints the prompt and its completion on stdout (the completion as it is produced),
-// then a newline; a summary goes to stderr. Exit 0 done, 2 bad usage or checkpoint
+// then a newline; a summary goes to stderr (with --print-ids, the prompt's ids and the
+// new ones too). Exit 0 done, 2 bad usage or checkpoint
 // (the message names the flag or the file), 1 unreadable checkpoint data.
 #include <cerrno>
 #include <cmath>
@@ -30,7 +44,9 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/timer.h"
+#include "data/bpe_vocabularies.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/token_meta.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "model/generate.h"
@@ -49,12 +65,21 @@ void print_generate_usage(std::FILE* to = stderr) {
                "                        [--temperature T (default 1.0; 0 = greedy)]\n"
                "                        [--top-k K (default 0 = off)]\n"
                "                        [--seed S (default 0)]\n"
-               "                        [--vocab-dir DIR (gpt2; default $TRIDENT_GPT2_DIR,\n"
-               "                         else %s)]\n"
+               "                        [--tokenizer SPEC (byte, gpt2, cl100k_base, o200k_base,\n"
+               "                         llama3, a rank file PATH, PATH/tokenizer.json)]\n"
+               "                        [--tokenizer-pattern gpt2|cl100k|o200k|llama3\n"
+               "                         (a rank file PATH: its pre-tokenizer)]\n"
+               "                        [--vocab-dir DIR (the named vocabularies' files; default\n"
+               "                         $TRIDENT_GPT2_DIR or $TRIDENT_VOCAB_DIR, else\n"
+               "                         %s or %s)]\n"
+               "                        [--print-ids (the prompt's and the new token ids, on\n"
+               "                         stderr)]\n"
                "  DIR: a step directory or a checkpoint root (its latest step).\n"
-               "  The tokenizer follows model.vocab_size: 256 = bytes, 50257 (or padded up to\n"
+               "  The tokenizer: --tokenizer, else the one of the data the checkpoint trained on\n"
+               "  (recorded by prepare, stored by train; its file must still have the recorded\n"
+               "  SHA-256), else by model.vocab_size: 256 = bytes, 50257 (or padded up to\n"
                "  50304) = GPT-2 BPE.\n",
-               TRIDENT_DEFAULT_GPT2_DIR);
+               TRIDENT_DEFAULT_GPT2_DIR, TRIDENT_DEFAULT_VOCAB_DIR);
 }
 
 int usage_error(const std::string& message) {
@@ -143,10 +168,98 @@ Status load_parameters(Checkpoint& ckpt, KvCacheDecoder& decoder) {
   return Status::ok();
 }
 
+// The directory of a named vocabulary's files: --vocab-dir, else the environment, else
+// the source tree's cache (as `trident prepare` finds them).
+std::string vocabulary_dir(const std::string& name, const std::string& vocab_dir) {
+  if (!vocab_dir.empty()) return vocab_dir;
+  const bool gpt2 = name == "gpt2";
+  const char* env = std::getenv(gpt2 ? "TRIDENT_GPT2_DIR" : "TRIDENT_VOCAB_DIR");
+  if (env != nullptr && *env != '\0') return env;
+  return gpt2 ? TRIDENT_DEFAULT_GPT2_DIR : TRIDENT_DEFAULT_VOCAB_DIR;
+}
+
+// The tokenizer to encode the prompt and decode the tokens with; no bpe = bytes.
+struct GenerateTokenizer {
+  std::optional<LoadedTokenizer> bpe;
+  std::string name;  // for the summary: the spec and where it came from
+};
+
+Result<GenerateTokenizer> load_spec(const std::string& spec, const std::string& vocab_dir,
+                                    const std::string& pattern) {
+  GenerateTokenizer t;
+  if (spec == "byte") {
+    t.name = "byte";
+    return t;
+  }
+  TRIDENT_ASSIGN_OR_RETURN(LoadedTokenizer loaded,
+                           load_vocabulary(spec, vocabulary_dir(spec, vocab_dir), pattern));
+  t.name = loaded.spec;
+  t.bpe.emplace(std::move(loaded));
+  return t;
+}
+
+// The tokenizer the checkpoint records (see the file comment), nullopt when it has none.
+Result<std::optional<GenerateTokenizer>> checkpoint_tokenizer(const Checkpoint& ckpt,
+                                                              const std::string& vocab_dir) {
+  const nlohmann::json& state = ckpt.trainer_state();
+  if (!state.is_object() || !state.contains("tokenizer")) return std::optional<GenerateTokenizer>();
+  const std::string where = ckpt.dir() + "/manifest.json";
+  const std::optional<TokenizerRecord> record = tokenizer_record_from_json(state.at("tokenizer"));
+  if (!record) {
+    return Status::invalid_input(where + ": the trainer state's \"tokenizer\" is not a "
+                                 "tokenizer record (name, vocab_size, ...): " +
+                                 state.at("tokenizer").dump() + " (--tokenizer SPEC overrides)");
+  }
+  const std::string& name = record->name;
+  // The file the record's hash covers, to name it when it is gone or changed.
+  std::string file = name;
+  if (name == "gpt2") {
+    file = vocabulary_dir(name, vocab_dir) + "/encoder.json";
+  } else if (is_named_vocabulary(name)) {
+    file = vocabulary_dir(name, vocab_dir) + "/" + name + ".tiktoken";
+  }
+  std::error_code ec;
+  if (name != "byte" && !std::filesystem::exists(file, ec)) {
+    return Status::invalid_input(where + ": the checkpoint's tokenizer file " + file +
+                                 " does not exist (SHA-256 recorded " + record->sha256 +
+                                 "); --tokenizer SPEC overrides the checkpoint's tokenizer");
+  }
+  Result<GenerateTokenizer> loaded = load_spec(name, vocab_dir, record->pattern);
+  if (!loaded.is_ok()) {
+    return Status(loaded.status().code(),
+                  loaded.status().message() + " (the tokenizer " + where +
+                      " records; --tokenizer SPEC overrides it)");
+  }
+  GenerateTokenizer t = std::move(loaded).value();
+  if (t.bpe && t.bpe->sha256 != record->sha256) {
+    return Status::invalid_input(
+        where + ": the checkpoint's tokenizer " + file + " has SHA-256 " + t.bpe->sha256 +
+        ", but the data the checkpoint trained on was tokenized by a file with SHA-256 " +
+        record->sha256 + "; --tokenizer SPEC overrides the checkpoint's tokenizer");
+  }
+  if (t.bpe && t.bpe->bpe.vocab_size() != record->vocab_size) {
+    return Status::invalid_input(where + ": the checkpoint's tokenizer " + file + " has " +
+                                 std::to_string(t.bpe->bpe.vocab_size()) + " ids, the record " +
+                                 std::to_string(record->vocab_size));
+  }
+  t.name += " (the checkpoint's)";
+  return std::optional<GenerateTokenizer>(std::move(t));
+}
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s + "]";
+}
+
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
-  std::string checkpoint, vocab_dir;
+  std::string checkpoint, vocab_dir, tokenizer_spec, tokenizer_pattern;
+  bool print_ids = false;
   std::optional<std::string> prompt;
   int max_new_tokens = 64;
   SamplingOptions sampling;
@@ -186,6 +299,17 @@ int cmd_generate(const std::vector<std::string>& args) {
       if (!value(&v) || !parse_u64(v, &sampling.seed)) {
         return usage_error("--seed needs a non-negative integer, got '" + v + "'");
       }
+    } else if (flag == "--tokenizer") {
+      if (!value(&tokenizer_spec) || tokenizer_spec.empty()) {
+        return usage_error("--tokenizer needs byte, gpt2, cl100k_base, o200k_base, llama3, a "
+                           "rank file path or a tokenizer.json path");
+      }
+    } else if (flag == "--tokenizer-pattern") {
+      if (!value(&tokenizer_pattern) || tokenizer_pattern.empty()) {
+        return usage_error("--tokenizer-pattern needs gpt2, cl100k, o200k or llama3");
+      }
+    } else if (flag == "--print-ids") {
+      print_ids = true;
     } else if (flag == "--vocab-dir") {
       if (!value(&vocab_dir) || vocab_dir.empty()) return usage_error("--vocab-dir needs a directory");
     } else {
@@ -194,6 +318,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   if (checkpoint.empty()) return usage_error("missing --checkpoint DIR");
   if (!prompt) return usage_error("missing --prompt TEXT");
+  if (!tokenizer_pattern.empty() && tokenizer_spec.empty()) {
+    return usage_error("--tokenizer-pattern goes with --tokenizer PATH (a rank file)");
+  }
 
   std::string note;
   Result<std::string> step_dir = resolve_step_dir(checkpoint, &note);
@@ -205,15 +332,48 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (!model.is_ok()) return fail(model.status());
   const TransformerConfig& mc = model.value();
 
-  // ---- the tokenizer the vocabulary size implies ----
+  // ---- the tokenizer: --tokenizer, the checkpoint's, else what the vocabulary size implies ----
+  std::optional<GenerateTokenizer> chosen;
+  if (!tokenizer_spec.empty()) {
+    Result<GenerateTokenizer> t = load_spec(tokenizer_spec, vocab_dir, tokenizer_pattern);
+    if (!t.is_ok()) return fail(t.status());
+    chosen = std::move(t).value();
+    chosen->name += " (--tokenizer)";
+  } else {
+    Result<std::optional<GenerateTokenizer>> t = checkpoint_tokenizer(ckpt.value(), vocab_dir);
+    if (!t.is_ok()) return fail(t.status());
+    chosen = std::move(t).value();
+  }
   std::optional<Gpt2Tokenizer> gpt2;
   std::vector<int32_t> prompt_ids;
-  if (mc.vocab_size == 256) {
-    for (unsigned char c : *prompt) prompt_ids.push_back(c);
+  if (chosen && chosen->bpe) {
+    const LoadedTokenizer& tok = *chosen->bpe;
+    if (tok.bpe.vocab_size() > mc.vocab_size) {
+      return fail(Status::invalid_input(
+          step_dir.value() + ": the tokenizer " + tok.spec + " has " +
+          std::to_string(tok.bpe.vocab_size()) + " ids, more than the model's model.vocab_size " +
+          std::to_string(mc.vocab_size)));
+    }
+    std::string text;
+    sanitize_utf8(*prompt, &text);
+    std::vector<uint32_t> ids;
+    tok.bpe.encode(text, &ids);
+    if (ids.empty()) ids.push_back(tok.document_token);  // how prepare starts a document
+    prompt_ids.assign(ids.begin(), ids.end());
+    sampling.vocab_limit = static_cast<int>(tok.bpe.vocab_size());
+  } else if (chosen || mc.vocab_size == 256) {  // bytes, by name or by size
+    for (unsigned char c : *prompt) {
+      // A model of the bytes that occur (ASCII under 128) has no row for the others.
+      if (c >= mc.vocab_size) {
+        return usage_error("--prompt has byte " + std::to_string(c) + ", not below the model's "
+                           "model.vocab_size " + std::to_string(mc.vocab_size));
+      }
+      prompt_ids.push_back(c);
+    }
     if (prompt_ids.empty()) {
       return usage_error("--prompt is empty; the byte tokenizer has no start token to begin from");
     }
-    sampling.vocab_limit = 256;
+    sampling.vocab_limit = std::min(256, mc.vocab_size);
   } else if (mc.vocab_size >= kGpt2VocabSize && mc.vocab_size <= kGpt2MaxPaddedVocab) {
     if (vocab_dir.empty()) {
       const char* env = std::getenv("TRIDENT_GPT2_DIR");
@@ -259,7 +419,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::fflush(stdout);
   auto print_token = [&](int32_t id) {
     std::string bytes;
-    if (gpt2) {
+    if (chosen && chosen->bpe) {
+      bytes = chosen->bpe->bpe.decode({static_cast<uint32_t>(id)});
+    } else if (gpt2) {
       bytes = gpt2->decode({static_cast<uint32_t>(id)});
     } else {
       bytes.push_back(static_cast<char>(id));
@@ -286,7 +448,12 @@ int cmd_generate(const std::vector<std::string>& args) {
                arch_name(mc.arch), prompt_ids.size(), result.tokens.size(), seconds,
                seconds > 0 ? static_cast<double>(prompt_ids.size() + result.tokens.size()) / seconds
                            : 0.0,
-               gpt2 ? "gpt2" : "byte");
+               chosen ? chosen->name.c_str() : gpt2 ? "gpt2 (by model.vocab_size)"
+                                                    : "byte (by model.vocab_size)");
+  if (print_ids) {
+    std::fprintf(stderr, "trident generate: prompt ids %s\ntrident generate: new ids %s\n",
+                 ids_text(prompt_ids).c_str(), ids_text(result.tokens).c_str());
+  }
   return 0;
 }
 

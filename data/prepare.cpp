@@ -199,7 +199,7 @@ Result<PrepareSummary> prepare_bytes(const PrepareOptions& options, PrepareSumma
                                  " bytes of text leave too few train tokens");
   }
 
-  const TokenizerRecord byte{"byte", "", kByteVocab, -1};
+  const TokenizerRecord byte{"byte", "", kByteVocab, -1, ""};
   ShardWriter train(options.out_dir, "train", options.shard_tokens, options.stop, byte);
   ShardWriter val(options.out_dir, "val", options.shard_tokens, options.stop, byte);
   std::vector<uint64_t> counts(kByteVocab, 0);
@@ -409,9 +409,9 @@ Result<PrepareSummary> prepare_tokenized(const PrepareOptions& options, PrepareS
     summary.vocab_size = bpe->bpe.vocab_size();
   }
   const TokenizerRecord record =
-      bpe == nullptr ? TokenizerRecord{"byte", "", kByteVocab, -1}
+      bpe == nullptr ? TokenizerRecord{"byte", "", kByteVocab, -1, ""}
                      : TokenizerRecord{bpe->spec, bpe->sha256, bpe->bpe.vocab_size(),
-                                       bpe->document_token};
+                                       bpe->document_token, options.tokenizer_pattern};
   // llm.c's uint16 shards hold ids < 65536; Megatron switches to int32 at 65500.
   const bool megatron = options.format == "megatron";
   const int width = summary.vocab_size > (megatron ? 65499 : 65536) ? 4 : 2;

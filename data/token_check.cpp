@@ -110,10 +110,12 @@ Result<TokenIdCheck> check_token_ids(const TokenDataset& dataset, int64_t vocab_
 }
 
 Status check_token_ids_at_startup(const std::string& key, const TokenDataset& dataset,
-                                  int64_t vocab_size) {
+                                  int64_t vocab_size,
+                                  std::optional<TokenizerRecord>* tokenizer) {
   auto check = check_token_ids(dataset, vocab_size);
   if (!check.is_ok()) return Status(check.status().code(), key + " " + check.status().message());
   const TokenIdCheck& c = check.value();
+  if (tokenizer != nullptr) *tokenizer = c.tokenizer;
   if (c.seconds > 1.0) {
     log::info("{}: token ids checked against model.vocab_size {} in {:.1f} s ({} shards scanned, "
               "{:.2f} GB at {:.2f} GB/s; {} from sidecars, {} need no check)",

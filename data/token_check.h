@@ -51,8 +51,11 @@ Result<TokenIdCheck> check_token_ids(const TokenDataset& dataset, int64_t vocab_
 
 // check_token_ids for the dataset of config key `key` ("data.train"), as Trainer::init
 // calls it on one rank: the error message starts with the key ("data.train <file>:
-// token id ..."), and the check is logged when it took longer than a second.
+// token id ..."), and the check is logged when it took longer than a second. `tokenizer`
+// (when not null) receives TokenIdCheck::tokenizer, which the trainer stores in its
+// checkpoints.
 Status check_token_ids_at_startup(const std::string& key, const TokenDataset& dataset,
-                                  int64_t vocab_size);
+                                  int64_t vocab_size,
+                                  std::optional<TokenizerRecord>* tokenizer = nullptr);
 
 }  // namespace trident

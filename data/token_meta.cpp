@@ -14,6 +14,35 @@ namespace trident {
 
 namespace fs = std::filesystem;
 
+nlohmann::ordered_json tokenizer_record_to_json(const TokenizerRecord& r) {
+  nlohmann::ordered_json t = {{"name", r.name}};
+  if (!r.sha256.empty()) t["sha256"] = r.sha256;
+  t["vocab_size"] = r.vocab_size;
+  if (r.document_token >= 0) t["document_token"] = r.document_token;
+  if (!r.pattern.empty()) t["pattern"] = r.pattern;
+  return t;
+}
+
+std::optional<TokenizerRecord> tokenizer_record_from_json(const nlohmann::json& t) {
+  if (!t.is_object()) return std::nullopt;
+  auto name = t.find("name"), sha = t.find("sha256"), vocab = t.find("vocab_size"),
+       doc = t.find("document_token"), pattern = t.find("pattern");
+  if (name == t.end() || !name->is_string() || vocab == t.end() ||
+      !vocab->is_number_unsigned() || vocab->get<uint64_t>() > (uint64_t{1} << 32) ||
+      (sha != t.end() && !sha->is_string()) ||
+      (doc != t.end() && !doc->is_number_unsigned()) ||
+      (pattern != t.end() && !pattern->is_string())) {
+    return std::nullopt;
+  }
+  TokenizerRecord r;
+  r.name = name->get<std::string>();
+  r.vocab_size = vocab->get<int64_t>();
+  if (sha != t.end()) r.sha256 = sha->get<std::string>();
+  if (doc != t.end()) r.document_token = doc->get<int64_t>();
+  if (pattern != t.end()) r.pattern = pattern->get<std::string>();
+  return r;
+}
+
 std::string token_meta_path(const std::string& shard_path) {
   return shard_path + kTokenMetaSuffix;
 }
@@ -23,13 +52,7 @@ Status write_token_meta(const std::string& shard_path, const TokenFileMeta& meta
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   nlohmann::ordered_json j = {
       {"tokens", meta.tokens}, {"max_id", meta.max_id}, {"bytes", meta.bytes}};
-  if (meta.tokenizer) {
-    nlohmann::ordered_json t = {{"name", meta.tokenizer->name}};
-    if (!meta.tokenizer->sha256.empty()) t["sha256"] = meta.tokenizer->sha256;
-    t["vocab_size"] = meta.tokenizer->vocab_size;
-    if (meta.tokenizer->document_token >= 0) t["document_token"] = meta.tokenizer->document_token;
-    j["tokenizer"] = std::move(t);
-  }
+  if (meta.tokenizer) j["tokenizer"] = tokenizer_record_to_json(*meta.tokenizer);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << j.dump() << "\n";
@@ -76,21 +99,8 @@ std::optional<TokenFileMeta> read_token_meta(const TokenFile& file) {
   }
   TokenFileMeta meta{tokens, static_cast<uint32_t>(max_id), bytes, std::nullopt};
   if (auto t = j.find("tokenizer"); t != j.end()) {
-    if (!t->is_object()) return std::nullopt;
-    auto name = t->find("name"), sha = t->find("sha256"), vocab = t->find("vocab_size"),
-         doc = t->find("document_token");
-    if (name == t->end() || !name->is_string() || vocab == t->end() ||
-        !vocab->is_number_unsigned() || vocab->get<uint64_t>() > (uint64_t{1} << 32) ||
-        (sha != t->end() && !sha->is_string()) ||
-        (doc != t->end() && !doc->is_number_unsigned())) {
-      return std::nullopt;
-    }
-    TokenizerRecord r;
-    r.name = name->get<std::string>();
-    r.vocab_size = vocab->get<int64_t>();
-    if (sha != t->end()) r.sha256 = sha->get<std::string>();
-    if (doc != t->end()) r.document_token = doc->get<int64_t>();
-    meta.tokenizer = std::move(r);
+    meta.tokenizer = tokenizer_record_from_json(*t);
+    if (!meta.tokenizer) return std::nullopt;
   }
   return meta;
 }

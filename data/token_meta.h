@@ -10,7 +10,9 @@
 // or the path of a rank file / tokenizer.json), the SHA-256 of the file(s) it was read
 // from (data/bpe_vocabularies.h), one past its largest id, and the id prepare placed
 // before every document. The byte tokenizer has neither file nor document token (both
-// keys absent). Sidecars written before the tokenizer was recorded lack the key and keep
+// keys absent). A rank file's record also has "pattern" (its --tokenizer-pattern), which
+// the file does not say. The trainer stores the record in its checkpoints' trainer state
+// ("tokenizer"), where `trident generate` finds it. Sidecars written before the tokenizer was recorded lack the key and keep
 // working: they just say nothing about the tokenizer.
 //
 // A sidecar is trusted only when it parses, its tokens and bytes equal the shard's, and
@@ -24,6 +26,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/status.h"
 #include "data/token_file.h"
 
@@ -34,7 +38,13 @@ struct TokenizerRecord {
   std::string sha256;           // empty: none (byte)
   int64_t vocab_size = 0;
   int64_t document_token = -1;  // -1: none (byte)
+  std::string pattern;          // a rank file's --tokenizer-pattern; empty otherwise
 };
+
+// The record as the sidecars and the checkpoints' trainer state hold it (see above), and
+// back: nullopt when `json` is not a well-formed record.
+nlohmann::ordered_json tokenizer_record_to_json(const TokenizerRecord& record);
+std::optional<TokenizerRecord> tokenizer_record_from_json(const nlohmann::json& json);
 
 struct TokenFileMeta {
   uint64_t tokens = 0;

@@ -265,7 +265,15 @@ Status Trainer::check_token_ids() {
     for (size_t i = 0; i < train_sets.size() && st.is_ok(); ++i) {
       const std::string key =
           train_data_->blend() ? "data.train[" + std::to_string(i) + "]" : "data.train";
-      st = check_token_ids_at_startup(key, train_sets[i], vocab_size);
+      std::optional<TokenizerRecord> tokenizer;
+      st = check_token_ids_at_startup(key, train_sets[i], vocab_size, &tokenizer);
+      // A blend whose datasets name different (or no) tokenizers records none.
+      if (i == 0) {
+        data_tokenizer_ = tokenizer;
+      } else if (!tokenizer || !data_tokenizer_ || tokenizer->sha256 != data_tokenizer_->sha256 ||
+                 tokenizer->vocab_size != data_tokenizer_->vocab_size) {
+        data_tokenizer_.reset();
+      }
     }
     if (st.is_ok() && val_data_) {
       st = check_token_ids_at_startup("data.val", val_data_->dataset(), vocab_size);
@@ -496,6 +504,8 @@ nlohmann::json Trainer::trainer_state() {
   // The data fingerprint (trainer/resume_compat.h), compared on resume; rank 0 knows it.
   state.extra["data"] =
       data_fingerprint_ ? nlohmann::json(*data_fingerprint_) : nlohmann::json();
+  // The data's tokenizer, for `trident generate`; absent when the data does not say.
+  if (data_tokenizer_) state.extra["tokenizer"] = tokenizer_record_to_json(*data_tokenizer_);
   state.extra["recent_losses"] = loss_guard_.recent_losses();  // the loss-spike guard's window
   // The next checkpoint descends from this one (whether or not this one commits: an id
   // that names no checkpoint matches nothing).

@@ -27,6 +27,7 @@
 #include "config/config.h"
 #include "core/status.h"
 #include "data/loader.h"
+#include "data/token_meta.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
@@ -216,6 +217,10 @@ class Trainer {
   // The training data's fingerprint (trainer/resume_compat.h), on rank 0 only; stored in
   // checkpoints as trainer state "data" and compared on resume.
   std::optional<DataFingerprint> data_fingerprint_;
+  // The tokenizer the training data's sidecars record (data/token_meta.h), on rank 0 only
+  // and only when every dataset of data.train records the same one; stored in checkpoints
+  // as trainer state "tokenizer", which `trident generate` decodes with.
+  std::optional<TokenizerRecord> data_tokenizer_;
 };
 
 }  // namespace trident

@@ -198,7 +198,7 @@ TEST(CheckTokenIds, TheDataTokenizerVocabularyMustFitTheModel) {
   ScratchDir dir;
   const std::string shard = dir.file("train_000000.bin");
   ASSERT_TRUE(write_token_file(shard, {100257, 5, 42}, 7).is_ok());
-  const TokenizerRecord cl100k{"cl100k_base", "2239", 100277, 100257};
+  const TokenizerRecord cl100k{"cl100k_base", "2239", 100277, 100257, ""};
   ASSERT_TRUE(write_token_meta(shard, {3, 100257, kTokenFileHeaderBytes + 12, cl100k}).is_ok());
   auto check = check_token_ids(open_dataset(shard), 100260);
   ASSERT_FALSE(check.is_ok());
@@ -220,7 +220,7 @@ TEST(CheckTokenIds, TheDataTokenizerVocabularyMustFitTheModel) {
   const std::string other = dir.file("train_000001.bin");
   ASSERT_TRUE(write_token_file(other, {1, 2}, 7).is_ok());
   ASSERT_TRUE(write_token_meta(other, {2, 2, kTokenFileHeaderBytes + 8,
-                                       TokenizerRecord{"o200k_base", "446a", 200019, 199999}})
+                                       TokenizerRecord{"o200k_base", "446a", 200019, 199999, ""}})
                   .is_ok());
   check = check_token_ids(open_dataset(dir.file("train_*.bin")), 300000);
   ASSERT_FALSE(check.is_ok());
@@ -230,7 +230,7 @@ TEST(CheckTokenIds, TheDataTokenizerVocabularyMustFitTheModel) {
   // The same tokenizer named by another path is the same tokenizer.
   ASSERT_TRUE(write_token_meta(other, {2, 2, kTokenFileHeaderBytes + 8,
                                        TokenizerRecord{"/x/cl100k_base.tiktoken", "2239", 100277,
-                                                       100257}})
+                                                       100257, ""}})
                   .is_ok());
   EXPECT_TRUE(check_token_ids(open_dataset(dir.file("train_*.bin")), 100277).is_ok());
 }
@@ -241,7 +241,7 @@ TEST(CheckTokenIds, ByteDataNeedsOnlyItsIds) {
   const std::string shard = dir.file("s.bin");
   ASSERT_TRUE(write_token_file(shard, {'a', 'z'}, 1).is_ok());
   ASSERT_TRUE(write_token_meta(shard, {2, 'z', kTokenFileHeaderBytes + 4,
-                                       TokenizerRecord{"byte", "", 256, -1}})
+                                       TokenizerRecord{"byte", "", 256, -1, ""}})
                   .is_ok());
   auto check = check_token_ids(open_dataset(shard), 128);
   ASSERT_TRUE(check.is_ok()) << check.status().message();
