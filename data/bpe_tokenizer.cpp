@@ -2,6 +2,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <omp.h>
+#include <openssl/evp.h>
 #include <pcre2.h>
 
 #include <algorithm>
@@ -594,34 +595,27 @@ std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
 
 namespace {
 
-// Standard base64 (RFC 4648 alphabet, '=' padding to a multiple of 4); false on anything
-// else, including a non-canonical last character (bits beyond the data set).
+// Standard base64 (RFC 4648 alphabet, '=' padding to a multiple of 4) through OpenSSL;
+// false on anything else, including a non-canonical last character (bits beyond the data
+// set): what decodes must encode back to exactly `in`.
 bool decode_base64(std::string_view in, std::string* out) {
-  static const auto kValue = [] {
-    std::array<int8_t, 256> v{};
-    v.fill(-1);
-    const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int i = 0; i < 64; ++i) v[static_cast<unsigned char>(alphabet[i])] = static_cast<int8_t>(i);
-    return v;
-  }();
   out->clear();
   if (in.empty() || in.size() % 4 != 0) return false;
   size_t pad = 0;
   while (pad < 2 && in[in.size() - 1 - pad] == '=') ++pad;
-  const size_t data = in.size() - pad;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (size_t i = 0; i < data; ++i) {
-    const int v = kValue[static_cast<unsigned char>(in[i])];
-    if (v < 0) return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out->push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return (acc & ((1u << bits) - 1)) == 0;
+  std::string bytes(in.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(bytes.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()),
+                                static_cast<int>(in.size()));
+  if (n < 0 || static_cast<size_t>(n) != bytes.size()) return false;
+  bytes.resize(bytes.size() - pad);  // EVP_DecodeBlock counts the padding as zero bytes
+  std::string again(in.size() + 1, '\0');  // EVP_EncodeBlock writes a terminating NUL
+  const int m = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(again.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()),
+                                static_cast<int>(bytes.size()));
+  if (m < 0 || std::string_view(again.data(), static_cast<size_t>(m)) != in) return false;
+  *out = std::move(bytes);
+  return true;
 }
 
 }  // namespace
