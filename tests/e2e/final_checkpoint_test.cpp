@@ -15,6 +15,7 @@
 #include "checkpoint/reader.h"
 #include "tests/e2e/checkpoint_util.h"
 #include "tests/e2e/cli_util.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
@@ -31,8 +32,7 @@ class FinalCheckpoint : public ::testing::Test {
     // A constant LR after warmup: a cosine schedule depends on max_steps, so a 6-step run
     // would not be the first part of an 8-step one. No checkpoint.interval: the default.
     dir_.write("run.yaml",
-               "model: {arch: gpt2, vocab_size: 256, seq_len: 16, n_layers: 2, n_heads: 2,"
-               " d_model: 32}\n"
+               testing::tiny_model_yaml(Arch::kGpt2, {.seq_len = 16, .n_heads = 2, .d_model = 32}) +
                "parallel: {micro_batch_size: 2}\n"
                "data: {train: " + dir_.file("train.bin") + "}\n"
                "training: {global_batch_size: 2, lr: 0.003, warmup_steps: 2,"

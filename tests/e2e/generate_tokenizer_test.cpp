@@ -27,6 +27,7 @@
 #include "tests/data/vocab_files.h"
 #include "tests/e2e/checkpoint_util.h"
 #include "tests/e2e/cli_util.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
@@ -65,8 +66,8 @@ std::string prepare_and_train(const ScratchDir& dir, const std::string& tokenize
     }
   }
   dir.write("config.yaml",
-            "model: {arch: gpt2, vocab_size: " + std::to_string(vocab) +
-                ", seq_len: 32, n_layers: 1, n_heads: 2, d_model: 16}\n"
+            testing::tiny_model_yaml(Arch::kGpt2, {.vocab_size = static_cast<int>(vocab),
+                                                   .n_layers = 1, .n_heads = 2, .d_model = 16}) +
                 "data: {train: " + dir.file("out/train_*.bin") + ", shuffle: false}\n"
                 "parallel: {micro_batch_size: 2}\n"
                 "training: {global_batch_size: 2, max_steps: " + std::to_string(kSteps) +

@@ -15,6 +15,7 @@
 #include "tests/data/vocab_files.h"
 #include "tests/e2e/checkpoint_util.h"
 #include "tests/e2e/cli_util.h"
+#include "tests/model/tiny_config.h"
 
 namespace trident {
 namespace {
@@ -24,8 +25,9 @@ using testing::run_command;
 using testing::trident_binary;
 
 std::string train_config(const testing::ScratchDir& dir, int64_t vocab) {
-  return "model: {arch: gpt2, vocab_size: " + std::to_string(vocab) +
-         ", seq_len: 16, n_layers: 1, n_heads: 2, d_model: 16}\n"
+  return testing::tiny_model_yaml(Arch::kGpt2, {.vocab_size = static_cast<int>(vocab),
+                                                .seq_len = 16, .n_layers = 1, .n_heads = 2,
+                                                .d_model = 16}) +
          "data: {train: " + dir.file("out/train_*.bin") + ", val: " + dir.file("out/val_*.bin") +
          ", shuffle: false}\n"
          "parallel: {micro_batch_size: 2}\n"
