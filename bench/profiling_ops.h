@@ -143,6 +143,26 @@ class ProfilingOps : public testing::ForwardingOps {
             4.0 * B * NH * static_cast<double>(Tq) * (pos + Tq) * HD, 0);
     inner_.attention_cached_forward(out, q, k_cache, v_cache, B, Tq, pos, capacity, NH, NKV, HD);
   }
+  // The Tq x Tk products (masked ones included), as attention_forward's count; the
+  // backward's five products of flash attention (the scores again, dV, dP, dQ, dK).
+  void attention_block_forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                               const AttentionBlock& b) override {
+    Scope s(this, "attention_block_forward", block_flops(b, 4.0), 0);
+    inner_.attention_block_forward(out, lse, q, k, v, b);
+  }
+  void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
+                             const AttentionBlock& b) override {
+    const size_t rows = static_cast<size_t>(b.B) * b.Tq * b.NH, n = rows * b.HD;
+    Scope s(this, "attention_block_merge", 0,
+            bytes_of(n, {out, out, block_out}) + bytes_of(rows, {lse, lse, block_lse}));
+    inner_.attention_block_merge(out, lse, block_out, block_lse, b);
+  }
+  void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                const AttentionBlock& b) override {
+    Scope s(this, "attention_block_backward", block_flops(b, 10.0), 0);
+    inner_.attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, b);
+  }
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Scope s(this, "gelu_forward", 0, bytes_of(n, {out, inp}));
     inner_.gelu_forward(out, inp, n);
@@ -238,6 +258,10 @@ class ProfilingOps : public testing::ForwardingOps {
     Entry& entry;
     Timer timer;
   };
+  // `per` FLOPs per (query row, key row, head, head-dim element) of a block.
+  static double block_flops(const AttentionBlock& b, double per) {
+    return per * b.B * b.NH * static_cast<double>(b.Tq) * b.Tk * b.HD;
+  }
   // n elements of each buffer (null ones skipped), in its dtype.
   static double bytes_of(size_t n, std::initializer_list<DevPtr> buffers) {
     double total = 0;

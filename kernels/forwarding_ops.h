@@ -93,6 +93,19 @@ class ForwardingOps : public Ops {
                                 int HD) override {
     inner_.attention_cached_forward(out, q, k_cache, v_cache, B, Tq, pos, capacity, NH, NKV, HD);
   }
+  void attention_block_forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                               const AttentionBlock& s) override {
+    inner_.attention_block_forward(out, lse, q, k, v, s);
+  }
+  void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
+                             const AttentionBlock& s) override {
+    inner_.attention_block_merge(out, lse, block_out, block_lse, s);
+  }
+  void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                const AttentionBlock& s) override {
+    inner_.attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  }
 
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override { inner_.gelu_forward(out, inp, n); }
   void gelu_backward(DevPtr dinp, DevPtr dout, DevPtr inp, size_t n) override {

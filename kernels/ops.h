@@ -212,6 +212,61 @@ class Ops {
                                         int B, int Tq, int pos, int capacity, int NH, int NKV,
                                         int HD) = 0;
 
+  // Block attention: one block of queries over one block of keys and values, the pieces
+  // ring attention is made of (context parallelism, parallel/context_parallel.h). A rank
+  // attends its queries to one block of keys at a time, folds the partial results
+  // together by their row log-sum-exp (attention_block_merge), and runs a flash-style
+  // backward per block from the final out and lse (attention_block_backward).
+  // - Rows. Sequence b's query row i (0 <= i < Tq) is row b * q_rows + i of q, out, dq and
+  //   dout ([B, q_rows, NH, HD] buffers, q_rows >= Tq), and (b, h, i) is element
+  //   (b * NH + h) * q_rows + i of lse ([B, NH, q_rows], f32). Key row j (0 <= j < Tk) is row
+  //   b * kv_rows + j of k, v, dk and dv ([B, kv_rows, NKV, HD], kv_rows >= Tk). Every
+  //   pointer points at the block's row 0 of sequence 0, so a block of rows inside a larger
+  //   buffer needs no copy: the second chunk of a rank's [B, 2c, NH, HD] queries is
+  //   `q + c * NH * HD` with Tq = c, q_rows = 2c, and its lse `lse + c`. Rows outside
+  //   [0, Tq) and [0, Tk) of a sequence are never read or written.
+  // - Mask. Query row i sits at position q_pos + i and key row j at k_pos + j; i attends
+  //   to j iff k_pos + j <= q_pos + i. So q_pos = k_pos (Tq = Tk) is a causal diagonal
+  //   block, q_pos >= k_pos + Tk - 1 full attention, q_pos + Tq <= k_pos masks every row,
+  //   and only q_pos - k_pos matters (the positions may be virtual: a rank's two chunks
+  //   side by side). Scale 1/sqrt(HD); query head h reads kv head h / (NH / NKV).
+  // - A row that sees no key has lse = -inf and out = 0, and contributes nothing to a
+  //   merge or a backward (no NaN).
+  // - Dtypes: q, k, v, out, dout, dq, dk, dv, block_out are F (each its own); lse and
+  //   block_lse f32. fp32 arithmetic inside.
+  struct AttentionBlock {
+    int B = 1, Tq = 1, Tk = 1;
+    int q_rows = 0, kv_rows = 0;  // row strides per sequence; 0 = Tq, Tk (contiguous)
+    int q_pos = 0, k_pos = 0;
+    int NH = 1, NKV = 1, HD = 1;
+    int q_stride() const { return q_rows > 0 ? q_rows : Tq; }
+    int kv_stride() const { return kv_rows > 0 ? kv_rows : Tk; }
+  };
+  // out = softmax(scale q k^T, masked) v over the block's keys, lse[b, h, i] = the row's
+  // log(sum_j exp(scale q_i . k_j)) over the keys it sees. Overwrites out and lse (only
+  // the block's rows). With q_pos = k_pos, Tq = Tk = T and contiguous rows, out is
+  // attention_forward's (bitwise on the CPU, which runs one kernel for both).
+  virtual void attention_block_forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                       const AttentionBlock& s) = 0;
+  // Folds a block's (block_out, block_lse) into the running (out, lse) of the same rows
+  // (B, Tq, q_rows, NH, HD of `s`; the key fields are ignored), the log-sum-exp rule:
+  //   lse' = log(exp(lse) + exp(block_lse)),
+  //   out' = exp(lse - lse') * out + exp(block_lse - lse') * block_out.
+  // A running (out, lse) of (0, -inf) is the empty set: the merge copies the block. Rows
+  // where both are -inf become (0, -inf). out and lse updated in place.
+  virtual void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
+                                     const AttentionBlock& s) = 0;
+  // The block's share of attention's backward, given the FINAL out and lse of its query
+  // rows (merged over every key block): D_i = rowsum(dout_i * out_i), P_ij = exp(scale
+  // q_i . k_j - lse_i) for the keys row i sees (0 elsewhere and on rows with lse = -inf),
+  // dS = P * (dout v^T - D); dq += scale dS k, dk += scale dS^T q, dv += P^T dout, each
+  // ACCUMULATED and any of them null (not needed). Summed over the key blocks of a
+  // sequence this is attention_backward's dq, and each block's dk, dv are those of its
+  // keys.
+  virtual void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                        DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                        const AttentionBlock& s) = 0;
+
   // ---- pointwise ----------------------------------------------------------------
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(DevPtr out, DevPtr inp, size_t n) = 0;

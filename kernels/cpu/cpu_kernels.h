@@ -71,6 +71,17 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 void attention_cached_forward(float* out, const float* q, const float* k_cache,
                               const float* v_cache, int B, int Tq, int pos, int capacity, int NH,
                               int NKV, int HD);
+// Block attention (kernels/ops.h "Block attention"), with the row strides resolved.
+struct BlockShape {
+  int B, Tq, Tk, q_rows, kv_rows, q_pos, k_pos, NH, NKV, HD;
+};
+void attention_block_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const BlockShape& s);
+void attention_block_merge(float* out, float* lse, const float* block_out,
+                           const float* block_lse, int B, int Tq, int q_rows, int NH, int HD);
+void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* out, const float* lse, const float* q, const float* k,
+                              const float* v, const BlockShape& s);
 
 // activation.cpp
 void gelu_forward(float* out, const float* inp, size_t n);

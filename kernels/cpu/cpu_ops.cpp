@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -396,6 +397,55 @@ class CpuOps final : public Ops {
                                   NH, NKV, HD);
   }
 
+  // Block attention: every buffer is the span from its pointer to the block's last row
+  // (rows at a stride, kernels/ops.h), widened and rounded as one. A strided F output is
+  // updated, not overwritten, so that the rows between the block's, widened and rounded
+  // back unchanged, keep their bits.
+  void attention_block_forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                               const AttentionBlock& s) override {
+    Call c = call("attention_block_forward");
+    const BlockSpans n = block_spans(s, "attention_block_forward", true);
+    check_extents("attention_block_forward", {{out, n.q, "out"}, {lse, n.lse, "lse"},
+                                              {q, n.q, "q"}, {k, n.kv, "k"}, {v, n.kv, "v"}});
+    F32In q_f(c, q, n.q, "q");
+    F32In k_f(c, k, n.kv, "k");
+    F32In v_f(c, v, n.kv, "v");
+    F32Out out_f(c, out, n.q, "out", n.strided_q ? Store::kUpdate : Store::kOverwrite);
+    cpu::attention_block_forward(out_f, c.f32(lse, "lse"), q_f, k_f, v_f, n.shape);
+  }
+  void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
+                             const AttentionBlock& s) override {
+    Call c = call("attention_block_merge");
+    const BlockSpans n = block_spans(s, "attention_block_merge", false);
+    check_extents("attention_block_merge", {{out, n.q, "out"}, {lse, n.lse, "lse"},
+                                            {block_out, n.q, "block_out"},
+                                            {block_lse, n.lse, "block_lse"}});
+    F32In block_f(c, block_out, n.q, "block_out");
+    F32Out out_f(c, out, n.q, "out", Store::kUpdate);
+    cpu::attention_block_merge(out_f, c.f32(lse, "lse"), block_f, c.f32(block_lse, "block_lse"),
+                               s.B, s.Tq, n.shape.q_rows, s.NH, s.HD);
+  }
+  void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                const AttentionBlock& s) override {
+    Call c = call("attention_block_backward");
+    const BlockSpans n = block_spans(s, "attention_block_backward", true);
+    check_extents("attention_block_backward",
+                  {{dq, n.q, "dq"}, {dout, n.q, "dout"}, {out, n.q, "out"}, {q, n.q, "q"},
+                   {dk, n.kv, "dk"}, {dv, n.kv, "dv"}, {k, n.kv, "k"}, {v, n.kv, "v"},
+                   {lse, n.lse, "lse"}});
+    F32In dout_f(c, dout, n.q, "dout");
+    F32In out_f(c, out, n.q, "out");
+    F32In q_f(c, q, n.q, "q");
+    F32In k_f(c, k, n.kv, "k");
+    F32In v_f(c, v, n.kv, "v");
+    F32Out dq_f(c, dq, n.q, "dq", Store::kUpdate);
+    F32Out dk_f(c, dk, n.kv, "dk", Store::kUpdate);
+    F32Out dv_f(c, dv, n.kv, "dv", Store::kUpdate);
+    cpu::attention_block_backward(dq_f, dk_f, dv_f, dout_f, out_f, c.f32(lse, "lse"), q_f, k_f,
+                                  v_f, n.shape);
+  }
+
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Call c = call("gelu_forward");
     F32In inp_f(c, inp, n, "inp");
@@ -548,6 +598,41 @@ class CpuOps final : public Ops {
                           device_access_hook()->is_device_range(p.raw(), bytes),
                       std::string("cpu-checked ") + op + ": argument " + arg + " is not " +
                           std::to_string(bytes) + " bytes of one device allocation");
+  }
+
+  struct Extent {
+    DevPtr p;
+    size_t elements;
+    const char* arg;
+  };
+  void check_extents(const char* op, std::initializer_list<Extent> bufs) const {
+    for (const Extent& e : bufs) check_extent(e.p, e.elements, op, e.arg);
+  }
+  // The checked shape of a block attention call and the elements of its spans: the q-side
+  // buffers (q, out, dq, dout, block_out), the kv-side ones and lse.
+  struct BlockSpans {
+    cpu::BlockShape shape;
+    size_t q = 0, kv = 0, lse = 0;
+    bool strided_q = false;
+  };
+  static BlockSpans block_spans(const AttentionBlock& s, const char* op, bool keys) {
+    BlockSpans n;
+    n.shape = {s.B, s.Tq, s.Tk, s.q_stride(), s.kv_stride(), s.q_pos, s.k_pos, s.NH, s.NKV, s.HD};
+    const cpu::BlockShape& b = n.shape;
+    TRIDENT_CHECK_MSG(b.B >= 1 && b.Tq >= 1 && b.q_rows >= b.Tq && b.NH >= 1 && b.HD >= 1 &&
+                          (!keys || (b.Tk >= 1 && b.kv_rows >= b.Tk && b.NKV >= 1 &&
+                                     b.NH % b.NKV == 0)),
+                      std::string("cpu ") + op + ": B=" + std::to_string(b.B) + " Tq=" +
+                          std::to_string(b.Tq) + " Tk=" + std::to_string(b.Tk) + " q_rows=" +
+                          std::to_string(b.q_rows) + " kv_rows=" + std::to_string(b.kv_rows) +
+                          " NH=" + std::to_string(b.NH) + " NKV=" + std::to_string(b.NKV) +
+                          " HD=" + std::to_string(b.HD));
+    const size_t last_q_row = elems(b.B - 1, b.q_rows) + static_cast<size_t>(b.Tq);
+    n.q = last_q_row * elems(b.NH, b.HD);
+    n.kv = (elems(b.B - 1, b.kv_rows) + static_cast<size_t>(b.Tk)) * elems(b.NKV, b.HD);
+    n.lse = elems(b.B * b.NH - 1, b.q_rows) + static_cast<size_t>(b.Tq);
+    n.strided_q = b.q_rows != b.Tq;
+    return n;
   }
 
   int threads_;

@@ -36,6 +36,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -420,6 +421,36 @@ class CudaOps final : public Ops {
                                    scores, B, Tq, pos, capacity, NH, NKV, HD, stream_);
   }
 
+  // Block attention: the simple kernels of attention_block.h, the scores (forward) or P
+  // and dS (backward) of every row in grow-only scratch.
+  void attention_block_forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                               const AttentionBlock& s) override {
+    Op op(*this, "attention_block_forward");
+    const cuda::BlockDims d = block_dims(s);
+    float* scores = static_cast<float*>(
+        scratch(kScores, static_cast<size_t>(d.rows()) * d.Tk * sizeof(float)).raw());
+    cuda::attention_block_forward(f(op, out, "out"), f32(op, lse, "lse"), f(op, q, "q"),
+                                  f(op, k, "k"), f(op, v, "v"), scores, d, stream_);
+  }
+  void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
+                             const AttentionBlock& s) override {
+    Op op(*this, "attention_block_merge");
+    cuda::attention_block_merge(f(op, out, "out"), f32(op, lse, "lse"),
+                                f(op, block_out, "block_out"), f32(op, block_lse, "block_lse"),
+                                block_dims(s), stream_);
+  }
+  void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
+                                DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
+                                const AttentionBlock& s) override {
+    Op op(*this, "attention_block_backward");
+    const cuda::BlockDims d = block_dims(s);
+    float* pds = static_cast<float*>(
+        scratch(kScores, 2 * static_cast<size_t>(d.rows()) * d.Tk * sizeof(float)).raw());
+    cuda::attention_block_backward(f(op, dq, "dq"), f(op, dk, "dk"), f(op, dv, "dv"),
+                                   f(op, dout, "dout"), f(op, out, "out"), f32(op, lse, "lse"),
+                                   f(op, q, "q"), f(op, k, "k"), f(op, v, "v"), pds, d, stream_);
+  }
+
   // ---- pointwise ----------------------------------------------------------------
   void gelu_forward(DevPtr out, DevPtr inp, size_t n) override {
     Op op(*this, "gelu_forward");
@@ -763,6 +794,11 @@ class CudaOps final : public Ops {
       }
     }
     return AttentionShape{B, T, NH, NKV, HD, dtype};
+  }
+
+  static cuda::BlockDims block_dims(const AttentionBlock& s) {
+    return {s.B,      s.Tq,  s.Tk,   s.q_stride(), s.kv_stride(),
+            static_cast<int64_t>(s.q_pos) - s.k_pos, s.NH, s.NKV, s.HD};
   }
 
   // A size query for a shape attention calls accept (others CHECK-fail there): only

@@ -465,12 +465,16 @@ std::vector<Def> attention_cached_defs(DType F) {
           attention_cached(F, {2, 70, 5, 80, 2, 1, 3})};   // more rows than one CPU row block
 }
 
-// With pos 0 and Tq = capacity = T the cached op is attention_forward (kernels/ops.h):
-// bitwise on the CPU backends (one kernel), within the op's tolerance elsewhere.
-void expect_cached_equals_attention_forward(Ops& ops, DType F, bool bitwise) {
+// An op that, for some arguments, is attention_forward (kernels/ops.h): `other` writes its
+// out from the same q, k, v; bitwise on the CPU backends (one kernel), within the op's
+// tolerance elsewhere.
+using AttentionLike =
+    std::function<void(Ops&, DevPtr out, DevPtr q, DevPtr k, DevPtr v, const AttnShape&)>;
+void expect_equals_attention_forward(Ops& ops, DType F, bool bitwise, const char* what,
+                                     uint32_t seed, const AttentionLike& other) {
   const AttnShape s{2, 9, 4, 2, 6};
   const size_t nq = sz(s.B) * s.T * s.NH * s.HD, nkv = sz(s.B) * s.T * s.NKV * s.HD;
-  std::mt19937 gen(5);
+  std::mt19937 gen(seed);
   std::uniform_real_distribution<double> dist(-2, 2);
   auto random = [&](size_t n) {
     VecD v(n);
@@ -479,36 +483,48 @@ void expect_cached_equals_attention_forward(Ops& ops, DType F, bool bitwise) {
   };
   const size_t es = dtype_size(F);
   DeviceBuffer q(ops, nq * es), k(ops, nkv * es), v(ops, nkv * es), out(ops, nq * es),
-      cached(ops, nq * es), state(ops, ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD, F));
+      other_out(ops, nq * es),
+      state(ops, ops.attention_state_bytes(s.B, s.T, s.NH, s.NKV, s.HD, F));
   ops.upload(q.get(), random(nq).data(), nq * es);
   ops.upload(k.get(), random(nkv).data(), nkv * es);
   ops.upload(v.get(), random(nkv).data(), nkv * es);
   ops.attention_forward(out.as(F), state.get(), q.as(F), k.as(F), v.as(F), s.B, s.T, s.NH, s.NKV,
                         s.HD);
-  ops.attention_cached_forward(cached.as(F), q.as(F), k.as(F), v.as(F), s.B, s.T, 0, s.T, s.NH,
-                               s.NKV, s.HD);
+  other(ops, other_out.as(F), q.as(F), k.as(F), v.as(F), s);
   std::vector<unsigned char> a(nq * es), b(nq * es);
   ops.download(a.data(), out.get(), a.size());
-  ops.download(b.data(), cached.get(), b.size());
+  ops.download(b.data(), other_out.get(), b.size());
   if (bitwise) {
-    EXPECT_EQ(a, b) << ops.name() << " " << dtype_name(F);
+    EXPECT_EQ(a, b) << what << " " << ops.name() << " " << dtype_name(F);
     return;
   }
   Report r;
-  detail::compare(r, "cached", detail::decode(b, nq, F), detail::decode(a, nq, F),
+  detail::compare(r, what, detail::decode(b, nq, F), detail::decode(a, nq, F),
                   tolerance_for(F, sz(s.T) * (s.NH / s.NKV)));
-  EXPECT_TRUE(r.ok()) << ops.name() << " " << dtype_name(F) << ":\n" << r.str();
+  EXPECT_TRUE(r.ok()) << what << " " << ops.name() << " " << dtype_name(F) << ":\n" << r.str();
 }
 
-TEST(OpTableCachedAttention, PrefillAtPositionZeroEqualsAttentionForward) {
+// On the CPU backends (bitwise) and, where there is a GPU, on CUDA.
+void expect_equals_attention_forward_everywhere(const char* what, uint32_t seed,
+                                                const AttentionLike& other) {
   for (DType F : {kF32, kBF16}) {
     for (bool checked : {false, true}) {
       auto cpu = make_cpu_ops(2, checked);
-      expect_cached_equals_attention_forward(*cpu, F, /*bitwise=*/true);
+      expect_equals_attention_forward(*cpu, F, /*bitwise=*/true, what, seed, other);
     }
     auto cuda = make_ops(DeviceKind::kCuda, 0, 1);
-    if (cuda.is_ok()) expect_cached_equals_attention_forward(**cuda, F, /*bitwise=*/false);
+    if (cuda.is_ok()) {
+      expect_equals_attention_forward(**cuda, F, /*bitwise=*/false, what, seed, other);
+    }
   }
+}
+
+// With pos 0 and Tq = capacity = T the cached op is attention_forward.
+TEST(OpTableCachedAttention, PrefillAtPositionZeroEqualsAttentionForward) {
+  expect_equals_attention_forward_everywhere(
+      "cached", 5, [](Ops& ops, DevPtr out, DevPtr q, DevPtr k, DevPtr v, const AttnShape& s) {
+        ops.attention_cached_forward(out, q, k, v, s.B, s.T, 0, s.T, s.NH, s.NKV, s.HD);
+      });
 }
 
 // The checked backend refuses a cache shorter than the capacity the call names.
@@ -522,6 +538,278 @@ TEST(OpTableCachedAttention, CheckedBackendRefusesACacheShorterThanItsCapacity) 
   EXPECT_DEATH(ops->attention_cached_forward(out.as(kF32), q.as(kF32), short_cache.as(kF32),
                                              cache.as(kF32), 1, 1, 0, capacity, NH, NH, HD),
                "cpu-checked attention_cached_forward: argument k_cache is not 256 bytes");
+}
+
+// ---- block attention (ring attention's pieces) ---------------------------------------
+// A block of Tq queries at positions q_pos.. over Tk keys at k_pos.., its rows at q_off of
+// q_rows per sequence (k_off of kv_rows for the keys): the rows between blocks hold 100, far
+// outside the data's range, so a kernel that reads them is wrong by a lot, and outputs there
+// must keep their prefill. split > 0: the keys as two blocks, [0, split) and [split, Tk),
+// each through attention_block_forward and the second merged into the first, so the entry
+// checks that the merge of two blocks is one block over their keys; backward then runs
+// block by block from the merged out and lse. The merged out and the gradients are f32
+// then, as ring attention keeps them (a bf16 one would be rounded at every merge or
+// block).
+struct BlockCase {
+  int B, Tq, Tk, NH, NKV, HD, q_pos, k_pos;
+  int q_off = 0, q_rows = 0, k_off = 0, kv_rows = 0;
+  int split = 0;
+  int QR() const { return q_rows > 0 ? q_rows : Tq; }
+  int KR() const { return kv_rows > 0 ? kv_rows : Tk; }
+  bool strided() const { return QR() != Tq || KR() != Tk; }
+  size_t qi(int b, int i, int h, int e) const {
+    return ((sz(b) * QR() + q_off + i) * NH + h) * HD + e;
+  }
+  size_t ki(int b, int j, int h, int e) const {
+    return ((sz(b) * KR() + k_off + j) * NKV + h) * HD + e;
+  }
+  size_t li(int b, int h, int i) const { return (sz(b) * NH + h) * QR() + q_off + i; }
+  // The keys row i sees (kernels/ops.h "Block attention"), by brute force over positions.
+  int visible(int i) const {
+    int n = 0;
+    for (int j = 0; j < Tk; ++j) n += k_pos + j <= q_pos + i ? 1 : 0;
+    return n;
+  }
+};
+
+// Values in [lo, hi) in the block's rows of a [B, rows, width] buffer, 100 elsewhere.
+VecD block_values(int B, int rows, int off, int used, int width, double lo, double hi,
+                  uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  VecD v(sz(B) * rows * width, 100.0);
+  for (int b = 0; b < B; ++b)
+    for (size_t x = 0; x < sz(used) * width; ++x) v[(sz(b) * rows + off) * width + x] = dist(gen);
+  return v;
+}
+
+// Row (b, h, i)'s probabilities over the block's keys in float64, and its log-sum-exp
+// (-inf for a row that sees no key).
+VecD ref_block_row(const BlockCase& c, const VecD& q, const VecD& k, int b, int h, int i,
+                   double& lse) {
+  const int kv = h / (c.NH / c.NKV), n = c.visible(i);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.HD));
+  VecD p(sz(n));
+  double mx = -1e300, sum = 0;
+  for (int j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int e = 0; e < c.HD; ++e) dot += q[c.qi(b, i, h, e)] * k[c.ki(b, j, kv, e)];
+    mx = std::max(mx, p[sz(j)] = dot * scale);
+  }
+  for (double& x : p) sum += (x = std::exp(x - mx));
+  for (double& x : p) x /= sum;
+  lse = n == 0 ? -std::numeric_limits<double>::infinity() : mx + std::log(sum);
+  return p;
+}
+
+Def attention_block(DType F, BlockCase c) {
+  auto d = make("attention_block", dtype_name(F),
+                dims({{"B", c.B}, {"Tq", c.Tq}, {"Tk", c.Tk}, {"NH", c.NH}, {"NKV", c.NKV},
+                      {"HD", c.HD}, {"qpos", c.q_pos}, {"kpos", c.k_pos}}) +
+                    (c.strided() ? dims({{"_qrows", c.QR()}, {"qoff", c.q_off},
+                                         {"kvrows", c.KR()}, {"koff", c.k_off}})
+                                 : "") +
+                    (c.split > 0 ? dims({{"_split", c.split}}) : ""));
+  const size_t nq = sz(c.B) * c.QR() * c.NH * c.HD, nkv = sz(c.B) * c.KR() * c.NKV * c.HD;
+  const size_t nl = sz(c.B) * c.NH * c.QR();
+  const int wq = c.NH * c.HD, wkv = c.NKV * c.HD;
+  const DType G = c.split > 0 ? kF32 : F;  // the running out and the gradients
+  d->args = {arg("out", G, nq, Role::kOut),
+             arg("lse", kF32, nl, Role::kOut),
+             given("q", F, block_values(c.B, c.QR(), c.q_off, c.Tq, wq, -2, 2, 21)),
+             given("k", F, block_values(c.B, c.KR(), c.k_off, c.Tk, wkv, -2, 2, 22)),
+             given("v", F, block_values(c.B, c.KR(), c.k_off, c.Tk, wkv, -1, 1, 23)),
+             given("dout", F, block_values(c.B, c.QR(), c.q_off, c.Tq, wq, -1, 1, 24),
+                   Role::kGradIn),
+             arg("dq", G, nq, Role::kGradOut),
+             arg("dk", G, nkv, Role::kGradOut),
+             arg("dv", G, nkv, Role::kGradOut)};
+  if (c.split > 0) {  // the second block's own out and lse
+    d->args.push_back(arg("out2", kF32, nq, Role::kState));
+    d->args.push_back(arg("lse2", kF32, nl, Role::kState));
+  }
+  d->reduction = sz(std::max(c.Tk, c.HD) * (c.NH / c.NKV));
+  // The key blocks: (first key row, keys).
+  std::vector<std::pair<int, int>> blocks = {{0, c.Tk}};
+  if (c.split > 0) blocks = {{0, c.split}, {c.split, c.Tk - c.split}};
+  auto shape = [c](int j0, int keys) {
+    Ops::AttentionBlock s;
+    s.B = c.B, s.Tq = c.Tq, s.Tk = keys, s.q_rows = c.QR(), s.kv_rows = c.KR();
+    s.q_pos = c.q_pos, s.k_pos = c.k_pos + j0, s.NH = c.NH, s.NKV = c.NKV, s.HD = c.HD;
+    return s;
+  };
+  const size_t qo = sz(c.q_off) * wq, lo = sz(c.q_off);
+  auto ko = [c, wkv](int j0) { return sz(c.k_off + j0) * wkv; };
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.attention_block_forward(b["out"] + qo, b["lse"] + lo, b["q"] + qo, b["k"] + ko(0),
+                                b["v"] + ko(0), shape(0, blocks[0].second));
+    if (c.split == 0) return;
+    const auto [j0, keys] = blocks[1];
+    ops.attention_block_forward(b["out2"] + qo, b["lse2"] + lo, b["q"] + qo, b["k"] + ko(j0),
+                                b["v"] + ko(j0), shape(j0, keys));
+    ops.attention_block_merge(b["out"] + qo, b["lse"] + lo, b["out2"] + qo, b["lse2"] + lo,
+                              shape(j0, keys));
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    for (const auto& [j0, keys] : blocks) {
+      ops.attention_block_backward(b["dq"] + qo, b["dk"] + ko(j0), b["dv"] + ko(j0),
+                                   b["dout"] + qo, b["out"] + qo, b["lse"] + lo, b["q"] + qo,
+                                   b["k"] + ko(j0), b["v"] + ko(j0), shape(j0, keys));
+    }
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int b = 0; b < c.B; ++b)
+      for (int hh = 0; hh < c.NH; ++hh) {
+        const int kv = hh / (c.NH / c.NKV);
+        for (int i = 0; i < c.Tq; ++i) {
+          double lse = 0;
+          const VecD p = ref_block_row(c, h.at("q"), h.at("k"), b, hh, i, lse);
+          h.at("lse")[c.li(b, hh, i)] = lse;
+          for (int e = 0; e < c.HD; ++e) {
+            double o = 0;
+            for (size_t j = 0; j < p.size(); ++j)
+              o += p[j] * h.at("v")[c.ki(b, static_cast<int>(j), kv, e)];
+            h.at("out")[c.qi(b, i, hh, e)] = o;
+          }
+        }
+      }
+  };
+  // The op's formula on its inputs: D = rowsum(dout * out) from `out` as the backend holds
+  // it (rounded to its dtype: a bf16 out's rounding is part of what the op is given, and
+  // moves D by far more than the fp32 arithmetic does), P in float64.
+  d->ref_backward = [=](Host& h) {
+    const VecD &q = h.at("q"), &k = h.at("k"), &v = h.at("v"), &g = h.at("dout");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.HD));
+    for (int b = 0; b < c.B; ++b)
+      for (int hh = 0; hh < c.NH; ++hh) {
+        const int kv = hh / (c.NH / c.NKV);
+        for (int i = 0; i < c.Tq; ++i) {
+          double lse = 0, rowdot = 0;
+          const VecD p = ref_block_row(c, q, k, b, hh, i, lse);
+          const int n = static_cast<int>(p.size());
+          for (int e = 0; e < c.HD; ++e)
+            rowdot += g[c.qi(b, i, hh, e)] * detail::stored(h.at("out")[c.qi(b, i, hh, e)], G);
+          VecD dp(p.size(), 0.0);
+          for (int j = 0; j < n; ++j) {
+            for (int e = 0; e < c.HD; ++e) {
+              dp[sz(j)] += g[c.qi(b, i, hh, e)] * v[c.ki(b, j, kv, e)];
+              h.at("dv")[c.ki(b, j, kv, e)] += p[sz(j)] * g[c.qi(b, i, hh, e)];
+            }
+          }
+          for (int j = 0; j < n; ++j) {
+            const double ds = p[sz(j)] * (dp[sz(j)] - rowdot) * scale;
+            for (int e = 0; e < c.HD; ++e) {
+              h.at("dq")[c.qi(b, i, hh, e)] += ds * k[c.ki(b, j, kv, e)];
+              h.at("dk")[c.ki(b, j, kv, e)] += ds * q[c.qi(b, i, hh, e)];
+            }
+          }
+        }
+      }
+  };
+  // The gradcheck and the reference's own check project every element of out: a strided
+  // entry's rows between blocks keep their NaN prefill, so only contiguous entries get
+  // them (the float64 backward of a strided entry is the one they check).
+  if (!c.strided()) {
+    d->wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}};
+    d->project = {{"out", "dout"}};
+  }
+  return d;
+}
+
+std::vector<Def> attention_block_defs(DType F) {
+  // {B, Tq, Tk, NH, NKV, HD, q_pos, k_pos, q_off, q_rows, k_off, kv_rows, split}
+  return {
+      attention_block(F, {2, 5, 5, 4, 2, 3, 7, 7}),          // a causal diagonal block, GQA
+      attention_block(F, {1, 4, 6, 2, 2, 5, 10, 0}),         // full, Tq != Tk
+      attention_block(F, {2, 6, 4, 4, 1, 4, 0, 2}),          // rows 0, 1 masked, the rest partial
+      attention_block(F, {1, 3, 4, 2, 1, 3, 0, 5}),          // every row masked
+      attention_block(F, {2, 70, 70, 2, 1, 3, 0, 0}),        // past the CPU's 64-row blocks
+      // A rank's blocks of ring attention with chunks of 3 rows (c = 3, rows 2c = 6): its
+      // second chunk's queries over both of its chunks (causal, a virtual offset of c), all
+      // its queries over a lower rank's first chunk (full), its second chunk over a higher
+      // rank's both (full).
+      attention_block(F, {2, 3, 6, 4, 2, 3, 3, 0, 3, 6, 0, 6}),
+      attention_block(F, {2, 6, 3, 4, 2, 3, 3, 0, 0, 6, 0, 6}),
+      attention_block(F, {2, 3, 6, 4, 2, 3, 6, 0, 3, 6, 0, 6}),
+      // Two key blocks merged: causal, the first half of a row's keys in block one; full
+      // with Tq != Tk; and rows 0, 1 that see no key of the second block (a -inf merged).
+      attention_block(F, {2, 7, 7, 2, 1, 4, 0, 0, 0, 0, 0, 0, 3}),
+      attention_block(F, {1, 4, 9, 4, 2, 3, 12, 0, 0, 0, 0, 0, 5}),
+      attention_block(F, {2, 6, 6, 2, 2, 3, 0, 0, 0, 0, 0, 0, 2}),
+      // Merged and strided: the second block masked for row 0 and in part for the others.
+      attention_block(F, {1, 3, 6, 2, 1, 4, 6, 4, 0, 6, 0, 6, 3}),
+      without(attention_block(F, {2, 5, 5, 4, 2, 3, 7, 7}), {"dq", "dk"}),
+  };
+}
+
+// The merge alone, with running and block rows of every kind: both seen keys, one of
+// them -inf (the other copied), both -inf (out becomes 0); rows q_off.. of q_rows.
+Def attention_merge(DType F, int B, int Tq, int NH, int HD, int q_off, int q_rows) {
+  auto d = make("attention_block_merge", dtype_name(F),
+                dims({{"B", B}, {"Tq", Tq}, {"NH", NH}, {"HD", HD}, {"qoff", q_off},
+                      {"qrows", q_rows}}));
+  const size_t nq = sz(B) * q_rows * NH * HD, nl = sz(B) * NH * q_rows;
+  const double inf = std::numeric_limits<double>::infinity();
+  auto lse_values = [&](int every, int salt) {
+    VecD v(nl);
+    for (size_t r = 0; r < nl; ++r)
+      v[r] = r % sz(every) == sz(salt) ? -inf : 2.5 * std::sin(static_cast<double>(r * 7 + salt));
+    return v;
+  };
+  d->args = {arg("out", F, nq, Role::kInOut), given("lse", kF32, lse_values(4, 1), Role::kInOut),
+             arg("block_out", F, nq, Role::kIn), given("block_lse", kF32, lse_values(3, 2))};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    Ops::AttentionBlock s;
+    s.B = B, s.Tq = Tq, s.q_rows = q_rows, s.NH = NH, s.HD = HD;
+    const size_t qo = sz(q_off) * NH * HD;
+    ops.attention_block_merge(b["out"] + qo, b["lse"] + sz(q_off), b["block_out"] + qo,
+                              b["block_lse"] + sz(q_off), s);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int b = 0; b < B; ++b)
+      for (int hh = 0; hh < NH; ++hh)
+        for (int i = q_off; i < q_off + Tq; ++i) {
+          double& l = h.at("lse")[(sz(b) * NH + hh) * q_rows + i];
+          const double bl = h.at("block_lse")[(sz(b) * NH + hh) * q_rows + i];
+          const double merged = std::log(std::exp(l) + std::exp(bl));  // log(0) = -inf
+          for (int e = 0; e < HD; ++e) {
+            const size_t x = ((sz(b) * q_rows + i) * NH + hh) * HD + e;
+            double& o = h.at("out")[x];
+            o = std::isinf(merged) ? 0.0
+                                   : std::exp(l - merged) * o +
+                                         std::exp(bl - merged) * h.at("block_out")[x];
+          }
+          l = merged;
+        }
+  };
+  return d;
+}
+
+// With q_pos = k_pos and Tq = Tk = T the block forward is attention_forward (its lse is
+// checked by the table).
+TEST(OpTableBlockAttention, CausalDiagonalBlockEqualsAttentionForward) {
+  expect_equals_attention_forward_everywhere(
+      "block", 6, [](Ops& ops, DevPtr out, DevPtr q, DevPtr k, DevPtr v, const AttnShape& s) {
+        Ops::AttentionBlock b;
+        b.B = s.B, b.Tq = s.T, b.Tk = s.T, b.q_pos = 3, b.k_pos = 3, b.NH = s.NH,
+        b.NKV = s.NKV, b.HD = s.HD;
+        DeviceBuffer lse(ops, sz(s.B) * s.NH * s.T * sizeof(float));
+        ops.attention_block_forward(out, lse.as(kF32), q, k, v, b);
+      });
+}
+
+// The checked backend refuses a buffer shorter than the block's rows at their strides: a
+// key block of 4 rows at a stride of 6 needs 6 + 4 rows for two sequences, not 9.
+TEST(OpTableBlockAttention, CheckedBackendRefusesAShortStridedBuffer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto ops = make_cpu_ops(1, /*checked=*/true);
+  Ops::AttentionBlock s;
+  s.B = 2, s.Tq = 4, s.Tk = 4, s.q_rows = 6, s.kv_rows = 6, s.NH = 1, s.NKV = 1, s.HD = 4;
+  DeviceBuffer q(*ops, sz(10) * 16), out(*ops, sz(10) * 16), lse(*ops, sz(10) * 4);
+  DeviceBuffer k(*ops, sz(10) * 16), short_v(*ops, sz(9) * 16);
+  EXPECT_DEATH(ops->attention_block_forward(out.as(kF32), lse.as(kF32), q.as(kF32), k.as(kF32),
+                                            short_v.as(kF32), s),
+               "cpu-checked attention_block_forward: argument v is not 160 bytes");
 }
 
 // ---- pointwise ------------------------------------------------------------------
@@ -959,6 +1247,9 @@ std::vector<Def> table_defs() {
     defs.push_back(attention(F, {1, 150, 2, 2, 8}));  // past the CPU kernel's 64-row blocks
     defs.push_back(without(attention(F, {2, 5, 3, 3, 4}), {"dq", "dk"}));
     for (Def d : attention_cached_defs(F)) defs.push_back(d);
+    for (Def d : attention_block_defs(F)) defs.push_back(d);
+    defs.push_back(attention_merge(F, 2, 5, 3, 4, 0, 5));
+    defs.push_back(attention_merge(F, 2, 3, 2, 5, 3, 6));  // a rank's second chunk
     defs.push_back(gelu_def(F, 37));
     defs.push_back(swiglu(F, 29));
     defs.push_back(without(swiglu(F, 29), {"dgate"}));
@@ -1141,6 +1432,8 @@ TEST(OpTableCoverage, EveryComputeOpIsInTheTable) {
                          "rope",
                          "attention",
                          "attention_cached",
+                         "attention_block",
+                         "attention_block_merge",
                          "gelu",
                          "swiglu",
                          "add",
