@@ -48,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "comm/communicator.h"
 #include "core/check.h"

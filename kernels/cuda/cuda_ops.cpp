@@ -435,9 +435,11 @@ class CudaOps final : public Ops {
   void attention_block_merge(DevPtr out, DevPtr lse, DevPtr block_out, DevPtr block_lse,
                              const AttentionBlock& s) override {
     Op op(*this, "attention_block_merge");
+    cuda::BlockDims d = block_dims(s);
+    d.NKV = d.NH;  // the merge reads no keys: whatever kv heads the caller left in `s`
     cuda::attention_block_merge(f(op, out, "out"), f32(op, lse, "lse"),
                                 f(op, block_out, "block_out"), f32(op, block_lse, "block_lse"),
-                                block_dims(s), stream_);
+                                d, stream_);
   }
   void attention_block_backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
                                 DevPtr lse, DevPtr q, DevPtr k, DevPtr v,
