@@ -47,13 +47,18 @@ double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSp
   return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
 }
 
-double group_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
-  // Calls are shared out over the kinds present; the fixed cost is small next to bytes.
+// Seconds of each collective kind of a group's traffic; `calls` are shared out over the
+// kinds present (the fixed cost is small next to bytes).
+struct KindSeconds {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  double total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
   const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
   const double per_kind = kinds > 0 ? calls / kinds : 0;
-  return collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu) +
-         collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu) +
-         collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu);
+  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu),
+          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu),
+          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu)};
 }
 
 struct StageTime {
@@ -88,14 +93,14 @@ struct GroupWork {
 
 // The exposed dp seconds of one step on the stage (plan/overlap.h): the stage's groups in
 // the order the trainer runs them, forward in id order and backward in reverse, per
-// micro-batch, with the collectives of its ZeRO stage and overlap switches. kind_s: each
+// micro-batch, with the collectives of its ZeRO stage and overlap switches. `k`: each
 // collective kind's seconds per step (the all-exposed figure), shared out over its
-// collectives by bytes. `tp_busy`: the tp collectives use the dp link (their time hides
+// collectives by their groups' floats. `tp_busy`: the tp collectives use the dp link (their time hides
 // nothing). ZeRO-0/1 communicate in the last micro-batch only, so one is simulated;
 // ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
 // increment (every micro-batch after the first is the same).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
-                  double ar_s, double rs_s, double ag_s, double tp_per_compute, bool tp_busy) {
+                  const KindSeconds& k, double tp_per_compute, bool tp_busy) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -109,8 +114,9 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   double floats = 0;
   for (const GroupWork& g : groups) floats += g.floats;
   floats += head_extra;
-  const double reduce_s = (zero == 0 ? ar_s : rs_s) / (floats * (every_micro ? m : 1));
-  const double gather_s = zero == 3 ? ag_s / (2 * floats * m) : 0;  // forward and backward
+  const double reduce_s =
+      (zero == 0 ? k.all_reduce : k.reduce_scatter) / (floats * (every_micro ? m : 1));
+  const double gather_s = zero == 3 ? k.all_gather / (2 * floats * m) : 0;  // fwd and bwd
   const double bucket_floats =
       std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / 4.0));
   auto op = [&](const GroupWork& g, double extra, bool backward, bool reduces) {
@@ -126,7 +132,8 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
       // make the rest behave alike, and the simulation stays small); ZeRO-2/3: one
       // reduce-scatter per group.
       constexpr double kMaxPieces = 256;
-      o.pieces = zero <= 1 ? static_cast<int>(std::min(kMaxPieces, std::ceil(g.floats / bucket_floats))) : 1;
+      const double buckets = std::min(kMaxPieces, std::ceil(g.floats / bucket_floats));
+      o.pieces = zero <= 1 ? static_cast<int>(buckets) : 1;
     }
     return o;
   };
@@ -184,7 +191,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = group_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu) / micro;
+  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu).total() / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -196,15 +203,10 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const double dp_calls = std::ceil(d.total() / bucket);
-  const int kinds = (d.all_reduce > 0) + (d.reduce_scatter > 0) + (d.all_gather > 0);
-  const double per_kind = kinds > 0 ? dp_calls / kinds : 0;
-  const double ar_s = collective_s(CollectiveKind::kAllReduce, d.all_reduce, dp, dp_link, per_kind, cpu);
-  const double rs_s = collective_s(CollectiveKind::kReduceScatter, d.reduce_scatter, dp, dp_link, per_kind, cpu);
-  const double ag_s = collective_s(CollectiveKind::kAllGather, d.all_gather, dp, dp_link, per_kind, cpu);
-  const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2,
-                                          *links.link[ParallelDim::kPp], 1, cpu);
-  t.dp_comm = ar_s + rs_s + ag_s + embedding_s;
+  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket), cpu);
+  const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
+                                          2, *links.link[ParallelDim::kPp], 1, cpu);
+  t.dp_comm = k.total() + embedding_s;
   if (dp > 1 && d.total() > 0) {
     // The stage's groups (embedding, layers, head: ParamLayout's ids) with their compute:
     // a layer's forward and backward; the embedding and head work on the head group (on
@@ -234,9 +236,10 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const bool tp_busy = tp > 1 && links.link[ParallelDim::kTp] == &dp_link;
     const double tp_per_compute = t.compute > 0 ? t.tp / t.compute : 0;
     // ZeRO-1/2's all-gather runs after the update: nothing left to hide it behind.
-    const double after_step = config.parallel.zero_stage == 1 || config.parallel.zero_stage == 2 ? ag_s : 0;
-    t.dp = exposed_dp(config, groups, head_extra, ar_s, rs_s, ag_s, tp_per_compute, tp_busy) +
-           after_step + embedding_s;
+    const int zero = config.parallel.zero_stage;
+    const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
+    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy) + after_step +
+           embedding_s;
   } else {
     t.dp = embedding_s;
   }
