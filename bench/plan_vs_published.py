@@ -100,6 +100,19 @@ if mode == "errors":
         sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3",
                 "parallel.micro_batch_size=1","training.global_batch_size=64",f"training.recompute={rc}"]
         published.append((f"torchtitan {cfg} 64 GPUs FSDP", f"configs/{cfg}.yaml", 64, "a100", sets, pub))
+    # torchtitan's Llama 2 table (the same 64 A100s, FSDP): 13B and 70B, seq_len 4096,
+    # vocab 32000, local batch 2 (70B selective: 1). "selective op" is Trident's selective.
+    for name, shape, lbs, rc, pub in [("13B", (40, 5120, 40, 40, 13824), 2, "none", 61.1),
+                                      ("13B", (40, 5120, 40, 40, 13824), 2, "selective", 53.8),
+                                      ("70B", (80, 8192, 64, 8, 28672), 1, "selective", 50.8),
+                                      ("70B", (80, 8192, 64, 8, 28672), 2, "full", 50.5)]:
+        L, h, nh, kv, ff = shape
+        sets = ["model.vocab_size=32000","model.seq_len=4096",f"model.n_layers={L}",f"model.d_model={h}",
+                f"model.n_heads={nh}",f"model.n_kv_heads={kv}",f"model.d_ff={ff}","parallel.dp=64","parallel.tp=1",
+                "parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3",f"parallel.micro_batch_size={lbs}",
+                f"training.global_batch_size={64*lbs}",f"training.recompute={rc}"]
+        published.append((f"torchtitan llama2-{name} lbs{lbs} {rc} 64 GPUs FSDP", "configs/llama-8b.yaml", 64, "a100",
+                          sets, pub))
     errors = []
     for (label, config, g, gpu, sets, pub) in published:
         j, err = plan(config, g, gpu, sets)
