@@ -573,6 +573,8 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.devices = n;
   plan.gpus_per_node = options.gpus_per_node;
   plan.gpu = options.hardware.name;
+  plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
+  plan.overlap_param_gather = config.parallel.overlap_param_gather;
   // The configured layout on N devices: as written, or with dp rescaled.
   Config configured = config;
   const ParallelConfig& p = config.parallel;

@@ -198,6 +198,8 @@ struct Plan {
   std::string configured_error;
   std::vector<PlanResult> layouts;  // ranked: fitting by tokens/s, then the rest by memory
   int recommended = -1;             // index into layouts; -1 when nothing fits
+  // The config's overlap switches, which every layout's dp time assumes.
+  bool overlap_grad_reduce = true, overlap_param_gather = true;
 };
 
 // The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,

@@ -113,6 +113,10 @@ std::string plan_table(const Plan& plan, int rows) {
   if (!plan.configured_note.empty()) out += "# configured: " + plan.configured_note + "\n";
   int fitting = 0;
   for (const PlanResult& l : plan.layouts) fitting += l.fits;
+  out += std::string("# dp s: the dp communication no compute covers, with "
+                     "parallel.overlap_grad_reduce=") +
+         (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
+         (plan.overlap_param_gather ? "true" : "false") + "\n";
   out += "# " + std::to_string(plan.layouts.size()) + " valid layouts on " +
          std::to_string(plan.devices) + " x " + plan.gpu + " (" +
          std::to_string(plan.gpus_per_node) + " per node), " + std::to_string(fitting) + " fit\n";

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -565,6 +566,29 @@ TEST(Plan, Zero3GathersLongerThanComputeExposeTheirSumLessTheCompute) {
   const double by_hand = z.ag_s + z.rs_s - compute;
   EXPECT_GT(compute, 0.03 * by_hand);  // the compute is not negligible in the check
   EXPECT_NEAR(z.result.dp_s, by_hand, 1e-9 * by_hand);
+}
+
+// The table shows where each layout's step goes and which overlap switches it assumed.
+TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
+  Config c = overlap_config(3);
+  c.parallel.overlap_param_gather = false;
+  Result<Plan> plan = make_plan(c, gpu_options(8));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_FALSE(plan->layouts[0].overlap_param_gather);
+  const std::string table = plan_table(plan.value(), 3);
+  for (const char* column : {"comp s", "recomp s", "bubl s", "tp s", "pp s", "dp s", "opt s"}) {
+    EXPECT_NE(table.find(column), std::string::npos) << column;
+  }
+  EXPECT_NE(table.find("parallel.overlap_grad_reduce=true and parallel.overlap_param_gather=false"),
+            std::string::npos)
+      << table;
+  // The configured row's parts, as printed (%.3f), in the order of the header.
+  const PlanResult& r = plan->configured;
+  char parts[128];
+  std::snprintf(parts, sizeof(parts), "%8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f",
+                r.step_time_s, r.compute_s, r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.dp_s,
+                r.optimizer_s);
+  EXPECT_NE(table.find(parts), std::string::npos) << parts << "\n" << table;
 }
 
 TEST(Hardware, TheTableHasTheFourGpusWithDatasheetFigures) {
