@@ -44,7 +44,18 @@ class Entry {
     }
     return Status::ok();
   }
-  Result<double> positive(const std::string& key) const {
+  Result<double> positive(const std::string& key) const { return number(key, false); }
+  Result<double> non_negative(const std::string& key) const { return number(key, true); }
+  Result<std::string> name(const std::string& key) const {
+    const YAML::Node v = node_[key];
+    if (!v || !v.IsScalar() || v.Scalar().empty()) {
+      return Status::invalid_config(where_ + "." + key + ": expected a name");
+    }
+    return lower(v.Scalar());
+  }
+
+ private:
+  Result<double> number(const std::string& key, bool zero_ok) const {
     const YAML::Node v = node_[key];
     if (!v) return Status::invalid_config(where_ + "." + key + ": missing");
     double x = 0;
@@ -55,20 +66,12 @@ class Entry {
                                     (v.IsScalar() ? v.Scalar() : std::string("a collection")) +
                                     "'");
     }
-    if (!(x > 0)) {
-      return Status::invalid_config(where_ + "." + key + ": must be > 0, got " + v.Scalar());
+    if (zero_ok ? !(x >= 0) : !(x > 0)) {
+      return Status::invalid_config(where_ + "." + key + (zero_ok ? ": must be >= 0, got " : ": must be > 0, got ") +
+                                    v.Scalar());
     }
     return x;
   }
-  Result<std::string> name(const std::string& key) const {
-    const YAML::Node v = node_[key];
-    if (!v || !v.IsScalar() || v.Scalar().empty()) {
-      return Status::invalid_config(where_ + "." + key + ": expected a name");
-    }
-    return lower(v.Scalar());
-  }
-
- private:
   YAML::Node node_;
   std::string where_;
 };
@@ -104,7 +107,8 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
     const std::string where = source + ": gpus[" + std::to_string(i) + "]";
     const Entry e(root["gpus"][i], where);
     TRIDENT_RETURN_IF_ERROR(e.check_keys(
-        {"name", "peak_bf16_tflops", "memory_gib", "memory_tbps", "interconnect", "network"}));
+        {"name", "peak_bf16_tflops", "memory_gib", "memory_tbps", "interconnect", "network",
+         "reserved_gib", "fragmentation"}));
     Hardware hw;
     TRIDENT_ASSIGN_OR_RETURN(hw.name, e.name("name"));
     if (hw.name == "cpu") return Status::invalid_config(where + ".name: 'cpu' is reserved");
@@ -123,6 +127,13 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
       }
       (std::string(key) == "network" ? hw.inter_node : hw.intra_node) = it->second;
     }
+    TRIDENT_ASSIGN_OR_RETURN(const double reserved_gib, e.non_negative("reserved_gib"));
+    TRIDENT_ASSIGN_OR_RETURN(hw.fragmentation, e.non_negative("fragmentation"));
+    if (hw.fragmentation >= 1) {
+      return Status::invalid_config(where + ".fragmentation: must be < 1 (a share), got " +
+                                    std::to_string(hw.fragmentation));
+    }
+    hw.reserved_bytes = reserved_gib * 1073741824.0;
     table.gpus.push_back(hw);
   }
   return table;

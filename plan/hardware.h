@@ -6,8 +6,10 @@
 //
 // The table (strict: an unknown key, a missing one or a non-positive number is an
 // error naming the file, the entry and the key):
-//   gpus:          [{name, peak_bf16_tflops, memory_gib, memory_tbps, interconnect, network}]
+//   gpus:          [{name, peak_bf16_tflops, memory_gib, memory_tbps, interconnect, network,
+//                    reserved_gib, fragmentation}]
 //   interconnects: [{name, gbytes_per_s, latency_us}]   per GPU, per direction
+// reserved_gib and fragmentation may be 0; the other numbers must be positive.
 // Thread-compatible; nothing here touches a device.
 #pragma once
 
@@ -33,6 +35,12 @@ struct Hardware {
   double memory_bytes = 0;       // per device (cpu: what this process may use, all ranks)
   double memory_bandwidth = 0;   // bytes/s
   LinkSpec intra_node, inter_node;
+  // What a training process holds on the device besides Trident's own allocations (CUDA
+  // context, cuBLASLt and cuDNN plan workspaces, NCCL's channel buffers), bytes; and the
+  // share of Trident's device allocations the allocator loses to rounding and
+  // fragmentation. Both 0 on the cpu, whose plan is exact.
+  double reserved_bytes = 0;
+  double fragmentation = 0;
   bool is_cpu = false;
 };
 

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/pipeline.h"
+#include "plan/overlap.h"
 #include "plan/partition.h"
 #include "plan/traffic_model.h"
 
@@ -46,18 +47,24 @@ double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSp
   return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
 }
 
-double group_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
-  // Calls are shared out over the kinds present; the fixed cost is small next to bytes.
+// Seconds of each collective kind of a group's traffic; `calls` are shared out over the
+// kinds present (the fixed cost is small next to bytes).
+struct KindSeconds {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  double total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
   const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
   const double per_kind = kinds > 0 ? calls / kinds : 0;
-  return collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu) +
-         collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu) +
-         collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu);
+  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu),
+          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu),
+          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu)};
 }
 
 struct StageTime {
-  double compute = 0, tp = 0, pp = 0;  // seconds per micro-batch
-  double dp = 0, optimizer = 0;        // seconds per step
+  double compute = 0, recompute = 0, tp = 0, pp = 0;  // seconds per micro-batch (compute
+                                                     // includes recompute)
+  double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
   RankTraffic traffic;
 };
 
@@ -76,6 +83,78 @@ Links links_for(const PlanCandidate& l, const PlanOptions& o) {
     k.link[d.dim] = k.cross[d.dim] ? &o.hardware.inter_node : &o.hardware.intra_node;
   }
   return k;
+}
+
+// One group's compute on the stage, seconds per micro-batch.
+struct GroupWork {
+  double floats = 0;              // its parameters (ParamGroup::num_floats)
+  double forward = 0, backward = 0;  // backward includes the recomputed forward
+};
+
+// The exposed dp seconds of one step on the stage (plan/overlap.h): the stage's groups in
+// the order the trainer runs them, forward in id order and backward in reverse, per
+// micro-batch, with the collectives of its ZeRO stage and overlap switches. `k`: each
+// collective kind's seconds per step (the all-exposed figure), shared out over its
+// collectives by their groups' floats. `tp_busy`: the tp collectives use the dp link (their time hides
+// nothing). ZeRO-0/1 communicate in the last micro-batch only, so one is simulated;
+// ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
+// increment (every micro-batch after the first is the same).
+double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
+                  const KindSeconds& k, double tp_per_compute, bool tp_busy) {
+  const ParallelConfig& par = config.parallel;
+  const int zero = par.zero_stage;
+  const int m = config.grad_accum_steps();
+  OverlapPolicy policy;
+  policy.prefetch = zero == 3 && par.overlap_param_gather;
+  policy.async_reduce = par.overlap_grad_reduce;
+  policy.queue_depth = zero >= 1 ? kReduceQueueDepth : 0;  // ZeRO-0 all-reduces in place
+  const bool every_micro = zero >= 2;
+  // The bytes each collective kind moves per step, in floats: the reductions' and
+  // ZeRO-3's gathers' (head_extra: a tied one-stage head's second use of group 0).
+  double floats = 0;
+  for (const GroupWork& g : groups) floats += g.floats;
+  floats += head_extra;
+  const double reduce_s =
+      (zero == 0 ? k.all_reduce : k.reduce_scatter) / (floats * (every_micro ? m : 1));
+  const double gather_s = zero == 3 ? k.all_gather / (2 * floats * m) : 0;  // fwd and bwd
+  const double bucket_floats =
+      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / 4.0));
+  auto op = [&](const GroupWork& g, double extra, bool backward, bool reduces) {
+    OverlapOp o;
+    const double compute = backward ? g.backward : g.forward;
+    const double tp = compute * tp_per_compute;
+    o.compute = compute + (tp_busy ? 0 : tp);
+    o.busy = tp_busy ? tp : 0;
+    o.gather = (g.floats + extra) * gather_s;
+    if (backward && reduces) {
+      o.reduce = (g.floats + extra) * reduce_s;
+      // ZeRO-0/1: the group's buckets (at most kMaxPieces: past a few the queue's waits
+      // make the rest behave alike, and the simulation stays small); ZeRO-2/3: one
+      // reduce-scatter per group.
+      constexpr double kMaxPieces = 256;
+      const double buckets = std::min(kMaxPieces, std::ceil(g.floats / bucket_floats));
+      o.pieces = zero <= 1 ? static_cast<int>(buckets) : 1;
+    }
+    return o;
+  };
+  auto simulate = [&](int micro) {
+    std::vector<OverlapOp> ops;
+    for (int i = 0; i < micro; ++i) {
+      const bool reduces = every_micro || i == micro - 1;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        ops.push_back(op(groups[g], g + 1 == groups.size() ? head_extra : 0, false, false));
+      }
+      for (size_t g = groups.size(); g-- > 0;) {
+        ops.push_back(op(groups[g], g + 1 == groups.size() ? head_extra : 0, true, reduces));
+      }
+    }
+    return exposed_dp_seconds(ops, policy);
+  };
+  if (!every_micro) return simulate(1);
+  const int n = std::min(m, 4);
+  const double e = simulate(n);
+  if (m == n) return e;
+  return e + (m - n) * std::max(0.0, e - simulate(n - 1));
 }
 
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
@@ -98,9 +177,10 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   };
   const double forward = seconds(w.forward());
   // Backward reruns what recomputation dropped, per layer (nothing without).
-  const double recompute = w.layers * seconds(w.recompute(config.training.recompute));
+  const double layer_recompute = seconds(w.recompute(config.training.recompute));
   StageTime t;
-  t.compute = (1 + kBackwardPerForward) * forward + recompute;
+  t.recompute = w.layers * layer_recompute;
+  t.compute = (1 + kBackwardPerForward) * forward + t.recompute;
   t.traffic = analytic_traffic(config, part, layout);
   const double micro = config.grad_accum_steps();
   const int tp = config.parallel.tp, dp = config.parallel.dp;
@@ -111,7 +191,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = group_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu) / micro;
+  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu).total() / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -119,11 +199,50 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
     t.pp = t.traffic.pp.send / micro / bw + sends * links.link[ParallelDim::kPp]->latency_s;
   }
+  // dp, all exposed: each kind's bytes and its share of one latency per bucket.
+  const GroupTraffic& d = t.traffic.dp;
+  const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const double dp_calls = std::ceil(t.traffic.dp.total() / bucket);
-  t.dp = group_s(t.traffic.dp, dp, *links.link[ParallelDim::kDp], dp_calls, cpu) +
-         collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce, 2,
-                      *links.link[ParallelDim::kPp], 1, cpu);
+  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket), cpu);
+  const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
+                                          2, *links.link[ParallelDim::kPp], 1, cpu);
+  t.dp_comm = k.total() + embedding_s;
+  if (dp > 1 && d.total() > 0) {
+    // The stage's groups (embedding, layers, head: ParamLayout's ids) with their compute:
+    // a layer's forward and backward; the embedding and head work on the head group (on
+    // the embedding group when this stage has no head).
+    std::vector<GroupWork> groups;
+    const double layer_f = seconds(w.layer);
+    const double head_f = seconds(w.head);
+    const int n_groups = static_cast<int>(layout.groups.size());
+    for (int g = 0; g < n_groups; ++g) {
+      if (layout.groups[static_cast<size_t>(g)].num_floats == 0) continue;
+      GroupWork gw;
+      gw.floats = static_cast<double>(layout.groups[static_cast<size_t>(g)].num_floats);
+      if (g > 0 && g < n_groups - 1) {
+        gw.forward = layer_f;
+        gw.backward = kBackwardPerForward * layer_f + layer_recompute;
+      }
+      groups.push_back(gw);
+    }
+    GroupWork& head_group = part.last_stage() ? groups.back() : groups.front();
+    head_group.forward += head_f;
+    head_group.backward += kBackwardPerForward * head_f;
+    // ZeRO-2/3 reduce (and ZeRO-3 gathers) a tied one-stage head's wte twice.
+    const double head_extra = config.parallel.zero_stage >= 2 && config.model.tied() &&
+                                      part.first_stage() && part.last_stage()
+                                  ? static_cast<double>(layout.groups[0].num_floats)
+                                  : 0.0;
+    const bool tp_busy = tp > 1 && links.link[ParallelDim::kTp] == &dp_link;
+    const double tp_per_compute = t.compute > 0 ? t.tp / t.compute : 0;
+    // ZeRO-1/2's all-gather runs after the update: nothing left to hide it behind.
+    const int zero = config.parallel.zero_stage;
+    const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
+    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy) + after_step +
+           embedding_s;
+  } else {
+    t.dp = embedding_s;
+  }
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -160,6 +279,18 @@ size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DTyp
   return bytes >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(bytes);
 }
 
+double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype) {
+  // kernels/cuda/cudnn_sdpa.cpp's and attention_plain.cpp's workspace_bytes, the path as
+  // gpu_attention_state_bytes chooses it.
+  const double rows = static_cast<double>(B) * NH * T;
+  const double q = rows * HD, kv = static_cast<double>(B) * NKV * T * HD;
+  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+  if (fused) return rows * sizeof(float) + (q + 2 * kv) * 2;
+  const double e = dtype_size(dtype);
+  const double scores = rows * std::ceil(T / 8.0) * 8.0;
+  return q * 2 * e + kv * 2 * e + scores * sizeof(float) + scores * e + q * 2 * sizeof(float);
+}
+
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                             const PlanOptions& options) {
   const RankMemory m = estimate_rank_memory(config, part, dp_rank, options.attention_state_bytes);
@@ -171,7 +302,24 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
   // Plus the two f64 device accumulators RankMemory leaves out: the loss sum
   // (Ops::loss_accumulate) and the gradient norm's sum of squares.
   p.buffers = m.comm_buffers + m.scratch + 2 * sizeof(double);
-  p.workspace = options.hardware.is_cpu ? 0.0 : kGpuWorkspaceBytes;
+  const Hardware& hw = options.hardware;
+  if (!hw.is_cpu) {
+    // The attention path's scratch, shared by every layer (none without one), and what
+    // the process holds besides; the allocator's losses on top of the allocations.
+    const TransformerConfig& c = config.model;
+    const double attention =
+        part.local_layers(c.n_layers) > 0
+            ? gpu_attention_workspace_bytes(config.parallel.micro_batch_size, c.seq_len,
+                                            c.n_heads / part.tp_size, c.n_kv_heads / part.tp_size,
+                                            c.head_dim,
+                                            config.training.precision == Precision::kBf16
+                                                ? DType::kBF16
+                                                : DType::kF32)
+            : 0.0;
+    p.fragmentation =
+        hw.fragmentation * (p.params + p.grads + p.optimizer + p.activations + p.buffers + attention);
+    p.workspace = hw.reserved_bytes + attention;
+  }
   p.host = m.checkpoint + m.transient + m.tables;
   p.total = p.device() + (options.hardware.is_cpu ? p.host : 0.0);
   return p;
@@ -260,6 +408,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   const PlanCandidate l = config_layout(config);
   PlanResult r;
   r.candidate = l;
+  r.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
+  r.overlap_param_gather = config.parallel.overlap_param_gather;
   const Links links = links_for(l, o);
   r.crosses_nodes = links.cross;
   const int ranks_per_node = std::max(1, std::min(o.devices, o.gpus_per_node));
@@ -308,14 +458,17 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   }
   r.fits = r.memory.total <= r.capacity;
   r.bubble = pipeline_bubble_fraction(l.pp, m, v);
-  r.compute_s = m * slowest.compute;
+  r.compute_s = m * (slowest.compute - slowest.recompute);
+  r.recompute_s = m * slowest.recompute;
   r.tp_s = m * slowest.tp;
   r.pp_s = m * slowest.pp;
   // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
   r.bubble_s = (l.pp - 1) * slowest_micro / v;
   r.dp_s = slowest_tail.dp;
+  r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;
-  r.step_time_s = r.compute_s + r.tp_s + r.pp_s + r.bubble_s + r.dp_s + r.optimizer_s;
+  r.step_time_s =
+      r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.bubble_s + r.dp_s + r.optimizer_s;
   const double tokens = static_cast<double>(config.training.global_batch_size) * config.model.seq_len;
   r.tokens_per_s_per_gpu = tokens / r.step_time_s / o.devices;
   r.mfu = config.model.flops_per_token() * r.tokens_per_s_per_gpu / o.hardware.peak_flops;
@@ -329,6 +482,7 @@ std::string biggest_kind(const PlanMemory& m) {
   const std::pair<double, const char*> kinds[] = {
       {m.params, "parameters"}, {m.grads, "gradients"}, {m.optimizer, "optimizer state"},
       {m.activations, "activations"}, {m.buffers, "buffers"}, {m.workspace, "workspace"},
+      {m.fragmentation, "fragmentation"},
       {host_counts ? m.host : 0.0, "host copies"}};
   const auto* top = std::max_element(std::begin(kinds), std::end(kinds),
                                      [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -342,9 +496,6 @@ std::string misfit_text(const PlanResult& l) {
 
 // What makes a's compute longer than best's.
 std::string compute_cause(const PlanCandidate& a, const PlanCandidate& best) {
-  if (a.recompute != best.recompute && a.recompute != Recompute::kNone) {
-    return std::string("recompute ") + recompute_name(a.recompute) + " reruns forward work";
-  }
   if (!a.sequence_parallel && best.sequence_parallel) {
     return "compute: without sequence parallelism norms and residuals run on whole sequences";
   }
@@ -367,6 +518,8 @@ std::string slower_text(const PlanResult& l, const PlanResult& best) {
   const PlanCandidate& a = l.candidate;
   std::vector<Part> parts = {
       {l.compute_s - best.compute_s, compute_cause(a, best.candidate)},
+      {l.recompute_s - best.recompute_s,
+       std::string("recompute ") + recompute_name(a.recompute) + " reruns forward work"},
       {l.bubble_s - best.bubble_s, "pipeline bubble " + fmt("%.1f%%", 100 * l.bubble) + " (pp " +
                                        std::to_string(a.pp) + ", " +
                                        std::to_string(l.micro_batches) + " micro-batches)"},
@@ -420,6 +573,8 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.devices = n;
   plan.gpus_per_node = options.gpus_per_node;
   plan.gpu = options.hardware.name;
+  plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
+  plan.overlap_param_gather = config.parallel.overlap_param_gather;
   // The configured layout on N devices: as written, or with dp rescaled.
   Config configured = config;
   const ParallelConfig& p = config.parallel;
@@ -514,7 +669,7 @@ std::string configured_misfit(const Plan& plan) {
                   gib(m.total) + " per rank (parameters " + gib(m.params) + ", gradients " +
                   gib(m.grads) + ", optimizer " + gib(m.optimizer) + ", activations " +
                   gib(m.activations) + ", buffers " + gib(m.buffers) + ", workspace " +
-                  gib(m.workspace) + (m.host > 0 && plan.gpu == "cpu" ? ", host copies " + gib(m.host) : "") +
+                  gib(m.workspace) + ", fragmentation " + gib(m.fragmentation) + (m.host > 0 && plan.gpu == "cpu" ? ", host copies " + gib(m.host) : "") +
                   ") but a rank has " + gib(c.capacity) + "; biggest: " + biggest_kind(m);
   if (plan.recommended >= 0) s += "; plan recommends " + layout_name(plan.layouts[0].candidate);
   return s;

@@ -18,14 +18,18 @@
 //   buffers     the dp collectives' persistent buffers + the model's backward scratch and
 //               recompute set (RankMemory::comm_buffers + scratch), and the loss and
 //               gradient-norm f64 accumulators (16 bytes RankMemory leaves out)
-//   workspace   GPU: kGpuWorkspaceBytes (CUDA context, cuBLASLt/cuDNN workspaces, NCCL
-//               channel buffers; not allocated through Ops); cpu: 0
+//   workspace   GPU: the hardware table's reserved_gib (CUDA context, cuBLASLt/cuDNN plan
+//               workspaces, NCCL buffers; not allocated through Ops) plus the attention
+//               path's own scratch (gpu_attention_workspace_bytes); cpu: 0
+//   fragmentation GPU: the table's fragmentation share of the allocations above; cpu: 0
 // Host memory (RankMemory::checkpoint + transient + tables) is not on a GPU; on the CPU
 // device and host are one memory, so a cpu plan counts both against it.
 // GPU attention state (gpu_attention_state_bytes): what the CUDA backend's default path
 // keeps per layer: in bf16 the fused (cuDNN) path's log-sum-exp, B*NH*T*4 bytes; in fp32
 // the plain path's probabilities, B*NH*T*T*4 bytes (cuDNN's flash attention is bf16 only).
-// That the runtime's cuDNN has a plan for the shape is an assumption here.
+// That the runtime's cuDNN has a plan for the shape is an assumption here. Its scratch
+// (gpu_attention_workspace_bytes), shared by the layers: fused, the softmax sum [B, NH, T]
+// f32 and cuDNN's bf16 dq, dk, dv; plain, the scores and probabilities [B, NH, T, T].
 //
 // Time (per optimizer step, the most loaded pipeline stage):
 //   per micro-batch compute c = GEMM FLOPs / (peak * kGemmEfficiency)
@@ -37,14 +41,20 @@
 //   per micro-batch tp = tp payload * bus_factor / link bandwidth + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
 //     pp likewise for one boundary send each way per model chunk (NVLink only when a
-//     whole pipeline fits in a node). Neither overlaps compute (Trident does not overlap them).
-//   dp = its payload * bus_factor / bandwidth + one latency per bucket, fully exposed: an
-//     upper bound. Trident overlaps the gradient reduction with backward
-//     (parallel.overlap_grad_reduce) and ZeRO-3's gathers with compute
-//     (parallel.overlap_param_gather), but this model does not count that overlap yet.
+//     whole pipeline fits in a node). Both on the critical path (Trident does not overlap
+//     them with compute).
+//   dp: its payload * bus_factor / bandwidth + one latency per bucket (dp_comm_s), of
+//     which the part no compute covers is exposed (plan/overlap.h): the trainer's
+//     collectives as it issues them, per parameter group (ZeRO-0/1 the buckets at the
+//     last micro-batch's backward; ZeRO-2/3 a reduce-scatter after every backward of a
+//     group; ZeRO-3 a gather before every forward and backward of a group), hidden behind
+//     the compute that follows them when parallel.overlap_grad_reduce /
+//     overlap_param_gather are on, all exposed when off. ZeRO-1/2's parameter all-gather
+//     after the update and the tied-embedding all-reduce are always exposed.
 //   optimizer = the AdamW pass over the local shard, memory bound.
-//   step = (m + (p - 1) / v) * (c + tp + pp) + dp + optimizer
-//     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1))
+//   step = (m + (p - 1) / v) * (c + tp + pp) + exposed dp + optimizer
+//     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1));
+//     its parts compute, recompute, bubble, tp, pp, dp, optimizer add up to it.
 // tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
 // tokens/s per GPU / peak (model FLOPs only, the bf16 peak; docs/CONFIG.md "FLOPs per token
 // and MFU").
@@ -71,7 +81,9 @@ inline constexpr double kGemmEfficiency = 0.75;       // cuBLASLt bf16 on large 
 inline constexpr double kAttentionEfficiency = 0.5;   // flash / cuDNN fwd+bwd, causal
 inline constexpr double kMemoryEfficiency = 0.8;      // of the datasheet HBM bandwidth
 inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandwidth
-inline constexpr double kGpuWorkspaceBytes = 2.0 * 1073741824.0;
+// Reductions a ReduceScatterQueue keeps in flight (parallel/reduce_scatter_queue.h: the
+// DataParallel's queue has 2 slots; plan/memory_plan.cpp counts the same two).
+inline constexpr int kReduceQueueDepth = 2;
 // --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
 // (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
 inline constexpr double kCpuEfficiency = 0.55;
@@ -104,8 +116,11 @@ std::string layout_name(const PlanCandidate& l);  // "dp4 tp8 pp8 z1 sp full mbs
 // (GPU: the device kinds; cpu: device + host).
 struct PlanMemory {
   double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, workspace = 0;
+  double fragmentation = 0;
   double host = 0;
-  double device() const { return params + grads + optimizer + activations + buffers + workspace; }
+  double device() const {
+    return params + grads + optimizer + activations + buffers + workspace + fragmentation;
+  }
   double total = 0;
 };
 
@@ -120,6 +135,11 @@ struct PlanOptions {
 // takes) runs the fused path, whose state is the log-sum-exp [B, NH, T] in f32; f32 runs
 // the plain path, which keeps the probabilities [B, NH, T, T rounded up to 8] in f32.
 size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
+// The same path's scratch, one per rank (the CUDA backend's attention_workspace_bytes
+// without cuDNN's own plan workspace, which reserved_gib covers): fused, the softmax sum
+// B*NH*T*4 and the bf16 dq, dk, dv B*T*(NH + 2*NKV)*HD*2; plain, q, k, v copies, the f32
+// scores, the probabilities and the f32 dq staging.
+double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
 
 // One rank's memory by kind (the PlanMemory mapping of estimate_rank_memory).
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
@@ -138,8 +158,14 @@ struct PlanResult {
   PerDim<bool> crosses_nodes;  // a group of the dimension spans more than one node
   double bubble = 0;           // (p-1)/(m+p-1)
   int micro_batches = 0;       // per dp rank per step
-  // Seconds per step by part; step_time_s is their sum.
-  double compute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, optimizer_s = 0;
+  // Seconds per step by part; step_time_s is their sum. compute_s leaves out the
+  // recomputed forward work (recompute_s); dp_s is the exposed dp communication, of
+  // dp_comm_s in all.
+  double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
+  double optimizer_s = 0, dp_comm_s = 0;
+  // The config's overlap switches the dp time assumed (parallel.overlap_grad_reduce,
+  // parallel.overlap_param_gather; plan keeps them as configured).
+  bool overlap_grad_reduce = true, overlap_param_gather = true;
   double step_time_s = 0, tokens_per_s_per_gpu = 0, mfu = 0;
   std::string reason;          // why it is recommended, or why it loses
 };
@@ -172,6 +198,8 @@ struct Plan {
   std::string configured_error;
   std::vector<PlanResult> layouts;  // ranked: fitting by tokens/s, then the rest by memory
   int recommended = -1;             // index into layouts; -1 when nothing fits
+  // The config's overlap switches, which every layout's dp time assumes.
+  bool overlap_grad_reduce = true, overlap_param_gather = true;
 };
 
 // The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,

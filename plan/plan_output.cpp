@@ -37,10 +37,24 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"optimizer", r.memory.optimizer},
             {"activations", r.memory.activations},
             {"buffers", r.memory.buffers + r.memory.workspace},
+            {"workspace", r.memory.workspace},
+            {"fragmentation", r.memory.fragmentation},
             {"total", r.memory.total}}},
           {"comm_bytes_per_step", comm},
           {"bubble", r.bubble},
           {"step_time_s", r.step_time_s},
+          // Where the step goes: the parts add up to step_time_s (dp: exposed).
+          {"time_s",
+           {{"compute", r.compute_s},
+            {"recompute", r.recompute_s},
+            {"bubble", r.bubble_s},
+            {"tp", r.tp_s},
+            {"pp", r.pp_s},
+            {"dp", r.dp_s},
+            {"optimizer", r.optimizer_s}}},
+          {"dp_comm_s", r.dp_comm_s},
+          {"overlap_grad_reduce", r.overlap_grad_reduce},
+          {"overlap_param_gather", r.overlap_param_gather},
           {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
           {"mfu", r.mfu},
           {"reason", r.reason}};
@@ -64,23 +78,25 @@ std::string plan_table(const Plan& plan, int rows) {
   const bool mib = largest < kGiB;
   const double unit = mib ? 1048576.0 : kGiB;
   std::string out;
-  char line[512];
+  char line[768];
   std::snprintf(line, sizeof(line),
-                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %9s %6s  %s\n",
+                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %8s %8s %8s %8s "
+                "%8s %8s %8s %9s %6s  %s\n",
                 "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
-                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "tok/s/gpu",
-                "MFU", "reason");
+                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "comp s",
+                "recomp s", "bubl s", "tp s", "pp s", "dp s", "opt s", "tok/s/gpu", "MFU", "reason");
   out += line;
   auto row = [&](const std::string& rank, const PlanResult& r) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
                   "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
-                  "%5.1f%% %8.3f %9.0f %5.1f%%  %s\n",
+                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
                   m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
                   r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
-                  r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s,
+                  r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s, r.compute_s,
+                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.dp_s, r.optimizer_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -97,6 +113,10 @@ std::string plan_table(const Plan& plan, int rows) {
   if (!plan.configured_note.empty()) out += "# configured: " + plan.configured_note + "\n";
   int fitting = 0;
   for (const PlanResult& l : plan.layouts) fitting += l.fits;
+  out += std::string("# dp s: the dp communication no compute covers, with "
+                     "parallel.overlap_grad_reduce=") +
+         (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
+         (plan.overlap_param_gather ? "true" : "false") + "\n";
   out += "# " + std::to_string(plan.layouts.size()) + " valid layouts on " +
          std::to_string(plan.devices) + " x " + plan.gpu + " (" +
          std::to_string(plan.gpus_per_node) + " per node), " + std::to_string(fitting) + " fit\n";

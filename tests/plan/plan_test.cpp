@@ -8,11 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <string>
 
 #include "parallel/pipeline.h"
+#include "plan/overlap.h"
 #include "plan/traffic_model.h"
 #include "tests/model/tiny_config.h"
 
@@ -66,6 +69,22 @@ TEST(Plan, GpuAttentionStateFollowsThePathOfTheDtype) {
   EXPECT_EQ(gpu_attention_state_bytes(2, 7, 4, 2, 10, DType::kBF16), 64u + size_t{2} * 4 * 7 * 8 * 2);
   EXPECT_EQ(gpu_attention_state_bytes(2, 1, 4, 2, 64, DType::kBF16), 64u + size_t{2} * 4 * 8 * 2);
   EXPECT_EQ(gpu_attention_state_bytes(1 << 30, 1 << 30, 1 << 30, 1, 64, DType::kF32), SIZE_MAX);
+}
+
+// The attention path's scratch (kernels/cuda's workspace_bytes without cuDNN's plan
+// workspace): fused, the softmax sum and cuDNN's bf16 dq, dk, dv, no T x T matrix; plain,
+// q/k/v copies, f32 scores, probabilities and f32 dq. Llama 3 70B's shape at tp 8 (8 query
+// heads, 1 kv head, head dim 128, T 8192) and GPT-2 124M's.
+TEST(Plan, GpuAttentionWorkspaceFollowsThePathOfTheDtype) {
+  EXPECT_EQ(gpu_attention_workspace_bytes(1, 8192, 8, 1, 128, DType::kBF16),
+            8.0 * 8192 * 4 + (8192.0 * 8 * 128 + 2 * 8192.0 * 1 * 128) * 2);
+  const double rows = 16.0 * 12 * 1024, q = rows * 64;
+  EXPECT_EQ(gpu_attention_workspace_bytes(16, 1024, 12, 12, 64, DType::kF32),
+            q * 8 + q * 8 + rows * 1024 * 4 + rows * 1024 * 4 + q * 8);
+  // The fused path grows with T, the plain one with T^2: 32x from T 1024 to 32768.
+  const double fused = gpu_attention_workspace_bytes(1, 32768, 8, 1, 128, DType::kBF16);
+  EXPECT_NEAR(fused / gpu_attention_workspace_bytes(1, 1024, 8, 1, 128, DType::kBF16), 32, 1e-9);
+  EXPECT_LT(fused, 32768.0 * 32768 * 8);  // far below one head's T x T matrix
 }
 
 TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
@@ -140,8 +159,14 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
     for (int s = 0; s < l.pp; ++s) {
       const ModelPartition part = stage_partition(c, s);
       const RankMemory m = estimate_rank_memory(c, part, 0, AttentionStateBytes(gpu_attention_state_bytes));
-      const double device = m.params + m.master + m.grads + m.optimizer + m.activations +
-                            m.comm_buffers + m.scratch + 2 * sizeof(double) + kGpuWorkspaceBytes;
+      // Trident's allocations, the attention path's scratch and the table's reserve, the
+      // allocator's share lost on top.
+      const double attention = gpu_attention_workspace_bytes(
+          c.parallel.micro_batch_size, c.model.seq_len, c.model.n_heads / l.tp,
+          c.model.n_kv_heads / l.tp, c.model.head_dim, DType::kF32);
+      const double allocated = m.params + m.master + m.grads + m.optimizer + m.activations +
+                               m.comm_buffers + m.scratch + 2 * sizeof(double) + attention;
+      const double device = allocated * (1 + o.hardware.fragmentation) + o.hardware.reserved_bytes;
       if (device > peak) {
         peak = device;
         fullest = m;
@@ -158,13 +183,19 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
     EXPECT_EQ(p.memory.buffers, fullest.comm_buffers + fullest.scratch + 2 * sizeof(double));
     EXPECT_EQ(p.memory.host, fullest.checkpoint + fullest.transient + fullest.tables);
     EXPECT_DOUBLE_EQ(p.memory.total, peak);  // a GPU counts device memory only
+    EXPECT_GT(p.memory.workspace, o.hardware.reserved_bytes);
+    EXPECT_GT(p.memory.fragmentation, 0);
     EXPECT_EQ(p.comm[ParallelDim::kDp], dp_bytes);
     EXPECT_EQ(p.comm[ParallelDim::kTp], tp_bytes);
     EXPECT_EQ(p.comm[ParallelDim::kPp], pp_bytes);
     EXPECT_EQ(p.bubble, pipeline_bubble_fraction(l.pp, c.grad_accum_steps(), l.virtual_stages));
     // The time parts add up, and MFU is model FLOPs over the bf16 peak.
-    EXPECT_NEAR(p.step_time_s, p.compute_s + p.bubble_s + p.tp_s + p.pp_s + p.dp_s + p.optimizer_s,
+    EXPECT_NEAR(p.step_time_s,
+                p.compute_s + p.recompute_s + p.bubble_s + p.tp_s + p.pp_s + p.dp_s + p.optimizer_s,
                 1e-12 * p.step_time_s);
+    EXPECT_EQ(p.recompute_s > 0, l.recompute != Recompute::kNone);
+    // Overlap hides some of the dp communication, never adds to it.
+    EXPECT_LE(p.dp_s, p.dp_comm_s * (1 + 1e-12));
     EXPECT_NEAR(p.tokens_per_s_per_gpu, 8.0 * 32 / p.step_time_s / 8, 1e-9 * p.tokens_per_s_per_gpu);
     EXPECT_NEAR(p.mfu, c.model.flops_per_token() * p.tokens_per_s_per_gpu / 989e12, 1e-12);
     EXPECT_EQ(p.tp_s > 0, l.tp > 1);
@@ -292,16 +323,272 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
   const std::set<std::string> layout_keys = {
       "dp", "tp", "pp", "virtual_stages", "zero_stage", "sequence_parallel", "recompute",
       "micro_batch_size", "fits", "memory_bytes", "comm_bytes_per_step", "bubble",
-      "step_time_s", "tokens_per_s_per_gpu", "mfu", "reason"};
+      "step_time_s", "tokens_per_s_per_gpu", "mfu", "reason",
+      // added by the overlap model: where the step goes, the dp communication in all, and
+      // the overlap switches assumed
+      "time_s", "dp_comm_s", "overlap_grad_reduce", "overlap_param_gather"};
   for (const nlohmann::json& l : {j["configured"], j["recommended"], j["layouts"][0], j["layouts"][155]}) {
     EXPECT_EQ(keys(l), layout_keys);
     EXPECT_EQ(keys(l["memory_bytes"]),
-              (std::set<std::string>{"params", "grads", "optimizer", "activations", "buffers", "total"}));
+              (std::set<std::string>{"params", "grads", "optimizer", "activations", "buffers",
+                                     "workspace", "fragmentation", "total"}));
+    EXPECT_EQ(keys(l["time_s"]), (std::set<std::string>{"compute", "recompute", "bubble", "tp",
+                                                        "pp", "dp", "optimizer"}));
+    double parts = 0;
+    for (const auto& [k, v] : l["time_s"].items()) parts += v.get<double>();
+    EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-12 * parts);
+    const nlohmann::json& mem = l["memory_bytes"];
+    EXPECT_NEAR(mem["params"].get<double>() + mem["grads"].get<double>() +
+                    mem["optimizer"].get<double>() + mem["activations"].get<double>() +
+                    mem["buffers"].get<double>() + mem["fragmentation"].get<double>(),
+                mem["total"].get<double>(), 1e-9 * mem["total"].get<double>());
+    EXPECT_TRUE(l["overlap_grad_reduce"].get<bool>());
     EXPECT_EQ(keys(l["comm_bytes_per_step"]), (std::set<std::string>{"dp", "tp", "pp"}));
     EXPECT_EQ(l["virtual_stages"], 1);
   }
   EXPECT_EQ(j["recommended"], j["layouts"][0]);
   EXPECT_EQ(j["layouts"][0]["memory_bytes"]["total"].get<double>(), plan->layouts[0].memory.total);
+}
+
+// ---- The overlap model (plan/overlap.h), cases known by hand.
+
+std::vector<OverlapOp> ops_of(int n, double compute, double gather, double reduce) {
+  std::vector<OverlapOp> ops(static_cast<size_t>(n));
+  for (OverlapOp& o : ops) {
+    o.compute = compute;
+    o.gather = gather;
+    o.reduce = reduce;
+  }
+  return ops;
+}
+
+// ZeRO-3 forward: a gather before every group, prefetched one ahead behind the previous
+// group's compute. Gathers smaller than a group's compute: only the first is exposed;
+// larger: all of them less the compute that hid them (every group's but the last).
+TEST(Overlap, PrefetchedGathersExposeTheFirstOrTheExcess) {
+  const OverlapPolicy prefetch{.prefetch = true};
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(10, 3.0, 2.0, 0), prefetch), 2.0);
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(10, 2.0, 3.0, 0), prefetch), 10 * 3.0 - 9 * 2.0);
+  // Without prefetch every gather waits: the old all-exposed model.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(10, 3.0, 2.0, 0), OverlapPolicy{}), 10 * 2.0);
+  // A group with no compute (the embedding lookup) hides nothing: the second gather too
+  // is exposed.
+  std::vector<OverlapOp> ops = ops_of(4, 3.0, 2.0, 0);
+  ops[0].compute = 0;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, prefetch), 2.0 + 2.0);
+}
+
+// ZeRO-2/3 backward: a reduce-scatter issued after every group, behind the next groups'
+// compute; the last one cannot hide. The queue holds 2: the compute thread waits for the
+// oldest before issuing a third.
+TEST(Overlap, ReductionsHideBehindTheFollowingComputeButTheLast) {
+  const OverlapPolicy queue{.async_reduce = true, .queue_depth = 2};
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(8, 3.0, 0, 2.0), queue), 2.0);
+  // Reductions longer than the compute: the stream runs from the first op's end to the
+  // last reduction's end without a gap, so the exposed time is all of them less the
+  // compute after the first op.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(8, 2.0, 0, 3.0), queue), 8 * 3.0 - 7 * 2.0);
+  // Synchronous: every one waits.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(8, 3.0, 0, 2.0), OverlapPolicy{}), 8 * 2.0);
+  // One op's reduction in 4 pieces with room for 2 in flight: the compute thread waits for
+  // the first two before it issues the last two; with nothing after, all 4 are exposed,
+  // and an op after hides the last two (8 > 2 * 1).
+  std::vector<OverlapOp> one = ops_of(1, 1.0, 0, 4.0);
+  one[0].pieces = 4;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(one, queue), 4.0);
+  one.push_back(OverlapOp{.compute = 8.0});
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(one, queue), 2.0);
+  // ZeRO-0's all-reduces are not queued: all 4 run behind the next op.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(one, OverlapPolicy{.async_reduce = true}), 0.0);
+}
+
+// Gathers and reductions share one stream in issue order: in ZeRO-3's backward each group
+// waits for its gather, issued after the previous group's reduction.
+TEST(Overlap, GathersQueueBehindReductionsOnOneStream) {
+  const OverlapPolicy both{.prefetch = true, .async_reduce = true, .queue_depth = 2};
+  // Per group 1 s gather + 1 s reduction behind 3 s of compute: only the first gather and
+  // the last reduction are exposed.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(6, 3.0, 1.0, 1.0), both), 2.0);
+  // Behind 1.5 s: the stream needs 2 s per group (its gather, the previous one's
+  // reduction), so ops 2-5 wait 0.5 s each for their gather; it idles only in op 0 (the
+  // second gather done, no reduction yet) and op 5 (no gather left), 0.5 s each. The step
+  // is the stream's 12 s busy + 1 s idle; exposed = 13 - 6 * 1.5.
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops_of(6, 1.5, 1.0, 1.0), both), 13.0 - 6 * 1.5);
+}
+
+// Tensor-parallel collectives on the dp link: the stream does not progress during them.
+TEST(Overlap, TensorParallelTimeOnTheSameLinkHidesNothing) {
+  const OverlapPolicy prefetch{.prefetch = true};
+  std::vector<OverlapOp> ops = ops_of(2, 1.0, 1.5, 0);
+  ops[0].busy = 1.0;  // the tp collectives of op 0 on the same link
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, prefetch), 1.5 + 0.5);
+  ops[0].busy = 0;
+  ops[0].compute = 2.0;  // the same second on another link hides it
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, prefetch), 1.5);
+}
+
+// A model big enough for compute to matter (8 x 1024 tokens of width 1024 per micro-batch).
+Config overlap_config(int zero) {
+  Config c = small_config();
+  c.model.n_layers = 8;
+  c.model.n_heads = 8;
+  c.model.n_kv_heads = 8;
+  c.model.d_model = 1024;
+  c.model.d_ff = 4096;
+  c.model.seq_len = 1024;
+  c.model.finalize();
+  c.training.precision = Precision::kBf16;
+  c.training.global_batch_size = 64;
+  c.parallel.dp = 8;
+  c.parallel.micro_batch_size = 8;
+  c.parallel.zero_stage = zero;
+  EXPECT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  return c;
+}
+
+// Overlap off is the old all-exposed model: dp = every dp byte over the link (the kinds'
+// payloads times the ring bus factor over 80% of the link, one latency per bucket shared
+// out over the kinds), the step its parts' sum; on, the same communication with some of
+// it hidden, the step shorter by exactly that.
+TEST(Plan, OverlapOffIsTheAllExposedModelAndOnHidesPartOfIt) {
+  const PlanOptions o = gpu_options(8);
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    Config off = overlap_config(zero);
+    off.parallel.overlap_grad_reduce = false;
+    off.parallel.overlap_param_gather = false;
+    const PlanResult a = evaluate_layout(off, o);
+    const PlanResult b = evaluate_layout(overlap_config(zero), o);
+    const ModelPartition part = stage_partition(off, 0);
+    const RankTraffic t = analytic_traffic(off, part, describe_params(off.model, part));
+    const double bw = 450e9 * 0.8, latency = 10e-6;
+    const double calls = std::ceil(t.dp.total() / (25.0 * 1048576.0));
+    const int kinds = (t.dp.all_reduce > 0) + (t.dp.reduce_scatter > 0) + (t.dp.all_gather > 0);
+    const double by_hand = t.dp.all_reduce * 2 * 7 / 8 / bw + t.dp.reduce_scatter * 7 / 8 / bw +
+                           t.dp.all_gather * 7 / 8 / bw + calls * latency;
+    EXPECT_EQ(kinds, zero == 0 ? 1 : 2);
+    EXPECT_NEAR(a.dp_comm_s, by_hand, 1e-12 * by_hand);
+    EXPECT_NEAR(a.dp_s, a.dp_comm_s, 1e-12 * a.dp_comm_s);
+    EXPECT_NEAR(b.dp_comm_s, a.dp_comm_s, 1e-12 * a.dp_comm_s);
+    EXPECT_LT(b.dp_s, a.dp_s);
+    EXPECT_NEAR(a.step_time_s - b.step_time_s, a.dp_s - b.dp_s, 1e-9 * a.step_time_s);
+    EXPECT_EQ(a.compute_s, b.compute_s);
+    EXPECT_FALSE(a.overlap_grad_reduce);
+    EXPECT_TRUE(b.overlap_grad_reduce && b.overlap_param_gather);
+    // What cannot hide: ZeRO-3's first gather (the embeddings) and, at every stage, the
+    // last reduction (the embeddings' gradients); ZeRO-1/2's parameter gather after the
+    // update.
+    const double emb = describe_params(off.model, part).groups[0].num_floats;
+    const double rs_emb = emb * 4 * 7 / 8 / bw;  // its gradients reduce-scattered (f32)
+    EXPECT_GT(b.dp_s, (zero == 3 ? emb * 2 * 7 / 8 / bw : 0) + (zero == 0 ? 2 * rs_emb : rs_emb) * 0.99);
+    if (zero == 1 || zero == 2) EXPECT_GT(b.dp_s, t.dp.all_gather * 7 / 8 / bw);
+  }
+  // One switch off at ZeRO-3. overlap_grad_reduce off: the gathers still hide, the
+  // reductions are waited for. overlap_param_gather off: every group waits for its
+  // gather, which the stream runs after the reductions issued before it, so nothing hides
+  // (the model's stream is FIFO): the all-exposed figure.
+  const PlanResult both = evaluate_layout(overlap_config(3), o);
+  Config none = overlap_config(3);
+  none.parallel.overlap_grad_reduce = false;
+  none.parallel.overlap_param_gather = false;
+  const PlanResult n = evaluate_layout(none, o);
+  Config reduces = overlap_config(3);
+  reduces.parallel.overlap_grad_reduce = false;
+  const PlanResult r = evaluate_layout(reduces, o);
+  EXPECT_GT(r.dp_s, both.dp_s);
+  EXPECT_LT(r.dp_s, n.dp_s);
+  Config gathers = overlap_config(3);
+  gathers.parallel.overlap_param_gather = false;
+  EXPECT_NEAR(evaluate_layout(gathers, o).dp_s, n.dp_s, 1e-12 * n.dp_s);
+}
+
+// ZeRO-3 on one stage, worked by hand from the groups' sizes. Each item on the dp stream
+// takes its kind's seconds per step (the all-exposed figure: bytes x bus factor / 80% of
+// the link + its share of one latency per bucket) in proportion to its group's floats.
+struct Zero3Case {
+  Config config;
+  PlanResult result;
+  double emb = 0, layer1 = 0, all = 0;  // floats: group 0, group 1, every group
+  double ag_s = 0, rs_s = 0;            // the step's gathers and reduce-scatters, seconds
+};
+Zero3Case zero3_case(int micro_batch_size, int seq_len, int global_batch, int per_node) {
+  Zero3Case z;
+  Config& c = z.config;
+  c = overlap_config(3);
+  c.model.vocab_size = 32768;  // a head with compute of its own
+  c.model.seq_len = seq_len;
+  c.model.tie_embeddings = 0;
+  c.model.padded_vocab = 0;
+  c.model.finalize();
+  c.parallel.micro_batch_size = micro_batch_size;
+  c.training.global_batch_size = global_batch;
+  EXPECT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  const PlanOptions o = gpu_options(8, per_node);
+  z.result = evaluate_layout(c, o);
+  const ModelPartition part = stage_partition(c, 0);
+  const ParamLayout layout = describe_params(c.model, part);
+  for (const ParamGroup& g : layout.groups) z.all += g.num_floats;
+  z.emb = layout.groups[0].num_floats;
+  z.layer1 = layout.groups[1].num_floats;
+  const RankTraffic t = analytic_traffic(c, part, layout);
+  const LinkSpec& link = per_node >= 8 ? o.hardware.intra_node : o.hardware.inter_node;
+  const double bw = link.bytes_per_s * 0.8;
+  const double per_kind = std::ceil(t.dp.total() / (25.0 * 1048576.0)) / 2;
+  z.ag_s = t.dp.all_gather * 7 / 8 / bw + per_kind * link.latency_s;
+  z.rs_s = t.dp.reduce_scatter * 7 / 8 / bw + per_kind * link.latency_s;
+  return z;
+}
+
+// Gathers and reduce-scatters shorter than every layer's and the head's compute (8 x
+// 1024 tokens per micro-batch over NVLink): what cannot hide is what sits next to the
+// embedding lookup, which computes nothing: the step's first gather (the embeddings')
+// and the first layer's behind it, and per micro-batch boundary the first layer's and
+// the embeddings' reduce-scatters and the next gathers of both; at the end the last two
+// reduce-scatters. Per micro-batch that is (emb + layer 1) of each kind: with 8
+// micro-batches of 1/8 of the step's items each, (emb + layer1) / all of a gather pass
+// (half of the step's gathers: forward and backward) plus of the reduce-scatters.
+TEST(Plan, Zero3GathersShorterThanComputeExposeOnlyWhatTheLookupCannotCover) {
+  const Zero3Case z = zero3_case(8, 1024, 512, 8);
+  EXPECT_EQ(z.result.micro_batches, 8);  // 4 played, 4 extrapolated
+  const double by_hand = (z.emb + z.layer1) / z.all * (z.ag_s / 2 + z.rs_s);
+  EXPECT_NEAR(z.result.dp_s, by_hand, 1e-9 * by_hand);
+  EXPECT_NEAR(z.result.dp_comm_s, z.ag_s + z.rs_s, 1e-12 * z.result.dp_comm_s);
+  EXPECT_LT(z.result.dp_s, 0.5 * z.result.dp_comm_s);
+}
+
+// Gathers longer than every group's compute (1024 tokens per micro-batch, dp over the
+// network): the stream never idles from the first gather to the last reduce-scatter, so
+// the exposed time is all of it less the compute it ran behind (all of the compute).
+TEST(Plan, Zero3GathersLongerThanComputeExposeTheirSumLessTheCompute) {
+  const Zero3Case z = zero3_case(1, 1024, 64, 1);
+  ASSERT_TRUE(z.result.crosses_nodes[ParallelDim::kDp]);
+  const double compute = z.result.compute_s + z.result.recompute_s;
+  const double by_hand = z.ag_s + z.rs_s - compute;
+  EXPECT_GT(compute, 0.03 * by_hand);  // the compute is not negligible in the check
+  EXPECT_NEAR(z.result.dp_s, by_hand, 1e-9 * by_hand);
+}
+
+// The table shows where each layout's step goes and which overlap switches it assumed.
+TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
+  Config c = overlap_config(3);
+  c.parallel.overlap_param_gather = false;
+  Result<Plan> plan = make_plan(c, gpu_options(8));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_FALSE(plan->layouts[0].overlap_param_gather);
+  const std::string table = plan_table(plan.value(), 3);
+  for (const char* column : {"comp s", "recomp s", "bubl s", "tp s", "pp s", "dp s", "opt s"}) {
+    EXPECT_NE(table.find(column), std::string::npos) << column;
+  }
+  EXPECT_NE(table.find("parallel.overlap_grad_reduce=true and parallel.overlap_param_gather=false"),
+            std::string::npos)
+      << table;
+  // The configured row's parts, as printed (%.3f), in the order of the header.
+  const PlanResult& r = plan->configured;
+  char parts[128];
+  std::snprintf(parts, sizeof(parts), "%8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f",
+                r.step_time_s, r.compute_s, r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.dp_s,
+                r.optimizer_s);
+  EXPECT_NE(table.find(parts), std::string::npos) << parts << "\n" << table;
 }
 
 TEST(Hardware, TheTableHasTheFourGpusWithDatasheetFigures) {
@@ -314,6 +601,8 @@ TEST(Hardware, TheTableHasTheFourGpusWithDatasheetFigures) {
   EXPECT_EQ(h100->memory_bandwidth, 3.35e12);
   EXPECT_EQ(h100->intra_node.bytes_per_s, 450e9);
   EXPECT_EQ(h100->inter_node.bytes_per_s, 50e9);
+  EXPECT_EQ(h100->reserved_bytes, 2.0 * 1073741824.0);
+  EXPECT_EQ(h100->fragmentation, 0.02);
   for (const char* name : {"h200", "a100", "b200"}) EXPECT_TRUE(find_gpu(table.value(), name).is_ok());
   Result<Hardware> unknown = find_gpu(table.value(), "v100");
   ASSERT_FALSE(unknown.is_ok());
@@ -337,6 +626,24 @@ TEST(Hardware, BadTablesNameTheEntryAndKey) {
       "hw.yaml");
   ASSERT_FALSE(link.is_ok());
   EXPECT_EQ(link.status().message(), "hw.yaml: gpus[0].network: 'ib' is not in interconnects");
+  // An entry complete up to the keys the overlap change added, then `extra`.
+  auto with = [&](const std::string& extra) {
+    return parse_hardware_table("gpus: [{name: x, peak_bf16_tflops: 1, memory_gib: 1, memory_tbps: 1, "
+                                "interconnect: nv, network: nv" + extra + "}]\n" + links,
+                                "hw.yaml");
+  };
+  Result<HardwareTable> no_reserve = with("");
+  ASSERT_FALSE(no_reserve.is_ok());
+  EXPECT_EQ(no_reserve.status().message(), "hw.yaml: gpus[0].reserved_gib: missing");
+  Result<HardwareTable> frag = with(", reserved_gib: 0, fragmentation: -0.1");
+  ASSERT_FALSE(frag.is_ok());
+  EXPECT_EQ(frag.status().message(), "hw.yaml: gpus[0].fragmentation: must be >= 0, got -0.1");
+  Result<HardwareTable> whole = with(", reserved_gib: 0, fragmentation: 1");
+  ASSERT_FALSE(whole.is_ok());
+  EXPECT_NE(whole.status().message().find("hw.yaml: gpus[0].fragmentation: must be < 1"), std::string::npos);
+  Result<HardwareTable> zeros = with(", reserved_gib: 0, fragmentation: 0");  // both may be 0
+  ASSERT_TRUE(zeros.is_ok()) << zeros.status().message();
+  EXPECT_EQ(zeros->gpus[0].reserved_bytes, 0);
   Result<HardwareTable> key = parse_hardware_table(
       "gpus: [{name: x, peak_tflops: 1}]\n" + links, "hw.yaml");
   ASSERT_FALSE(key.is_ok());

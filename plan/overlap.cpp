@@ -1,0 +1,91 @@
+#include "plan/overlap.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+
+namespace trident {
+
+double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy) {
+  // The communication stream: collectives in issue order, each with the seconds it still
+  // needs; item k (in issue order) has completed once `done` > k.
+  struct Item {
+    double left = 0;
+    bool queued = false;  // a reduction counted against the queue's depth
+  };
+  std::deque<Item> stream;
+  long issued = 0, done = 0;
+  int queued_in_flight = 0;
+  double t = 0, own = 0;
+  auto pop = [&] {
+    if (stream.front().queued) --queued_in_flight;
+    stream.pop_front();
+    ++done;
+  };
+  auto issue = [&](double seconds, bool queued) {
+    stream.push_back({seconds, queued});
+    if (queued) ++queued_in_flight;
+    return issued++;
+  };
+  // The stream runs while the link is free for `dt` seconds of an op.
+  auto run = [&](double dt) {
+    while (dt > 0 && !stream.empty()) {
+      Item& head = stream.front();
+      if (head.left <= dt) {
+        dt -= head.left;
+        pop();
+      } else {
+        head.left -= dt;
+        dt = 0;
+      }
+    }
+  };
+  // The compute thread waits (the link all the stream's) until item `id` has completed.
+  auto wait_for = [&](long id) {
+    while (done <= id) {
+      t += stream.front().left;
+      pop();
+    }
+  };
+  size_t prefetched_op = ops.size();  // the op whose gather is in flight ahead of it
+  long prefetched_id = -1;
+  for (size_t j = 0; j < ops.size(); ++j) {
+    const OverlapOp& op = ops[j];
+    if (op.gather > 0) {
+      wait_for(prefetched_op == j ? prefetched_id : issue(op.gather, false));
+      prefetched_op = ops.size();
+      if (policy.prefetch) {  // the next gather, issued as this one is consumed
+        for (size_t k = j + 1; k < ops.size(); ++k) {
+          if (ops[k].gather > 0) {
+            prefetched_id = issue(ops[k].gather, false);
+            prefetched_op = k;
+            break;
+          }
+        }
+      }
+    }
+    run(op.compute);
+    t += op.compute + op.busy;
+    own += op.compute + op.busy;
+    if (op.reduce > 0) {
+      const int n = std::max(1, op.pieces);
+      for (int i = 0; i < n; ++i) {
+        if (!policy.async_reduce) {
+          wait_for(issue(op.reduce / n, false));
+          continue;
+        }
+        if (policy.queue_depth > 0 && queued_in_flight >= policy.queue_depth) {
+          // The queue completes its oldest reduction before it takes another.
+          size_t oldest = 0;
+          while (!stream[oldest].queued) ++oldest;
+          wait_for(done + static_cast<long>(oldest));
+        }
+        issue(op.reduce / n, true);
+      }
+    }
+  }
+  while (!stream.empty()) wait_for(done);  // reduce_gradients: everything issued completes
+  return std::max(0.0, t - own);
+}
+
+}  // namespace trident
