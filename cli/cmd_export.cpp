@@ -108,11 +108,15 @@ Status write_export_files(const std::vector<ExportFile>& files) {
     const std::string tmp = files[i].path + ".tmp";
     FileHandle f;
     Status st = FileHandle::open_write(tmp, &f);
+    // Only the temporary files this export created are removed (not, say, a directory in
+    // the way of one).
+    const size_t created = st.is_ok() ? i + 1 : i;
     if (st.is_ok()) st = f.write_all(files[i].bytes.data(), files[i].bytes.size(), tmp);
     if (st.is_ok()) st = f.sync(tmp);
     if (!st.is_ok()) {
-      remove_temporaries(i + 1);
-      return Status(st.code(), st.message() + " (nothing was written to the export directory)");
+      remove_temporaries(created);
+      return Status(st.code(), st.message() + " (the temporary files were removed; no file was "
+                                              "replaced)");
     }
   }
   for (size_t i = 0; i < files.size(); ++i) {
@@ -139,15 +143,17 @@ Result<std::vector<ExportFile>> tokenizer_files(const Checkpoint& ckpt,
       checkpoint_tokenizer(ckpt, vocab_dir, "--no-tokenizer exports the model without it"));
   if (!tok) {
     *note = "no tokenizer.json written: the checkpoint records no tokenizer (its data had no "
-            "prepare sidecars)";
+            "prepare sidecars, or it was trained before the trainer stored the record)";
     return std::vector<ExportFile>{};
   }
   if (!tok->bpe) {
-    *note = "no tokenizer.json written: the checkpoint's tokenizer is " + tok->name +
-            " (one id per byte), which is no BPE vocabulary";
+    *note = "no tokenizer.json written: the checkpoint's tokenizer is byte (one id per byte), "
+            "which is no BPE vocabulary";
     return std::vector<ExportFile>{};
   }
   const LoadedTokenizer& bpe = *tok->bpe;
+  // train refuses such data at start-up (the sidecars' vocab_size); this guards a
+  // checkpoint whose trainer state was written some other way.
   if (bpe.bpe.vocab_size() > model.vocab_size) {
     return Status::invalid_input(
         ckpt.dir() + ": the checkpoint's tokenizer " + bpe.spec + " has " +

@@ -9,7 +9,7 @@
 //  - data prepared from a tokenizer.json: the export is that file's bytes; the file
 //    changed after training: exit 2 naming it, nothing written; --no-tokenizer exports
 //    the model alone;
-//  - byte data: no tokenizer files, and a line saying why;
+//  - byte data, and data without sidecars: no tokenizer files, and a line saying why;
 //  - a tokenizer.json path that is a directory, or a temporary file that cannot be made:
 //    a non-zero exit naming the file, and the directory as it was (no file replaced, no
 //    temporary file left).
@@ -195,7 +195,7 @@ TEST(ExportTokenizer, TokenizerJsonSourceIsExportedAsItsBytes) {
   EXPECT_EQ(listing(dir.file("hf2")), (std::vector<std::string>{"config.json", "model.safetensors"}));
 }
 
-TEST(ExportTokenizer, ByteDataGetsNoTokenizerFiles) {
+TEST(ExportTokenizer, ByteDataAndUnrecordedDataGetNoTokenizerFiles) {
   ScratchDir dir;
   const TrainedRun run = prepare_and_train(dir, "--tokenizer byte", 256);
   ASSERT_FALSE(run.step.empty());
@@ -204,6 +204,24 @@ TEST(ExportTokenizer, ByteDataGetsNoTokenizerFiles) {
   EXPECT_NE(r.output.find("no tokenizer.json written: the checkpoint's tokenizer is byte"),
             std::string::npos) << r.output;
   EXPECT_EQ(listing(dir.file("hf")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+
+  // The same shards without their sidecars: the checkpoint records no tokenizer.
+  for (const auto& e : fs::directory_iterator(dir.file("data"))) {
+    if (e.path().string().ends_with(".meta.json")) fs::remove(e.path());
+  }
+  std::string config = testing::read_bytes(dir.file("config.yaml"));
+  const size_t at = config.find(dir.file("ckpt"));
+  ASSERT_NE(at, std::string::npos);
+  config.insert(at + dir.file("ckpt").size(), "2");
+  dir.write("config2.yaml", config);
+  std::string error;
+  const std::string step = testing::train_to_step(dir.file("config2.yaml"), dir.file("ckpt2"), &error);
+  ASSERT_FALSE(step.empty()) << error;
+  const CommandResult none = export_to(step, dir.file("hf2"));
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("no tokenizer.json written: the checkpoint records no tokenizer"),
+            std::string::npos) << none.output;
+  EXPECT_EQ(listing(dir.file("hf2")), (std::vector<std::string>{"config.json", "model.safetensors"}));
 }
 
 ino_t inode(const std::string& path) {
@@ -235,7 +253,8 @@ TEST(ExportTokenizer, UnwritableFileLeavesTheDirectoryAsItWas) {
   const CommandResult failed = export_to(run.step, dir.file("hf"));
   EXPECT_EQ(failed.exit_code, 1) << failed.output;
   EXPECT_NE(failed.output.find(dir.file("hf/config.json.tmp")), std::string::npos) << failed.output;
-  EXPECT_NE(failed.output.find("nothing was written"), std::string::npos) << failed.output;
+  EXPECT_NE(failed.output.find("the temporary files were removed; no file was replaced"),
+            std::string::npos) << failed.output;
   fs::remove_all(dir.file("hf/config.json.tmp"));
   EXPECT_EQ(listing(dir.file("hf")), files);
   for (const std::string& f : files) EXPECT_EQ(inode(dir.file("hf/" + f)), before[f]) << f;
