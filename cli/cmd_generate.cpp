@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "checkpoint/reader.h"
+#include "cli/checkpoint_tokenizer.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/timer.h"
@@ -57,6 +58,7 @@ namespace trident {
 namespace {
 
 constexpr int kGpt2MaxPaddedVocab = 50304;  // 50257 rounded up to a multiple of 128
+constexpr const char* kOverrideRemedy = "--tokenizer SPEC overrides the checkpoint's tokenizer";
 
 void print_generate_usage(std::FILE* to = stderr) {
   std::fprintf(to,
@@ -168,84 +170,6 @@ Status load_parameters(Checkpoint& ckpt, KvCacheDecoder& decoder) {
   return Status::ok();
 }
 
-// The directory of a named vocabulary's files: --vocab-dir, else the environment, else
-// the source tree's cache (as `trident prepare` finds them).
-std::string vocabulary_dir(const std::string& name, const std::string& vocab_dir) {
-  if (!vocab_dir.empty()) return vocab_dir;
-  const bool gpt2 = name == "gpt2";
-  const char* env = std::getenv(gpt2 ? "TRIDENT_GPT2_DIR" : "TRIDENT_VOCAB_DIR");
-  if (env != nullptr && *env != '\0') return env;
-  return gpt2 ? TRIDENT_DEFAULT_GPT2_DIR : TRIDENT_DEFAULT_VOCAB_DIR;
-}
-
-// The tokenizer to encode the prompt and decode the tokens with; no bpe = bytes.
-struct GenerateTokenizer {
-  std::optional<LoadedTokenizer> bpe;
-  std::string name;  // for the summary: the spec and where it came from
-};
-
-Result<GenerateTokenizer> load_spec(const std::string& spec, const std::string& vocab_dir,
-                                    const std::string& pattern) {
-  GenerateTokenizer t;
-  if (spec == "byte") {
-    t.name = "byte";
-    return t;
-  }
-  TRIDENT_ASSIGN_OR_RETURN(LoadedTokenizer loaded,
-                           load_vocabulary(spec, vocabulary_dir(spec, vocab_dir), pattern));
-  t.name = loaded.spec;
-  t.bpe.emplace(std::move(loaded));
-  return t;
-}
-
-// The tokenizer the checkpoint records (see the file comment), nullopt when it has none.
-Result<std::optional<GenerateTokenizer>> checkpoint_tokenizer(const Checkpoint& ckpt,
-                                                              const std::string& vocab_dir) {
-  const nlohmann::json& state = ckpt.trainer_state();
-  if (!state.is_object() || !state.contains("tokenizer")) return std::optional<GenerateTokenizer>();
-  const std::string where = ckpt.dir() + "/manifest.json";
-  const std::optional<TokenizerRecord> record = tokenizer_record_from_json(state.at("tokenizer"));
-  if (!record) {
-    return Status::invalid_input(where + ": the trainer state's \"tokenizer\" is not a "
-                                 "tokenizer record (name, vocab_size, ...): " +
-                                 state.at("tokenizer").dump() + " (--tokenizer SPEC overrides)");
-  }
-  const std::string& name = record->name;
-  // The file the record's hash covers, to name it when it is gone or changed.
-  std::string file = name;
-  if (name == "gpt2") {
-    file = vocabulary_dir(name, vocab_dir) + "/encoder.json";
-  } else if (is_named_vocabulary(name)) {
-    file = vocabulary_dir(name, vocab_dir) + "/" + name + ".tiktoken";
-  }
-  std::error_code ec;
-  if (name != "byte" && !std::filesystem::exists(file, ec)) {
-    return Status::invalid_input(where + ": the checkpoint's tokenizer file " + file +
-                                 " does not exist (SHA-256 recorded " + record->sha256 +
-                                 "); --tokenizer SPEC overrides the checkpoint's tokenizer");
-  }
-  Result<GenerateTokenizer> loaded = load_spec(name, vocab_dir, record->pattern);
-  if (!loaded.is_ok()) {
-    return Status(loaded.status().code(),
-                  loaded.status().message() + " (the tokenizer " + where +
-                      " records; --tokenizer SPEC overrides it)");
-  }
-  GenerateTokenizer t = std::move(loaded).value();
-  if (t.bpe && t.bpe->sha256 != record->sha256) {
-    return Status::invalid_input(
-        where + ": the checkpoint's tokenizer " + file + " has SHA-256 " + t.bpe->sha256 +
-        ", but the data the checkpoint trained on was tokenized by a file with SHA-256 " +
-        record->sha256 + "; --tokenizer SPEC overrides the checkpoint's tokenizer");
-  }
-  if (t.bpe && t.bpe->bpe.vocab_size() != record->vocab_size) {
-    return Status::invalid_input(where + ": the checkpoint's tokenizer " + file + " has " +
-                                 std::to_string(t.bpe->bpe.vocab_size()) + " ids, the record " +
-                                 std::to_string(record->vocab_size));
-  }
-  t.name += " (the checkpoint's)";
-  return std::optional<GenerateTokenizer>(std::move(t));
-}
-
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -333,14 +257,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   const TransformerConfig& mc = model.value();
 
   // ---- the tokenizer: --tokenizer, the checkpoint's, else what the vocabulary size implies ----
-  std::optional<GenerateTokenizer> chosen;
+  std::optional<CliTokenizer> chosen;
   if (!tokenizer_spec.empty()) {
-    Result<GenerateTokenizer> t = load_spec(tokenizer_spec, vocab_dir, tokenizer_pattern);
+    Result<CliTokenizer> t = load_tokenizer_spec(tokenizer_spec, vocab_dir, tokenizer_pattern);
     if (!t.is_ok()) return fail(t.status());
     chosen = std::move(t).value();
     chosen->name += " (--tokenizer)";
   } else {
-    Result<std::optional<GenerateTokenizer>> t = checkpoint_tokenizer(ckpt.value(), vocab_dir);
+    Result<std::optional<CliTokenizer>> t =
+        checkpoint_tokenizer(ckpt.value(), vocab_dir, kOverrideRemedy);
     if (!t.is_ok()) return fail(t.status());
     chosen = std::move(t).value();
   }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <queue>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -219,12 +220,18 @@ struct BpeTokenizer::Impl {
   std::vector<bool> is_id;            // false for the ids between ranks and specials
   uint32_t byte_id[256] = {};
   MergeTable merges;
+  size_t ranks = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> recorded;  // kRecordedMerges*: the list given
   // kTiktoken's whole-piece lookup: token bytes -> rank (views into id_bytes).
   TokenIndex rank_of;
   std::vector<BpeSpecialToken> specials;
   bool special_first_byte[256] = {};
 
   ~Impl() { pcre2_code_free(code); }
+
+  // kTiktoken's pairs: every cut of a token into two tokens, as {left, right, token}, by
+  // the token's rank, then by the cut's position.
+  std::vector<std::array<uint32_t, 3>> tiktoken_pairs() const;
 
   void bpe_small(std::vector<uint32_t>* parts) const;
   void bpe_heap(std::vector<uint32_t>* parts) const;
@@ -368,6 +375,39 @@ const std::string& BpeTokenizer::name() const { return impl_->name; }
 BpePattern BpeTokenizer::pattern() const { return impl_->pattern; }
 int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_bytes.size()); }
 const std::vector<BpeSpecialToken>& BpeTokenizer::specials() const { return impl_->specials; }
+BpeMergeRule BpeTokenizer::merge_rule() const { return impl_->rule; }
+int64_t BpeTokenizer::ranks() const { return static_cast<int64_t>(impl_->ranks); }
+std::string_view BpeTokenizer::token(uint32_t rank) const {
+  TRIDENT_CHECK(rank < impl_->ranks);
+  return impl_->id_bytes[rank];
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> BpeTokenizer::merges() const {
+  if (impl_->rule != BpeMergeRule::kTiktoken) return impl_->recorded;
+  std::vector<std::array<uint32_t, 3>> pairs = impl_->tiktoken_pairs();
+  std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+    return std::tie(a[2], a[0], a[1]) < std::tie(b[2], b[0], b[1]);
+  });
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  out.reserve(pairs.size());
+  for (const auto& p : pairs) out.push_back({p[0], p[1]});
+  return out;
+}
+
+std::vector<std::array<uint32_t, 3>> BpeTokenizer::Impl::tiktoken_pairs() const {
+  std::vector<std::array<uint32_t, 3>> pairs;
+  for (size_t r = 0; r < ranks; ++r) {
+    const std::string_view t = id_bytes[r];
+    for (size_t cut = 1; cut < t.size(); ++cut) {
+      const uint32_t left = rank_of.find(t.substr(0, cut));
+      if (left == kNoId) continue;
+      const uint32_t right = rank_of.find(t.substr(cut));
+      if (right == kNoId) continue;
+      pairs.push_back({left, right, static_cast<uint32_t>(r)});
+    }
+  }
+  return pairs;
+}
 
 int64_t BpeTokenizer::special_id(std::string_view text) const {
   for (const BpeSpecialToken& s : impl_->specials) {
@@ -386,6 +426,7 @@ Result<BpeTokenizer> BpeTokenizer::create(std::string name, std::vector<std::str
   impl->pattern = pattern;
   impl->rule = rule;
   const size_t ranks = tokens.size();
+  impl->ranks = ranks;
   size_t vocab = ranks;
   for (const BpeSpecialToken& s : specials) vocab = std::max<size_t>(vocab, size_t{s.id} + 1);
   impl->id_bytes = std::move(tokens);
@@ -434,24 +475,13 @@ Result<BpeTokenizer> BpeTokenizer::create(std::string name, std::vector<std::str
         return Status::invalid_input(impl->name + ": merge " + std::to_string(i) + " repeats");
       }
     }
+    impl->recorded = merges;
   } else {
     // Every way to cut a token into two tokens is a pair that merges into it: tiktoken
     // looks pairs up by their concatenated bytes.
-    std::vector<std::pair<uint64_t, uint32_t>> pairs;
-    for (size_t r = 0; r < ranks; ++r) {
-      const std::string_view t = impl->id_bytes[r];
-      for (size_t cut = 1; cut < t.size(); ++cut) {
-        const uint32_t left = impl->rank_of.find(t.substr(0, cut));
-        if (left == kNoId) continue;
-        const uint32_t right = impl->rank_of.find(t.substr(cut));
-        if (right == kNoId) continue;
-        pairs.push_back({(uint64_t{left} << 32) | right, static_cast<uint32_t>(r)});
-      }
-    }
+    const std::vector<std::array<uint32_t, 3>> pairs = impl->tiktoken_pairs();
     impl->merges.reserve(pairs.size());
-    for (const auto& [key, r] : pairs) {
-      impl->merges.insert(static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(key), {r, r});
-    }
+    for (const auto& [left, right, r] : pairs) impl->merges.insert(left, right, {r, r});
   }
 
   int error = 0;

@@ -99,6 +99,16 @@ class BpeTokenizer {
   // The id of a special token's text, or -1.
   int64_t special_id(std::string_view text) const;
   const std::vector<BpeSpecialToken>& specials() const;
+  BpeMergeRule merge_rule() const;
+  // The ordinary tokens: ranks 0..ranks()-1, token(r) their bytes.
+  int64_t ranks() const;
+  std::string_view token(uint32_t rank) const;
+  // The merges as a Hugging Face BPE model lists them (tokenizer.json's model.merges), in
+  // their order: kRecordedMerges*: the recorded list; kTiktoken: every cut of a token into
+  // two tokens, by the token's rank, then by the left part's rank, then the right's (what
+  // Hugging Face's TikTokenConverter derives from a rank file; with ignore_merges they
+  // give tiktoken's ids).
+  std::vector<std::pair<uint32_t, uint32_t>> merges() const;
 
   // Appends the ids of `text` (valid UTF-8) to *out.
   void encode(std::string_view text, std::vector<uint32_t>* out, bool allow_special = false) const;

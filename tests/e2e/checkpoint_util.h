@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -28,6 +29,24 @@
 namespace trident::testing {
 
 using TensorMap = std::map<std::string, std::vector<float>>;  // global name -> values
+
+// `trident train --config CONFIG` (OMP threads passive), then a step directory under its
+// checkpoint root `ckpt_root`; "" with *error set when training fails or wrote none.
+inline std::string train_to_step(const std::string& config, const std::string& ckpt_root,
+                                 std::string* error) {
+  const CommandResult train =
+      run_command("OMP_WAIT_POLICY=passive " + trident_binary() + " train --config " + config);
+  if (train.exit_code != 0) {
+    *error = train.output;
+    return "";
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt_root, ec)) {
+    if (e.path().filename().string().rfind("step_", 0) == 0) return e.path().string();
+  }
+  *error = "no step directory in " + ckpt_root;
+  return "";
+}
 
 // Every tensor of the checkpoint in step_dir (full global shapes, row-major). On failure
 // returns an empty map and sets *error.

@@ -74,17 +74,10 @@ std::string prepare_and_train(const ScratchDir& dir, const std::string& tokenize
                 ", lr: 0.003, lr_schedule: constant}\n"
                 "checkpoint: {dir: " + dir.file("ckpt") + "}\n"
                 "logging: {metrics: " + dir.file("metrics.jsonl") + ", log_interval: 1000}\n");
-  const CommandResult train = run_command("OMP_WAIT_POLICY=passive " + trident_binary() +
-                                          " train --config " + dir.file("config.yaml"));
-  if (train.exit_code != 0) {
-    ADD_FAILURE() << train.output;
-    return "";
-  }
-  for (const auto& e : fs::directory_iterator(dir.file("ckpt"))) {
-    if (e.path().filename().string().rfind("step_", 0) == 0) return e.path().string();
-  }
-  ADD_FAILURE() << "no step directory in " << dir.file("ckpt");
-  return "";
+  std::string error;
+  const std::string step = testing::train_to_step(dir.file("config.yaml"), dir.file("ckpt"), &error);
+  if (step.empty()) ADD_FAILURE() << error;
+  return step;
 }
 
 struct Generated {
