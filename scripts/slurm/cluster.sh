@@ -447,7 +447,7 @@ kill_ns() {
 # removes them), remove the cgroups; works from what DIR/run holds, whatever happened.
 stop_multi() {
   load_env
-  local name k pid
+  local name k pid f
   [[ -s $MULTI_ENV ]] || return 0
   if pid_alive "$DIR/run/switch.holder.pid"; then
     for k in $(seq "$NODES"); do in_ns switch ip link set "${PREFIX}p$k" up 2>/dev/null || true; done
@@ -468,6 +468,16 @@ stop_multi() {
   stop_daemons "${daemons[@]}"
   for pid in $(cat "$DIR"/run/forward.*.pid 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
   rm -f "$DIR"/run/forward.*.pid
+  # The holders by pid too: one whose namespace inode was not recorded yet (a start
+  # killed in between) is found only so. Only a sleep in namespaces other than ours.
+  for f in "$DIR"/run/*.holder.pid; do
+    [[ -s $f ]] || continue
+    pid=$(cat "$f")
+    if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == sleep &&
+          $(readlink "/proc/$pid/ns/net") != "$(readlink /proc/self/ns/net)" ]]; then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
   for _ in $(seq 50); do
     local left=0
     for name in $NODE_NAMES switch; do
