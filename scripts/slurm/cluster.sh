@@ -546,7 +546,8 @@ slow_percent() {  # the node's CPU quota, in percent of this machine
 }
 
 # slow NAME PERCENT: the node's processes get PERCENT of this machine's CPU time (CFS quota
-# of its cgroup; 100 removes the limit). Processes started by `exec` are moved in too.
+# of its cgroup; 100 removes the limit). Every process in the node's namespaces is moved in
+# (slurmd and `exec` start theirs inside already).
 slow() {
   local name=$1 pct=$2 pid period
   [[ $pct =~ ^[0-9]+$ && $pct -ge 1 && $pct -le 100 ]] || die "PERCENT must be 1..100, not '$pct'"
@@ -587,7 +588,11 @@ multi_verb() {
     heal) [[ $# -eq 0 ]] || die "$USAGE"; link_set "$name" up ;;
     slow) [[ $# -eq 1 ]] || die "$USAGE"; slow "$name" "$1" ;;
     ps) for pid in $(ns_pids "$name"); do echo "$pid $(cat "/proc/$pid/comm" 2>/dev/null)"; done ;;
-    exec) [[ $# -ge 1 ]] || die "$USAGE"; IN_NS_EXEC=1 in_ns "$name" "$@" ;;
+    exec)
+      [[ $# -ge 1 ]] || die "$USAGE"
+      # In the node's CPU cgroup too, so that `slow` holds for it like for the node's jobs.
+      [[ -d $CGROUP/$name ]] && echo $$ > "$CGROUP/$name/cgroup.procs"
+      IN_NS_EXEC=1 in_ns "$name" "$@" ;;
   esac
 }
 

@@ -15,6 +15,9 @@
 #           which call, group and peer rank it was waiting on), not by a TCP error; then
 #           the link is healed, train.sbatch retries the step, which resumes from a
 #           checkpoint and ends with exactly the normal run's loss.
+#   verbs   without a job: cut/heal show in `status`, `slow 5` throttles a busy loop on
+#           the node (its cgroup's nr_throttled), `crash` leaves only the node's holder
+#           and relay, `boot` makes it idle again.
 #   clean   after `cluster.sh stop`: no process in the cluster's namespaces, no daemon, no
 #           cgroup (cluster.sh check), and the host's interfaces, network namespaces and
 #           mounts are what they were before.
@@ -41,7 +44,7 @@ T0=$SECONDS
 
 skip_all() {
   local s
-  for s in normal cut clean; do result "$s" SKIP "$1"; done
+  for s in normal cut verbs clean; do result "$s" SKIP "$1"; done
   exit 0
 }
 
@@ -194,7 +197,37 @@ else
   fi
 fi
 
-# ---- c) clean: nothing left behind ------------------------------------------------------
+# ---- c) verbs: the other fault verbs do what they say (no job) ---------------------------
+t=$SECONDS
+problems=()
+node_row() { "$CLUSTER_SH" status "$CLUSTER" 2>/dev/null | awk -v n="${PREFIX}n$1" '$1 == n'; }
+# cut / heal: the status shows the link of node 3 down, then up.
+"$CLUSTER_SH" cut "$CLUSTER" 3 2>/dev/null
+[[ $(node_row 3 | awk '{print $3}') == DOWN ]] || problems+=("after cut: '$(node_row 3)'")
+"$CLUSTER_SH" heal "$CLUSTER" 3 2>/dev/null
+[[ $(node_row 3 | awk '{print $3}') == UP ]] || problems+=("after heal: '$(node_row 3)'")
+# slow: a busy process on node 3 is throttled by the node's CFS quota (5% of the machine:
+# low, so that it is reached even when other work leaves the loop little CPU time).
+"$CLUSTER_SH" slow "$CLUSTER" 3 5 2>/dev/null || problems+=("slow failed")
+"$CLUSTER_SH" exec "$CLUSTER" 3 sh -c 'timeout 1.5 sh -c "while :; do :; done"; exit 0'
+throttled=$(awk '$1 == "nr_throttled" {print $2}' "$CGROUP/${PREFIX}n3/cpu.stat" 2>/dev/null)
+[[ ${throttled:-0} -gt 0 ]] || problems+=("slow 5: nr_throttled '${throttled}'")
+[[ $(node_row 3 | awk '{print $6}') == 5% ]] || problems+=("after slow: '$(node_row 3)'")
+"$CLUSTER_SH" slow "$CLUSTER" 3 100 2>/dev/null
+# crash / boot: only the holder and the relay survive on node 3; boot makes it idle again.
+"$CLUSTER_SH" crash "$CLUSTER" 3 2>/dev/null
+left=$("$CLUSTER_SH" ps "$CLUSTER" 3 | awk '{print $2}' | sort | tr '\n' ' ')
+[[ $left == "python3 sleep " ]] || problems+=("after crash, on node 3: '$left'")
+[[ $(node_row 3 | awk '{print $4}') == down ]] || problems+=("after crash: '$(node_row 3)'")
+"$CLUSTER_SH" boot "$CLUSTER" 3 2>/dev/null || problems+=("boot failed")
+[[ $(node_row 3 | awk '{print $4, $5}') == "up idle" ]] || problems+=("after boot: '$(node_row 3)'")
+if [[ ${#problems[@]} -eq 0 ]]; then
+  result verbs OK "cut/heal seen in status, slow 5 throttled a busy loop $throttled times, crash left only the holder and the relay, boot made the node idle; $((SECONDS - t)) s"
+else
+  result verbs FAIL "${problems[*]}"
+fi
+
+# ---- d) clean: nothing left behind ------------------------------------------------------
 for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
 "$CLUSTER_SH" stop "$CLUSTER" 2>/dev/null
 left=$("$CLUSTER_SH" check "$CLUSTER" 2>&1)
