@@ -237,6 +237,8 @@ status() {
 MULTI_ENV=$DIR/cluster.env
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 FORWARD=${SELF%/*}/forward.py
+# The system's Python where there is one (no version manager's shim in every relay).
+PYTHON=$(command -v /usr/bin/python3 || command -v python3 || true)
 
 # load_env: the cluster's names (from DIR/cluster.env); NODES=1 when there is none.
 load_env() {
@@ -322,9 +324,9 @@ start_forward() {
   local name=$1 pidfile=$2; shift 2
   pid_alive "$pidfile" && return
   if [[ $name == host ]]; then
-    setsid python3 "$FORWARD" "$@" </dev/null >/dev/null 2>>"$DIR/log/forward.log" &
+    setsid "$PYTHON" "$FORWARD" "$@" </dev/null >/dev/null 2>>"$DIR/log/forward.log" &
   else
-    setsid "$SELF" exec "$DIR" "$name" python3 "$FORWARD" "$@" \
+    setsid "$SELF" exec "$DIR" "$name" "$PYTHON" "$FORWARD" "$@" \
       </dev/null >/dev/null 2>>"$DIR/log/forward.log" &
   fi
   echo $! > "$pidfile"
@@ -349,6 +351,7 @@ start_multi() {
   local want=$1 k name
   names_for "$want"
   install_packages
+  [[ -n $PYTHON ]] || die "--nodes N > 1 needs python3 (scripts/slurm/forward.py)"
   mkdir -p "$DIR/state" "$DIR/spool" "$DIR/run" "$DIR/log"
   load_env
   if pid_alive "$DIR/run/switch.holder.pid"; then
@@ -370,7 +373,7 @@ NODE_NAMES="$(for k in $(seq "$want"); do printf '%s ' "${PREFIX}n$k"; done)"
 NODE_SET=${PREFIX}n[1-$want]
 EOF
     load_env
-    if python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', $PORT))" 2>/dev/null; then :
+    if "$PYTHON" -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', $PORT))" 2>/dev/null; then :
     else die "port $PORT on 127.0.0.1 is in use (set SLURM_TEST_PORT)"; fi
     make_holder switch
     in_ns switch ip link add name "$BRIDGE" type bridge forward_delay 0
