@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, runs every test through ctest, then the Slurm
-# end-to-end test (tests/slurm/slurm_e2e.sh: a one-node Slurm cluster on this machine,
-# train.sbatch with a tiny model: smoke, a killed task, SIGUSR1 + requeue) on the
-# freshly built trident. Arguments go to ctest.
+# end-to-end tests (tests/slurm/slurm_e2e.sh: a one-node Slurm cluster on this machine,
+# train.sbatch with a tiny model: smoke, a killed task, SIGUSR1 + requeue;
+# tests/slurm/nodes_e2e.sh: a 3-node cluster in namespaces: a normal run, a cut link, the
+# fault verbs) on the freshly built trident. Arguments go to ctest.
 #
 # After ctest, scripts/test_times.py sums the run's test times per ctest label and checks
 # them against the ceilings of docs/ARCHITECTURE.md "Tests: labels and times" (tests that
@@ -13,7 +14,7 @@
 # failed time check) and exits non-zero when any of them failed.
 #
 # Environment: TRIDENT_BUILD_DIR (default build), TRIDENT_TEST_TIMES=0 skips the time
-# check, TRIDENT_TEST_SLURM=0 skips the Slurm test (it needs root: it starts
+# check, TRIDENT_TEST_SLURM=0 skips the Slurm tests (they need root: they start
 # slurmctld/slurmd/munged, and apt-get installs slurm-wlm and munge when missing),
 # TRIDENT_TEST_SCRATCH (its scratch directory; default a new temporary directory, removed
 # when the test passes).
@@ -71,8 +72,14 @@ else
   echo "test.sh: tests/slurm/slurm_e2e.sh $build/trident $scratch"
   "$repo/tests/slurm/slurm_e2e.sh" "$build/trident" "$scratch" 2>&1 | tee "$logs/slurm.log" ||
     slurm_rc=$?
-  slurm_passed=$(grep -c 'slurm_e2e: PASS ' "$logs/slurm.log" || true)
-  slurm_failed=$(grep -c 'slurm_e2e: FAIL \|^FAIL' "$logs/slurm.log" || true)
+  # The multi-node drills (3 nodes in namespaces; they SKIP where namespaces are not allowed).
+  echo "test.sh: tests/slurm/nodes_e2e.sh $build/trident $scratch/nodes"
+  nodes_rc=0
+  "$repo/tests/slurm/nodes_e2e.sh" "$build/trident" "$scratch/nodes" 2>&1 | tee -a "$logs/slurm.log" ||
+    nodes_rc=$?
+  slurm_passed=$(grep -c '\(slurm\|nodes\)_e2e: PASS ' "$logs/slurm.log" || true)
+  slurm_failed=$(grep -c '\(slurm\|nodes\)_e2e: FAIL \|^FAIL' "$logs/slurm.log" || true)
+  [[ $slurm_rc -eq 0 ]] && slurm_rc=$nodes_rc
   [[ $slurm_rc -ne 0 && $slurm_failed -eq 0 ]] && slurm_failed=1
   passed=$((passed + slurm_passed))
   failed=$((failed + slurm_failed))

@@ -23,14 +23,9 @@
 #   default 300), SLURM_TEST_PORT (see cluster.sh).
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 TRIDENT_BINARY SCRATCH_DIR" >&2; exit 2
-fi
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-[[ -x $BIN ]] || { echo "not an executable: $1" >&2; exit 2; }
-mkdir -p "$2"
-SCRATCH=$(cd "$2" && pwd)
+E2E=slurm_e2e
+# shellcheck source=tests/slurm/common.sh
+source "$(dirname "$0")/common.sh"
 STEPS=${SLURM_E2E_STEPS:-80}
 KILL_AT=$((STEPS / 4))
 TIMEOUT=${SLURM_E2E_TIMEOUT:-300}
@@ -39,8 +34,6 @@ MIN_WINDOW=${SLURM_E2E_MIN_WINDOW:-1.5}
 CLUSTER=$SCRATCH/cluster
 T0=$SECONDS
 
-say() { echo "[$(date '+%T')] slurm_e2e: $*"; }
-watchers=()
 cleanup() {
   local pid
   for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
@@ -52,25 +45,12 @@ trap cleanup EXIT
 eval "$("$REPO/scripts/slurm/cluster.sh" start "$CLUSTER")" || { echo "FAIL: cluster did not start"; exit 1; }
 export SLURM_CONF
 
-rm -rf "$SCRATCH/data" "$SCRATCH/runs"
-mkdir -p "$SCRATCH/data" "$SCRATCH/runs"
-# Any English text will do: the repository's docs, repeated to ~200 KB of byte tokens.
-for _ in $(seq 20); do cat "$REPO/README.md" "$REPO"/docs/*.md; done > "$SCRATCH/data/corpus.txt"
-"$BIN" prepare --input "$SCRATCH/data/corpus.txt" --out "$SCRATCH/data" --tokenizer byte \
-  > "$SCRATCH/data/prepare.log" 2>&1 || { cat "$SCRATCH/data/prepare.log"; echo "FAIL: prepare"; exit 1; }
+prepare_data
 
 # write_config: the job's config for the current STEPS.
 write_config() {
-  cat > "$SCRATCH/tiny.yaml" <<EOF
-# Tiny: 8 ranks on 2 cores take 35-60 ms a step (with OMPI_MCA_mpi_yield_when_idle=1).
-model: {arch: gpt2, vocab_size: 256, seq_len: 32, n_layers: 2, n_heads: 4, d_model: 32}
-parallel: {dp: 2, tp: 2, pp: 2, micro_batch_size: 2}
-data: {train: $SCRATCH/data/train_*.bin, shuffle: false, seed: 1}
-training: {global_batch_size: 8, max_steps: $STEPS, lr: 3.0e-3, warmup_steps: 4,
-           lr_schedule: cosine, grad_clip: 1.0, eval_interval: 0}
-checkpoint: {interval: 5, keep_last: 2}
-logging: {log_interval: 1}
-EOF
+  # Tiny: 8 ranks on 2 cores take 35-60 ms a step (with OMPI_MCA_mpi_yield_when_idle=1).
+  write_tiny_config "$SCRATCH/tiny.yaml" 2 "dp: 2, tp: 2, pp: 2, micro_batch_size: 2" "$STEPS"
 }
 write_config
 
@@ -83,35 +63,6 @@ submit() {
     sbatch --parsable -J "e2e-$1" -N 1 -n 8 --ntasks-per-node=8 --time=30 -o "$dir/job.out" \
       "$REPO/scripts/slurm/train.sbatch" "$SCRATCH/tiny.yaml" \
       --set "checkpoint.dir=$dir/ckpt" --set "logging.metrics=$dir/metrics.jsonl")
-}
-
-job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
-
-# wait_job JOBID: waits for a final state; a requeued job is let start after 5 s instead of
-# Slurm's 120 s BeginTime delay. Prints the final state.
-wait_job() {
-  local job=$1 start=$SECONDS state reason pending_since=""
-  while (( SECONDS - start < TIMEOUT )); do
-    state=$(job_field "$job" JobState)
-    case $state in
-      COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)
-        echo "$state"; return ;;
-      PENDING)
-        # Not at once: a rerun started ~1 s after the requeue collided with the old run's
-        # step ("StepId=6.0 aborted before step completely launched") and srun still exited
-        # 0. 3 s after the requeue was enough in trials; the node must be idle too.
-        reason=$(job_field "$job" Reason)
-        if [[ $reason == BeginTime ]]; then
-          [[ -n $pending_since ]] || pending_since=$SECONDS
-          if (( SECONDS - pending_since >= 5 )) && [[ $(sinfo -h -N -o '%t' | head -n1) == idle ]]; then
-            scontrol update JobId="$job" StartTime=now 2>/dev/null
-          fi
-        fi ;;
-    esac
-    sleep 0.5
-  done
-  scancel "$job" 2>/dev/null
-  echo "TIMEOUT_IN_TEST"
 }
 
 # wait_step FILE N: waits until FILE shows training step N (or the timeout).
@@ -143,16 +94,6 @@ resumed_after() {
       s = substr($0, RSTART, RLENGTH); sub(".*/step_", "", s); sub(" $", "", s); n = s }
     END { print n }' "$1"
 }
-
-failures=0
-result() {  # result NAME OK|FAIL|SKIP DETAIL
-  case $2 in
-    OK) say "PASS $1 ($3)" ;;
-    SKIP) say "SKIP $1 ($3)" ;;
-    *) say "FAIL $1 ($3)"; failures=$((failures + 1)) ;;
-  esac
-}
-show_log() { echo "---- $1 (last 40 lines)"; tail -n 40 "$1"; echo "----"; }
 
 # ---- a) smoke ----------------------------------------------------------------------------
 # run_smoke NAME [QUIET]: one uninterrupted job; sets ref_loss (the reference for kill and

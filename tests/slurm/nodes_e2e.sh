@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# Multi-node drills of scripts/slurm/train.sbatch on a 3-node Slurm cluster inside this
+# machine (scripts/slurm/cluster.sh start DIR --nodes 3: a network + UTS + mount namespace
+# per node, veth pairs on a bridge). Builds nothing; needs root (namespaces, daemons).
+#
+#   tests/slurm/nodes_e2e.sh TRIDENT_BINARY SCRATCH_DIR
+#
+# The job: 6 ranks, 2 per node, tp 2 x pp 3 (tp inside a node, the pipeline across the 3
+# nodes, so every step crosses both links over Open MPI's TCP transport, which is told to
+# use the bridge's subnet only), a tiny GPT-2 on byte tokens, OMP_NUM_THREADS=1.
+#   normal  the 3-node job trains to the end, and every logged loss equals that of the same
+#           layout on one node of the same cluster (6 ranks, shared memory instead of TCP).
+#   cut     node 2's link is cut after step CUT_AT. The ranks of nodes 1 and 3 must end
+#           within parallel.comm_timeout_s (5 s here) + 10 s, by the watchdog (each says
+#           which call, group and peer rank it was waiting on), not by a TCP error; then
+#           the link is healed, train.sbatch retries the step, which resumes from a
+#           checkpoint and ends with exactly the normal run's loss.
+#   verbs   without a job: cut/heal show in `status`, `slow 5` throttles a busy loop on
+#           the node (its cgroup's nr_throttled), `crash` leaves only the node's holder
+#           and relay, `boot` makes it idle again.
+#   clean   after `cluster.sh stop`: no process in the cluster's namespaces, no daemon, no
+#           cgroup (cluster.sh check), and the host's interfaces, network namespaces and
+#           mounts are what they were before.
+# The cut drill prints one line "cut: fault -> detection X s, detection -> first step after
+# recovery Y s". Prints PASS/FAIL/SKIP per scenario (prefix "nodes_e2e:"); where the machine
+# does not allow namespaces or veth pairs every scenario is a SKIP with the reason, and the
+# script exits 0. Exits 1 if any scenario failed. Everything is stopped on exit.
+#
+# Environment: NODES_E2E_STEPS (default 60), NODES_E2E_TIMEOUT (seconds per job, default
+#   300), SLURM_TEST_PORT (see cluster.sh; by default a port derived from the directory).
+set -uo pipefail
+
+E2E=nodes_e2e
+# shellcheck source=tests/slurm/common.sh
+source "$(dirname "$0")/common.sh"
+STEPS=${NODES_E2E_STEPS:-60}
+# (+ 2: not on a checkpoint step, whose save adds collectives of its own)
+CUT_AT=$((STEPS / 4 + 2))
+TIMEOUT=${NODES_E2E_TIMEOUT:-300}
+COMM_TIMEOUT=5
+CLUSTER=$SCRATCH/nodes
+CLUSTER_SH=$REPO/scripts/slurm/cluster.sh
+T0=$SECONDS
+
+skip_all() {
+  local s
+  for s in normal cut verbs clean; do result "$s" SKIP "$1"; done
+  exit 0
+}
+
+# ---- can this machine do it? -------------------------------------------------------------
+[[ $(id -u) -eq 0 ]] || skip_all "needs root (namespaces, veth pairs, Slurm daemons)"
+unshare -n -u -m true 2>/dev/null || skip_all "unshare -n -u -m is not allowed here"
+unshare -n sh -c 'ip link add name tv0 type veth peer name tv1 &&
+                  ip link add name tb0 type bridge' 2>/dev/null ||
+  skip_all "veth pairs or bridges cannot be created in a network namespace here"
+
+# The host's state, compared at the end.
+host_state() {
+  ip -o link show | awk -F': ' '{print $2}' | sort
+  echo "-- netns"; ip netns list 2>/dev/null
+  echo "-- mounts"; grep -F "$SCRATCH" /proc/self/mounts
+}
+before=$(host_state)
+
+cleanup() {
+  local pid
+  for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
+  "$CLUSTER_SH" stop "$CLUSTER" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# ---- cluster and data ------------------------------------------------------------------
+eval "$("$CLUSTER_SH" start "$CLUSTER" --nodes 3)" || { result normal FAIL "cluster did not start"; exit 1; }
+export SLURM_CONF
+# shellcheck disable=SC1091
+source "$CLUSTER/cluster.env"
+say "cluster $NODE_SET on $SUBNET.0/24 up after $((SECONDS - T0)) s"
+
+prepare_data
+
+# Tiny, 3 layers: one per pipeline stage, one stage per node. A given peak (MFU's
+# denominator) instead of rank 0's sgemm measurement at start-up, which took over 5 s on
+# the loaded 2-core machine while the other ranks waited in the collective after it,
+# so that a retry with the cut's 5 s timeout failed there once.
+write_tiny_config "$SCRATCH/tiny.yaml" 3 "tp: 2, pp: 3, micro_batch_size: 2" "$STEPS"
+echo "runtime: {peak_tflops: 0.01}" >> "$SCRATCH/tiny.yaml"
+
+# ---- helpers -----------------------------------------------------------------------------
+# submit NAME NODES [ARGS...]: train.sbatch from runs/NAME on NODES nodes (6 tasks in all),
+# ARGS more trident arguments. Open MPI:
+# TCP only on the bridge's subnet (each node has just eth0 and lo, but a real cluster
+# has more; docs/SLURM.md "Open MPI over TCP"); yield when idle (6 ranks on 2 cores).
+submit() {
+  local dir=$SCRATCH/runs/$1
+  mkdir -p "$dir"
+  (cd "$dir" && TRIDENT_BIN=$BIN TRIDENT_RETRY_DELAY=1 OMP_NUM_THREADS=1 \
+    OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_tcp_if_include=$SUBNET.0/24 \
+    sbatch --parsable -J "nodes-$1" -N "$2" -n 6 --ntasks-per-node=$((6 / $2)) --time=30 \
+      -o "$dir/job.out" "$REPO/scripts/slurm/train.sbatch" "$SCRATCH/tiny.yaml" \
+      --set "checkpoint.dir=$dir/ckpt" --set "logging.metrics=$dir/metrics.jsonl" "${@:3}")
+}
+losses() { grep -o "step [0-9]*/$STEPS | loss [0-9.na-]*" "$1" | awk '{print $2, $NF}'; }
+last_loss() { losses "$1" | awk -v s="$STEPS/$STEPS" '$1 == s { l = $2 } END { print l }'; }
+now() { date +%s.%N; }
+# trident_on NODE: pids of Trident's ranks on that node.
+trident_on() { "$CLUSTER_SH" ps "$CLUSTER" "$1" 2>/dev/null | awk '$2 == "trident" {print $1}'; }
+
+# ---- a) normal: 3 nodes over TCP, the same losses as one node ---------------------------
+t=$SECONDS
+job1=$(submit one-node 1)
+state1=$(wait_job "$job1")
+job3=$(submit three-nodes 3)
+state3=$(wait_job "$job3")
+out1=$SCRATCH/runs/one-node/job.out
+out3=$SCRATCH/runs/three-nodes/job.out
+ref_loss=$(last_loss "$out3")
+nodes3=$(job_field "$job3" NodeList)
+if [[ $state1 == COMPLETED && $state3 == COMPLETED && -n $ref_loss ]] &&
+   [[ $(losses "$out3" | wc -l) -eq $STEPS ]] && diff <(losses "$out1") <(losses "$out3") >/dev/null &&
+   grep -q "on 3 node(s)" "$out3"; then
+  result normal OK "jobs $job1 (1 node) and $job3 (3 nodes, $nodes3) COMPLETED in $((SECONDS - t)) s; all $STEPS losses equal, final $ref_loss"
+else
+  show_log "$out1"; show_log "$out3"
+  diff <(losses "$out1") <(losses "$out3") | head -n 5
+  result normal FAIL "jobs $job1 $state1, $job3 $state3 ($nodes3); final losses '$(last_loss "$out1")' vs '${ref_loss}'"
+  ref_loss=""
+fi
+
+# ---- b) cut: node 2's link down mid-run -------------------------------------------------
+if [[ -z $ref_loss ]]; then
+  result cut SKIP "no reference loss (normal failed)"
+else
+  t=$SECONDS
+  out=$SCRATCH/runs/cut/job.out
+  times=$SCRATCH/runs/cut/times
+  mkdir -p "$SCRATCH/runs/cut"
+  # The short timeout only here: the normal runs keep the default (600 s), so that a slow
+  # moment of a loaded machine cannot turn them into a retry.
+  job=$(submit cut 3 --set "parallel.comm_timeout_s=$COMM_TIMEOUT")
+  (
+    start=$SECONDS
+    until grep -q "step $CUT_AT/$STEPS | loss" "$out" 2>/dev/null; do
+      (( SECONDS - start < TIMEOUT )) || exit 0
+      sleep 0.1
+    done
+    survivors="$(trident_on 1) $(trident_on 3)"
+    "$CLUSTER_SH" cut "$CLUSTER" 2 2>/dev/null
+    t_cut=$(now)
+    echo "[$(date '+%T')] nodes_e2e: cut the link of node 2 after step $CUT_AT" >> "$out"
+    # Detection: every rank of nodes 1 and 3 (those running at the cut) has ended.
+    while (( SECONDS - start < TIMEOUT )); do
+      alive=0
+      for pid in $survivors; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      [[ $alive -eq 0 ]] && break
+      sleep 0.1
+    done
+    t_detect=$(now)
+    "$CLUSTER_SH" heal "$CLUSTER" 2 2>/dev/null
+    # Recovery: the first step logged by the retry.
+    until [[ -n $(awk '/retrying in/ { seen = 1 } seen && /step [0-9]+\/[0-9]+ \| loss/ { print; exit }' "$out") ]]; do
+      (( SECONDS - start < TIMEOUT )) || break
+      sleep 0.1
+    done
+    t_step=$(now)
+    echo "$(wc -w <<< "$survivors") $t_cut $t_detect $t_step" > "$times"
+  ) &
+  watchers+=($!)
+  state=$(wait_job "$job")
+  wait "${watchers[-1]}" 2>/dev/null
+  loss=$(last_loss "$out")
+  read -r n_surv t_cut t_detect t_step < "$times" 2>/dev/null
+  detect=$(awk -v a="${t_cut:-0}" -v b="${t_detect:-0}" 'BEGIN { printf "%.1f", b - a }')
+  recover=$(awk -v a="${t_detect:-0}" -v b="${t_step:-0}" 'BEGIN { printf "%.1f", b - a }')
+  say "cut: fault -> detection $detect s, detection -> first step after recovery $recover s"
+  # One watchdog line per surviving rank, before the retry, naming its call and group; a
+  # point-to-point call also names its peer's rank in the group, which must be the cut
+  # node's stage (pp rank 1), e.g.
+  #   [rank 0 on t..n1] watchdog: batch_p2p 'pipeline recv gradient micro 2 stage 0' to
+  #   rank 1 in group 'pp' (rank 0/3) has not completed after 5.0 s (timeout 5.0 s) ...
+  # A collective cannot know which member is missing: "all_reduce 'step data status' in
+  # group 'world' (rank 4/6)".
+  watchdog=$(awk '/retrying in/ { exit } /watchdog: .* in group .* has not completed/' "$out")
+  survivor_lines=$(grep -cE "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]+ .* in group '[a-z]+' \(rank [0-9]+/[0-9]+\) has not completed" <<< "$watchdog")
+  p2p_lines=$(grep -E "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]*(p2p|send|recv) " <<< "$watchdog")
+  p2p=$(grep -c . <<< "$p2p_lines")
+  named=$(grep -cE " (from|to) rank 1 in group 'pp' \(rank [02]/3\)" <<< "$p2p_lines")
+  tcp_errors=$(awk '/retrying in/ { exit } /btl_tcp|BTL_TCP|mca_btl/' "$out" | wc -l)
+  echo "$watchdog" | sed 's/^/    /' | head -n 6
+  if [[ $state == COMPLETED && $loss == "$ref_loss" && ${n_surv:-0} -eq 4 &&
+        $survivor_lines -eq 4 && $named -eq $p2p && $tcp_errors -eq 0 ]] && grep -q "retry 1 of" "$out" &&
+     awk -v d="$detect" -v l="$((COMM_TIMEOUT + 10))" 'BEGIN { exit !(d > 0 && d <= l) }'; then
+    result cut OK "job $job COMPLETED in $((SECONDS - t)) s after $(grep -c 'retrying in' "$out") retry; the 4 ranks of nodes 1 and 3 ended $detect s after the cut (limit $((COMM_TIMEOUT + 10)) s) on their watchdog (4 lines naming call and group; $p2p of them point-to-point, each naming pp rank 1, the cut node's stage); loss $loss"
+  else
+    show_log "$out"
+    result cut FAIL "job $job state $state; ${n_surv:-?} survivors ended after $detect s (limit $((COMM_TIMEOUT + 10)) s); $survivor_lines of 4 watchdog lines, $named of $p2p point-to-point ones naming pp rank 1; $tcp_errors TCP error lines; loss '${loss}' vs '${ref_loss}'"
+  fi
+fi
+
+# ---- c) verbs: the other fault verbs do what they say (no job) ---------------------------
+t=$SECONDS
+problems=()
+node_row() { "$CLUSTER_SH" status "$CLUSTER" 2>/dev/null | awk -v n="${PREFIX}n$1" '$1 == n'; }
+# cut / heal: the status shows the link of node 3 down, then up.
+"$CLUSTER_SH" cut "$CLUSTER" 3 2>/dev/null
+[[ $(node_row 3 | awk '{print $3}') == DOWN ]] || problems+=("after cut: '$(node_row 3)'")
+"$CLUSTER_SH" heal "$CLUSTER" 3 2>/dev/null
+[[ $(node_row 3 | awk '{print $3}') == UP ]] || problems+=("after heal: '$(node_row 3)'")
+# slow: a busy process on node 3 is throttled by the node's CFS quota (5% of the machine:
+# low, so that it is reached even when other work leaves the loop little CPU time).
+"$CLUSTER_SH" slow "$CLUSTER" 3 5 2>/dev/null || problems+=("slow failed")
+"$CLUSTER_SH" exec "$CLUSTER" 3 sh -c 'timeout 1.5 sh -c "while :; do :; done"; exit 0'
+throttled=$(awk '$1 == "nr_throttled" {print $2}' "$CGROUP/${PREFIX}n3/cpu.stat" 2>/dev/null)
+[[ ${throttled:-0} -gt 0 ]] || problems+=("slow 5: nr_throttled '${throttled}'")
+[[ $(node_row 3 | awk '{print $6}') == 5% ]] || problems+=("after slow: '$(node_row 3)'")
+"$CLUSTER_SH" slow "$CLUSTER" 3 100 2>/dev/null
+# crash / boot: only the holder and the relay survive on node 3; boot makes it idle again.
+"$CLUSTER_SH" crash "$CLUSTER" 3 2>/dev/null
+left=$("$CLUSTER_SH" ps "$CLUSTER" 3 | awk '{print $2}' | sort | tr '\n' ' ')
+[[ $left == "python3 sleep " ]] || problems+=("after crash, on node 3: '$left'")
+[[ $(node_row 3 | awk '{print $4}') == down ]] || problems+=("after crash: '$(node_row 3)'")
+"$CLUSTER_SH" boot "$CLUSTER" 3 2>/dev/null || problems+=("boot failed")
+[[ $(node_row 3 | awk '{print $4, $5}') == "up idle" ]] || problems+=("after boot: '$(node_row 3)'")
+if [[ ${#problems[@]} -eq 0 ]]; then
+  result verbs OK "cut/heal seen in status, slow 5 throttled a busy loop $throttled times, crash left only the holder and the relay, boot made the node idle; $((SECONDS - t)) s"
+else
+  result verbs FAIL "${problems[*]}"
+fi
+
+# ---- d) clean: nothing left behind ------------------------------------------------------
+for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
+"$CLUSTER_SH" stop "$CLUSTER" 2>/dev/null
+left=$("$CLUSTER_SH" check "$CLUSTER" 2>&1)
+check_rc=$?
+after=$(host_state)
+if [[ $check_rc -eq 0 && $before == "$after" ]]; then
+  result clean OK "$left; host interfaces, network namespaces and mounts unchanged"
+else
+  diff <(echo "$before") <(echo "$after")
+  result clean FAIL "$left"
+fi
+
+say "$failures failed; $((SECONDS - T0)) s in all"
+[[ $failures -eq 0 ]]
