@@ -19,7 +19,7 @@ code with Trident:
 The rest of the model (embeddings, norms, attention, RoPE, the head, cross-entropy) and
 the experts' MLP are make_fixtures.py's, the reference of the dense model.
 
-usage: moe_reference.py IN.json OUT.json
+usage: moe_reference.py IN.json OUT.json [IN.json OUT.json ...]  (one torch start-up for all)
   IN: {"config": {arch, vocab_size, n_layers, n_heads, n_kv_heads, d_model, norm_eps,
        rope_theta, tied, moe_experts, moe_top_k}, "aux_coef", "z_coef", "B", "T",
        "tokens": [B*T], "targets": [B*T], "params": {name: {"shape": [...], "data": [...]}}}
@@ -67,9 +67,15 @@ def moe_mlp(cfg, P, p, h, record):
 
 
 def main():
-    if len(sys.argv) != 3:
-        raise ValueError("usage: moe_reference.py IN.json OUT.json")
-    with open(sys.argv[1]) as f:
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        raise ValueError("usage: moe_reference.py IN.json OUT.json [IN.json OUT.json ...]")
+    for i in range(0, len(args), 2):
+        run(args[i], args[i + 1])
+
+
+def run(in_path, out_path):
+    with open(in_path) as f:
         inp = json.load(f)
     cfg = inp["config"]
     B, T = inp["B"], inp["T"]
@@ -88,7 +94,7 @@ def main():
            # (an expert no token reached has no gradient: zeros)
            "grads": {n: (t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1).tolist()
                      for n, t in P.items()}}
-    with open(sys.argv[2], "w") as f:
+    with open(out_path, "w") as f:
         json.dump(out, f)
     print(f"moe_reference: loss {float(loss):.6f} aux {float(aux):.6f} z {float(z):.6f}")
 
