@@ -31,7 +31,9 @@
 // - Thread safety: one Ops object per thread of control (it owns scratch memory).
 // - Host synchronisation: only download() reads device memory back to the host (a sync on
 //   a device backend). A training step needs two: the loss and the gradient norm's sum of
-//   squares, both accumulated on the device (loss_accumulate, sum_squares_accumulate).
+//   squares, both accumulated on the device (loss_accumulate, sum_squares_accumulate); a
+//   mixture-of-experts model one more per MoE layer and micro-batch (moe_route_forward's
+//   statistics: the experts' row counts size their GEMMs).
 //   Every upload/download is counted (transfer_counts) so tests can hold that budget.
 #pragma once
 

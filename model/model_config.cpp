@@ -175,6 +175,11 @@ Status TransformerConfig::validate() const {
                                     std::to_string(c.moe_top_k));
     }
     TRIDENT_RETURN_IF_ERROR(positive("moe_d_ff", c.moe_d_ff));
+    if (!c.init_from.empty()) {
+      return Status::invalid_config("model.init_from: loading weights into a mixture-of-experts "
+                                    "model (model.moe_experts=" + std::to_string(c.moe_experts) +
+                                    ") is not supported yet");
+    }
     if (c.moe_first_dense_layers < 0 || c.moe_first_dense_layers >= c.n_layers) {
       return Status::invalid_config("model.moe_first_dense_layers: must be in [0, model.n_layers=" +
                                     std::to_string(c.n_layers) + "), got " +

@@ -210,6 +210,7 @@ TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
                {"model.moe_first_dense_layers", "not supported yet"});
   expect_error(moe, {"model.moe_shared_experts=1"},
                {"model.moe_shared_experts", "not supported yet"});
+  expect_error(moe, {"model.init_from=gpt2_124M.bin"}, {"model.init_from", "not supported yet"});
   expect_error(kMinimal, {"model.moe_d_ff=64"}, {"model.moe_d_ff", "dense model"});
   expect_error(kMinimal, {"model.moe_shared_experts=2"}, {"model.moe_shared_experts"});
   expect_error(moe, {"training.moe_aux_loss_coef=-1"}, {"training.moe_aux_loss_coef", ">= 0"});
