@@ -53,6 +53,7 @@ std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
       case Dim::kFe: return c.moe_d_ff;
       case Dim::kKC: return int64_t{c.moe_top_k} * c.d_model;
       case Dim::kKF: return int64_t{c.moe_top_k} * c.moe_d_ff;
+      case Dim::kSF: return int64_t{c.moe_shared_experts} * c.moe_d_ff;
     }
     return 0;
   };
@@ -194,11 +195,6 @@ Status TransformerConfig::validate() const {
     if (c.moe_shared_experts < 0) {
       return Status::invalid_config("model.moe_shared_experts: must be >= 0, got " +
                                     std::to_string(c.moe_shared_experts));
-    }
-    if (c.moe_shared_experts > 0) {
-      return Status::invalid_config("model.moe_shared_experts: " +
-                                    std::to_string(c.moe_shared_experts) +
-                                    ": shared experts are not supported yet");
     }
   } else if (c.moe_d_ff != 0 || c.moe_first_dense_layers != 0 || c.moe_shared_experts != 0) {
     const char* key = c.moe_d_ff != 0                  ? "model.moe_d_ff"

@@ -37,7 +37,7 @@ struct TransformerConfig {
   int moe_top_k = 2;
   int moe_d_ff = 0;
   int moe_first_dense_layers = 0;  // leading dense layers (validated 0: not supported yet)
-  int moe_shared_experts = 0;      // experts every token takes (validated 0: not supported yet)
+  int moe_shared_experts = 0;      // experts every token takes besides its moe_top_k
 
   // ---- derived by finalize() --------------------------------------------------------
   int padded_vocab = 0;  // Vp: V rounded up to a multiple of 128 (or the checkpoint's Vp)

@@ -11,7 +11,7 @@ namespace {
 // The sizes a Dim stands for.
 struct DimSizes {
   double c, q, kv, f;
-  double e = 0, k = 0, fe = 0;  // mixture of experts (never split over tp)
+  double e = 0, k = 0, fe = 0, s = 0;  // mixture of experts (never split over tp)
   double of(Dim d) const {
     switch (d) {
       case Dim::kOne: return 1;
@@ -24,6 +24,7 @@ struct DimSizes {
       case Dim::kFe: return fe;
       case Dim::kKC: return k * c;
       case Dim::kKF: return k * fe;
+      case Dim::kSF: return s * fe;
     }
     return 0;
   }
@@ -32,7 +33,7 @@ struct DimSizes {
 DimSizes global_sizes(const TransformerConfig& c) {
   return {double(c.d_model), double(int64_t{c.n_heads} * c.head_dim),
           double(int64_t{c.n_kv_heads} * c.head_dim), double(c.d_ff), double(c.moe_experts),
-          double(c.moe_top_k), double(c.moe_d_ff)};
+          double(c.moe_top_k), double(c.moe_d_ff), double(c.moe_shared_experts)};
 }
 
 bool is_norm(ParamRole r) {
@@ -92,8 +93,11 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
     // The router and the experts, replicated (tensor parallelism with experts is refused
     // by the config). Expert e's MLP is the dense one's, named moe.experts.{e}.*.
     t.push_back({"moe.router.weight", P::kRouterW, Dim::kE, Dim::kC, -1});
-    for (int e = 0; e < c.moe_experts; ++e) {
-      const std::string x = "moe.experts." + std::to_string(e) + ".";
+    // Shared expert s is expert E + s, named moe.shared_experts.{s}.*.
+    for (int e = 0; e < c.moe_experts + c.moe_shared_experts; ++e) {
+      const bool routed = e < c.moe_experts;
+      const std::string x = (routed ? "moe.experts." : "moe.shared_experts.") +
+                            std::to_string(routed ? e : e - c.moe_experts) + ".";
       auto add = [&](const std::string& name, ParamRole role, Dim rows, Dim cols) {
         LayerTensor row{x + name, role, rows, cols, -1};
         row.expert = e;
@@ -142,6 +146,11 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
     if (a.swiglu()) b.push_back({"moe_h2", B::kMoeH2, Dim::kKF, K::kCompute, false});
     b.push_back({"moe_h_act", B::kMoeHAct, Dim::kKF, K::kCompute, false});
     b.push_back({"moe_y", B::kMoeY, Dim::kKC, K::kCompute, false});  // the experts' outputs
+    if (c.moe_shared_experts > 0) {
+      b.push_back({"shared_h1", B::kSharedH1, Dim::kSF, K::kCompute, false});
+      if (a.swiglu()) b.push_back({"shared_h2", B::kSharedH2, Dim::kSF, K::kCompute, false});
+      b.push_back({"shared_h_act", B::kSharedHAct, Dim::kSF, K::kCompute, false});
+    }
     return;
   }
   b.push_back({"h1", B::kH1, Dim::kF, K::kCompute, false});  // fc / gate output
@@ -291,7 +300,7 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   const double q = double(c.n_heads / s.tp_size) * c.head_dim;
   const double kv = double(c.n_kv_heads / s.tp_size) * c.head_dim;
   const DimSizes local{C, q, kv, F, double(c.moe_experts), double(c.moe_top_k),
-                       double(c.moe_d_ff)};
+                       double(c.moe_d_ff), double(c.moe_shared_experts)};
   const bool last = s.last_stage, swiglu = architecture(c.arch).swiglu();
   const bool layer_norm = architecture(c.arch).layer_norm();
   const DType cd = s.compute, f32 = DType::kF32, i32 = DType::kI32;
@@ -428,7 +437,8 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   const double expert_share = c.moe() ? double(c.moe_top_k) / c.moe_experts : 1.0;
   for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, tpi, false)) {
     if (t.local_shape.rank() == 2) {
-      layer_matrix += numel(t.local_shape) * (t.expert >= 0 ? expert_share : 1.0);
+      const bool routed = t.expert >= 0 && t.expert < c.moe_experts;
+      layer_matrix += numel(t.local_shape) * (routed ? expert_share : 1.0);
     }
   }
   const bool first = part.first_stage(), last = part.last_stage();
@@ -454,7 +464,8 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   // parallelism.
   const double kA = static_cast<double>(dtype_size(compute));
   const double c_stream = sequence_parallel ? c.d_model / tp : c.d_model;
-  const double hidden = c.moe() ? double(c.moe_top_k) * c.moe_d_ff : c.d_ff / tp;
+  const double hidden =
+      c.moe() ? double(c.moe_top_k + c.moe_shared_experts) * c.moe_d_ff : c.d_ff / tp;
   f.layer.elementwise_bytes = kA * N * (12 * c_stream + 4 * hidden + 4 * q_local);
   // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
   f.head.elementwise_bytes = last ? 4 * N * c.padded_vocab / tp * kA : 0;

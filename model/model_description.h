@@ -51,8 +51,9 @@ struct ModelPartition {
 // The model dimensions a row's sizes are made of: global ones for parameter shapes,
 // this rank's tensor-parallel part for activation widths. Mixture of experts: kE experts,
 // kK of them per token, kFe an expert's hidden width; kKC and kKF the widths per token
-// of the dispatched rows (K rows of C or of Fe per token).
-enum class Dim { kOne, kC, kQ, kKV, kF, kE, kK, kFe, kKC, kKF };
+// of the dispatched rows (K rows of C or of Fe per token), kSF the shared experts' hidden
+// widths together (S * Fe).
+enum class Dim { kOne, kC, kQ, kKV, kF, kE, kK, kFe, kKC, kKF, kSF };
 
 // What a layer tensor is to the Transformer's block (kNone: not read by it, e.g. a test
 // family's extra tensor: allocated and counted, never used).
@@ -69,7 +70,9 @@ enum class BufferRole {
   // their weights, the dispatch order and its inverse, the dispatched rows (expert 0's
   // first), the experts' hidden tensors and their outputs, in dispatch order.
   kRouterProbs, kRouterLse, kMoeWeights, kMoeExperts, kMoeOrder, kMoePosition, kMoeX, kMoeH1,
-  kMoeH2, kMoeHAct, kMoeY, kNone
+  kMoeH2, kMoeHAct, kMoeY,
+  // The shared experts' hidden tensors, [N, Fe] per shared expert one after the other.
+  kSharedH1, kSharedH2, kSharedHAct, kNone
 };
 inline constexpr int kParamRoles = static_cast<int>(ParamRole::kNone);
 inline constexpr int kBufferRoles = static_cast<int>(BufferRole::kNone);
@@ -101,7 +104,9 @@ struct LayerTensor {
   // over tp under sequence parallelism (weights reading the same input share one gather).
   BufferRole input = BufferRole::kNone;
   InitKind init = init_for(role);  // Transformer::initial_value's rule
-  int expert = -1;                 // the expert whose MLP it belongs to; -1 none
+  // The expert whose MLP it belongs to: 0 .. E-1 the routed ones, E + s shared expert s;
+  // -1 none.
+  int expert = -1;
 };
 
 // What an activation buffer's elements are.

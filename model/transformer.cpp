@@ -21,6 +21,11 @@ using namespace buffers;  // the per-slot globals and the scratch (model_descrip
 // The rows come from the model description (describe_block); a row's role says which
 // member of LayerParams / LayerActs the block reads it through.
 
+// Expert e's MLP (the dense one's roles): fc / gate, its bias, up, proj / down, its bias.
+struct Transformer::ExpertParams {
+  DevPtr in_w, in_b, up_w, out_w, out_b;
+};
+
 struct Transformer::LayerParams {
   DevPtr ln1_w;   // (C)
   DevPtr ln1_b;   // (C)
@@ -40,11 +45,7 @@ struct Transformer::LayerParams {
   DevPtr proj_w;  // (C, F_local)  GELU mlp.proj / SwiGLU mlp.down
   DevPtr proj_b;  // (C)
   DevPtr router_w;  // (E, C)  mixture of experts
-  // Expert e's MLP (the dense one's roles): fc / gate, its bias, up, proj / down, its bias.
-  struct Expert {
-    DevPtr in_w, in_b, up_w, out_w, out_b;
-  };
-  std::vector<Expert> experts;
+  std::vector<ExpertParams> experts;  // the routed ones, then the shared ones
 };
 
 struct Transformer::LayerActs {
@@ -75,6 +76,9 @@ struct Transformer::LayerActs {
   DevPtr moe_h2;        // (N * K, Fe) SwiGLU
   DevPtr moe_h_act;     // (N * K, Fe)
   DevPtr moe_y;         // (N * K, C)  the experts' outputs
+  DevPtr shared_h1;     // (S, N, Fe)  the shared experts'
+  DevPtr shared_h2;     // (S, N, Fe)  SwiGLU
+  DevPtr shared_h_act;  // (S, N, Fe)
 };
 
 namespace {
@@ -91,15 +95,16 @@ constexpr DevPtr LP::*kParamField[kParamRoles] = {
     &LP::fc_w,  &LP::fc_b,  &LP::up_w,  &LP::proj_w, &LP::proj_b, &LP::router_w,
     nullptr,    nullptr,    nullptr,    nullptr,    nullptr};
 constexpr int kFirstExpertRole = static_cast<int>(ParamRole::kExpertInW);
-constexpr DevPtr LP::Expert::*kExpertField[kParamRoles - kFirstExpertRole] = {
-    &LP::Expert::in_w, &LP::Expert::in_b, &LP::Expert::up_w, &LP::Expert::out_w,
-    &LP::Expert::out_b};
+constexpr DevPtr Transformer::ExpertParams::*kExpertField[kParamRoles - kFirstExpertRole] = {
+    &Transformer::ExpertParams::in_w, &Transformer::ExpertParams::in_b, &Transformer::ExpertParams::up_w, &Transformer::ExpertParams::out_w,
+    &Transformer::ExpertParams::out_b};
 constexpr DevPtr LA::*kBufferField[kBufferRoles] = {
     &LA::ln1,  &LA::ln1_mean, &LA::ln1_rstd, &LA::q,        &LA::k,        &LA::v,
     &LA::att_state, &LA::atty, &LA::res2,    &LA::ln2,      &LA::ln2_mean, &LA::ln2_rstd,
     &LA::h1,   &LA::h2,       &LA::h_act,    &LA::router_probs, &LA::router_lse,
     &LA::moe_weights, &LA::moe_experts, &LA::moe_order, &LA::moe_position, &LA::moe_x,
-    &LA::moe_h1, &LA::moe_h2, &LA::moe_h_act, &LA::moe_y};
+    &LA::moe_h1, &LA::moe_h2, &LA::moe_h_act, &LA::moe_y, &LA::shared_h1, &LA::shared_h2,
+    &LA::shared_h_act};
 
 }  // namespace
 
@@ -209,7 +214,8 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
     auto& experts = layer_expert_index_[static_cast<size_t>(l)];
-    experts.assign(static_cast<size_t>(c.moe_experts), std::vector<int>(kParamRoles, -1));
+    experts.assign(static_cast<size_t>(c.moe_experts + c.moe_shared_experts),
+                   std::vector<int>(kParamRoles, -1));
     for (const LayerTensor& t : tensors) {
       if (t.role == ParamRole::kNone) continue;  // allocated, not read by this block
       const ParamInfo* p = layout_.find(prefix + t.name);
@@ -316,7 +322,7 @@ Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const
     p.*kParamField[r] = at(idx[r]);
   }
   for (const std::vector<int>& expert : layer_expert_index_[static_cast<size_t>(layer)]) {
-    LayerParams::Expert e;
+    ExpertParams e;
     for (size_t r = kFirstExpertRole; r < expert.size(); ++r) {
       if (expert[r] >= 0) e.*kExpertField[r - kFirstExpertRole] = at(expert[r]);
     }
@@ -591,27 +597,55 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
   }
   ops_.moe_dispatch(a.moe_order, a.moe_position, a.moe_experts, N, K, E);
   ops_.moe_gather_forward(a.moe_x, ln2, a.moe_order, N, K, C);
-  const bool swiglu = c.family().swiglu();
   size_t row = 0;  // the expert's first dispatched row
   for (int e = 0; e < E; ++e) {
     const int rows = counts[static_cast<size_t>(e)];
-    const LayerParams::Expert& w = p.experts[static_cast<size_t>(e)];
     if (rows > 0) {
-      const size_t nF = static_cast<size_t>(rows) * Fe;
-      DevPtr x = a.moe_x + row * C, h1 = a.moe_h1 + row * Fe, act = a.moe_h_act + row * Fe;
-      ops_.matmul_forward(h1, x, w.in_w, w.in_b, rows, C, Fe);
-      if (swiglu) {
-        DevPtr h2 = a.moe_h2 + row * Fe;
-        ops_.matmul_forward(h2, x, w.up_w, DevPtr(), rows, C, Fe);
-        ops_.swiglu_forward(act, h1, h2, nF);
-      } else {
-        ops_.gelu_forward(act, h1, nF);
-      }
-      ops_.matmul_forward(a.moe_y + row * C, act, w.out_w, w.out_b, rows, Fe, C);
+      expert_forward(p.experts[static_cast<size_t>(e)], a.moe_x + row * C, a.moe_h1 + row * Fe,
+                     a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(), a.moe_h_act + row * Fe,
+                     a.moe_y + row * C, rows);
     }
     row += static_cast<size_t>(rows);
   }
   ops_.moe_combine_forward(x_out, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
+  // The shared experts on every token, each added to the output (the backward scratch of
+  // the dispatched rows holds the [N, C] result meanwhile: K * N rows >= N).
+  const size_t nF = static_cast<size_t>(N) * Fe;
+  for (int s = 0; s < c.moe_shared_experts; ++s) {
+    DevPtr y = scratch(kDMoeY);
+    expert_forward(p.experts[static_cast<size_t>(E + s)], ln2, a.shared_h1 + s * nF,
+                   a.shared_h2 ? a.shared_h2 + s * nF : DevPtr(), a.shared_h_act + s * nF, y, N);
+    ops_.add(x_out, x_out, y, static_cast<size_t>(N) * C);
+  }
+}
+
+void Transformer::expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, DevPtr h2,
+                                 DevPtr act, DevPtr y, int rows) {
+  const int C = config_.d_model, Fe = config_.moe_d_ff;
+  const size_t nF = static_cast<size_t>(rows) * Fe;
+  ops_.matmul_forward(h1, x, w.in_w, w.in_b, rows, C, Fe);
+  if (config_.family().swiglu()) {
+    ops_.matmul_forward(h2, x, w.up_w, DevPtr(), rows, C, Fe);
+    ops_.swiglu_forward(act, h1, h2, nF);
+  } else {
+    ops_.gelu_forward(act, h1, nF);
+  }
+  ops_.matmul_forward(y, act, w.out_w, w.out_b, rows, Fe, C);
+}
+
+void Transformer::expert_backward(const ExpertParams& w, const ExpertParams& g,
+                                  DevPtr dx, DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2,
+                                  DevPtr act, DevPtr dh1, DevPtr dh2, DevPtr dact, int rows) {
+  const int C = config_.d_model, Fe = config_.moe_d_ff;
+  const size_t nF = static_cast<size_t>(rows) * Fe;
+  ops_.matmul_backward(dact, g.out_w, g.out_b, dy, act, w.out_w, rows, Fe, C);
+  if (config_.family().swiglu()) {
+    ops_.swiglu_backward(dh1, dh2, dact, h1, h2, nF);
+    ops_.matmul_backward(dx, g.up_w, DevPtr(), dh2, x, w.up_w, rows, C, Fe);
+  } else {
+    ops_.gelu_backward(dh1, dact, h1, nF);
+  }
+  ops_.matmul_backward(dx, g.in_w, g.in_b, dh1, x, w.in_w, rows, C, Fe);
 }
 
 void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a,
@@ -629,29 +663,29 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   zero_elements(dh1, NK * Fe);
   zero_elements(dact, NK * Fe);
   if (dh2) zero_elements(dh2, NK * Fe);
-  const bool swiglu = c.family().swiglu();
   size_t row = 0;
+  auto at = [](DevPtr p, size_t offset) { return p ? p + offset : DevPtr(); };
   for (int e = 0; e < E; ++e) {
     const int rows = counts[static_cast<size_t>(e)];
-    const LayerParams::Expert& w = p.experts[static_cast<size_t>(e)];
-    const LayerParams::Expert& gw = g.experts[static_cast<size_t>(e)];
     if (rows > 0) {
-      const size_t nF = static_cast<size_t>(rows) * Fe;
       const size_t xo = row * C, ho = row * Fe;
-      ops_.matmul_backward(dact + ho, gw.out_w, gw.out_b, dy + xo, a.moe_h_act + ho, w.out_w, rows,
-                           Fe, C);
-      if (swiglu) {
-        ops_.swiglu_backward(dh1 + ho, dh2 + ho, dact + ho, a.moe_h1 + ho, a.moe_h2 + ho, nF);
-        ops_.matmul_backward(dxs + xo, gw.up_w, DevPtr(), dh2 + ho, a.moe_x + xo, w.up_w, rows, C,
-                             Fe);
-      } else {
-        ops_.gelu_backward(dh1 + ho, dact + ho, a.moe_h1 + ho, nF);
-      }
-      ops_.matmul_backward(dxs + xo, gw.in_w, gw.in_b, dh1 + ho, a.moe_x + xo, w.in_w, rows, C, Fe);
+      expert_backward(p.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
+                      dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho, at(a.moe_h2, ho),
+                      a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
     }
     row += static_cast<size_t>(rows);
   }
   ops_.moe_gather_backward(dln, dxs, a.moe_position, N, K, C);
+  // The shared experts (their [N, Fe] gradients in the same scratch, K * N rows >= N).
+  const size_t nF = static_cast<size_t>(N) * Fe;
+  for (int s = 0; s < c.moe_shared_experts; ++s) {
+    zero_elements(dh1, nF);
+    zero_elements(dact, nF);
+    if (dh2) zero_elements(dh2, nF);
+    expert_backward(p.experts[static_cast<size_t>(E + s)], g.experts[static_cast<size_t>(E + s)],
+                    dln, dx, ln2, a.shared_h1 + s * nF, at(a.shared_h2, s * nF),
+                    a.shared_h_act + s * nF, dh1, dh2, dact, N);
+  }
   // The router: the weights' gradient, the load-balancing loss's (a constant per expert,
   // its token fractions carrying no gradient) and the z-loss's, scaled like the LM loss.
   DevPtr prob_grad;

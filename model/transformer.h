@@ -73,7 +73,9 @@
 // gate/up/down) and a router, layers.{i}.moe.router.weight (E, C). A token's router
 // logits (ln2 @ router^T) go through a softmax in fp32; its top K experts (a tie to the
 // lowest index) each process it, and their outputs are summed with the K probabilities
-// renormalised to sum to 1 (Mixtral). Dropless: no capacity, no token dropped. The
+// renormalised to sum to 1 (Mixtral); model.moe_shared_experts more experts
+// (layers.{i}.moe.shared_experts.{s}.*) process every token, added with weight 1
+// (DeepSeekMoE). Dropless: no capacity, no token dropped. The
 // assignments are sorted by expert, then by token (Ops::moe_dispatch), the tokens'
 // rows gathered in that order, each expert runs its GEMMs over its slice of rows, and the
 // results are combined per token in choice order: the same bits for any thread count.
@@ -153,6 +155,7 @@ class Transformer {
   // The block's views of one layer's parameters and activation buffers (bound by the
   // roles of the model description's rows).
   struct LayerParams;
+  struct ExpertParams;
   struct LayerActs;
 
   // The parameter table is describe_params (model/model_description.h).
@@ -295,6 +298,13 @@ class Transformer {
   };
   void moe_forward(const LayerParams& p, const LayerActs& a, DevPtr ln2, DevPtr x_out, int N,
                    const MoeStep& step);
+  // One expert's MLP on `rows` rows of x (y overwritten), and its backward (accumulating
+  // dx and the expert's gradients `g`); h2 / dh2 null for GELU.
+  void expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act,
+                      DevPtr y, int rows);
+  void expert_backward(const ExpertParams& w, const ExpertParams& g, DevPtr dx,
+                       DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act, DevPtr dh1,
+                       DevPtr dh2, DevPtr dact, int rows);
   // Accumulates dln (the MLP input's gradient, [N, C]) and the parameter gradients `g` from
   // dx, the gradient of the MoE block's output.
   void moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a, DevPtr ln2,

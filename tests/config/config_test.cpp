@@ -187,12 +187,13 @@ TEST(Config, EveryKeyParsesAndRoundTrips) {
 }
 
 // The mixture-of-experts keys of a dense kFull cannot all leave their defaults (tensor
-// parallelism refuses experts; leading dense layers and shared experts are refused until
-// implemented): a model of experts round-trips here, and each refusal names its key.
+// parallelism refuses experts; leading dense layers are refused until implemented): a
+// model of experts round-trips here, and each refusal names its key.
 TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   const std::string moe = kMinimal +
                           "model: {arch: llama, moe_experts: 8, moe_top_k: 3, moe_d_ff: 96}\n";
-  Config c = parse_ok(moe);
+  Config c = parse_ok(moe, {"model.moe_shared_experts=1"});
+  EXPECT_EQ(c.model.moe_shared_experts, 1);
   EXPECT_EQ(c.model.moe_experts, 8);
   EXPECT_EQ(c.model.moe_top_k, 3);
   EXPECT_EQ(c.model.moe_d_ff, 96);
@@ -208,8 +209,8 @@ TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   expect_error(moe, {"model.moe_experts=-1"}, {"model.moe_experts", ">= 0"});
   expect_error(moe, {"model.moe_first_dense_layers=1"},
                {"model.moe_first_dense_layers", "not supported yet"});
-  expect_error(moe, {"model.moe_shared_experts=1"},
-               {"model.moe_shared_experts", "not supported yet"});
+  EXPECT_EQ(parse_ok(moe, {"model.moe_shared_experts=2"}).model.moe_shared_experts, 2);
+  expect_error(moe, {"model.moe_shared_experts=-1"}, {"model.moe_shared_experts", ">= 0"});
   expect_error(moe, {"model.init_from=gpt2_124M.bin"}, {"model.init_from", "not supported yet"});
   expect_error(kMinimal, {"model.moe_d_ff=64"}, {"model.moe_d_ff", "dense model"});
   expect_error(kMinimal, {"model.moe_shared_experts=2"}, {"model.moe_shared_experts"});
@@ -235,6 +236,11 @@ TEST(ModelConfig, MixtureOfExpertsCountsEveryParameterAndActiveFlops) {
   // Active: K = 2 experts and the router.
   EXPECT_DOUBLE_EQ(moe.flops_per_token() - dense.flops_per_token(),
                    6.0 * L * (1 * 3 * F * C + E * C));
+  // A shared expert is active for every token.
+  TransformerConfig shared = moe;
+  shared.moe_shared_experts = 1;
+  EXPECT_EQ(shared.num_parameters() - moe.num_parameters(), L * 3 * F * C);
+  EXPECT_DOUBLE_EQ(shared.flops_per_token() - moe.flops_per_token(), 6.0 * L * 3 * F * C);
 }
 
 TEST(Config, RoundTripKeepsFloatsAndOddStringsExactly) {

@@ -5,6 +5,7 @@
 // fail, as the export ones do). Trident's weights and batch go to the script; its LM loss,
 // load-balancing loss, z-loss and the gradient of every parameter of the objective come
 // back and are compared with the model's, for gpt2 and llama blocks, fp32 and bf16, with
+// and without shared experts, with
 // zero routers, whose logits all tie (every token must go to experts 0 .. k-1, the lowest
 // indices), and random ones (scaled up so that the top k are well separated; the bf16
 // case's choices are the reference's too, which the CPU's deterministic results keep so).
@@ -42,6 +43,7 @@ struct Case {
   DType compute;
   float z_coef;
   int tie_layers;  // the leading layers whose router is zero: all their logits tie
+  int shared;      // shared experts
   std::string name;
 };
 
@@ -74,10 +76,10 @@ double rel_norm_diff(const std::vector<float>& got, const std::vector<double>& r
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
-      {Arch::kGpt2, DType::kF32, 0.0f, 1, "gpt2_f32"},
-      {Arch::kLlama, DType::kF32, 0.01f, 1, "llama_f32_zloss"},
-      {Arch::kGpt2, DType::kBF16, 0.01f, 0, "gpt2_bf16_zloss"},
-      {Arch::kLlama, DType::kBF16, 0.0f, 2, "llama_bf16_ties"}};
+      {Arch::kGpt2, DType::kF32, 0.0f, 1, 0, "gpt2_f32"},
+      {Arch::kLlama, DType::kF32, 0.01f, 1, 2, "llama_f32_zloss_shared2"},
+      {Arch::kGpt2, DType::kBF16, 0.01f, 0, 1, "gpt2_bf16_zloss_shared1"},
+      {Arch::kLlama, DType::kBF16, 0.0f, 2, 0, "llama_bf16_ties"}};
   return all;
 }
 
@@ -103,6 +105,7 @@ Outcome trident_run(const Case& k, const std::string& in_path) {
                                    .d_model = 16, .d_ff = 24});
   c.moe_experts = 4;
   c.moe_top_k = 2;
+  c.moe_shared_experts = k.shared;
   c.finalize();
   EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
   std::unique_ptr<Ops> ops = make_cpu_ops(2);
@@ -135,7 +138,8 @@ Outcome trident_run(const Case& k, const std::string& in_path) {
        {{"arch", arch_name(k.arch)}, {"vocab_size", c.vocab_size}, {"n_layers", c.n_layers},
         {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"d_model", c.d_model},
         {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta}, {"tied", c.tied()},
-        {"moe_experts", c.moe_experts}, {"moe_top_k", c.moe_top_k}}},
+        {"moe_experts", c.moe_experts}, {"moe_top_k", c.moe_top_k},
+        {"moe_shared_experts", c.moe_shared_experts}}},
       {"aux_coef", kAux}, {"z_coef", k.z_coef}, {"B", kBatch}, {"T", c.seq_len},
       {"tokens", tokens}, {"targets", targets}, {"params", params}};
   std::ofstream(in_path) << in.dump();

@@ -19,12 +19,13 @@
 namespace trident {
 namespace {
 
-TransformerConfig moe_model(Arch arch) {
+TransformerConfig moe_model(Arch arch, int shared = 0) {
   TransformerConfig c = testing::tiny_model(arch, {.vocab_size = 64, .seq_len = 16, .d_model = 32,
                                                    .d_ff = 48});
   c.moe_experts = 5;
   c.moe_top_k = 2;
   c.moe_d_ff = 40;
+  c.moe_shared_experts = shared;
   c.finalize();
   EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
   return c;
@@ -86,12 +87,19 @@ TEST(Moe, ParametersAreTheRouterAndEveryExpertsMlp) {
     int64_t total = 0;
     for (const ParamInfo& p : layout.params) total += p.numel();
     EXPECT_EQ(total, c.num_parameters());
+    // Shared experts: moe.shared_experts.{s}.*, the same MLP.
+    const ParamLayout shared = describe_params(moe_model(arch, 2), ModelPartition{});
+    const ParamInfo* s1 = shared.find(std::string("layers.1.moe.shared_experts.1.") +
+                                      (gpt2 ? "fc.weight" : "gate.weight"));
+    ASSERT_NE(s1, nullptr);
+    EXPECT_EQ(s1->shape, Shape({40, 32}));
+    EXPECT_EQ(shared.find("layers.1.moe.shared_experts.2.fc.weight"), nullptr);
   }
 }
 
 TEST(Moe, ResultsDoNotDependOnTheThreadCount) {
   for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
-    const TransformerConfig c = moe_model(arch);
+    const TransformerConfig c = moe_model(arch, 1);
     auto one = make_cpu_ops(1), two = make_cpu_ops(2);
     const MoeRun a = run(c, *one, 3), b = run(c, *two, 3);
     EXPECT_EQ(a.loss, b.loss);
@@ -104,7 +112,7 @@ TEST(Moe, ResultsDoNotDependOnTheThreadCount) {
 TEST(Moe, RecomputationIsBitwiseAndRecordsOnce) {
   auto ops = make_cpu_ops(2);
   for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
-    const TransformerConfig c = moe_model(arch);
+    const TransformerConfig c = moe_model(arch, 2);
     const MoeRun none = run(c, *ops, 2);
     for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
       const MoeRun again = run(c, *ops, 2, r);

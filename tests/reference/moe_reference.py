@@ -9,7 +9,8 @@ code with Trident:
   expert index (a stable descending sort);
 - the experts: the family's MLP (GPT-2's GELU fc/proj with biases, Llama's SwiGLU
   gate/up/down), every token through its k experts (no capacity: nothing dropped), the
-  outputs summed with the weights;
+  outputs summed with the weights, plus the shared experts every token goes through with
+  weight 1 (DeepSeekMoE, Dai et al. 2024);
 - the load-balancing loss (Switch Transformer, eq. 4): E * sum_e f_e * P_e per layer, with
   f_e the fraction of the N * k token-expert assignments that went to expert e (a
   constant: no gradient flows through the choice) and P_e the mean router probability of
@@ -21,7 +22,7 @@ the experts' MLP are make_fixtures.py's, the reference of the dense model.
 
 usage: moe_reference.py IN.json OUT.json [IN.json OUT.json ...]  (one torch start-up for all)
   IN: {"config": {arch, vocab_size, n_layers, n_heads, n_kv_heads, d_model, norm_eps,
-       rope_theta, tied, moe_experts, moe_top_k}, "aux_coef", "z_coef", "B", "T",
+       rope_theta, tied, moe_experts, moe_top_k, moe_shared_experts}, "aux_coef", "z_coef", "B", "T",
        "tokens": [B*T], "targets": [B*T], "params": {name: {"shape": [...], "data": [...]}}}
   OUT: {"loss" (the LM loss), "aux_loss", "z_loss" (each summed over layers, before its
        coefficient), "experts": per layer the chosen experts [B*T*k], "grads": {name:
@@ -58,6 +59,9 @@ def moe_mlp(cfg, P, p, h, record):
             continue
         y = family_mlp(cfg, P, f"{p}moe.experts.{e}.", h[rows])
         out = out.index_add(0, rows, weights[rows, slot][:, None] * y)
+    # Shared experts (DeepSeekMoE): every token, weight 1.
+    for s in range(cfg.get("moe_shared_experts", 0)):
+        out = out + family_mlp(cfg, P, f"{p}moe.shared_experts.{s}.", h)
     counts = torch.bincount(chosen.reshape(-1), minlength=E).to(h.dtype)
     f = counts / (N * K)
     balance = E * (f * probs.mean(0)).sum()

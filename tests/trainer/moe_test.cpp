@@ -96,6 +96,7 @@ TEST(MoeTrainer, RealAllocationsEqualTheMemoryPlan) {
         SCOPED_TRACE(std::string(arch_name(arch)) + " zero " + std::to_string(zero) +
                      " recompute " + recompute_name(r));
         Config c = moe_config(arch, dir);
+        c.model.moe_shared_experts = zero % 2;  // with and without shared experts
         c.parallel.zero_stage = zero;
         c.training.recompute = r;
         c.training.max_steps = 1;
