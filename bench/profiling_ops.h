@@ -180,6 +180,45 @@ class ProfilingOps : public testing::ForwardingOps {
     Scope s(this, "swiglu_backward", 0, bytes_of(n, {dgate, dgate, dup, dup, dout, gate, up}));
     inner_.swiglu_backward(dgate, dup, dout, gate, up, n);
   }
+  void moe_route_forward(DevPtr weights, DevPtr experts, DevPtr probs, DevPtr lse, DevPtr stats,
+                         DevPtr logits, int N, int E, int K) override {
+    Scope s(this, "moe_route_forward", 0, bytes_of(static_cast<size_t>(N) * E, {logits, probs}));
+    inner_.moe_route_forward(weights, experts, probs, lse, stats, logits, N, E, K);
+  }
+  void moe_route_backward(DevPtr dlogits, DevPtr dweights, DevPtr weights, DevPtr probs,
+                          DevPtr lse, DevPtr experts, DevPtr prob_grad, float z_scale, int N,
+                          int E, int K) override {
+    Scope s(this, "moe_route_backward", 0,
+            bytes_of(static_cast<size_t>(N) * E, {dlogits, dlogits, probs}));
+    inner_.moe_route_backward(dlogits, dweights, weights, probs, lse, experts, prob_grad, z_scale,
+                              N, E, K);
+  }
+  void moe_dispatch(DevPtr order, DevPtr position, DevPtr experts, int N, int K,
+                    int E) override {
+    Scope s(this, "moe_dispatch", 0, bytes_of(static_cast<size_t>(N) * K, {order, position, experts}));
+    inner_.moe_dispatch(order, position, experts, N, K, E);
+  }
+  void moe_gather_forward(DevPtr out, DevPtr inp, DevPtr order, int N, int K, int C) override {
+    Scope s(this, "moe_gather_forward", 0, bytes_of(static_cast<size_t>(N) * K * C, {out, inp}));
+    inner_.moe_gather_forward(out, inp, order, N, K, C);
+  }
+  void moe_gather_backward(DevPtr dinp, DevPtr dout, DevPtr position, int N, int K,
+                           int C) override {
+    Scope s(this, "moe_gather_backward", 0,
+            bytes_of(static_cast<size_t>(N) * K * C, {dinp, dinp, dout}));
+    inner_.moe_gather_backward(dinp, dout, position, N, K, C);
+  }
+  void moe_combine_forward(DevPtr out, DevPtr inp, DevPtr weights, DevPtr position, int N, int K,
+                           int C) override {
+    Scope s(this, "moe_combine_forward", 0, bytes_of(static_cast<size_t>(N) * K * C, {out, inp}));
+    inner_.moe_combine_forward(out, inp, weights, position, N, K, C);
+  }
+  void moe_combine_backward(DevPtr dinp, DevPtr dweights, DevPtr dout, DevPtr inp, DevPtr weights,
+                            DevPtr position, int N, int K, int C) override {
+    Scope s(this, "moe_combine_backward", 0,
+            bytes_of(static_cast<size_t>(N) * K * C, {dinp, dinp, dout, inp}));
+    inner_.moe_combine_backward(dinp, dweights, dout, inp, weights, position, N, K, C);
+  }
   void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
     Scope s(this, "add", 0, bytes_of(n, {out, a, b}));
     inner_.add(out, a, b, n);

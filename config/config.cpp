@@ -53,7 +53,10 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(model, d_model, kInt), TRIDENT_FIELD(model, d_ff, kInt),
         TRIDENT_FIELD(model, tie_embeddings, kTie), TRIDENT_FIELD(model, norm_eps, kFloat),
         TRIDENT_FIELD(model, rope_theta, kFloat), TRIDENT_FIELD(model, init_std, kFloat),
-        TRIDENT_FIELD(model, init_from, kString)}},
+        TRIDENT_FIELD(model, init_from, kString), TRIDENT_FIELD(model, moe_experts, kInt),
+        TRIDENT_FIELD(model, moe_top_k, kInt), TRIDENT_FIELD(model, moe_d_ff, kInt),
+        TRIDENT_FIELD(model, moe_first_dense_layers, kInt),
+        TRIDENT_FIELD(model, moe_shared_experts, kInt)}},
       {"parallel",
        {TRIDENT_FIELD(parallel, dp, kInt), TRIDENT_FIELD(parallel, tp, kInt),
         TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
@@ -83,7 +86,9 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(training, grad_clip, kFloat), TRIDENT_FIELD(training, seed, kUint64),
         TRIDENT_FIELD(training, eval_interval, kInt), TRIDENT_FIELD(training, eval_batches, kInt),
         TRIDENT_FIELD(training, loss_spike_factor, kFloat),
-        TRIDENT_FIELD(training, loss_spike_window, kInt)}},
+        TRIDENT_FIELD(training, loss_spike_window, kInt),
+        TRIDENT_FIELD(training, moe_aux_loss_coef, kFloat),
+        TRIDENT_FIELD(training, moe_z_loss_coef, kFloat)}},
       {"checkpoint",
        {TRIDENT_FIELD(checkpoint, dir, kString), TRIDENT_FIELD(checkpoint, interval, kInt),
         TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool),
@@ -596,6 +601,12 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.comm_timeout_s", p.comm_timeout_s, 1));
   TRIDENT_RETURN_IF_ERROR(validate_layout_sizes(p));
   // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
+  if (m.moe() && p.tp > 1) {
+    return Status::invalid_config("parallel.tp: " + std::to_string(p.tp) +
+                                  " with model.moe_experts=" + std::to_string(m.moe_experts) +
+                                  ": tensor parallelism of mixture-of-experts models is not "
+                                  "supported yet (use parallel.tp 1)");
+  }
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.d_ff", m.d_ff));
@@ -660,6 +671,10 @@ Status validate_training(const Config& config) {
   TRIDENT_RETURN_IF_ERROR(float_check("training.beta2", t.beta2, t.beta2 >= 0 && t.beta2 < 1, "in [0, 1)"));
   TRIDENT_RETURN_IF_ERROR(float_check("training.eps", t.eps, t.eps > 0, "> 0"));
   TRIDENT_RETURN_IF_ERROR(float_check("training.grad_clip", t.grad_clip, t.grad_clip >= 0, ">= 0 (0 = off)"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.moe_aux_loss_coef", t.moe_aux_loss_coef,
+                                      t.moe_aux_loss_coef >= 0, ">= 0"));
+  TRIDENT_RETURN_IF_ERROR(float_check("training.moe_z_loss_coef", t.moe_z_loss_coef,
+                                      t.moe_z_loss_coef >= 0, ">= 0"));
   TRIDENT_RETURN_IF_ERROR(at_least("training.eval_interval", t.eval_interval, 0));
   if (t.eval_interval > 0 && !config.data.val.empty()) {
     TRIDENT_RETURN_IF_ERROR(at_least("training.eval_batches", t.eval_batches, 1));

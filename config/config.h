@@ -82,6 +82,10 @@ struct TrainingConfig {
   // before that state can be checkpointed (trainer/loss_guard.h); 0 = off.
   float loss_spike_factor = 10.0f;
   int loss_spike_window = 50;
+  // Mixture of experts (model/transformer.h): the coefficients of the load-balancing loss
+  // and of the router z-loss in the objective.
+  float moe_aux_loss_coef = 0.01f;
+  float moe_z_loss_coef = 0.0f;
 };
 
 struct CheckpointConfig {

@@ -31,7 +31,9 @@
 // - Thread safety: one Ops object per thread of control (it owns scratch memory).
 // - Host synchronisation: only download() reads device memory back to the host (a sync on
 //   a device backend). A training step needs two: the loss and the gradient norm's sum of
-//   squares, both accumulated on the device (loss_accumulate, sum_squares_accumulate).
+//   squares, both accumulated on the device (loss_accumulate, sum_squares_accumulate); a
+//   mixture-of-experts model one more per MoE layer and micro-batch (moe_route_forward's
+//   statistics: the experts' row counts size their GEMMs).
 //   Every upload/download is counted (transfer_counts) so tests can hold that budget.
 #pragma once
 
@@ -275,6 +277,49 @@ class Ops {
   virtual void swiglu_forward(DevPtr out, DevPtr gate, DevPtr up, size_t n) = 0;
   virtual void swiglu_backward(DevPtr dgate, DevPtr dup, DevPtr dout, DevPtr gate, DevPtr up,
                                size_t n) = 0;
+  // Mixture-of-experts routing and dispatch (model/transformer.h, "Mixture of experts"):
+  // N tokens, E experts, top K of them per token; assignment a = n * K + j is token n's
+  // j-th choice. The dispatch is dropless and its order fixed: the assignments of each
+  // expert are gathered in token order into consecutive rows (expert 0's first), so one
+  // GEMM per expert runs over a row slice, and the combine sums a token's K results in
+  // j order. Nothing depends on the thread count or the backend's reduction tree.
+  //
+  // The router on logits[N, E] (F): probs = softmax in fp32 (f32 [N, E], kept for
+  // backward), lse[N] (f32) its log-sum-exp; experts[N, K] (i32) the K largest probs in
+  // descending order, a tie going to the lowest expert index (torch.topk on the CPU);
+  // weights[N, K] (f32) their probs renormalised to sum to 1 (Mixtral). stats[2E + 1]
+  // (f32): [e] the assignments of expert e (exact below 2^24), [E + e] the sum over
+  // tokens of probs[n, e], [2E] the sum of lse^2, the sums in double in row order,
+  // rounded once. All outputs overwritten. Requires 1 <= K <= E.
+  virtual void moe_route_forward(DevPtr weights, DevPtr experts, DevPtr probs, DevPtr lse,
+                                 DevPtr stats, DevPtr logits, int N, int E, int K) = 0;
+  // dlogits[N, E] (F) += the gradient through the softmax of: dweights[N, K] (f32)
+  // through the renormalisation (the top-k choice itself has none), prob_grad[E] (f32,
+  // may be null) added to every row's dL/dprobs (the load-balancing loss, whose token
+  // fractions are constants), and z_scale * lse[n]^2 per token (the router z-loss; 0:
+  // none). weights, probs, lse and experts are the forward's.
+  virtual void moe_route_backward(DevPtr dlogits, DevPtr dweights, DevPtr weights, DevPtr probs,
+                                  DevPtr lse, DevPtr experts, DevPtr prob_grad, float z_scale,
+                                  int N, int E, int K) = 0;
+  // The fixed order: order[N * K] (i32) the assignments sorted by expert, then by token
+  // (a stable counting sort of experts[N, K]); position[N * K] (i32) its inverse, the row
+  // of assignment a. Both overwritten; expert e's rows start at the sum of the counts of
+  // the experts before it.
+  virtual void moe_dispatch(DevPtr order, DevPtr position, DevPtr experts, int N, int K,
+                            int E) = 0;
+  // out[p, :] = inp[order[p] / K, :] for p < N * K (F, C columns; overwritten).
+  virtual void moe_gather_forward(DevPtr out, DevPtr inp, DevPtr order, int N, int K, int C) = 0;
+  // dinp[n, :] += sum over j (in order) of dout[position[n * K + j], :].
+  virtual void moe_gather_backward(DevPtr dinp, DevPtr dout, DevPtr position, int N, int K,
+                                   int C) = 0;
+  // out[n, :] = sum over j (in order) of weights[n, j] * inp[position[n * K + j], :]
+  // (out, inp F; weights f32; overwritten).
+  virtual void moe_combine_forward(DevPtr out, DevPtr inp, DevPtr weights, DevPtr position,
+                                   int N, int K, int C) = 0;
+  // dinp[position[a], :] += weights[a] * dout[n, :] (F); dweights[a] (f32) += the dot of
+  // dout[n, :] and inp[position[a], :], a = n * K + j. Either gradient may be null.
+  virtual void moe_combine_backward(DevPtr dinp, DevPtr dweights, DevPtr dout, DevPtr inp,
+                                    DevPtr weights, DevPtr position, int N, int K, int C) = 0;
   // out = a + b (out may alias a or b).
   virtual void add(DevPtr out, DevPtr a, DevPtr b, size_t n) = 0;
   // dst += src.

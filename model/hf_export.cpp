@@ -222,6 +222,12 @@ double shortest(float v) {
 
 Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
                                             const TridentParamLookup& lookup) {
+  if (config.moe()) {
+    return Status::invalid_input("a mixture-of-experts model (model.moe_experts=" +
+                                 std::to_string(config.moe_experts) +
+                                 ") has no Hugging Face export yet (Mixtral's layout is not "
+                                 "supported yet)");
+  }
   const auto shapes = trident_shapes(config);
   std::vector<HfTensor> out;
   for (const Rule& rule : hf_rules(config)) {

@@ -48,6 +48,12 @@ std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
       case Dim::kQ: return q;
       case Dim::kKV: return kv;
       case Dim::kF: return c.d_ff;
+      case Dim::kE: return c.moe_experts;
+      case Dim::kK: return c.moe_top_k;
+      case Dim::kFe: return c.moe_d_ff;
+      case Dim::kKC: return int64_t{c.moe_top_k} * c.d_model;
+      case Dim::kKF: return int64_t{c.moe_top_k} * c.moe_d_ff;
+      case Dim::kSF: return int64_t{c.moe_shared_experts} * c.moe_d_ff;
     }
     return 0;
   };
@@ -88,6 +94,7 @@ void TransformerConfig::finalize() {
     if (f <= kIntMax) d_ff = static_cast<int>(f);
   }
   if (tie_embeddings == -1) tie_embeddings = family().tied_head ? 1 : 0;
+  if (moe_experts > 0 && moe_d_ff == 0) moe_d_ff = d_ff;
   // Padding the vocabulary to a multiple of 128 (llm.c) keeps the LM-head GEMM aligned
   // and lets tp up to 128 split it evenly; an llm.c checkpoint may already carry more.
   // A padded size beyond an int is left out (validate() names model.vocab_size).
@@ -158,6 +165,44 @@ Status TransformerConfig::validate() const {
                                   " asks for q/k norms or RoPE scaling, which Trident does not "
                                   "implement");
   }
+  if (c.moe_experts < 0) {
+    return Status::invalid_config("model.moe_experts: must be >= 0 (0: a dense model), got " +
+                                  std::to_string(c.moe_experts));
+  }
+  if (c.moe()) {
+    if (c.moe_top_k < 1 || c.moe_top_k > c.moe_experts) {
+      return Status::invalid_config("model.moe_top_k: must be in [1, model.moe_experts=" +
+                                    std::to_string(c.moe_experts) + "], got " +
+                                    std::to_string(c.moe_top_k));
+    }
+    TRIDENT_RETURN_IF_ERROR(positive("moe_d_ff", c.moe_d_ff));
+    if (!c.init_from.empty()) {
+      return Status::invalid_config("model.init_from: loading weights into a mixture-of-experts "
+                                    "model (model.moe_experts=" + std::to_string(c.moe_experts) +
+                                    ") is not supported yet");
+    }
+    if (c.moe_first_dense_layers < 0 || c.moe_first_dense_layers >= c.n_layers) {
+      return Status::invalid_config("model.moe_first_dense_layers: must be in [0, model.n_layers=" +
+                                    std::to_string(c.n_layers) + "), got " +
+                                    std::to_string(c.moe_first_dense_layers));
+    }
+    if (c.moe_first_dense_layers > 0) {
+      return Status::invalid_config("model.moe_first_dense_layers: " +
+                                    std::to_string(c.moe_first_dense_layers) +
+                                    ": leading dense layers in a mixture-of-experts model are not "
+                                    "supported yet (every layer's MLP is the experts)");
+    }
+    if (c.moe_shared_experts < 0) {
+      return Status::invalid_config("model.moe_shared_experts: must be >= 0, got " +
+                                    std::to_string(c.moe_shared_experts));
+    }
+  } else if (c.moe_d_ff != 0 || c.moe_first_dense_layers != 0 || c.moe_shared_experts != 0) {
+    const char* key = c.moe_d_ff != 0                  ? "model.moe_d_ff"
+                      : c.moe_first_dense_layers != 0 ? "model.moe_first_dense_layers"
+                                                     : "model.moe_shared_experts";
+    return Status::invalid_config(std::string(key) +
+                                  ": set for a dense model (model.moe_experts is 0)");
+  }
   TRIDENT_RETURN_IF_ERROR(positive_finite("norm_eps", c.norm_eps));
   TRIDENT_RETURN_IF_ERROR(positive_finite("init_std", c.init_std));
   TRIDENT_RETURN_IF_ERROR(positive_finite("rope_theta", c.rope_theta));
@@ -202,6 +247,15 @@ double TransformerConfig::flops_per_token() const {
   // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
   int64_t n = c.num_parameters();
   if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
+  if (c.moe()) {
+    // A token runs through top_k of the experts: the other experts' parameters are not
+    // active for it.
+    int64_t expert = 0;
+    for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, 1, false)) {
+      if (t.expert == 0) expert += t.shape.numel();
+    }
+    n -= int64_t{c.n_layers} * (c.moe_experts - c.moe_top_k) * expert;
+  }
   return 6.0 * static_cast<double>(n) +
          12.0 * c.n_layers * static_cast<double>(c.d_model) * c.seq_len;
 }

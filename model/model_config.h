@@ -30,6 +30,14 @@ struct TransformerConfig {
   float rope_theta = 10000.0f;
   float init_std = 0.02f;
   std::string init_from;  // llm.c GPT-2 checkpoint to load the architecture and weights from
+  // Mixture of experts (model/transformer.h, "Mixture of experts"): every layer's MLP
+  // replaced by moe_experts experts (0: dense) of which each token takes moe_top_k, each
+  // an MLP of the family's kind with hidden width moe_d_ff (0 = d_ff).
+  int moe_experts = 0;
+  int moe_top_k = 2;
+  int moe_d_ff = 0;
+  int moe_first_dense_layers = 0;  // leading dense layers (validated 0: not supported yet)
+  int moe_shared_experts = 0;      // experts every token takes besides its moe_top_k
 
   // ---- derived by finalize() --------------------------------------------------------
   int padded_vocab = 0;  // Vp: V rounded up to a multiple of 128 (or the checkpoint's Vp)
@@ -37,6 +45,7 @@ struct TransformerConfig {
   int head_dim = 0;      // HD = C / NH
 
   bool tied() const { return tie_embeddings == 1; }
+  bool moe() const { return moe_experts > 0; }
   // The family's row of the architecture table.
   const Architecture& family() const { return architecture(arch); }
 
@@ -49,7 +58,8 @@ struct TransformerConfig {
   // Parameter count (global, whole model; the tied head counted once).
   int64_t num_parameters() const;
   // Model FLOPs per token for training: 6*N + 12*L*C*T (attention), with N excluding
-  // the position embedding (docs/CONFIG.md "FLOPs per token and MFU").
+  // the position embedding and, with experts, counting the parameters a token is active
+  // in (the router and top_k of the experts) (docs/CONFIG.md "FLOPs per token and MFU").
   double flops_per_token() const;
 };
 

@@ -11,6 +11,7 @@ namespace {
 // The sizes a Dim stands for.
 struct DimSizes {
   double c, q, kv, f;
+  double e = 0, k = 0, fe = 0, s = 0;  // mixture of experts (never split over tp)
   double of(Dim d) const {
     switch (d) {
       case Dim::kOne: return 1;
@@ -18,6 +19,12 @@ struct DimSizes {
       case Dim::kQ: return q;
       case Dim::kKV: return kv;
       case Dim::kF: return f;
+      case Dim::kE: return e;
+      case Dim::kK: return k;
+      case Dim::kFe: return fe;
+      case Dim::kKC: return k * c;
+      case Dim::kKF: return k * fe;
+      case Dim::kSF: return s * fe;
     }
     return 0;
   }
@@ -25,7 +32,8 @@ struct DimSizes {
 
 DimSizes global_sizes(const TransformerConfig& c) {
   return {double(c.d_model), double(int64_t{c.n_heads} * c.head_dim),
-          double(int64_t{c.n_kv_heads} * c.head_dim), double(c.d_ff)};
+          double(int64_t{c.n_kv_heads} * c.head_dim), double(c.d_ff), double(c.moe_experts),
+          double(c.moe_top_k), double(c.moe_d_ff), double(c.moe_shared_experts)};
 }
 
 bool is_norm(ParamRole r) {
@@ -36,8 +44,9 @@ bool is_norm(ParamRole r) {
 double numel(const Shape& s) { return static_cast<double>(s.numel()); }
 
 TensorDesc tensor(std::string name, ParamRole role, Shape shape, int split_dim, int tp,
-                  InitKind init) {
+                  InitKind init, int expert = -1) {
   TensorDesc t;
+  t.expert = expert;
   t.name = std::move(name);
   t.role = role;
   t.init = init;
@@ -78,13 +87,36 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   if (bias) t.push_back({"attn.o.bias", P::kOB, Dim::kC, Dim::kOne, row_bias});
   t.push_back({"ln2.weight", P::kNorm2W, Dim::kC, Dim::kOne, -1});
   if (norm_bias) t.push_back({"ln2.bias", P::kNorm2B, Dim::kC, Dim::kOne, -1});
-  const char* in = a.swiglu() ? "mlp.gate" : "mlp.fc";
-  const char* out = a.swiglu() ? "mlp.down" : "mlp.proj";
-  t.push_back({std::string(in) + ".weight", P::kMlpInW, Dim::kF, Dim::kC, col, B::kLn2});
-  if (bias) t.push_back({std::string(in) + ".bias", P::kMlpInB, Dim::kF, Dim::kOne, col_bias});
-  if (a.swiglu()) t.push_back({"mlp.up.weight", P::kMlpUpW, Dim::kF, Dim::kC, col, B::kLn2});
-  t.push_back({std::string(out) + ".weight", P::kMlpOutW, Dim::kC, Dim::kF, row});
-  if (bias) t.push_back({std::string(out) + ".bias", P::kMlpOutB, Dim::kC, Dim::kOne, row_bias});
+  const char* in = a.swiglu() ? "gate" : "fc";
+  const char* out = a.swiglu() ? "down" : "proj";
+  if (c.moe()) {
+    // The router and the experts, replicated (tensor parallelism with experts is refused
+    // by the config). Expert e's MLP is the dense one's, named moe.experts.{e}.*.
+    t.push_back({"moe.router.weight", P::kRouterW, Dim::kE, Dim::kC, -1});
+    // Shared expert s is expert E + s, named moe.shared_experts.{s}.*.
+    for (int e = 0; e < c.moe_experts + c.moe_shared_experts; ++e) {
+      const bool routed = e < c.moe_experts;
+      const std::string x = (routed ? "moe.experts." : "moe.shared_experts.") +
+                            std::to_string(routed ? e : e - c.moe_experts) + ".";
+      auto add = [&](const std::string& name, ParamRole role, Dim rows, Dim cols) {
+        LayerTensor row{x + name, role, rows, cols, -1};
+        row.expert = e;
+        t.push_back(row);
+      };
+      add(std::string(in) + ".weight", P::kExpertInW, Dim::kFe, Dim::kC);
+      if (bias) add(std::string(in) + ".bias", P::kExpertInB, Dim::kFe, Dim::kOne);
+      if (a.swiglu()) add("up.weight", P::kExpertUpW, Dim::kFe, Dim::kC);
+      add(std::string(out) + ".weight", P::kExpertOutW, Dim::kC, Dim::kFe);
+      if (bias) add(std::string(out) + ".bias", P::kExpertOutB, Dim::kC, Dim::kOne);
+    }
+  } else {
+    const std::string mi = std::string("mlp.") + in, mo = std::string("mlp.") + out;
+    t.push_back({mi + ".weight", P::kMlpInW, Dim::kF, Dim::kC, col, B::kLn2});
+    if (bias) t.push_back({mi + ".bias", P::kMlpInB, Dim::kF, Dim::kOne, col_bias});
+    if (a.swiglu()) t.push_back({"mlp.up.weight", P::kMlpUpW, Dim::kF, Dim::kC, col, B::kLn2});
+    t.push_back({mo + ".weight", P::kMlpOutW, Dim::kC, Dim::kF, row});
+    if (bias) t.push_back({mo + ".bias", P::kMlpOutB, Dim::kC, Dim::kOne, row_bias});
+  }
 
   // The buffers backward reads. LayerNorm keeps a mean and an rstd row, RMSNorm (which
   // has no mean) an rstd row only.
@@ -102,6 +134,25 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   b.push_back({"ln2", B::kLn2, Dim::kC, K::kCompute, true});
   if (norm_bias) b.push_back({"ln2_mean", B::kLn2Mean, Dim::kOne, K::kStatistic, true});
   b.push_back({"ln2_rstd", B::kLn2Rstd, Dim::kOne, K::kStatistic, true});
+  if (c.moe()) {
+    b.push_back({"router_probs", B::kRouterProbs, Dim::kE, K::kStatistic, false});
+    b.push_back({"router_lse", B::kRouterLse, Dim::kOne, K::kStatistic, false});
+    b.push_back({"moe_weights", B::kMoeWeights, Dim::kK, K::kStatistic, false});
+    b.push_back({"moe_experts", B::kMoeExperts, Dim::kK, K::kIndex, false});
+    b.push_back({"moe_order", B::kMoeOrder, Dim::kK, K::kIndex, false});
+    b.push_back({"moe_position", B::kMoePosition, Dim::kK, K::kIndex, false});
+    b.push_back({"moe_x", B::kMoeX, Dim::kKC, K::kCompute, false});  // dispatched ln2 rows
+    b.push_back({"moe_h1", B::kMoeH1, Dim::kKF, K::kCompute, false});
+    if (a.swiglu()) b.push_back({"moe_h2", B::kMoeH2, Dim::kKF, K::kCompute, false});
+    b.push_back({"moe_h_act", B::kMoeHAct, Dim::kKF, K::kCompute, false});
+    b.push_back({"moe_y", B::kMoeY, Dim::kKC, K::kCompute, false});  // the experts' outputs
+    if (c.moe_shared_experts > 0) {
+      b.push_back({"shared_h1", B::kSharedH1, Dim::kSF, K::kCompute, false});
+      if (a.swiglu()) b.push_back({"shared_h2", B::kSharedH2, Dim::kSF, K::kCompute, false});
+      b.push_back({"shared_h_act", B::kSharedHAct, Dim::kSF, K::kCompute, false});
+    }
+    return;
+  }
   b.push_back({"h1", B::kH1, Dim::kF, K::kCompute, false});  // fc / gate output
   if (a.swiglu()) b.push_back({"h2", B::kH2, Dim::kF, K::kCompute, false});  // up output
   b.push_back({"h_act", B::kHAct, Dim::kF, K::kCompute, false});  // gelu(h1) / silu(h1)*h2
@@ -139,7 +190,7 @@ std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kin
         const Shape shape = t.cols == Dim::kOne
                                 ? Shape{rows}
                                 : Shape{rows, static_cast<int64_t>(g.of(t.cols))};
-        out.push_back(tensor(t.name, t.role, shape, t.split_dim, tp, t.init));
+        out.push_back(tensor(t.name, t.role, shape, t.split_dim, tp, t.init, t.expert));
       }
       break;
     }
@@ -248,10 +299,14 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   const double C = c.d_model, F = c.d_ff / tp, Vl = c.padded_vocab / tp;
   const double q = double(c.n_heads / s.tp_size) * c.head_dim;
   const double kv = double(c.n_kv_heads / s.tp_size) * c.head_dim;
-  const DimSizes local{C, q, kv, F};
+  const DimSizes local{C, q, kv, F, double(c.moe_experts), double(c.moe_top_k),
+                       double(c.moe_d_ff), double(c.moe_shared_experts)};
   const bool last = s.last_stage, swiglu = architecture(c.arch).swiglu();
   const bool layer_norm = architecture(c.arch).layer_norm();
   const DType cd = s.compute, f32 = DType::kF32, i32 = DType::kI32;
+  // Mixture of experts (0 for a dense model): experts, choices per token, expert width.
+  const bool moe = c.moe();
+  const double E = moe ? c.moe_experts : 0, K = moe ? c.moe_top_k : 0, Fe = moe ? c.moe_d_ff : 0;
   ActivationDescription d;
   // Compute tensors (activations and their gradients, logits) are of the compute dtype;
   // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
@@ -270,8 +325,10 @@ ActivationDescription describe_activations(const TransformerConfig& c,
     if (b.kind == BufferKind::kAttentionState) {
       out = buffer(b.name, s.attention_state_bytes, DType::kU8);
     } else {
-      out = buffer(b.name, (b.sharded ? n : N) * local.of(b.width),
-                   b.kind == BufferKind::kCompute ? cd : f32);
+      const DType dtype = b.kind == BufferKind::kCompute ? cd
+                          : b.kind == BufferKind::kIndex ? i32
+                                                         : f32;
+      out = buffer(b.name, (b.sharded ? n : N) * local.of(b.width), dtype);
     }
     out.role = b.role;
     out.shared = s.recompute == Recompute::kFull ||
@@ -284,12 +341,21 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dk", N * kv, cd, false),
                buffer("dv", N * kv, cd, false),
                buffer("datty", N * q, cd, false),
-               buffer("dh1", N * F, cd, false),
-               buffer("dh2", swiglu ? N * F : 0, cd, false),
-               buffer("dh_act", N * F, cd, false),
+               buffer("dh1", moe ? 0 : N * F, cd, false),
+               buffer("dh2", swiglu && !moe ? N * F : 0, cd, false),
+               buffer("dh_act", moe ? 0 : N * F, cd, false),
                buffer("gather", sp ? N * C : 0, cd, false),
                buffer("dln_local", sp ? n * C : 0, cd, false),
-               buffer("norm_grads", sp ? 4 * C : 0, f32, false)};
+               buffer("norm_grads", sp ? 4 * C : 0, f32, false),
+               buffer("router_logits", N * E, f32, false),  // the router runs in fp32
+               buffer("dmoe_x", N * K * C, cd, false),
+               buffer("dmoe_h1", N * K * Fe, cd, false),
+               buffer("dmoe_h2", swiglu ? N * K * Fe : 0, cd, false),
+               buffer("dmoe_h_act", N * K * Fe, cd, false),
+               buffer("dmoe_y", N * K * C, cd, false),
+               buffer("dmoe_weights", N * K, f32, false),
+               buffer("moe_prob_grad", E, f32, false),
+               buffer("moe_stats", moe ? 2 * E + 1 : 0, f32, false)};
   return d;
 }
 
@@ -366,8 +432,14 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   // GEMMs: 2 FLOPs per multiply-add of every local 2-D weight but the lookup tables
   // (wte on the first stage is a lookup unless it is also this stage's head; wpe always).
   double layer_matrix = 0, head_matrix = 0;
+  // An expert's matrices are active for top_k / experts of the tokens on average (exactly:
+  // the dispatch sends every token to top_k experts).
+  const double expert_share = c.moe() ? double(c.moe_top_k) / c.moe_experts : 1.0;
   for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, tpi, false)) {
-    if (t.local_shape.rank() == 2) layer_matrix += numel(t.local_shape);
+    if (t.local_shape.rank() == 2) {
+      const bool routed = t.expert >= 0 && t.expert < c.moe_experts;
+      layer_matrix += numel(t.local_shape) * (routed ? expert_share : 1.0);
+    }
   }
   const bool first = part.first_stage(), last = part.last_stage();
   if (first) {
@@ -392,7 +464,9 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   // parallelism.
   const double kA = static_cast<double>(dtype_size(compute));
   const double c_stream = sequence_parallel ? c.d_model / tp : c.d_model;
-  f.layer.elementwise_bytes = kA * N * (12 * c_stream + 4 * c.d_ff / tp + 4 * q_local);
+  const double hidden =
+      c.moe() ? double(c.moe_top_k + c.moe_shared_experts) * c.moe_d_ff : c.d_ff / tp;
+  f.layer.elementwise_bytes = kA * N * (12 * c_stream + 4 * hidden + 4 * q_local);
   // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
   f.head.elementwise_bytes = last ? 4 * N * c.padded_vocab / tp * kA : 0;
   return f;

@@ -49,18 +49,30 @@ struct ModelPartition {
 // ---- a layer's rows (what a block builder lists) -------------------------------------
 
 // The model dimensions a row's sizes are made of: global ones for parameter shapes,
-// this rank's tensor-parallel part for activation widths.
-enum class Dim { kOne, kC, kQ, kKV, kF };
+// this rank's tensor-parallel part for activation widths. Mixture of experts: kE experts,
+// kK of them per token, kFe an expert's hidden width; kKC and kKF the widths per token
+// of the dispatched rows (K rows of C or of Fe per token), kSF the shared experts' hidden
+// widths together (S * Fe).
+enum class Dim { kOne, kC, kQ, kKV, kF, kE, kK, kFe, kKC, kKF, kSF };
 
 // What a layer tensor is to the Transformer's block (kNone: not read by it, e.g. a test
 // family's extra tensor: allocated and counted, never used).
 enum class ParamRole {
   kNorm1W, kNorm1B, kQW, kQB, kKW, kKB, kVW, kVB, kOW, kOB, kNorm2W, kNorm2B,
-  kMlpInW, kMlpInB, kMlpUpW, kMlpOutW, kMlpOutB, kNone
+  kMlpInW, kMlpInB, kMlpUpW, kMlpOutW, kMlpOutB,
+  // Mixture of experts: the router, and each expert's MLP (LayerTensor::expert says which).
+  kRouterW, kExpertInW, kExpertInB, kExpertUpW, kExpertOutW, kExpertOutB, kNone
 };
 enum class BufferRole {
   kLn1, kLn1Mean, kLn1Rstd, kQ, kK, kV, kAttState, kAtty, kRes2, kLn2, kLn2Mean, kLn2Rstd,
-  kH1, kH2, kHAct, kNone
+  kH1, kH2, kHAct,
+  // Mixture of experts: the router's probabilities and log-sum-exp, the chosen experts and
+  // their weights, the dispatch order and its inverse, the dispatched rows (expert 0's
+  // first), the experts' hidden tensors and their outputs, in dispatch order.
+  kRouterProbs, kRouterLse, kMoeWeights, kMoeExperts, kMoeOrder, kMoePosition, kMoeX, kMoeH1,
+  kMoeH2, kMoeHAct, kMoeY,
+  // The shared experts' hidden tensors, [N, Fe] per shared expert one after the other.
+  kSharedH1, kSharedH2, kSharedHAct, kNone
 };
 inline constexpr int kParamRoles = static_cast<int>(ParamRole::kNone);
 inline constexpr int kBufferRoles = static_cast<int>(BufferRole::kNone);
@@ -73,8 +85,10 @@ constexpr InitKind init_for(ParamRole role) {
     case ParamRole::kNorm1W: case ParamRole::kNorm2W: return InitKind::kOnes;
     case ParamRole::kNorm1B: case ParamRole::kNorm2B: case ParamRole::kQB: case ParamRole::kKB:
     case ParamRole::kVB: case ParamRole::kOB: case ParamRole::kMlpInB: case ParamRole::kMlpOutB:
+    case ParamRole::kExpertInB: case ParamRole::kExpertOutB:
       return InitKind::kZeros;
-    case ParamRole::kOW: case ParamRole::kMlpOutW: return InitKind::kResidualNormal;
+    case ParamRole::kOW: case ParamRole::kMlpOutW: case ParamRole::kExpertOutW:
+      return InitKind::kResidualNormal;
     default: return InitKind::kNormal;
   }
 }
@@ -90,12 +104,16 @@ struct LayerTensor {
   // over tp under sequence parallelism (weights reading the same input share one gather).
   BufferRole input = BufferRole::kNone;
   InitKind init = init_for(role);  // Transformer::initial_value's rule
+  // The expert whose MLP it belongs to: 0 .. E-1 the routed ones, E + s shared expert s;
+  // -1 none.
+  int expert = -1;
 };
 
 // What an activation buffer's elements are.
 enum class BufferKind {
   kCompute,         // compute dtype (training.precision)
-  kStatistic,       // f32 (norm statistics)
+  kStatistic,       // f32 (norm statistics, the router's probabilities and weights)
+  kIndex,           // i32 (the chosen experts, the dispatch order)
   kAttentionState,  // opaque bytes sized by the backend (Ops::attention_state_bytes)
 };
 
@@ -135,6 +153,7 @@ struct TensorDesc {
   bool tied_copy = false;  // the head's copy of wte (tied, pp > 1)
   bool lookup = false;     // read as a table (wte on the first stage, wpe), not a GEMM
   InitKind init = InitKind::kNormal;  // Transformer::initial_value's rule
+  int expert = -1;  // LayerTensor::expert
 };
 // The tensors of one group of a rank with tp size `tp`: the embedding group of the first
 // stage, any layer's group, the head group of the last stage (`first`: this chunk also
@@ -170,9 +189,14 @@ enum SlotGlobal {
 // Backward scratch shared by all slots. Sequence parallelism only: kGather, the [N, C]
 // workspace of the gathers and reduce-scatters; kDlnLocal, this rank's rows of a reduced
 // column input gradient; kNormGrads, one block's norm-weight gradients (f32, 4 x C).
+// Mixture of experts: kRouterLogits, the router's logits (f32) in forward and their gradient in
+// backward; the gradients of the dispatched rows, of the experts' hidden tensors and
+// outputs and of the weights; kMoeProbGrad, the load-balancing loss's gradient per expert
+// (uploaded); kMoeStats, the router's statistics (downloaded: Ops::moe_route_forward).
 enum Scratch {
   kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
-  kScratchCount
+  kRouterLogits, kDMoeX, kDMoeH1, kDMoeH2, kDMoeHAct, kDMoeY, kDMoeWeights, kMoeProbGrad,
+  kMoeStats, kScratchCount
 };
 }  // namespace buffers
 

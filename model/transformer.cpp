@@ -21,6 +21,11 @@ using namespace buffers;  // the per-slot globals and the scratch (model_descrip
 // The rows come from the model description (describe_block); a row's role says which
 // member of LayerParams / LayerActs the block reads it through.
 
+// Expert e's MLP (the dense one's roles): fc / gate, its bias, up, proj / down, its bias.
+struct Transformer::ExpertParams {
+  DevPtr in_w, in_b, up_w, out_w, out_b;
+};
+
 struct Transformer::LayerParams {
   DevPtr ln1_w;   // (C)
   DevPtr ln1_b;   // (C)
@@ -39,6 +44,8 @@ struct Transformer::LayerParams {
   DevPtr up_w;    // (F_local, C)  SwiGLU mlp.up
   DevPtr proj_w;  // (C, F_local)  GELU mlp.proj / SwiGLU mlp.down
   DevPtr proj_b;  // (C)
+  DevPtr router_w;  // (E, C)  mixture of experts
+  std::vector<ExpertParams> experts;  // the routed ones, then the shared ones
 };
 
 struct Transformer::LayerActs {
@@ -57,6 +64,21 @@ struct Transformer::LayerActs {
   DevPtr h1;         // (N, F_local)  fc / gate output
   DevPtr h2;         // (N, F_local)  SwiGLU up output
   DevPtr h_act;      // (N, F_local)  gelu(h1) / silu(h1) * h2
+  // Mixture of experts (model_description.h BufferRole).
+  DevPtr router_probs;  // (N, E) f32
+  DevPtr router_lse;    // (N) f32
+  DevPtr moe_weights;   // (N, K) f32
+  DevPtr moe_experts;   // (N, K) i32
+  DevPtr moe_order;     // (N * K) i32
+  DevPtr moe_position;  // (N * K) i32
+  DevPtr moe_x;         // (N * K, C)  the dispatched ln2 rows, expert 0's first
+  DevPtr moe_h1;        // (N * K, Fe)
+  DevPtr moe_h2;        // (N * K, Fe) SwiGLU
+  DevPtr moe_h_act;     // (N * K, Fe)
+  DevPtr moe_y;         // (N * K, C)  the experts' outputs
+  DevPtr shared_h1;     // (S, N, Fe)  the shared experts'
+  DevPtr shared_h2;     // (S, N, Fe)  SwiGLU
+  DevPtr shared_h_act;  // (S, N, Fe)
 };
 
 namespace {
@@ -65,14 +87,24 @@ using LP = Transformer::LayerParams;
 using LA = Transformer::LayerActs;
 
 // The member of each ParamRole / BufferRole, in role order.
+// The expert roles have no member of their own (null here): they bind into
+// LayerParams::experts (kExpertField).
 constexpr DevPtr LP::*kParamField[kParamRoles] = {
     &LP::ln1_w, &LP::ln1_b, &LP::q_w,   &LP::q_b,   &LP::k_w,  &LP::k_b,
     &LP::v_w,   &LP::v_b,   &LP::o_w,   &LP::o_b,   &LP::ln2_w, &LP::ln2_b,
-    &LP::fc_w,  &LP::fc_b,  &LP::up_w,  &LP::proj_w, &LP::proj_b};
+    &LP::fc_w,  &LP::fc_b,  &LP::up_w,  &LP::proj_w, &LP::proj_b, &LP::router_w,
+    nullptr,    nullptr,    nullptr,    nullptr,    nullptr};
+constexpr int kFirstExpertRole = static_cast<int>(ParamRole::kExpertInW);
+constexpr DevPtr Transformer::ExpertParams::*kExpertField[kParamRoles - kFirstExpertRole] = {
+    &Transformer::ExpertParams::in_w, &Transformer::ExpertParams::in_b, &Transformer::ExpertParams::up_w, &Transformer::ExpertParams::out_w,
+    &Transformer::ExpertParams::out_b};
 constexpr DevPtr LA::*kBufferField[kBufferRoles] = {
     &LA::ln1,  &LA::ln1_mean, &LA::ln1_rstd, &LA::q,        &LA::k,        &LA::v,
     &LA::att_state, &LA::atty, &LA::res2,    &LA::ln2,      &LA::ln2_mean, &LA::ln2_rstd,
-    &LA::h1,   &LA::h2,       &LA::h_act};
+    &LA::h1,   &LA::h2,       &LA::h_act,    &LA::router_probs, &LA::router_lse,
+    &LA::moe_weights, &LA::moe_experts, &LA::moe_order, &LA::moe_position, &LA::moe_x,
+    &LA::moe_h1, &LA::moe_h2, &LA::moe_h_act, &LA::moe_y, &LA::shared_h1, &LA::shared_h2,
+    &LA::shared_h_act};
 
 }  // namespace
 
@@ -178,15 +210,26 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
                         ", parameter store " + dtype_name(store_->compute_dtype()));
   const std::vector<LayerTensor> tensors = describe_block(c).tensors;
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));
+  layer_expert_index_.assign(static_cast<size_t>(c.n_layers), {});
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
+    auto& experts = layer_expert_index_[static_cast<size_t>(l)];
+    experts.assign(static_cast<size_t>(c.moe_experts + c.moe_shared_experts),
+                   std::vector<int>(kParamRoles, -1));
     for (const LayerTensor& t : tensors) {
       if (t.role == ParamRole::kNone) continue;  // allocated, not read by this block
       const ParamInfo* p = layout_.find(prefix + t.name);
       TRIDENT_CHECK_MSG(p != nullptr, prefix + t.name);
-      layer_param_index_[static_cast<size_t>(l)][static_cast<size_t>(t.role)] =
-          static_cast<int>(p - layout_.params.data());
+      auto& index = t.expert >= 0 ? experts[static_cast<size_t>(t.expert)]
+                                  : layer_param_index_[static_cast<size_t>(l)];
+      index[static_cast<size_t>(t.role)] = static_cast<int>(p - layout_.params.data());
     }
+  }
+  if (c.moe()) {
+    moe_counts_.assign(static_cast<size_t>(num_slots_) * n_local_layers_,
+                       std::vector<int>(static_cast<size_t>(c.moe_experts), 0));
+    moe_stats_.counts.assign(static_cast<size_t>(n_local_layers_),
+                             std::vector<int64_t>(static_cast<size_t>(c.moe_experts), 0));
   }
   allocate_activations();
   slot_info_.assign(static_cast<size_t>(num_slots_), SlotInfo{});
@@ -271,9 +314,19 @@ Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
   const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
   LayerParams p;
+  auto at = [&](int i) {
+    return base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
+  };
   for (size_t r = 0; r < idx.size(); ++r) {
     if (idx[r] < 0) continue;  // absent in this family: stays null
-    p.*kParamField[r] = base + (layout_.params[static_cast<size_t>(idx[r])].offset - group_start);
+    p.*kParamField[r] = at(idx[r]);
+  }
+  for (const std::vector<int>& expert : layer_expert_index_[static_cast<size_t>(layer)]) {
+    ExpertParams e;
+    for (size_t r = kFirstExpertRole; r < expert.size(); ++r) {
+      if (expert[r] >= 0) e.*kExpertField[r - kFirstExpertRole] = at(expert[r]);
+    }
+    p.experts.push_back(e);
   }
   return p;
 }
@@ -468,6 +521,7 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
     embedding_.forward(x0, d_tokens, wte, wpe, B, T, scratch(kGather));
     store_->release(0, Phase::kForward);
   }
+  if (c.moe() && n_local_layers_ > 0) moe_stats_.micro_batches++;
   for (int l = 0; l < n_local_layers_; ++l) {
     const int layer = part_.layer_begin + l;
     store_->acquire(1 + layer, Phase::kForward);
@@ -483,12 +537,178 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
   if (targets) ops_.loss_accumulate(loss_sum_.as(DType::kF64), act(slot, kLosses), N);
 }
 
-void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T) {
-  block_forward(layer, layer_acts(slot, layer - part_.layer_begin), x_in, x_out, B, T, nullptr);
+void Transformer::layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T,
+                                bool recomputing) {
+  const int local = layer - part_.layer_begin;
+  MoeStep moe;
+  if (config_.moe()) {
+    moe.counts = &moe_counts_[static_cast<size_t>(slot * n_local_layers_ + local)];
+    moe.local_layer = local;
+    moe.record = !recomputing;
+  }
+  block_forward(layer, layer_acts(slot, local), x_in, x_out, B, T, nullptr, &moe);
+}
+
+// ---- mixture of experts ------------------------------------------------------------------
+
+void Transformer::set_moe_loss_coefs(float aux, float z) {
+  moe_aux_coef_ = aux;
+  moe_z_coef_ = z;
+}
+
+Transformer::MoeStats Transformer::take_moe_stats() {
+  MoeStats out = moe_stats_;
+  moe_stats_.aux_loss = moe_stats_.z_loss = 0;
+  moe_stats_.micro_batches = 0;
+  for (std::vector<int64_t>& layer : moe_stats_.counts) std::fill(layer.begin(), layer.end(), 0);
+  return out;
+}
+
+void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr ln2, DevPtr x_out,
+                              int N, const MoeStep& step) {
+  const auto& c = config_;
+  const int C = c.d_model, E = c.moe_experts, K = c.moe_top_k, Fe = c.moe_d_ff;
+  DevPtr logits = scratch(kRouterLogits);
+  DevPtr stats = scratch(kMoeStats);
+  ops_.matmul_forward(logits, ln2, p.router_w, DevPtr(), N, C, E);
+  ops_.moe_route_forward(a.moe_weights, a.moe_experts, a.router_probs, a.router_lse, stats, logits,
+                         N, E, K);
+  // The experts' row counts size the GEMMs below: one download per layer (on a GPU a
+  // synchronisation per layer and micro-batch), which also brings the load-balancing
+  // statistics.
+  std::vector<float>& host = moe_host_stats_;
+  host.resize(static_cast<size_t>(2 * E + 1));
+  ops_.download(host.data(), stats, host.size() * sizeof(float));
+  std::vector<int>& counts = *step.counts;
+  for (int e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<int>(host[static_cast<size_t>(e)]);
+  if (step.record) {
+    // Switch Transformer's load-balancing loss, E * sum_e f_e * P_e, with f_e the fraction
+    // of the N * K assignments expert e received and P_e its mean router probability
+    // (1 when balanced), and the router z-loss, the mean of lse^2 (ST-MoE).
+    double balance = 0;
+    for (int e = 0; e < E; ++e) {
+      const double f = host[static_cast<size_t>(e)] / (double(N) * K);
+      balance += f * host[static_cast<size_t>(E + e)] / N;
+      moe_stats_.counts[static_cast<size_t>(step.local_layer)][static_cast<size_t>(e)] +=
+          counts[static_cast<size_t>(e)];
+    }
+    moe_stats_.aux_loss += E * balance;
+    moe_stats_.z_loss += host[static_cast<size_t>(2 * E)] / N;
+  }
+  ops_.moe_dispatch(a.moe_order, a.moe_position, a.moe_experts, N, K, E);
+  ops_.moe_gather_forward(a.moe_x, ln2, a.moe_order, N, K, C);
+  size_t row = 0;  // the expert's first dispatched row
+  for (int e = 0; e < E; ++e) {
+    const int rows = counts[static_cast<size_t>(e)];
+    if (rows > 0) {
+      expert_forward(p.experts[static_cast<size_t>(e)], a.moe_x + row * C, a.moe_h1 + row * Fe,
+                     a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(), a.moe_h_act + row * Fe,
+                     a.moe_y + row * C, rows);
+    }
+    row += static_cast<size_t>(rows);
+  }
+  ops_.moe_combine_forward(x_out, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
+  // The shared experts on every token, each added to the output (the backward scratch of
+  // the dispatched rows holds the [N, C] result meanwhile: K * N rows >= N).
+  const size_t nF = static_cast<size_t>(N) * Fe;
+  for (int s = 0; s < c.moe_shared_experts; ++s) {
+    DevPtr y = scratch(kDMoeY);
+    expert_forward(p.experts[static_cast<size_t>(E + s)], ln2, a.shared_h1 + s * nF,
+                   a.shared_h2 ? a.shared_h2 + s * nF : DevPtr(), a.shared_h_act + s * nF, y, N);
+    ops_.add(x_out, x_out, y, static_cast<size_t>(N) * C);
+  }
+}
+
+void Transformer::expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, DevPtr h2,
+                                 DevPtr act, DevPtr y, int rows) {
+  const int C = config_.d_model, Fe = config_.moe_d_ff;
+  const size_t nF = static_cast<size_t>(rows) * Fe;
+  ops_.matmul_forward(h1, x, w.in_w, w.in_b, rows, C, Fe);
+  if (config_.family().swiglu()) {
+    ops_.matmul_forward(h2, x, w.up_w, DevPtr(), rows, C, Fe);
+    ops_.swiglu_forward(act, h1, h2, nF);
+  } else {
+    ops_.gelu_forward(act, h1, nF);
+  }
+  ops_.matmul_forward(y, act, w.out_w, w.out_b, rows, Fe, C);
+}
+
+void Transformer::expert_backward(const ExpertParams& w, const ExpertParams& g,
+                                  DevPtr dx, DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2,
+                                  DevPtr act, DevPtr dh1, DevPtr dh2, DevPtr dact, int rows) {
+  const int C = config_.d_model, Fe = config_.moe_d_ff;
+  const size_t nF = static_cast<size_t>(rows) * Fe;
+  ops_.matmul_backward(dact, g.out_w, g.out_b, dy, act, w.out_w, rows, Fe, C);
+  if (config_.family().swiglu()) {
+    ops_.swiglu_backward(dh1, dh2, dact, h1, h2, nF);
+    ops_.matmul_backward(dx, g.up_w, DevPtr(), dh2, x, w.up_w, rows, C, Fe);
+  } else {
+    ops_.gelu_backward(dh1, dact, h1, nF);
+  }
+  ops_.matmul_backward(dx, g.in_w, g.in_b, dh1, x, w.in_w, rows, C, Fe);
+}
+
+void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a,
+                               DevPtr ln2, DevPtr dx, DevPtr dln, int N,
+                               const std::vector<int>& counts, float loss_scale) {
+  const auto& c = config_;
+  const int C = c.d_model, E = c.moe_experts, K = c.moe_top_k, Fe = c.moe_d_ff;
+  const size_t NK = static_cast<size_t>(N) * K;
+  DevPtr dy = scratch(kDMoeY), dxs = scratch(kDMoeX), dw = scratch(kDMoeWeights);
+  DevPtr dh1 = scratch(kDMoeH1), dh2 = scratch(kDMoeH2), dact = scratch(kDMoeHAct);
+  zero_elements(dy, NK * C);
+  zero_elements(dw, NK);
+  ops_.moe_combine_backward(dy, dw, dx, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
+  zero_elements(dxs, NK * C);
+  zero_elements(dh1, NK * Fe);
+  zero_elements(dact, NK * Fe);
+  if (dh2) zero_elements(dh2, NK * Fe);
+  size_t row = 0;
+  auto at = [](DevPtr p, size_t offset) { return p ? p + offset : DevPtr(); };
+  for (int e = 0; e < E; ++e) {
+    const int rows = counts[static_cast<size_t>(e)];
+    if (rows > 0) {
+      const size_t xo = row * C, ho = row * Fe;
+      expert_backward(p.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
+                      dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho, at(a.moe_h2, ho),
+                      a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
+    }
+    row += static_cast<size_t>(rows);
+  }
+  ops_.moe_gather_backward(dln, dxs, a.moe_position, N, K, C);
+  // The shared experts (their [N, Fe] gradients in the same scratch, K * N rows >= N).
+  const size_t nF = static_cast<size_t>(N) * Fe;
+  for (int s = 0; s < c.moe_shared_experts; ++s) {
+    zero_elements(dh1, nF);
+    zero_elements(dact, nF);
+    if (dh2) zero_elements(dh2, nF);
+    expert_backward(p.experts[static_cast<size_t>(E + s)], g.experts[static_cast<size_t>(E + s)],
+                    dln, dx, ln2, a.shared_h1 + s * nF, at(a.shared_h2, s * nF),
+                    a.shared_h_act + s * nF, dh1, dh2, dact, N);
+  }
+  // The router: the weights' gradient, the load-balancing loss's (a constant per expert,
+  // its token fractions carrying no gradient) and the z-loss's, scaled like the LM loss.
+  DevPtr prob_grad;
+  if (moe_aux_coef_ != 0.0f) {
+    std::vector<float>& host = moe_host_stats_;
+    host.resize(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      const double f = counts[static_cast<size_t>(e)] / (double(N) * K);
+      host[static_cast<size_t>(e)] =
+          static_cast<float>(double(loss_scale) * moe_aux_coef_ * E * f / N);
+    }
+    prob_grad = scratch(kMoeProbGrad);
+    ops_.upload(prob_grad, host.data(), static_cast<size_t>(E) * sizeof(float));
+  }
+  DevPtr dlogits = scratch(kRouterLogits);
+  zero_elements(dlogits, static_cast<size_t>(N) * E);
+  ops_.moe_route_backward(dlogits, dw, a.moe_weights, a.router_probs, a.router_lse, a.moe_experts,
+                          prob_grad, loss_scale * moe_z_coef_ / static_cast<float>(N), N, E, K);
+  ops_.matmul_backward(dln, g.router_w, DevPtr(), dlogits, ln2, p.router_w, N, C, E);
 }
 
 void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B,
-                                int T, const CachedKv* cache) {
+                                int T, const CachedKv* cache, const MoeStep* moe) {
   const auto& c = config_;
   const LayerParams p = layer_params(layer, store_->params(1 + layer));
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
@@ -538,6 +758,12 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, n, C, c.norm_eps);
   }
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
+  if (c.moe()) {
+    TRIDENT_CHECK_MSG(moe != nullptr, "the cache mode does not run mixture-of-experts layers");
+    moe_forward(p, a, ln2, x_out, N, *moe);
+    ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
+    return;
+  }
   if (!arch.swiglu()) {
     fc_.forward(a.h1, ln2, p.fc_w, p.fc_b, N);
     ops_.gelu_forward(a.h_act, a.h1, static_cast<size_t>(N) * F);
@@ -682,7 +908,7 @@ void Transformer::forward_cached(const int32_t* tokens, int B, int T, KvCache& c
     const CachedKv kv{cache.keys_.as(compute_dtype_) + off, cache.values_.as(compute_dtype_) + off,
                       pos, cache.capacity_};
     store_->acquire(1 + layer, Phase::kForward);
-    block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv);
+    block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv, nullptr);
     store_->release(1 + layer, Phase::kForward);
   }
   DevPtr xL = cache.x_[n_local_layers_ % 2];
@@ -734,9 +960,10 @@ void Transformer::backward_stage(int slot, float loss_scale) {
     if (recompute_ == Recompute::kFull) {
       // The layer's tensors were overwritten by later layers and slots: rerun its forward
       // from the kept input. Its output x_{l+1} is rewritten with the same values.
-      layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T);
+      layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T,
+                    /*recomputing=*/true);
     }
-    layer_backward(slot, layer, act(slot, x_index(l)), dx, B, T);
+    layer_backward(slot, layer, act(slot, x_index(l)), dx, B, T, loss_scale);
     store_->release(1 + layer, Phase::kBackward);
   }
   if (part_.first_stage()) {
@@ -787,7 +1014,8 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   store_->release(head_group, Phase::kBackward);
 }
 
-void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T) {
+void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T,
+                                 float loss_scale) {
   // On entry dx = dLoss/dx_out; on exit dx = dLoss/dx_in. Residual branches accumulate
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
@@ -815,6 +1043,18 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   DevPtr dh_act = scratch(kDhAct);
 
   // MLP: x_out = res2 + proj(act(ln2(res2))).
+  if (c.moe()) {
+    zero_elements(dln_full, NC);
+    const int local = layer - part_.layer_begin;
+    moe_backward(p, g, a, a.ln2, dx, dln_full, N,
+                 moe_counts_[static_cast<size_t>(slot * n_local_layers_ + local)], loss_scale);
+    if (arch.layer_norm()) {
+      ops_.layernorm_backward(dx, into[0], into[1], dln_full, a.res2, p.ln2_w, a.ln2_mean,
+                              a.ln2_rstd, n, C);
+    } else {
+      ops_.rmsnorm_backward(dx, into[0], dln_full, a.res2, p.ln2_w, a.ln2_rstd, n, C);
+    }
+  } else {
   zero_elements(dh_act, nF);
   proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, work);
   zero_elements(dh1, nF);
@@ -836,6 +1076,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
                             n, C);
   } else {
     ops_.rmsnorm_backward(dx, into[0], dln, a.res2, p.ln2_w, a.ln2_rstd, n, C);
+  }
   }
 
   // Attention: res2 = x_in + o(attn(q, k, v)), q/k/v = linear(ln1(x_in))
@@ -861,12 +1102,12 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N);
   k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
   v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
-  dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");
+  DevPtr dln_attn = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");
   if (arch.layer_norm()) {
-    ops_.layernorm_backward(dx, into[2], into[3], dln, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, n,
-                            C);
+    ops_.layernorm_backward(dx, into[2], into[3], dln_attn, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
+                            n, C);
   } else {
-    ops_.rmsnorm_backward(dx, into[2], dln, x_in, p.ln1_w, a.ln1_rstd, n, C);
+    ops_.rmsnorm_backward(dx, into[2], dln_attn, x_in, p.ln1_w, a.ln1_rstd, n, C);
   }
   finish_norm_grads(norm_grads, into, "norm grads");
 }

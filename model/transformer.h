@@ -68,6 +68,26 @@
 // parallelism included). A model built with num_slots 0 has no training activations and
 // runs forward_cached only (generation: model/kv_cache_decoder.h).
 //
+// Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP is E experts
+// (the family's MLP, hidden width moe_d_ff: layers.{i}.moe.experts.{e}.fc/proj or
+// gate/up/down) and a router, layers.{i}.moe.router.weight (E, C). A token's router
+// logits (ln2 @ router^T) go through a softmax in fp32; its top K experts (a tie to the
+// lowest index) each process it, and their outputs are summed with the K probabilities
+// renormalised to sum to 1 (Mixtral); model.moe_shared_experts more experts
+// (layers.{i}.moe.shared_experts.{s}.*) process every token, added with weight 1
+// (DeepSeekMoE). Dropless: no capacity, no token dropped. The
+// assignments are sorted by expert, then by token (Ops::moe_dispatch), the tokens'
+// rows gathered in that order, each expert runs its GEMMs over its slice of rows, and the
+// results are combined per token in choice order: the same bits for any thread count.
+// The experts' row counts come to the host once per layer and micro-batch (a download,
+// on a GPU a synchronisation). The objective adds, per layer and micro-batch, scaled like
+// the LM loss, training.moe_aux_loss_coef times Switch Transformer's load-balancing loss
+// E * sum_e f_e * P_e (f_e: the fraction of the N * K assignments expert e received,
+// P_e: its mean router probability; 1 when balanced) and training.moe_z_loss_coef times
+// the router z-loss mean(logsumexp(logits)^2) (ST-MoE). The experts are ordinary
+// replicated parameters (data parallelism, ZeRO and pipelines treat them as any other);
+// tensor parallelism and the cache mode do not run them (refused).
+//
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tensor-parallel layers' tp Communicator (collectives in
 // the same order on every tp rank, as comm/communicator.h requires).
@@ -135,6 +155,7 @@ class Transformer {
   // The block's views of one layer's parameters and activation buffers (bound by the
   // roles of the model description's rows).
   struct LayerParams;
+  struct ExpertParams;
   struct LayerActs;
 
   // The parameter table is describe_params (model/model_description.h).
@@ -233,6 +254,21 @@ class Transformer {
   DevPtr output_grad();                // [B*T, C], shared by all slots
   DevPtr input_grad();                 // [B*T, C], shared by all slots
 
+  // ---- mixture of experts (see "Mixture of experts" above) ------------------------------
+  // The coefficients of the load-balancing loss and the router z-loss in the objective
+  // (training.moe_aux_loss_coef, training.moe_z_loss_coef; defaults 0.01 and 0).
+  void set_moe_loss_coefs(float aux, float z);
+  // What the forwards since the last take recorded (recomputation records nothing twice):
+  // the sums over micro-batches of the load-balancing and z-losses summed over this
+  // stage's layers (the values before their coefficients), the micro-batches, and per
+  // local layer the assignments each expert received.
+  struct MoeStats {
+    double aux_loss = 0, z_loss = 0;
+    int micro_batches = 0;
+    std::vector<std::vector<int64_t>> counts;  // [local layer][expert]
+  };
+  MoeStats take_moe_stats();
+
  private:
   void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
   void check_slots(const char* call) const;  // CHECK-fails without activation slots
@@ -251,7 +287,29 @@ class Transformer {
   using NormGrads = std::array<DevPtr, 4>;
   NormGrads norm_grad_targets(const NormGrads& params);
   void finish_norm_grads(const NormGrads& params, const NormGrads& targets, const char* label);
-  void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T);
+  void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T,
+                     bool recomputing = false);
+  // One MoE layer's forward: where its experts' row counts go (kept per slot for
+  // backward), and whether its statistics are recorded (not when recomputing).
+  struct MoeStep {
+    std::vector<int>* counts = nullptr;
+    int local_layer = 0;
+    bool record = true;
+  };
+  void moe_forward(const LayerParams& p, const LayerActs& a, DevPtr ln2, DevPtr x_out, int N,
+                   const MoeStep& step);
+  // One expert's MLP on `rows` rows of x (y overwritten), and its backward (accumulating
+  // dx and the expert's gradients `g`); h2 / dh2 null for GELU.
+  void expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act,
+                      DevPtr y, int rows);
+  void expert_backward(const ExpertParams& w, const ExpertParams& g, DevPtr dx,
+                       DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act, DevPtr dh1,
+                       DevPtr dh2, DevPtr dact, int rows);
+  // Accumulates dln (the MLP input's gradient, [N, C]) and the parameter gradients `g` from
+  // dx, the gradient of the MoE block's output.
+  void moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a, DevPtr ln2,
+                    DevPtr dx, DevPtr dln, int N, const std::vector<int>& counts,
+                    float loss_scale);
   // One layer's cache in a cached forward: keys and values of layer_elements each, new
   // rows written at `pos` of each sequence's `capacity` positions.
   struct CachedKv {
@@ -262,11 +320,12 @@ class Transformer {
   // (attention_forward over the T tokens, its state kept in a.att_state), else the cached
   // one.
   void block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B, int T,
-                     const CachedKv* cache);
+                     const CachedKv* cache, const MoeStep* moe);
   // The final norm of N rows of xL and the head's logits (both forwards).
   void final_norm_and_head(DevPtr xL, DevPtr lnf, DevPtr lnf_mean, DevPtr lnf_rstd,
                            DevPtr logits, int N);
-  void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T);
+  void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T,
+                      float loss_scale);
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);
   DevPtr group_param(int group, const char* name);
@@ -293,6 +352,15 @@ class Transformer {
   int heads_ = 0, kv_heads_ = 0, ff_ = 0, vocab_local_ = 0;
   // Per global layer, per ParamRole: the index in layout_.params, -1 absent.
   std::vector<std::vector<int>> layer_param_index_;
+  // Per global layer, per expert, per ParamRole: the experts' tensors (empty: dense).
+  std::vector<std::vector<std::vector<int>>> layer_expert_index_;
+  // Mixture of experts: per slot and local layer the row count of each expert (host: the
+  // forward's download, read again by backward); the records take_moe_stats returns; a
+  // host staging vector; the loss coefficients.
+  std::vector<std::vector<int>> moe_counts_;
+  MoeStats moe_stats_;
+  std::vector<float> moe_host_stats_;
+  float moe_aux_coef_ = 0.01f, moe_z_coef_ = 0.0f;
   size_t act_bytes_per_slot_ = 0;
   std::vector<size_t> slot_offsets_;     // per activation index, within one slot
   std::vector<DType> slot_dtypes_;       // per activation index

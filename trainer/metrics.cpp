@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -21,7 +23,12 @@ std::string format_progress_line(const StepMetrics& m) {
                 "step %d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%%",
                 m.step, m.max_steps, m.loss, m.grad_norm, m.lr, m.step_ms, m.tokens_per_s,
                 100.0 * m.mfu);
-  return buf;
+  std::string line = buf;
+  if (m.moe) {
+    std::snprintf(buf, sizeof(buf), " | moe aux %.4f z %.4f", m.moe_aux_loss, m.moe_z_loss);
+    line += buf;
+  }
+  return line;
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -101,6 +108,25 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                       {"mfu", m.mfu}};
   j["comm_exposed_ms"] = m.comm_exposed_ms;
   j["comm_hidden_ms"] = m.comm_hidden_ms;
+  if (m.moe) {
+    j["moe_aux_loss"] = m.moe_aux_loss;
+    j["moe_z_loss"] = m.moe_z_loss;
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const std::vector<double>& f : m.moe_fractions) {
+      double lo = f.empty() ? 0 : f[0], hi = lo, mean = 0, var = 0;
+      for (double x : f) {
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+        mean += x / static_cast<double>(f.size());
+      }
+      for (double x : f) var += (x - mean) * (x - mean) / static_cast<double>(f.size());
+      nlohmann::ordered_json layer = {
+          {"min", lo}, {"max", hi}, {"cv", mean > 0 ? std::sqrt(var) / mean : 0.0}};
+      if (m.moe_histogram) layer["fractions"] = f;
+      layers.push_back(layer);
+    }
+    j["moe_layers"] = layers;
+  }
   write_line(j.dump());
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -49,6 +50,16 @@ struct StepMetrics {
     }
   };
   GroupMs comm_exposed_ms, comm_hidden_ms;
+  // Mixture-of-experts models only (written when `moe` is set): the load-balancing and
+  // z-losses summed over the layers (mean over micro-batches, before their coefficients;
+  // `loss` stays the LM loss), and per layer the fraction of the step's assignments each
+  // expert received. The file gets "moe_aux_loss", "moe_z_loss" and "moe_layers": per layer
+  // {"min", "max", "cv"} (coefficient of variation) of the fractions, and with
+  // moe_histogram (each logging.log_interval steps) also "fractions", the histogram.
+  bool moe = false;
+  bool moe_histogram = false;
+  double moe_aux_loss = 0, moe_z_loss = 0;
+  std::vector<std::vector<double>> moe_fractions;  // [layer][expert]
 };
 
 // {"tp", "dp", "pp", "embedding"}: the metrics file's and the summary's form of GroupMs.

@@ -70,6 +70,13 @@ const std::vector<KeyRule>& key_rules() {
        "the RoPE frequencies under the trained weights change (legitimate for context "
        "extension; gpt2 has no RoPE)"},
       {"model.init_std", Rule::kWarn, kNoEffect},
+      {"model.moe_experts", Rule::kRefuse},
+      {"model.moe_top_k", Rule::kWarn,
+       "each token now takes {now} experts: every mixture-of-experts layer computes another "
+       "function of the trained weights from step {next} on"},
+      {"model.moe_d_ff", Rule::kRefuse},
+      {"model.moe_first_dense_layers", Rule::kRefuse},
+      {"model.moe_shared_experts", Rule::kRefuse},
       {"model.init_from", Rule::kWarn,
        "no effect after resume: the weights come from the checkpoint (the architecture it "
        "sets is compared key by key)"},
@@ -116,6 +123,10 @@ const std::vector<KeyRule>& key_rules() {
        "the checkpoint"},
       {"training.loss_spike_factor", Rule::kIgnore},
       {"training.loss_spike_window", Rule::kIgnore},
+      {"training.moe_aux_loss_coef", Rule::kWarn,
+       "the load-balancing loss weighs {now} in the objective from step {next} on"},
+      {"training.moe_z_loss_coef", Rule::kWarn,
+       "the router z-loss weighs {now} in the objective from step {next} on"},
       {"training.eval_interval", Rule::kIgnore},
       {"training.eval_batches", Rule::kIgnore},
       {"checkpoint.dir", Rule::kIgnore},

@@ -310,6 +310,8 @@ void Trainer::build_model() {
     models_.push_back(std::make_unique<Transformer>(mc, *ops_, chunk, groups_.tp.get(),
                                                     &dp_->store(), par.micro_batch_size, slots,
                                                     compute, config_.training.recompute));
+    models_.back()->set_moe_loss_coefs(config_.training.moe_aux_loss_coef,
+                                       config_.training.moe_z_loss_coef);
   }
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots, v);
   for (size_t k = 0; k < models_.size(); ++k) {
@@ -678,6 +680,7 @@ Result<StepMetrics> Trainer::train_step() {
   dp_->zero_grad();
   if (computes_loss()) last_model().reset_loss_sum();  // clean even after a failed step
   for (const auto& r : runners_) r->reset_status();
+  for (const auto& model : models_) model->take_moe_stats();  // drop what evaluation recorded
   const PipelineExecutor::Stats pipe = executor_->run(stages_);
   Status data_status;
   for (const auto& r : runners_) {
@@ -743,8 +746,42 @@ Result<StepMetrics> Trainer::train_step() {
   m.mfu = peak_flops_ > 0
               ? c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size())
               : 0.0;  // an unknown peak (a GPU missing from the table): no MFU
+  if (c.model.moe()) collect_moe_metrics(m);
   losses_.push_back(loss);
   return m;
+}
+
+void Trainer::collect_moe_metrics(StepMetrics& m) {
+  const auto& c = config_;
+  const size_t L = static_cast<size_t>(c.model.n_layers), E = static_cast<size_t>(c.model.moe_experts);
+  // [aux, z, counts per global layer and expert], summed over every rank: each dp rank's
+  // stages hold every layer once (tp is 1 with experts).
+  std::vector<double> sums(2 + L * E, 0.0);
+  for (size_t k = 0; k < models_.size(); ++k) {
+    const Transformer::MoeStats s = models_[k]->take_moe_stats();
+    sums[0] += s.aux_loss;
+    sums[1] += s.z_loss;
+    for (size_t l = 0; l < s.counts.size(); ++l) {
+      const size_t layer = static_cast<size_t>(chunks_[k].layer_begin) + l;
+      for (size_t e = 0; e < E; ++e) sums[2 + layer * E + e] += static_cast<double>(s.counts[l][e]);
+    }
+  }
+  CollectiveOptions opts;
+  opts.label = "moe metrics";
+  world_->all_reduce(CommBuf::host(std::span<double>(sums)), ReduceOp::kSum, opts);
+  const double micro_batches = static_cast<double>(c.grad_accum_steps()) * c.parallel.dp;
+  m.moe = true;
+  m.moe_histogram = step_ % c.logging.log_interval == 0;
+  m.moe_aux_loss = sums[0] / micro_batches;
+  m.moe_z_loss = sums[1] / micro_batches;
+  m.moe_fractions.assign(L, std::vector<double>(E, 0.0));
+  for (size_t l = 0; l < L; ++l) {
+    double total = 0;
+    for (size_t e = 0; e < E; ++e) total += sums[2 + l * E + e];
+    for (size_t e = 0; e < E; ++e) {
+      m.moe_fractions[l][e] = total > 0 ? sums[2 + l * E + e] / total : 0.0;
+    }
+  }
 }
 
 Result<double> Trainer::evaluate() {

@@ -191,6 +191,8 @@ class Trainer {
   std::vector<std::unique_ptr<Transformer>> models_;  // one per chunk
   // The model of the last chunk, and whether it computes the loss (the model's last stage).
   Transformer& last_model() { return *models_.back(); }
+  // Mixture of experts: the step's auxiliary losses and expert loads, over every rank.
+  void collect_moe_metrics(StepMetrics& m);
   bool computes_loss() const { return chunks_.back().last_stage(); }
   std::unique_ptr<PipelineExecutor> executor_;
   // One adapter per chunk for the executor (built once: a step allocates nothing here).

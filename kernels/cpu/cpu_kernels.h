@@ -89,6 +89,22 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n);
 void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, size_t n);
+// moe.cpp
+void moe_route_forward(float* weights, int32_t* experts, float* probs, float* lse, float* stats,
+                       const float* logits, int N, int E, int K);
+void moe_route_backward(float* dlogits, const float* dweights, const float* weights,
+                        const float* probs, const float* lse, const int32_t* experts,
+                        const float* prob_grad, float z_scale, int N, int E, int K);
+void moe_dispatch(int32_t* order, int32_t* position, const int32_t* experts, int N, int K,
+                  int E);
+void moe_gather_forward(float* out, const float* inp, const int32_t* order, int N, int K, int C);
+void moe_gather_backward(float* dinp, const float* dout, const int32_t* position, int N, int K,
+                         int C);
+void moe_combine_forward(float* out, const float* inp, const float* weights,
+                         const int32_t* position, int N, int K, int C);
+void moe_combine_backward(float* dinp, float* dweights, const float* dout, const float* inp,
+                          const float* weights, const int32_t* position, int N, int K, int C);
+
 void add(float* out, const float* a, const float* b, size_t n);
 void accumulate(float* dst, const float* src, size_t n);
 void scale(float* x, float s, size_t n);

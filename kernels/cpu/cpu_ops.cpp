@@ -88,6 +88,10 @@ class Call {
     expect(p, DType::kI32, arg);
     return static_cast<const int32_t*>(p.raw());
   }
+  int32_t* i32_out(DevPtr p, const char* arg) const {
+    expect(p, DType::kI32, arg);
+    return static_cast<int32_t*>(p.raw());
+  }
   double* f64(DevPtr p, const char* arg) const {
     expect(p, DType::kF64, arg);
     return static_cast<double*>(p.raw());
@@ -475,6 +479,61 @@ class CpuOps final : public Ops {
     F32Out dgate_f(c, dgate, n, "dgate", Store::kUpdate);
     F32Out dup_f(c, dup, n, "dup", Store::kUpdate);
     cpu::swiglu_backward(dgate_f, dup_f, dout_f, gate_f, up_f, n);
+  }
+  void moe_route_forward(DevPtr weights, DevPtr experts, DevPtr probs, DevPtr lse, DevPtr stats,
+                         DevPtr logits, int N, int E, int K) override {
+    Call c = call("moe_route_forward");
+    TRIDENT_CHECK_MSG(K >= 1 && K <= E, "cpu moe_route_forward: K " + std::to_string(K) +
+                                            " is not in [1, E = " + std::to_string(E) + "]");
+    F32In logits_f(c, logits, elems(N, E), "logits");
+    cpu::moe_route_forward(c.f32(weights, "weights"), c.i32_out(experts, "experts"),
+                           c.f32(probs, "probs"), c.f32(lse, "lse"), c.f32(stats, "stats"),
+                           logits_f, N, E, K);
+  }
+  void moe_route_backward(DevPtr dlogits, DevPtr dweights, DevPtr weights, DevPtr probs,
+                          DevPtr lse, DevPtr experts, DevPtr prob_grad, float z_scale, int N,
+                          int E, int K) override {
+    Call c = call("moe_route_backward");
+    F32Out dlogits_f(c, dlogits, elems(N, E), "dlogits", Store::kUpdate);
+    cpu::moe_route_backward(dlogits_f, c.f32(dweights, "dweights"), c.f32(weights, "weights"),
+                            c.f32(probs, "probs"), c.f32(lse, "lse"), c.i32(experts, "experts"),
+                            c.f32(prob_grad, "prob_grad"), z_scale, N, E, K);
+  }
+  void moe_dispatch(DevPtr order, DevPtr position, DevPtr experts, int N, int K,
+                    int E) override {
+    Call c = call("moe_dispatch");
+    cpu::moe_dispatch(c.i32_out(order, "order"), c.i32_out(position, "position"),
+                      c.i32(experts, "experts"), N, K, E);
+  }
+  void moe_gather_forward(DevPtr out, DevPtr inp, DevPtr order, int N, int K, int C) override {
+    Call c = call("moe_gather_forward");
+    F32In inp_f(c, inp, elems(N, C), "inp");
+    F32Out out_f(c, out, elems(N * K, C), "out", Store::kOverwrite);
+    cpu::moe_gather_forward(out_f, inp_f, c.i32(order, "order"), N, K, C);
+  }
+  void moe_gather_backward(DevPtr dinp, DevPtr dout, DevPtr position, int N, int K,
+                           int C) override {
+    Call c = call("moe_gather_backward");
+    F32In dout_f(c, dout, elems(N * K, C), "dout");
+    F32Out dinp_f(c, dinp, elems(N, C), "dinp", Store::kUpdate);
+    cpu::moe_gather_backward(dinp_f, dout_f, c.i32(position, "position"), N, K, C);
+  }
+  void moe_combine_forward(DevPtr out, DevPtr inp, DevPtr weights, DevPtr position, int N, int K,
+                           int C) override {
+    Call c = call("moe_combine_forward");
+    F32In inp_f(c, inp, elems(N * K, C), "inp");
+    F32Out out_f(c, out, elems(N, C), "out", Store::kOverwrite);
+    cpu::moe_combine_forward(out_f, inp_f, c.f32(weights, "weights"),
+                             c.i32(position, "position"), N, K, C);
+  }
+  void moe_combine_backward(DevPtr dinp, DevPtr dweights, DevPtr dout, DevPtr inp, DevPtr weights,
+                            DevPtr position, int N, int K, int C) override {
+    Call c = call("moe_combine_backward");
+    F32In dout_f(c, dout, elems(N, C), "dout");
+    F32In inp_f(c, inp, elems(N * K, C), "inp");
+    F32Out dinp_f(c, dinp, elems(N * K, C), "dinp", Store::kUpdate);
+    cpu::moe_combine_backward(dinp_f, c.f32(dweights, "dweights"), dout_f, inp_f,
+                              c.f32(weights, "weights"), c.i32(position, "position"), N, K, C);
   }
   void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
     Call c = call("add");

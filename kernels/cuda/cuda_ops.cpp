@@ -42,6 +42,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/moe_kernels.h"
 #include "kernels/cuda/peak_table.h"
 
 namespace trident::cuda {
@@ -472,6 +473,54 @@ class CudaOps final : public Ops {
     cuda::swiglu_backward(f(op, dgate, "dgate"), f(op, dup, "dup"), f(op, dout, "dout"),
                           f(op, gate, "gate"), f(op, up, "up"), n, stream_);
   }
+  void moe_route_forward(DevPtr weights, DevPtr experts, DevPtr probs, DevPtr lse, DevPtr stats,
+                         DevPtr logits, int N, int E, int K) override {
+    Op op(*this, "moe_route_forward");
+    TRIDENT_CHECK_MSG(K >= 1 && K <= E, "cuda moe_route_forward: K " + std::to_string(K) +
+                                            " is not in [1, E = " + std::to_string(E) + "]");
+    cuda::moe_route_forward(f32(op, weights, "weights"), i32_out(op, experts, "experts"),
+                            f32(op, probs, "probs"), f32(op, lse, "lse"), f32(op, stats, "stats"),
+                            f(op, logits, "logits"), N, E, K, stream_);
+  }
+  void moe_route_backward(DevPtr dlogits, DevPtr dweights, DevPtr weights, DevPtr probs,
+                          DevPtr lse, DevPtr experts, DevPtr prob_grad, float z_scale, int N,
+                          int E, int K) override {
+    Op op(*this, "moe_route_backward");
+    cuda::moe_route_backward(f(op, dlogits, "dlogits"), f32(op, dweights, "dweights"),
+                             f32(op, weights, "weights"), f32(op, probs, "probs"),
+                             f32(op, lse, "lse"), i32(op, experts, "experts"),
+                             f32(op, prob_grad, "prob_grad"), z_scale, N, E, K, stream_);
+  }
+  void moe_dispatch(DevPtr order, DevPtr position, DevPtr experts, int N, int K,
+                    int E) override {
+    Op op(*this, "moe_dispatch");
+    cuda::moe_dispatch(i32_out(op, order, "order"), i32_out(op, position, "position"),
+                       i32(op, experts, "experts"), N, K, E, stream_);
+  }
+  void moe_gather_forward(DevPtr out, DevPtr inp, DevPtr order, int N, int K, int C) override {
+    Op op(*this, "moe_gather_forward");
+    cuda::moe_gather_forward(f(op, out, "out"), f(op, inp, "inp"), i32(op, order, "order"), N, K,
+                             C, stream_);
+  }
+  void moe_gather_backward(DevPtr dinp, DevPtr dout, DevPtr position, int N, int K,
+                           int C) override {
+    Op op(*this, "moe_gather_backward");
+    cuda::moe_gather_backward(f(op, dinp, "dinp"), f(op, dout, "dout"),
+                              i32(op, position, "position"), N, K, C, stream_);
+  }
+  void moe_combine_forward(DevPtr out, DevPtr inp, DevPtr weights, DevPtr position, int N, int K,
+                           int C) override {
+    Op op(*this, "moe_combine_forward");
+    cuda::moe_combine_forward(f(op, out, "out"), f(op, inp, "inp"), f32(op, weights, "weights"),
+                              i32(op, position, "position"), N, K, C, stream_);
+  }
+  void moe_combine_backward(DevPtr dinp, DevPtr dweights, DevPtr dout, DevPtr inp, DevPtr weights,
+                            DevPtr position, int N, int K, int C) override {
+    Op op(*this, "moe_combine_backward");
+    cuda::moe_combine_backward(f(op, dinp, "dinp"), f32(op, dweights, "dweights"),
+                               f(op, dout, "dout"), f(op, inp, "inp"), f32(op, weights, "weights"),
+                               i32(op, position, "position"), N, K, C, stream_);
+  }
   void add(DevPtr out, DevPtr a, DevPtr b, size_t n) override {
     Op op(*this, "add");
     cuda::add(f(op, out, "out"), f(op, a, "a"), f(op, b, "b"), n, stream_);
@@ -650,6 +699,10 @@ class CudaOps final : public Ops {
   static const int32_t* i32(const Op& op, DevPtr p, const char* arg) {
     expect(op, p, DType::kI32, arg);
     return static_cast<const int32_t*>(p.raw());
+  }
+  static int32_t* i32_out(const Op& op, DevPtr p, const char* arg) {
+    expect(op, p, DType::kI32, arg);
+    return static_cast<int32_t*>(p.raw());
   }
   static double* f64(const Op& op, DevPtr p, const char* arg) {
     expect(op, p, DType::kF64, arg);

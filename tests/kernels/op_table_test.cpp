@@ -1189,6 +1189,246 @@ Def sum_squares(DType F, size_t n) {
   return d;
 }
 
+// ---- mixture of experts --------------------------------------------------------
+// The router's float64 reference: softmax, top K by descending probability with the lowest
+// index winning a tie, the K probabilities renormalised.
+struct RefRoute {
+  VecD probs, lse, weights;
+  std::vector<int> experts;
+};
+RefRoute ref_route(const VecD& logits, int N, int E, int K) {
+  RefRoute r;
+  r.probs.resize(sz(N) * E);
+  r.lse.resize(sz(N));
+  r.weights.resize(sz(N) * K);
+  r.experts.resize(sz(N) * K);
+  for (int n = 0; n < N; ++n) {
+    const double* x = &logits[sz(n) * E];
+    double m = x[0], sum = 0;
+    for (int e = 1; e < E; ++e) m = std::max(m, x[e]);
+    for (int e = 0; e < E; ++e) sum += std::exp(x[e] - m);
+    r.lse[sz(n)] = m + std::log(sum);
+    for (int e = 0; e < E; ++e) r.probs[sz(n) * E + e] = std::exp(x[e] - m) / sum;
+    std::vector<int> idx(sz(E));
+    for (int e = 0; e < E; ++e) idx[sz(e)] = e;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
+    double kept = 0;
+    for (int j = 0; j < K; ++j) kept += r.probs[sz(n) * E + idx[sz(j)]];
+    for (int j = 0; j < K; ++j) {
+      r.experts[sz(n) * K + j] = idx[sz(j)];
+      r.weights[sz(n) * K + j] = r.probs[sz(n) * E + idx[sz(j)]] / kept;
+    }
+  }
+  return r;
+}
+
+// Logits with ties: each row repeats some of its values, so the top K must take the lowest
+// index among equals (forward only: the choice has no gradient to check at a tie).
+VecD tied_logits(int N, int E) {
+  VecD v(sz(N) * E);
+  for (int n = 0; n < N; ++n)
+    for (int e = 0; e < E; ++e) v[sz(n) * E + e] = 0.25 * ((n + e * (n % 3 + 1)) % 3) - 0.5;
+  return v;
+}
+
+Def moe_route(DType F, int N, int E, int K, double z_scale, bool ties) {
+  auto d = make("moe_route", dtype_name(F),
+                dims({{"N", N}, {"E", E}, {"K", K}}) + (ties ? "_ties" : "") +
+                    (z_scale != 0 ? "_z" : ""));
+  // Fixed logits (the z-loss's projection weights are 2 z lse at them), or tied ones.
+  std::mt19937 gen(static_cast<unsigned>(N * 31 + E * 7 + K));
+  std::uniform_real_distribution<double> dist(-2, 2);
+  VecD logits = ties ? tied_logits(N, E) : VecD(sz(N) * E);
+  if (!ties)
+    for (double& x : logits) x = detail::stored(dist(gen), F);
+  VecD prob_grad(sz(E)), rows(sz(N) * E), dlse(sz(N));
+  for (int e = 0; e < E; ++e) prob_grad[sz(e)] = detail::stored(0.3 * dist(gen), kF32);
+  for (int n = 0; n < N; ++n)
+    for (int e = 0; e < E; ++e) rows[sz(n) * E + e] = prob_grad[sz(e)];
+  const RefRoute at = ref_route(logits, N, E, K);
+  for (int n = 0; n < N; ++n) dlse[sz(n)] = 2 * z_scale * at.lse[sz(n)];
+  Arg experts = exact(arg("experts", kI32, sz(N) * K, Role::kOut));
+  d->args = {given("logits", F, logits),
+             arg("weights", kF32, sz(N) * K, Role::kOut),
+             experts,
+             arg("probs", kF32, sz(N) * E, Role::kOut),
+             arg("lse", kF32, sz(N), Role::kOut),
+             arg("stats", kF32, sz(2 * E + 1), Role::kOut),
+             arg("dweights", kF32, sz(N) * K, Role::kGradIn),
+             given("prob_grad", kF32, prob_grad, Role::kGradIn),
+             given("prob_grad_rows", kF32, rows, Role::kGradIn),  // its projection weights
+             given("dlse", kF32, dlse, Role::kGradIn),             // the z-loss's
+             arg("dlogits", F, sz(N) * E, Role::kGradOut)};
+  d->reduction = sz(std::max(N, E));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_route_forward(b["weights"], b["experts"], b["probs"], b["lse"], b["stats"],
+                          b["logits"], N, E, K);
+  };
+  d->ref_forward = [=](Host& h) {
+    const RefRoute r = ref_route(h.at("logits"), N, E, K);
+    h.at("probs") = r.probs;
+    h.at("lse") = r.lse;
+    h.at("weights") = r.weights;
+    VecD& st = h.at("stats");
+    std::fill(st.begin(), st.end(), 0.0);
+    for (int n = 0; n < N; ++n) {
+      for (int j = 0; j < K; ++j) {
+        h.at("experts")[sz(n) * K + j] = r.experts[sz(n) * K + j];
+        st[sz(r.experts[sz(n) * K + j])] += 1;
+      }
+      for (int e = 0; e < E; ++e) st[sz(E + e)] += r.probs[sz(n) * E + e];
+      st[sz(2 * E)] += r.lse[sz(n)] * r.lse[sz(n)];
+    }
+  };
+  if (ties) return d;  // forward only
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_route_backward(b["dlogits"], b["dweights"], b["weights"], b["probs"], b["lse"],
+                           b["experts"], b["prob_grad"], static_cast<float>(z_scale), N, E, K);
+  };
+  d->ref_backward = [=](Host& h) {
+    const RefRoute r = ref_route(h.at("logits"), N, E, K);
+    const VecD& dw = h.at("dweights");
+    for (int n = 0; n < N; ++n) {
+      VecD dp(sz(E));
+      for (int e = 0; e < E; ++e) dp[sz(e)] = h.at("prob_grad")[sz(e)];
+      double kept = 0, dot = 0;
+      for (int j = 0; j < K; ++j) {
+        kept += r.probs[sz(n) * E + r.experts[sz(n) * K + j]];
+        dot += dw[sz(n) * K + j] * r.weights[sz(n) * K + j];
+      }
+      for (int j = 0; j < K; ++j) dp[sz(r.experts[sz(n) * K + j])] += (dw[sz(n) * K + j] - dot) / kept;
+      double pdp = 0;
+      for (int e = 0; e < E; ++e) pdp += r.probs[sz(n) * E + e] * dp[sz(e)];
+      for (int e = 0; e < E; ++e) {
+        const double p = r.probs[sz(n) * E + e];
+        h.at("dlogits")[sz(n) * E + e] += p * (dp[sz(e)] - pdp) + 2 * z_scale * r.lse[sz(n)] * p;
+      }
+    }
+  };
+  d->wrt = {{"logits", "dlogits"}};
+  d->project = {{"weights", "dweights"}, {"probs", "prob_grad_rows"}, {"lse", "dlse"}};
+  d->fd_eps = 1e-3;
+  return d;
+}
+
+// Distinct experts per token, unevenly loaded (expert E - 1 gets none when E > K + 1),
+// and their dispatch (the stable counting sort the op defines).
+VecD chosen_experts(int N, int K, int E) {
+  VecD v(sz(N) * K);
+  const int used = E > K + 1 ? E - 1 : E;
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < K; ++j) v[sz(n) * K + j] = (n * 5 + j * (n % 2 ? 1 : used - 1) + j) % used;
+  // Make each row's choices distinct.
+  for (int n = 0; n < N; ++n)
+    for (int j = 1; j < K; ++j)
+      for (int i = 0; i < j; ++i)
+        if (v[sz(n) * K + j] == v[sz(n) * K + i]) {
+          v[sz(n) * K + j] = std::fmod(v[sz(n) * K + j] + 1, used);
+          i = -1;
+        }
+  return v;
+}
+void ref_dispatch(const VecD& experts, int N, int K, int E, VecD& order, VecD& position) {
+  order.assign(sz(N) * K, 0);
+  position.assign(sz(N) * K, 0);
+  size_t row = 0;
+  for (int e = 0; e < E; ++e)
+    for (size_t a = 0; a < sz(N) * K; ++a)
+      if (static_cast<int>(experts[a]) == e) {
+        order[row] = static_cast<double>(a);
+        position[a] = static_cast<double>(row++);
+      }
+}
+
+Def moe_dispatch_def(int N, int K, int E) {
+  auto d = make("moe_dispatch", "i32", dims({{"N", N}, {"K", K}, {"E", E}}));
+  d->args = {given("experts", kI32, chosen_experts(N, K, E)),
+             exact(arg("order", kI32, sz(N) * K, Role::kOut)),
+             exact(arg("position", kI32, sz(N) * K, Role::kOut))};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_dispatch(b["order"], b["position"], b["experts"], N, K, E);
+  };
+  d->ref_forward = [=](Host& h) {
+    ref_dispatch(h.at("experts"), N, K, E, h.at("order"), h.at("position"));
+  };
+  return d;
+}
+
+Def moe_gather(DType F, int N, int K, int E, int C) {
+  auto d = make("moe_gather", dtype_name(F), dims({{"N", N}, {"K", K}, {"C", C}}));
+  VecD order, position;
+  ref_dispatch(chosen_experts(N, K, E), N, K, E, order, position);
+  const size_t A = sz(N) * K;
+  // A copy (exact); the backward sums K rows per token.
+  d->args = {given("order", kI32, order), given("position", kI32, position),
+             arg("inp", F, sz(N) * C, Role::kIn), exact(arg("out", F, A * C, Role::kOut)),
+             arg("dout", F, A * C, Role::kGradIn), arg("dinp", F, sz(N) * C, Role::kGradOut)};
+  d->reduction = sz(K);
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_gather_forward(b["out"], b["inp"], b["order"], N, K, C);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_gather_backward(b["dinp"], b["dout"], b["position"], N, K, C);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (size_t p = 0; p < A; ++p)
+      for (int c = 0; c < C; ++c)
+        h.at("out")[p * C + c] = h.at("inp")[sz(h.at("order")[p]) / K * C + c];
+  };
+  d->ref_backward = [=](Host& h) {
+    for (size_t p = 0; p < A; ++p)
+      for (int c = 0; c < C; ++c)
+        h.at("dinp")[sz(h.at("order")[p]) / K * C + c] += h.at("dout")[p * C + c];
+  };
+  d->wrt = {{"inp", "dinp"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
+Def moe_combine(DType F, int N, int K, int E, int C) {
+  auto d = make("moe_combine", dtype_name(F), dims({{"N", N}, {"K", K}, {"C", C}}));
+  VecD order, position;
+  ref_dispatch(chosen_experts(N, K, E), N, K, E, order, position);
+  const size_t A = sz(N) * K;
+  d->args = {given("position", kI32, position),     arg("inp", F, A * C, Role::kIn),
+             arg("weights", kF32, A, Role::kIn, 0, 1), arg("out", F, sz(N) * C, Role::kOut),
+             arg("dout", F, sz(N) * C, Role::kGradIn), arg("dinp", F, A * C, Role::kGradOut),
+             arg("dweights", kF32, A, Role::kGradOut)};
+  d->reduction = sz(std::max(K, C));
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_combine_forward(b["out"], b["inp"], b["weights"], b["position"], N, K, C);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.moe_combine_backward(b["dinp"], b["dweights"], b["dout"], b["inp"], b["weights"],
+                             b["position"], N, K, C);
+  };
+  d->ref_forward = [=](Host& h) {
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) {
+        double o = 0;
+        for (int j = 0; j < K; ++j) {
+          const size_t a = sz(n) * K + j;
+          o += h.at("weights")[a] * h.at("inp")[sz(h.at("position")[a]) * C + c];
+        }
+        h.at("out")[sz(n) * C + c] = o;
+      }
+  };
+  d->ref_backward = [=](Host& h) {
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < K; ++j) {
+        const size_t a = sz(n) * K + j, row = sz(h.at("position")[a]) * C;
+        for (int c = 0; c < C; ++c) {
+          const double g = h.at("dout")[sz(n) * C + c];
+          h.at("dinp")[row + c] += h.at("weights")[a] * g;
+          h.at("dweights")[a] += g * h.at("inp")[row + c];
+        }
+      }
+  };
+  d->wrt = {{"inp", "dinp"}, {"weights", "dweights"}};
+  d->project = {{"out", "dout"}};
+  return d;
+}
+
 // ---- cast -----------------------------------------------------------------------
 // dst = src converted: round to nearest even (f32 -> bf16), exact otherwise; the edge
 // values (ties to even both ways, signed zero, infinities, NaN, a subnormal, overflow to
@@ -1253,6 +1493,17 @@ std::vector<Def> table_defs() {
     defs.push_back(gelu_def(F, 37));
     defs.push_back(swiglu(F, 29));
     defs.push_back(without(swiglu(F, 29), {"dgate"}));
+    defs.push_back(moe_route(F, 7, 5, 2, 0.0, false));
+    defs.push_back(moe_route(F, 6, 4, 1, 0.0, false));
+    defs.push_back(moe_route(F, 5, 6, 3, 0.05, false));  // with the z-loss
+    defs.push_back(moe_route(F, 9, 4, 2, 0.0, true));    // ties: the lowest index wins
+    defs.push_back(moe_route(F, 9, 6, 4, 0.0, true));
+    defs.push_back(moe_gather(F, 7, 2, 5, 6));
+    defs.push_back(moe_gather(F, 5, 3, 4, 9));
+    defs.push_back(moe_combine(F, 7, 2, 5, 6));
+    defs.push_back(moe_combine(F, 5, 3, 4, 9));
+    defs.push_back(without(moe_combine(F, 7, 2, 5, 6), {"dweights"}));
+    defs.push_back(without(moe_combine(F, 7, 2, 5, 6), {"dinp"}));
     defs.push_back(add(F, 31, false));
     defs.push_back(add(F, 31, true));
     defs.push_back(accumulate(F, F, 31));
@@ -1288,6 +1539,10 @@ std::vector<Def> table_defs() {
     defs.push_back(gelu_def(F, 33001));
     defs.back()->gradcheck = false;
   }
+  // The dispatch is integers only; experts left without a token and a single expert.
+  defs.push_back(moe_dispatch_def(7, 2, 5));
+  defs.push_back(moe_dispatch_def(6, 3, 3));
+  defs.push_back(moe_dispatch_def(4, 1, 1));
   // F chosen per argument: bf16 activations with f32 weights, and the reverse; a bf16
   // gradient accumulated into an f32 one and vice versa.
   defs.push_back(matmul(kBF16, kF32, 7, 13, 5, true));
@@ -1436,6 +1691,10 @@ TEST(OpTableCoverage, EveryComputeOpIsInTheTable) {
                          "attention_block_merge",
                          "gelu",
                          "swiglu",
+                         "moe_route",
+                         "moe_dispatch",
+                         "moe_gather",
+                         "moe_combine",
                          "add",
                          "accumulate",
                          "scale",

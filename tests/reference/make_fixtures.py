@@ -182,8 +182,23 @@ def attention(q, k, v, n_heads, n_kv):
     return out.permute(0, 2, 1, 3).reshape(b, t_len, n_heads * hd)
 
 
-def forward(cfg, P, tokens, targets):
-    """Returns (logits [B, T, Vp], mean loss)."""
+def dense_mlp(cfg, P, p, h):
+    """Layer p's MLP: GPT-2's GELU fc/proj or Llama's SwiGLU gate/up/down, named `prefix`."""
+    return family_mlp(cfg, P, p + "mlp.", h)
+
+
+def family_mlp(cfg, P, prefix, h):
+    if cfg["arch"] == "gpt2":
+        return linear(gelu_tanh(linear(h, P[prefix + "fc.weight"], P[prefix + "fc.bias"])),
+                      P[prefix + "proj.weight"], P[prefix + "proj.bias"])
+    gate = linear(h, P[prefix + "gate.weight"])
+    up = linear(h, P[prefix + "up.weight"])
+    return linear(gate * torch.sigmoid(gate) * up, P[prefix + "down.weight"])
+
+
+def forward(cfg, P, tokens, targets, mlp=dense_mlp):
+    """Returns (logits [B, T, Vp], mean loss). `mlp(cfg, P, layer prefix, h)`: each layer's
+    MLP on its normed input (the mixture-of-experts reference passes its own)."""
     gpt2 = cfg["arch"] == "gpt2"
     b, t_len = tokens.shape
     C, NH, NKV = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"]
@@ -202,15 +217,9 @@ def forward(cfg, P, tokens, targets):
         if not gpt2:
             q, k = rope(q, cfg["rope_theta"]), rope(k, cfg["rope_theta"])
         x = x + linear(attention(q, k, v, NH, NKV), P[p + "attn.o.weight"], g("attn.o.bias"))
-        if gpt2:
-            h = layernorm(x, P[p + "ln2.weight"], P[p + "ln2.bias"], eps)
-            x = x + linear(gelu_tanh(linear(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"])),
-                           P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
-        else:
-            h = rmsnorm(x, P[p + "ln2.weight"], eps)
-            gate = linear(h, P[p + "mlp.gate.weight"])
-            up = linear(h, P[p + "mlp.up.weight"])
-            x = x + linear(gate * torch.sigmoid(gate) * up, P[p + "mlp.down.weight"])
+        h = (layernorm(x, P[p + "ln2.weight"], P[p + "ln2.bias"], eps) if gpt2
+             else rmsnorm(x, P[p + "ln2.weight"], eps))
+        x = x + mlp(cfg, P, p, h)
     x = (layernorm(x, P["lnf.weight"], P["lnf.bias"], eps) if gpt2
          else rmsnorm(x, P["lnf.weight"], eps))
     head = P["wte"] if cfg["tied"] else P["lm_head.weight"]
