@@ -4,7 +4,8 @@
 // shard and both sizes (even when the ids fit), one below the ids (shards without the
 // tokenizer record) exits 2 naming the shard and the id, and the failures of --tokenizer /
 // --tokenizer-pattern exit 2 naming the option or file. Then a Hugging Face tokenizer.json
-// with --allow-special, and a tokenizer.json that Trident refuses.
+// with --allow-special, and a tokenizer.json that Trident refuses. Last, o200k_base,
+// llama3 and cl100k_base each prepared (llm.c and Megatron) and trained.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +25,14 @@ namespace fs = std::filesystem;
 using testing::run_command;
 using testing::trident_binary;
 
-std::string train_config(const testing::ScratchDir& dir, int64_t vocab) {
+// data_train/data_val: the llm.c shard globs by default, or Megatron prefixes.
+std::string train_config(const testing::ScratchDir& dir, int64_t vocab,
+                         const std::string& data_train = "out/train_*.bin",
+                         const std::string& data_val = "out/val_*.bin") {
   return testing::tiny_model_yaml(Arch::kGpt2, {.vocab_size = static_cast<int>(vocab),
                                                 .seq_len = 16, .n_layers = 1, .n_heads = 2,
                                                 .d_model = 16}) +
-         "data: {train: " + dir.file("out/train_*.bin") + ", val: " + dir.file("out/val_*.bin") +
+         "data: {train: " + dir.file(data_train) + ", val: " + dir.file(data_val) +
          ", shuffle: false}\n"
          "parallel: {micro_batch_size: 2}\n"
          "training: {global_batch_size: 2, max_steps: 4, lr: 0.003, lr_schedule: constant}\n"
@@ -153,6 +157,56 @@ TEST(PrepareBpeCli, TokenizerJsonWithAllowSpecialTrains) {
             std::string::npos)
       << bad.output;
   EXPECT_FALSE(fs::exists(dir.file("o2")));
+}
+
+// Every named vocabulary reaches training, in both data formats: prepare writes the
+// vocabulary's document token first and the size it reports, and a model of that size
+// trains from the shards (llm.c uint32) or the indexed dataset (Megatron int32 above
+// 65,535 ids) starting near ln(vocab), a uniform guess over the whole vocabulary.
+TEST(PrepareBpeCli, EveryNamedVocabularyTrainsInBothFormats) {
+  struct Case {
+    std::string tokenizer, format;
+    int64_t vocab;
+    uint64_t first;  // the document token prepare puts before the first document
+  };
+  const Case cases[] = {{"o200k_base", "llmc", 200019, 199999},
+                        {"llama3", "megatron", 128256, 128000},
+                        {"cl100k_base", "megatron", 100277, 100257}};
+  std::string text;
+  for (int i = 0; i < 60; ++i) {
+    text += "Whitespace   runs,\tcode() {return " + std::to_string(i * 37) +
+            ";} and prose: naïve café, 東京 🙂\n";
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tokenizer + " " + c.format);
+    testing::ScratchDir dir;
+    dir.write("a.txt", text);
+    dir.write("b.txt", text);
+    auto prep = run_command("TRIDENT_VOCAB_DIR=" + testing::vocab_dir() + " " + trident_binary() +
+                            " prepare --input " + dir.file("a.txt") + " " + dir.file("b.txt") +
+                            " --out " + dir.file("out") + " --tokenizer " + c.tokenizer +
+                            " --format " + c.format + " --val-fraction 0.1");
+    ASSERT_EQ(prep.exit_code, 0) << testing::vocab_missing_hint() << "\n" << prep.output;
+    EXPECT_NE(prep.output.find("(tokenizer " + c.tokenizer + ", vocab " + std::to_string(c.vocab) +
+                               ", format " + c.format + ")"),
+              std::string::npos)
+        << prep.output;
+    if (c.format == "llmc") {
+      auto shard = TokenFile::open(dir.file("out/train_000000.bin"));
+      ASSERT_TRUE(shard.is_ok()) << shard.status().message();
+      EXPECT_EQ(shard->token(0), c.first);
+      dir.write("train.yaml", train_config(dir, c.vocab));
+    } else {
+      ASSERT_TRUE(fs::exists(dir.file("out/train.idx"))) << prep.output;
+      dir.write("train.yaml", train_config(dir, c.vocab, "out/train", "out/val"));
+    }
+    auto train = run_command("OMP_WAIT_POLICY=passive " + trident_binary() + " train --config " +
+                             dir.file("train.yaml"));
+    ASSERT_EQ(train.exit_code, 0) << train.output;
+    const auto losses = testing::metrics_losses(dir.file("metrics.jsonl"));
+    ASSERT_EQ(losses.size(), 4u) << train.output;
+    EXPECT_NEAR(std::stod(losses.begin()->second), std::log(static_cast<double>(c.vocab)), 1.0);
+  }
 }
 
 }  // namespace
