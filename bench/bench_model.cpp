@@ -9,8 +9,12 @@
 // and is the median of those: the rate under the same machine load as the steps (one
 // measurement before the table swung between 103 and 145 GFLOP/s on a shared machine).
 //
-//   build/bench/bench_model [--preset small|medium|all] [--steps N] [--threads N]
+//   build/bench/bench_model [--preset small|medium|all|moe] [--steps N] [--threads N]
 //                           [--precision fp32|bf16] [--profile]
+//
+// --preset moe: each mixture-of-experts preset (bench/presets.h) beside its dense preset of
+// the same active FLOPs per token, and the ratio of their step times; with --profile, the
+// router's share of the MoE step.
 //
 // --profile: then, per preset, `steps` more steps on a new model whose Ops time every
 // call (bench/profiling_ops.h), and a table of each op's share of the step, its time per
@@ -50,7 +54,9 @@ double median_of(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+using bench::kMoePresets;
 using bench::kPresets;
+using bench::MoePreset;
 using bench::Preset;
 
 int run(int argc, char** argv) {
@@ -73,7 +79,7 @@ int run(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
     else {
       std::fprintf(stderr,
-                   "usage: %s [--preset small|medium|all] [--steps N] [--threads N] "
+                   "usage: %s [--preset small|medium|all|moe] [--steps N] [--threads N] "
                    "[--precision fp32|bf16] [--profile]\n",
                    argv[0]);
       return 2;
@@ -91,8 +97,8 @@ int run(int argc, char** argv) {
               precision.c_str(), omp_get_max_threads());
   std::printf("# %-8s %10s %8s %10s %10s %12s %10s %8s %8s %10s %6s\n", "preset", "params",
               "tokens", "ms/step", "mean_ms", "tokens/s", "GFLOP/s", "peak", "%peak", "loss0", "ok");
-  for (const Preset& p : kPresets) {
-    if (preset != "all" && preset != p.name) continue;
+  // One preset's row (and profile); returns its median ms per step.
+  auto bench_preset = [&](const Preset& p, const MoePreset* moe) {
     TransformerConfig c;
     c.arch = Arch::kGpt2;
     c.vocab_size = p.vocab;
@@ -100,6 +106,11 @@ int run(int argc, char** argv) {
     c.n_layers = p.n_layers;
     c.n_heads = p.n_heads;
     c.d_model = p.d_model;
+    if (moe) {
+      c.moe_experts = moe->experts;
+      c.moe_top_k = moe->top_k;
+      c.moe_d_ff = moe->expert_d_ff;
+    }
     c.finalize();
     // The training step of `trident train` in one process: ZeRO stage 0 over a
     // single-rank data-parallel group (no communication), on `step_ops`; returns the
@@ -160,12 +171,45 @@ int run(int argc, char** argv) {
                 peak, 100.0 * gflops / peak, loss0, ok ? "yes" : "NO");
     if (profile) {
       ProfilingOps profiler(*ops);
+      if (moe) profiler.name_gemms(moe->experts, "router_matmul");
       float profiled_loss0 = 0;
       const double profiled = sum_of(measure(profiler, &profiler, &profiled_loss0, nullptr));
       std::printf("# profile: %s, %d steps of %.2f ms (%.2f ms unprofiled), %s\n", p.name, steps,
                   1e3 * profiled / steps, mean_ms, precision.c_str());
       profiler.print(profiled, steps);
+      if (moe) {
+        // The router: its GEMM (forward and backward) and the softmax / top-k / statistics
+        // op, against the profiled step.
+        double router = 0;
+        for (const auto& [name, e] : profiler.entries()) {
+          if (name.rfind("router_matmul", 0) == 0 || name.rfind("moe_route", 0) == 0) {
+            router += e.seconds;
+          }
+        }
+        std::printf("# router share of %s: %.2f ms of %.2f ms per step (%.1f%%): "
+                    "router_matmul_* + moe_route_*\n",
+                    p.name, 1e3 * router / steps, 1e3 * profiled / steps,
+                    100.0 * router / profiled);
+      }
     }
+    return ms;
+  };
+  if (preset == "moe") {
+    for (const MoePreset& m : kMoePresets) {
+      const Preset* dense = nullptr;
+      for (const Preset& p : kPresets) {
+        if (!std::strcmp(p.name, m.dense)) dense = &p;
+      }
+      const double dense_ms = bench_preset(*dense, nullptr);
+      const double moe_ms = bench_preset(m.shape, &m);
+      std::printf("# %s (%d experts of width %d, top %d) against %s (the same active FLOPs per "
+                  "token but the router's): %.2fx its step time\n",
+                  m.shape.name, m.experts, m.expert_d_ff, m.top_k, dense->name, moe_ms / dense_ms);
+    }
+    return 0;
+  }
+  for (const Preset& p : kPresets) {
+    if (preset == "all" || preset == p.name) bench_preset(p, nullptr);
   }
   return 0;
 }
