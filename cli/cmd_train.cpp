@@ -127,6 +127,8 @@ int cmd_train(const std::vector<std::string>& args) {
   if (int code = check_checkpoint_dir(*world, config->checkpoint.dir); code != 0) return code;
   // On a hang: the line, then (CUDA runs) every NCCL communicator aborted, exit 1.
   Watchdog watchdog({.on_hang = nccl_watchdog_handler()});
+  // Every rank's host, once: a hang message then names the host of the peer it waited for.
+  watchdog.learn_hosts(*world);
 
   TrainerOptions options;
   options.world = world.get();

@@ -302,8 +302,17 @@ void Communicator::batch_p2p(std::span<const P2POp> ops, const CollectiveOptions
     count(kind, op.buf.bytes());
     device = device || op.buf.space == MemSpace::kDevice;
   }
-  // The watchdog names the first peer: a batch is one pipeline exchange with neighbours.
-  WatchedCall watched(*this, "batch_p2p", ops.front().peer, opts);
+  // The watchdog names one peer: the first receive's when there is one (what a dead peer
+  // blocks: the sends are buffered), else the first send's. A batch is one pipeline
+  // exchange with neighbours.
+  int peer = ops.front().peer;
+  for (const P2POp& op : ops) {
+    if (op.kind == P2POp::kRecv) {
+      peer = op.peer;
+      break;
+    }
+  }
+  WatchedCall watched(*this, "batch_p2p", peer, opts);
   DeviceWork work(device ? MemSpace::kDevice : MemSpace::kHost);
   do_batch_p2p(ops, opts);
 }
@@ -523,6 +532,8 @@ void Communicator::check_no_outstanding_work() const {
 }
 
 // ---- SelfCommunicator ---------------------------------------------------------------
+
+std::vector<int> SelfCommunicator::world_ranks() const { return {process_identity().rank}; }
 
 void SelfCommunicator::move(const CommBuf& input, const CommBuf& output,
                             std::size_t bytes) const {

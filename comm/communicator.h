@@ -119,6 +119,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "core/memory.h"
 
@@ -307,6 +308,10 @@ class Communicator {
   const std::string& name() const { return name_; }
   // "mpi" or "self".
   virtual const char* backend() const = 0;
+  // The world rank (process_identity().rank, core/check.h) of each rank of this group, by
+  // group rank; empty when the backend cannot tell. Fixed when the group is made (no
+  // communication; safe from any thread): the watchdog names hosts with it.
+  virtual std::vector<int> world_ranks() const { return {}; }
   // The memory space of every buffer this communicator accepts (see the contract).
   MemSpace space() const { return space_; }
 
@@ -511,6 +516,7 @@ class SelfCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }
+  std::vector<int> world_ranks() const override;  // this process's world rank
   // Whether device buffers move through a DeviceCopy.
   bool has_device_copy() const { return static_cast<bool>(device_copy_); }
 

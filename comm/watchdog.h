@@ -20,7 +20,11 @@
 //     [rank 3 on node7] watchdog: all_reduce 'attn.o' in group 'tp' (rank 1/2) has not
 //     completed after 30.0 s (timeout 30.0 s) at step 17; a peer of this group is hung,
 //     dead or in a different call; aborting
-//   and by default writes it to stderr (write(2): no stdio lock that a stuck thread may
+//   Once learn_hosts() has run, the line also says where the other side is: for a
+//   point-to-point call "rank 1 is world rank 5 on host node3", for a collective the
+//   hosts of the group's ranks ("the group's ranks are on hosts node1, node2, node3"), so
+//   a dead node or a cut link is named by the ranks that waited for it.
+//   The line is by default written to stderr (write(2): no stdio lock that a stuck thread may
 //   hold) and ends the process with std::_Exit(kWatchdogExitCode) (no destructors, no
 //   atexit handlers, no MPI_Finalize: the blocked thread still owns MPI state; no core
 //   dump, unlike abort()). Under mpirun a rank that exits non-zero without finalizing
@@ -45,6 +49,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -62,6 +67,11 @@ struct HangReport {
   int group_size = 1;
   int peer = -1;       // group rank of the other end of a send/recv, else -1
   int world_rank = 0;  // process_identity().rank (core/check.h)
+  int peer_world_rank = -1;  // the peer's world rank, when the communicator knows it
+  std::string peer_host;     // the peer's host, once learn_hosts() has run; else empty
+  // The distinct hosts of the group's ranks in group-rank order (once learn_hosts() has
+  // run and the communicator knows its members' world ranks; else empty).
+  std::vector<std::string> group_hosts;
   double timeout_s = 0;
   double waited_s = 0;     // time since the call started, when the watchdog noticed
   std::int64_t step = -1;  // the last set_step() value; -1 = none yet
@@ -89,6 +99,11 @@ class Watchdog final : public CallObserver {
   void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
   // Calls being watched right now (for tests).
   std::size_t in_flight() const;
+  // Every rank's host name, gathered once over `world` (a collective of the world: every
+  // rank calls it, at start-up, after the world communicator exists), so that messages
+  // name the hosts of peers and groups. set_hosts: the same from a list by world rank.
+  void learn_hosts(Communicator& world);
+  void set_hosts(std::vector<std::string> hosts_by_world_rank);
 
   // CallObserver, called by the communicators.
   std::uint64_t call_started(const Communicator& comm, const char* call, int peer,
@@ -98,7 +113,10 @@ class Watchdog final : public CallObserver {
  private:
   using Clock = std::chrono::steady_clock;
   struct Entry {
-    HangReport report;  // filled on entry but for waited_s, step and message
+    HangReport report;  // filled on entry but for waited_s, step, hosts and message
+    // The communicator of the call: alive while the entry is (call_ended erases it
+    // before the call returns); asked for its members' world ranks only on a report.
+    const Communicator* comm = nullptr;
     Clock::time_point started;
     Clock::time_point deadline;
     bool reported = false;
@@ -110,6 +128,7 @@ class Watchdog final : public CallObserver {
 
   WatchdogOptions options_;
   std::string host_;
+  std::vector<std::string> hosts_;  // by world rank; guarded by mutex_
   std::atomic<std::int64_t> step_{-1};
   mutable std::mutex mutex_;
   std::condition_variable wake_;

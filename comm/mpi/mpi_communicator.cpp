@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
@@ -235,6 +236,21 @@ class MpiCommunicator final : public Communicator {
                       CollectiveKind::kSplit, opts);
     TRIDENT_MPI_CHECK(*this, MPI_Comm_rank(comm_, &rank_), CollectiveKind::kSplit, opts);
     TRIDENT_MPI_CHECK(*this, MPI_Comm_size(comm_, &size_), CollectiveKind::kSplit, opts);
+    // The members' ranks in MPI_COMM_WORLD (the world communicator's ranks), a local
+    // lookup in MPI's group tables.
+    MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+    TRIDENT_MPI_CHECK(*this, MPI_Comm_group(comm_, &group), CollectiveKind::kSplit, opts);
+    TRIDENT_MPI_CHECK(*this, MPI_Comm_group(MPI_COMM_WORLD, &world_group), CollectiveKind::kSplit,
+                      opts);
+    std::vector<int> members(static_cast<std::size_t>(size_));
+    std::iota(members.begin(), members.end(), 0);
+    world_ranks_.resize(members.size());
+    TRIDENT_MPI_CHECK(*this,
+                      MPI_Group_translate_ranks(group, size_, members.data(), world_group,
+                                                world_ranks_.data()),
+                      CollectiveKind::kSplit, opts);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
   }
   ~MpiCommunicator() override {
     check_no_outstanding_work();
@@ -248,6 +264,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
+  std::vector<int> world_ranks() const override { return world_ranks_; }
 
  protected:
   // The MPI call of each reduction and gather on `comm`, as a callable returning its MPI
@@ -489,6 +506,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;  // by rank of comm_, in MPI_COMM_WORLD
   std::vector<MPI_Request> pending_requests_;  // isends in flight, in call order
   std::vector<std::size_t> pending_staging_;   // (pending_requests_) their staging slots
   std::vector<StagingBuffer> staging_;          // the pool

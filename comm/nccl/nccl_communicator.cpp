@@ -180,6 +180,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
+  std::vector<int> world_ranks() const override { return host_->world_ranks(); }
 
  protected:
   void do_all_reduce(const CommBuf& data, ReduceOp op, const CollectiveOptions& opts) override {

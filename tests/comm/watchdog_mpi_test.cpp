@@ -7,12 +7,14 @@
 #include "comm/watchdog.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <regex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,14 +31,17 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Rank 1 of a 2-rank group whose all_reduce / recv / barrier block until release() or,
-// so a broken watchdog fails the test instead of hanging it, for at most kSafety; other
-// calls return at once after `delay`.
+// Rank 1 of a 2-rank (or `size`-rank) group whose all_reduce / recv / barrier block until
+// release() or, so a broken watchdog fails the test instead of hanging it, for at most
+// kSafety; other calls return at once after `delay`. `members`: the world ranks it
+// reports (none by default, as a backend that cannot tell).
 class StuckCommunicator final : public testing::FakeCommunicator {
  public:
   static constexpr milliseconds kSafety{5000};
-  explicit StuckCommunicator(std::string name)
-      : FakeCommunicator(std::move(name), 1, 2, "stuck") {}
+  explicit StuckCommunicator(std::string name, int size = 2)
+      : FakeCommunicator(std::move(name), 1, size, "stuck") {}
+  std::vector<int> world_ranks() const override { return members; }
+  std::vector<int> members;
 
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -200,6 +205,83 @@ TEST(Watchdog, RecvNamesThePeerItWaitsFor) {
       << reports[0].message;
 }
 
+// With the hosts learnt, a point-to-point wait names the peer's world rank and host, and
+// a batch names the rank it receives from ("with": a batch both sends and receives).
+TEST(Watchdog, PointToPointNamesThePeersWorldRankAndHost) {
+  Recorder recorder;
+  Watchdog watchdog(recorder.options(milliseconds(20)));
+  watchdog.set_hosts({"node0", "node0", "node1", "node1", "node2", "node2"});
+  watchdog.set_step(9);
+  StuckCommunicator pp("pp", 3);
+  pp.members = {1, 3, 5};  // group rank 0 is world rank 1, rank 2 is world rank 5
+  recorder.comm = &pp;
+  std::vector<float> data(4), other(4);
+  pp.recv(CommBuf::host(std::span(data)), 0, 5, {.timeout = milliseconds(100), .label = "act"});
+  const P2POp batch[] = {{.kind = P2POp::kSend, .buf = CommBuf::host(std::span(other)), .peer = 0},
+                         {.kind = P2POp::kRecv, .buf = CommBuf::host(std::span(data)), .peer = 2}};
+  pp.batch_p2p(batch, {.timeout = milliseconds(100), .label = "pipeline"});
+  const std::vector<HangReport> reports = recorder.snapshot();
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].peer, 0);
+  EXPECT_EQ(reports[0].peer_world_rank, 1);
+  EXPECT_EQ(reports[0].peer_host, "node0");
+  EXPECT_NE(reports[0].message.find("recv 'act' from rank 0 in group 'pp' (rank 1/3) has not "
+                                    "completed"),
+            std::string::npos)
+      << reports[0].message;
+  EXPECT_NE(reports[0].message.find(" at step 9; rank 0 is world rank 1 on host node0; a peer"),
+            std::string::npos)
+      << reports[0].message;
+  // The receive's peer, not the first op's.
+  EXPECT_EQ(reports[1].peer, 2);
+  EXPECT_NE(reports[1].message.find("batch_p2p 'pipeline' with rank 2 in group 'pp' (rank 1/3)"),
+            std::string::npos)
+      << reports[1].message;
+  EXPECT_NE(reports[1].message.find("; rank 2 is world rank 5 on host node2; "), std::string::npos)
+      << reports[1].message;
+}
+
+// A collective names the hosts of its group (each once, at most 8); without learnt hosts
+// or members' world ranks the line is as before.
+TEST(Watchdog, CollectiveNamesTheHostsOfItsGroup) {
+  Recorder recorder;
+  Watchdog watchdog(recorder.options(milliseconds(20)));
+  std::vector<std::string> hosts;
+  for (int h = 0; h < 12; ++h) hosts.push_back("n" + std::to_string(h));
+  std::vector<float> data(2);
+  const CollectiveOptions opts{.timeout = milliseconds(100), .label = ""};
+  StuckCommunicator dp("dp", 4);
+  dp.members = {0, 1, 6, 7};
+  recorder.comm = &dp;
+  dp.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum, opts);  // no hosts yet
+  watchdog.set_hosts({"a", "a", "b", "b", "b", "b", "c", "c"});
+  dp.all_reduce(CommBuf::host(std::span(data)), ReduceOp::kSum, opts);
+  watchdog.set_hosts(hosts);
+  StuckCommunicator world("world", 12);
+  world.members.resize(12);
+  std::iota(world.members.begin(), world.members.end(), 0);
+  recorder.comm = &world;
+  world.barrier(opts);
+  StuckCommunicator unknown("tp");  // no members: no hosts
+  recorder.comm = &unknown;
+  unknown.barrier(opts);
+  const std::vector<HangReport> r = recorder.snapshot();
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_TRUE(r[0].group_hosts.empty());
+  EXPECT_EQ(r[0].message.find("host"), std::string::npos) << r[0].message;
+  EXPECT_EQ(r[1].group_hosts, (std::vector<std::string>{"a", "c"}));
+  EXPECT_NE(r[1].message.find("before the first step; the group's ranks are on hosts a, c; a "
+                              "peer of this group is hung"),
+            std::string::npos)
+      << r[1].message;
+  EXPECT_EQ(r[2].group_hosts.size(), 12u);
+  EXPECT_NE(r[2].message.find("; the group's ranks are on hosts n0, n1, n2, n3, n4, n5, n6, n7 "
+                              "and 4 more; a peer"),
+            std::string::npos)
+      << r[2].message;
+  EXPECT_EQ(r[3].message.find("host"), std::string::npos) << r[3].message;
+}
+
 // Only the call that overstays is reported, and only once, among calls of other groups.
 TEST(Watchdog, ReportsEachHungCallOnceAmongHealthyOnes) {
   StuckCommunicator stuck("tp");
@@ -248,6 +330,40 @@ TEST(Watchdog, RealCollectivesThatCompleteDoNotFire) {
   EXPECT_EQ(watchdog.in_flight(), 0u);
   comm.barrier(opts);
   EXPECT_TRUE(recorder.snapshot().empty()) << recorder.snapshot()[0].message;
+}
+
+// The MPI backend knows its members' world ranks, in a split child too, and learn_hosts
+// gathers every rank's host name (on this machine the same for all).
+TEST(Watchdog, MpiGroupsKnowTheirMembersAndTheHostsAreLearnt) {
+  Communicator& comm = world();
+  std::vector<int> all(static_cast<std::size_t>(comm.size()));
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(comm.world_ranks(), all);
+  // Ranks of one parity, the highest first (key = -rank).
+  std::unique_ptr<Communicator> parity = comm.split(comm.rank() % 2, -comm.rank(), "parity");
+  ASSERT_NE(parity, nullptr);
+  std::vector<int> expected;
+  for (int r = comm.size() - 1; r >= 0; --r) {
+    if (r % 2 == comm.rank() % 2) expected.push_back(r);
+  }
+  EXPECT_EQ(parity->world_ranks(), expected);
+  EXPECT_EQ(parity->world_ranks()[static_cast<std::size_t>(parity->rank())], comm.rank());
+
+  Recorder recorder;
+  Watchdog watchdog(recorder.options(milliseconds(20)));
+  watchdog.learn_hosts(comm);
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  StuckCommunicator stuck("tp");
+  stuck.members = {comm.rank(), comm.size() - 1};
+  recorder.comm = &stuck;
+  std::vector<float> data(2);
+  stuck.recv(CommBuf::host(std::span(data)), 0, 1, {.timeout = milliseconds(100), .label = ""});
+  const std::vector<HangReport> r = recorder.snapshot();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].peer_world_rank, comm.rank());
+  EXPECT_EQ(r[0].peer_host, host);
+  comm.barrier();
 }
 
 }  // namespace

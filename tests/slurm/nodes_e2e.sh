@@ -12,7 +12,8 @@
 #           layout on one node of the same cluster (6 ranks, shared memory instead of TCP).
 #   cut     node 2's link is cut after step CUT_AT. The ranks of nodes 1 and 3 must end
 #           within parallel.comm_timeout_s (5 s here) + 10 s, by the watchdog (each says
-#           which call, group and peer rank it was waiting on), not by a TCP error; then
+#           which call, group and peer rank it was waiting on, and the host: node 2), not
+#           by a TCP error; then
 #           the link is healed, train.sbatch retries the step, which resumes from a
 #           checkpoint and ends with exactly the normal run's loss.
 #   verbs   without a job: cut/heal show in `status`, `slow 5` throttles a busy loop on
@@ -175,25 +176,32 @@ else
   say "cut: fault -> detection $detect s, detection -> first step after recovery $recover s"
   # One watchdog line per surviving rank, before the retry, naming its call and group; a
   # point-to-point call also names its peer's rank in the group, which must be the cut
-  # node's stage (pp rank 1), e.g.
-  #   [rank 0 on t..n1] watchdog: batch_p2p 'pipeline recv gradient micro 2 stage 0' to
-  #   rank 1 in group 'pp' (rank 0/3) has not completed after 5.0 s (timeout 5.0 s) ...
-  # A collective cannot know which member is missing: "all_reduce 'step data status' in
-  # group 'world' (rank 4/6)".
+  # node's stage (pp rank 1), and that peer's world rank and host, the cut node, e.g.
+  #   [rank 0 on t..n1] watchdog: batch_p2p 'pipeline recv gradient micro 2 stage 0' with
+  #   rank 1 in group 'pp' (rank 0/3) has not completed after 5.0 s (timeout 5.0 s) at
+  #   step 26; rank 1 is world rank 2 on host t..n2; a peer of this group is hung, ...
+  # A collective cannot know which member is missing; it lists its group's hosts, among
+  # them the cut node: "all_reduce 'step data status' in group 'world' (rank 4/6) ...;
+  # the group's ranks are on hosts t..n1, t..n2, t..n3". (A tp group lies inside one
+  # node, so a tp line cannot name node 2; it counts without.)
   watchdog=$(awk '/retrying in/ { exit } /watchdog: .* in group .* has not completed/' "$out")
   survivor_lines=$(grep -cE "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]+ .* in group '[a-z]+' \(rank [0-9]+/[0-9]+\) has not completed" <<< "$watchdog")
   p2p_lines=$(grep -E "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]*(p2p|send|recv) " <<< "$watchdog")
   p2p=$(grep -c . <<< "$p2p_lines")
-  named=$(grep -cE " (from|to) rank 1 in group 'pp' \(rank [02]/3\)" <<< "$p2p_lines")
+  named=$(grep -E " (from|to|with) rank 1 in group 'pp' \(rank [02]/3\)" <<< "$p2p_lines" |
+          grep -cE "; rank 1 is world rank [23] on host ${PREFIX}n2; ")
+  hosted=$(grep -E "^\[rank [0-9]+ on ${PREFIX}n[13]\] " <<< "$watchdog" |
+           grep -cE "; rank 1 is world rank [23] on host ${PREFIX}n2; |; the group's ranks are on hosts [^;]*${PREFIX}n2(,|;| and )| in group 'tp' ")
   tcp_errors=$(awk '/retrying in/ { exit } /btl_tcp|BTL_TCP|mca_btl/' "$out" | wc -l)
   echo "$watchdog" | sed 's/^/    /' | head -n 6
   if [[ $state == COMPLETED && $loss == "$ref_loss" && ${n_surv:-0} -eq 4 &&
-        $survivor_lines -eq 4 && $named -eq $p2p && $tcp_errors -eq 0 ]] && grep -q "retry 1 of" "$out" &&
+        $survivor_lines -eq 4 && $named -eq $p2p && $hosted -eq 4 && $tcp_errors -eq 0 ]] &&
+     grep -q "retry 1 of" "$out" &&
      awk -v d="$detect" -v l="$((COMM_TIMEOUT + 10))" 'BEGIN { exit !(d > 0 && d <= l) }'; then
-    result cut OK "job $job COMPLETED in $((SECONDS - t)) s after $(grep -c 'retrying in' "$out") retry; the 4 ranks of nodes 1 and 3 ended $detect s after the cut (limit $((COMM_TIMEOUT + 10)) s) on their watchdog (4 lines naming call and group; $p2p of them point-to-point, each naming pp rank 1, the cut node's stage); loss $loss"
+    result cut OK "job $job COMPLETED in $((SECONDS - t)) s after $(grep -c 'retrying in' "$out") retry; the 4 ranks of nodes 1 and 3 ended $detect s after the cut (limit $((COMM_TIMEOUT + 10)) s) on their watchdog (4 lines naming call and group, $hosted naming the cut node ${PREFIX}n2; $p2p of them point-to-point, each naming pp rank 1, the cut node's stage, and its host); loss $loss"
   else
     show_log "$out"
-    result cut FAIL "job $job state $state; ${n_surv:-?} survivors ended after $detect s (limit $((COMM_TIMEOUT + 10)) s); $survivor_lines of 4 watchdog lines, $named of $p2p point-to-point ones naming pp rank 1; $tcp_errors TCP error lines; loss '${loss}' vs '${ref_loss}'"
+    result cut FAIL "job $job state $state; ${n_surv:-?} survivors ended after $detect s (limit $((COMM_TIMEOUT + 10)) s); $survivor_lines of 4 watchdog lines, $hosted naming host ${PREFIX}n2, $named of $p2p point-to-point ones naming pp rank 1 on it; $tcp_errors TCP error lines; loss '${loss}' vs '${ref_loss}'"
   fi
 fi
 
