@@ -480,8 +480,11 @@ TEST(Plan, OverlapOffIsTheAllExposedModelAndOnHidesPartOfIt) {
     // update.
     const double emb = describe_params(off.model, part).groups[0].num_floats;
     const double rs_emb = emb * 4 * 7 / 8 / bw;  // its gradients reduce-scattered (f32)
-    EXPECT_GT(b.dp_s, (zero == 3 ? emb * 2 * 7 / 8 / bw : 0) + (zero == 0 ? 2 * rs_emb : rs_emb) * 0.99);
-    if (zero == 1 || zero == 2) EXPECT_GT(b.dp_s, t.dp.all_gather * 7 / 8 / bw);
+    EXPECT_GT(b.dp_s,
+              (zero == 3 ? emb * 2 * 7 / 8 / bw : 0) + (zero == 0 ? 2 * rs_emb : rs_emb) * 0.99);
+    if (zero == 1 || zero == 2) {
+      EXPECT_GT(b.dp_s, t.dp.all_gather * 7 / 8 / bw);
+    }
   }
   // One switch off at ZeRO-3. overlap_grad_reduce off: the gathers still hide, the
   // reductions are waited for. overlap_param_gather off: every group waits for its
