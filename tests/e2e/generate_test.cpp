@@ -45,20 +45,22 @@ struct Trained {
   CommandResult train;
 };
 
-std::string model_yaml(const std::string& arch, int vocab, int seq_len) {
+// model_extra: more keys of the model mapping, e.g. ", moe_experts: 4".
+std::string model_yaml(const std::string& arch, int vocab, int seq_len,
+                       const std::string& model_extra = "") {
   return "model: {arch: " + arch + ", vocab_size: " + std::to_string(vocab) +
          ", seq_len: " + std::to_string(seq_len) +
          ", n_layers: 2, n_heads: 4, n_kv_heads: " + (arch == "llama" ? "2" : "0") +
-         ", d_model: 64}\n";
+         ", d_model: 64" + model_extra + "}\n";
 }
 
 Trained train_model(const std::string& arch, int vocab, int steps, int seq_len = kSeqLen,
-                    const std::string& lr = "0.01") {
+                    const std::string& lr = "0.01", const std::string& model_extra = "") {
   Trained t;
   t.dir = std::make_unique<ScratchDir>();
   const ScratchDir& d = *t.dir;
   EXPECT_TRUE(write_token_file(d.file("train.bin"), testing::english_bytes(20000), 1).is_ok());
-  d.write("config.yaml", model_yaml(arch, vocab, seq_len) +
+  d.write("config.yaml", model_yaml(arch, vocab, seq_len, model_extra) +
                              "parallel: {micro_batch_size: 4}\n"
                              "data: {train: " + d.file("train.bin") + "}\n"
                              "training: {global_batch_size: 8, lr: " + lr + ", warmup_steps: 2, "
@@ -317,6 +319,18 @@ TEST(GenerateCli, VocabularyWithoutTokenizerExits2) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("model.vocab_size=300 matches no tokenizer; the tokenizers are byte "
                           "(vocab_size 256) and gpt2 (vocab_size 50257, or padded up to 50304)"),
+            std::string::npos)
+      << r.output;
+}
+
+// Not supported yet: a clear refusal naming the checkpoint and the key, not an abort.
+TEST(GenerateCli, MixtureOfExpertsCheckpointExits2) {
+  const Trained t = train_model("llama", 256, 1, kSeqLen, "0.01", ", moe_experts: 4, moe_top_k: 2");
+  ASSERT_EQ(t.train.exit_code, 0) << t.train.output;
+  const CommandResult r = generate_all("--checkpoint " + t.ckpt + " --prompt hi");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("/step_1: a mixture-of-experts model (model.moe_experts=4) cannot be "
+                          "sampled by generate yet"),
             std::string::npos)
       << r.output;
 }
