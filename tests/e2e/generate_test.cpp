@@ -312,27 +312,25 @@ TEST(GenerateCli, HelpAndBadFlags) {
       << r.output;
 }
 
-TEST(GenerateCli, VocabularyWithoutTokenizerExits2) {
-  const Trained t = train_model("gpt2", 300, 1);
+// generate on t's checkpoint exits 2 with `message` in its output.
+void expect_refused(const Trained& t, const std::string& message) {
   ASSERT_EQ(t.train.exit_code, 0) << t.train.output;
   const CommandResult r = generate_all("--checkpoint " + t.ckpt + " --prompt hi");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("model.vocab_size=300 matches no tokenizer; the tokenizers are byte "
-                          "(vocab_size 256) and gpt2 (vocab_size 50257, or padded up to 50304)"),
-            std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+}
+
+TEST(GenerateCli, VocabularyWithoutTokenizerExits2) {
+  expect_refused(train_model("gpt2", 300, 1),
+                 "model.vocab_size=300 matches no tokenizer; the tokenizers are byte "
+                 "(vocab_size 256) and gpt2 (vocab_size 50257, or padded up to 50304)");
 }
 
 // Not supported yet: a clear refusal naming the checkpoint and the key, not an abort.
 TEST(GenerateCli, MixtureOfExpertsCheckpointExits2) {
-  const Trained t = train_model("llama", 256, 1, kSeqLen, "0.01", ", moe_experts: 4, moe_top_k: 2");
-  ASSERT_EQ(t.train.exit_code, 0) << t.train.output;
-  const CommandResult r = generate_all("--checkpoint " + t.ckpt + " --prompt hi");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("/step_1: a mixture-of-experts model (model.moe_experts=4) cannot be "
-                          "sampled by generate yet"),
-            std::string::npos)
-      << r.output;
+  expect_refused(train_model("llama", 256, 1, kSeqLen, "0.01", ", moe_experts: 4, moe_top_k: 2"),
+                 "/step_1: a mixture-of-experts model (model.moe_experts=4) cannot be sampled "
+                 "by generate yet");
 }
 
 TEST(GenerateCli, Gpt2VocabularyUsesTheBpeTokenizer) {
