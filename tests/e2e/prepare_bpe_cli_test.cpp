@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 
+#include "data/megatron_file.h"
 #include "data/token_file.h"
 #include "tests/data/vocab_files.h"
 #include "tests/e2e/checkpoint_util.h"
@@ -197,7 +198,13 @@ TEST(PrepareBpeCli, EveryNamedVocabularyTrainsInBothFormats) {
       EXPECT_EQ(shard->token(0), c.first);
       dir.write("train.yaml", train_config(dir, c.vocab));
     } else {
-      ASSERT_TRUE(fs::exists(dir.file("out/train.idx"))) << prep.output;
+      auto index = read_megatron_index(dir.file("out/train.idx"), dir.file("out/train.bin"),
+                                       fs::file_size(dir.file("out/train.bin")));
+      ASSERT_TRUE(index.is_ok()) << index.status().message();
+      EXPECT_EQ(index->dtype_code, kMegatronDtypeInt32);  // ids above 65,535
+      auto data = open_megatron_dataset(dir.file("out/train"));
+      ASSERT_TRUE(data.is_ok()) << data.status().message();
+      EXPECT_EQ(data->token(0), c.first);
       dir.write("train.yaml", train_config(dir, c.vocab, "out/train", "out/val"));
     }
     auto train = run_command("OMP_WAIT_POLICY=passive " + trident_binary() + " train --config " +
