@@ -8,7 +8,7 @@
 //   Megatron-Core's "tp-cp-ep-dp-pp"), then dp, and pp outermost (its point-to-point
 //   sends are the cheapest traffic to put across nodes). With cp = ep = 1 this is the
 //   order tp, dp, pp: rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
-// cp and ep are 1 until their issues land: validate_layout refuses any other value.
+// ep is 1 until its issue lands: validate_layout refuses any other value.
 // Where ep finally folds into dp (Megatron's expert groups are a second generator over
 // the same world) is that issue's choice; a RankGenerator over another order or other
 // degrees is already one constructor call.
@@ -43,13 +43,13 @@ struct PerDim {
 };
 
 // The degrees and the layout-wide choices every layer of the stack reads. Config keys:
-// parallel.dp, .tp, .pp, .virtual_stages, .zero_stage, .sequence_parallel (cp and ep have
+// parallel.dp, .cp, .tp, .pp, .virtual_stages, .zero_stage, .sequence_parallel (ep has
 // no key yet).
 struct ParallelLayout {
   int dp = 1;
   int tp = 1;
   int pp = 1;
-  int cp = 1;  // context parallelism: 1 until its issue (validate_layout)
+  int cp = 1;  // context parallelism (parallel/context_parallel.h)
   int ep = 1;  // expert parallelism: 1 until its issue (validate_layout)
   // Interleaved 1F1B: model chunks per pipeline rank (1 = the plain schedules).
   int virtual_stages = 1;

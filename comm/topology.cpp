@@ -14,10 +14,10 @@ Status validate_degrees(const ParallelLayout& layout) {
     if (value < 1) {
       return Status::invalid_config(key + ": must be >= 1, got " + std::to_string(value));
     }
-    if ((d.dim == ParallelDim::kCp || d.dim == ParallelDim::kEp) && value != 1) {
+    if (d.dim == ParallelDim::kEp && value != 1) {
       return Status::invalid_config(
-          key + ": " + (d.dim == ParallelDim::kCp ? "context" : "expert") +
-          " parallelism is not implemented yet; must be 1, got " + std::to_string(value));
+          key + ": expert parallelism is not implemented yet; must be 1, got " +
+          std::to_string(value));
     }
   }
   return Status::ok();
@@ -27,16 +27,33 @@ Status validate_layout(const ParallelLayout& layout, int world_size) {
   TRIDENT_RETURN_IF_ERROR(validate_degrees(layout));
   const int64_t product = layout.world_size_wide();
   if (product != world_size) {
+    // cp is named only when it is used (the message of the layouts without it unchanged).
+    const bool cp = layout.cp > 1;
+    const std::string product_name = cp ? "dp*cp*tp*pp" : "dp*tp*pp";
     return Status::invalid_config(
-        "parallel: dp*tp*pp = " + std::to_string(product) + " but the world size is " +
-        std::to_string(world_size) + " (parallel.dp=" + std::to_string(layout.dp) +
+        "parallel: " + product_name + " = " + std::to_string(product) +
+        " but the world size is " + std::to_string(world_size) +
+        " (parallel.dp=" + std::to_string(layout.dp) +
+        (cp ? ", parallel.cp=" + std::to_string(layout.cp) : std::string()) +
         ", parallel.tp=" + std::to_string(layout.tp) +
-        ", parallel.pp=" + std::to_string(layout.pp) + "; launch dp*tp*pp processes)");
+        ", parallel.pp=" + std::to_string(layout.pp) + "; launch " + product_name +
+        " processes)");
   }
   return Status::ok();
 }
 
 Topology::Topology(const ParallelLayout& layout) : layout_(layout), ranks_(layout) {}
+
+int Topology::dp_cp_rank(const RankCoords& c) const { return c.dp_rank * layout_.cp + c.cp_rank; }
+
+std::vector<int> Topology::dp_cp_group(int rank) const {
+  std::vector<int> ranks;
+  RankCoords c = coords_of(rank);
+  for (c.dp_rank = 0; c.dp_rank < layout_.dp; ++c.dp_rank) {
+    for (c.cp_rank = 0; c.cp_rank < layout_.cp; ++c.cp_rank) ranks.push_back(rank_of(c));
+  }
+  return ranks;
+}
 
 std::vector<int> Topology::embedding_group(int rank, bool tied_embeddings) const {
   RankCoords c = coords_of(rank);
@@ -87,6 +104,19 @@ Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLay
                   groups.embedding->rank() == (c.pp_rank == 0 ? 0 : 1));
   } else {
     TRIDENT_CHECK(groups.embedding == nullptr);
+  }
+  if (layout.cp > 1) {
+    groups.cp = split(ParallelDim::kCp);
+    // dp x cp: the ranks sharing every coordinate but dp's and cp's. Its color is the cp
+    // group's color with the dp coordinate dropped: the pp group's color of any member
+    // once dp and cp are both 0.
+    RankCoords base = c;
+    base.dp_rank = base.cp_rank = 0;
+    const int key = groups.topology.dp_cp_rank(c);
+    groups.dp_cp = world.split(ranks.group_color(ParallelDim::kCp, ranks.rank_of(base)), key,
+                               "dp_cp", kDevice, {.label = "dp x cp group"});
+    TRIDENT_CHECK(groups.dp_cp && groups.dp_cp->size() == layout.dp * layout.cp &&
+                  groups.dp_cp->rank() == key);
   }
   return groups;
 }

@@ -1,27 +1,35 @@
-// Topology: where a world rank sits in the dp x tp x pp grid, and the process groups
+// Topology: where a world rank sits in the dp x cp x tp x pp grid, and the process groups
 // made from it (docs/ARCHITECTURE.md "Parallel layout").
 //
 // Rank order (comm/parallel_layout.h kRankOrder, the one RankGenerator) puts tp
-// innermost (a TP group sits inside one machine), then dp, then pp:
-//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+// innermost (a TP group sits inside one machine), then cp, then dp, then pp (ep is 1):
+//   rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 // Groups (RankGenerator::group: each ordered by its own coordinate, so group rank ==
 // that coordinate):
-//   tp         same (pp_rank, dp_rank), ordered by tp_rank   (size tp)
-//   dp         same (pp_rank, tp_rank), ordered by dp_rank   (size dp)
-//   pp         same (dp_rank, tp_rank), ordered by pp_rank   (size pp)
-//   embedding  first and last stage with the same (dp_rank, tp_rank): group rank 0 is
-//              stage 0, rank 1 is stage pp-1. Only when pp > 1 and embeddings are tied
-//              (the two stages all-reduce the tied weight's gradient); middle stages and
-//              untied or pp == 1 layouts have none.
-// Memory spaces (communicator.h): tp, dp, pp and embedding serve DEVICE memory (they carry
+//   tp         same (pp_rank, dp_rank, cp_rank), ordered by tp_rank   (size tp)
+//   dp         same (pp_rank, cp_rank, tp_rank), ordered by dp_rank   (size dp)
+//   pp         same (dp_rank, cp_rank, tp_rank), ordered by pp_rank   (size pp)
+//   embedding  first and last stage with the same (dp_rank, cp_rank, tp_rank): group rank
+//              0 is stage 0, rank 1 is stage pp-1. Only when pp > 1 and embeddings are
+//              tied (the two stages all-reduce the tied weight's gradient); middle stages
+//              and untied or pp == 1 layouts have none.
+//   cp         (cp > 1 only) same (pp_rank, dp_rank, tp_rank), ordered by cp_rank: the
+//              ring of ring attention (parallel/context_parallel.h).
+//   dp_cp      (cp > 1 only) same (pp_rank, tp_rank), ordered by dp_rank * cp + cp_rank
+//              (size dp * cp; contiguous ranks at stride tp): the ranks holding the same
+//              parameters, over which the gradients are reduced and ZeRO shards
+//              (parallel/data_parallel.h). At cp 1 it would be the dp group itself, so
+//              none is made and data_parallel() answers dp.
+// Memory spaces (communicator.h): every group serves DEVICE memory (they carry
 // activations, gradients and parameters). Host values (stop flags, losses, the grad-norm
 // and status scalars, agreement on a checkpoint, stats, strings) go over the host-space
 // world only: the trainer reduces no host scalar over a smaller group today, so no host
-// twin of dp, tp or pp exists; add one here (split with MemSpace::kHost) when a host
+// twin of any group exists; add one here (split with MemSpace::kHost) when a host
 // value must travel within a group.
 // Topology is a pure function of the layout (no communication, cheap to copy).
-// make_process_groups is a collective over `world` (four splits, in a fixed order).
-// A layout that does not match the world is an expected failure: Status, exit 2.
+// make_process_groups is a collective over `world` (four splits in a fixed order, six
+// when cp > 1). A layout that does not match the world is an expected failure: Status,
+// exit 2.
 #pragma once
 
 #include <memory>
@@ -34,10 +42,10 @@
 
 namespace trident {
 
-// Ok when every degree is >= 1 and cp and ep are 1 (not implemented yet); else
-// invalid_config naming the parallel.* key ("parallel.tp: must be >= 1, got 0").
+// Ok when every degree is >= 1 and ep is 1 (not implemented yet); else invalid_config
+// naming the parallel.* key ("parallel.tp: must be >= 1, got 0").
 Status validate_degrees(const ParallelLayout& layout);
-// validate_degrees, and dp*tp*pp == world_size; else invalid_config naming the keys.
+// validate_degrees, and dp*cp*tp*pp == world_size; else invalid_config naming the keys.
 Status validate_layout(const ParallelLayout& layout, int world_size);
 
 class Topology {
@@ -59,6 +67,11 @@ class Topology {
   std::vector<int> tp_group(int rank) const { return ranks_.group(ParallelDim::kTp, rank); }
   std::vector<int> dp_group(int rank) const { return ranks_.group(ParallelDim::kDp, rank); }
   std::vector<int> pp_group(int rank) const { return ranks_.group(ParallelDim::kPp, rank); }
+  std::vector<int> cp_group(int rank) const { return ranks_.group(ParallelDim::kCp, rank); }
+  // The dp x cp group of `rank` (see the header comment), ordered by dp_cp_rank.
+  std::vector<int> dp_cp_group(int rank) const;
+  // A rank's place in its dp x cp group: dp_rank * cp + cp_rank.
+  int dp_cp_rank(const RankCoords& c) const;
   // Empty when `rank` is in no embedding group (see the header comment).
   std::vector<int> embedding_group(int rank, bool tied_embeddings) const;
 
@@ -69,7 +82,7 @@ class Topology {
 
 // This rank's communicators. world is borrowed (it must outlive the groups) and serves
 // host memory; the others are owned and serve device memory. embedding is null where
-// this rank is in no embedding group.
+// this rank is in no embedding group; cp and dp_cp are null at cp 1.
 struct ProcessGroups {
   Topology topology{ParallelLayout{}};
   RankCoords coords;
@@ -78,12 +91,16 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> pp;
   std::unique_ptr<Communicator> embedding;
+  std::unique_ptr<Communicator> cp;
+  std::unique_ptr<Communicator> dp_cp;
+  // The group of the data-parallel machinery (gradient reduction, ZeRO): dp x cp.
+  Communicator& data_parallel() const { return dp_cp ? *dp_cp : *dp; }
 };
 
-// Splits world into the device-space tp, dp, pp and embedding groups of `layout` (in
-// that order on every rank).
+// Splits world into the device-space tp, dp, pp and embedding groups of `layout`, then
+// (cp > 1) cp and dp_cp, in that order on every rank.
 // Collective over world, which must serve host memory (CHECK). Fails with invalid_config
-// ("parallel: dp*tp*pp = X but the world size is Y") before any communication when the
+// ("parallel: dp*tp*pp = X but the world size is Y", dp*cp*tp*pp when cp > 1) before any communication when the
 // layout does not fit, so every rank fails alike.
 Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLayout& layout,
                                           bool tied_embeddings);

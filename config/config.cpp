@@ -59,7 +59,8 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(model, moe_shared_experts, kInt)}},
       {"parallel",
        {TRIDENT_FIELD(parallel, dp, kInt), TRIDENT_FIELD(parallel, tp, kInt),
-        TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
+        TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, cp, kInt),
+        TRIDENT_FIELD(parallel, zero_stage, kInt),
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
         TRIDENT_FIELD(parallel, stage_layers, kIntList),
@@ -550,15 +551,19 @@ Status tp_divides(int tp, const std::string& what, int value) {
                                 "=" + std::to_string(value));
 }
 
-// World sizes and ranks are ints (MPI's); the product of the degrees must be one (cp and
-// ep are 1 here: validate_degrees).
+// World sizes and ranks are ints (MPI's); the product of the degrees must be one (ep is
+// 1 here: validate_degrees).
 Status validate_layout_sizes(const ParallelConfig& p) {
   if (p.world_size_wide() <= std::numeric_limits<int>::max()) return Status::ok();
-  return Status::invalid_config("parallel: dp * tp * pp = " + std::to_string(p.dp) + " * " +
+  const bool cp = p.cp > 1;  // named only when used, as in validate_layout
+  return Status::invalid_config(std::string("parallel: dp * ") + (cp ? "cp * " : "") +
+                                "tp * pp = " + std::to_string(p.dp) + " * " +
+                                (cp ? std::to_string(p.cp) + " * " : std::string()) +
                                 std::to_string(p.tp) + " * " + std::to_string(p.pp) +
                                 " is more than " +
                                 std::to_string(std::numeric_limits<int>::max()) +
                                 " ranks (parallel.dp=" + std::to_string(p.dp) +
+                                (cp ? ", parallel.cp=" + std::to_string(p.cp) : std::string()) +
                                 ", parallel.tp=" + std::to_string(p.tp) +
                                 ", parallel.pp=" + std::to_string(p.pp) + ")");
 }
@@ -585,6 +590,28 @@ Status validate_micro_batch_sizes(const ParallelConfig& p, const TransformerConf
         std::to_string(p.micro_batch_size) + " and model.n_heads=" + std::to_string(m.n_heads) +
         " needs micro_batch_size * n_heads / tp * seq_len^2 attention probabilities per "
         "layer, more than 2^63");
+  }
+  return Status::ok();
+}
+
+// Context parallelism (parallel/context_parallel.h): each sequence is cut into 2 * cp
+// equal chunks. A mixture-of-experts layer's load-balancing loss is a product of two
+// means over the micro-batch's tokens (E * sum_e f_e * P_e), which a cp rank, holding
+// 1/cp of them, cannot form: the loss would differ from cp 1, so it is refused.
+Status validate_context_parallel(const ParallelConfig& p, const TransformerConfig& m) {
+  if (p.cp == 1) return Status::ok();
+  if (m.seq_len % (2 * p.cp) != 0) {
+    return Status::invalid_config(
+        "parallel.cp: " + std::to_string(p.cp) + " needs model.seq_len divisible by 2 * cp = " +
+        std::to_string(2 * p.cp) + " (each sequence is cut into 2 * cp equal chunks for the "
+        "causal load balance), got model.seq_len=" + std::to_string(m.seq_len));
+  }
+  if (m.moe()) {
+    return Status::invalid_config(
+        "parallel.cp: " + std::to_string(p.cp) + " with model.moe_experts=" +
+        std::to_string(m.moe_experts) + ": context parallelism of mixture-of-experts models is "
+        "not supported (the load-balancing loss needs every token of the micro-batch; use "
+        "parallel.cp 1)");
   }
   return Status::ok();
 }
@@ -619,10 +646,13 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
         "parallel.sequence_parallel: needs parallel.tp > 1 (it splits the sequence over the "
         "tensor-parallel ranks), got tp=1");
   }
-  if (p.sequence_parallel && m.seq_len % p.tp != 0) {
-    return Status::invalid_config("parallel.sequence_parallel: model.seq_len=" +
-                                  std::to_string(m.seq_len) + " does not split over parallel.tp=" +
-                                  std::to_string(p.tp));
+  TRIDENT_RETURN_IF_ERROR(validate_context_parallel(p, m));
+  // A cp rank's micro-batch has seq_len / cp positions per sequence.
+  if (p.sequence_parallel && (m.seq_len / p.cp) % p.tp != 0) {
+    return Status::invalid_config(
+        "parallel.sequence_parallel: model.seq_len=" + std::to_string(m.seq_len) +
+        (p.cp > 1 ? " / parallel.cp=" + std::to_string(p.cp) : std::string()) +
+        " does not split over parallel.tp=" + std::to_string(p.tp));
   }
   if (p.pp > m.n_layers) {
     return Status::invalid_config("parallel.pp: " + std::to_string(p.pp) +

@@ -22,8 +22,8 @@ enum class LrSchedule { kConstant, kCosine, kLinear };
 // weights and activations over fp32 masters, gradients and AdamW moments.
 enum class Precision { kFp32, kBf16 };
 
-// The layout's degrees and choices (comm/parallel_layout.h: dp, tp, pp, virtual_stages,
-// zero_stage, sequence_parallel; cp and ep have no key yet) are the base, so that
+// The layout's degrees and choices (comm/parallel_layout.h: dp, cp, tp, pp, virtual_stages,
+// zero_stage, sequence_parallel; ep has no key yet) are the base, so that
 // config.parallel.dp reads as before and a ParallelConfig is a ParallelLayout wherever
 // the layers below take one; the rest is how the trainer runs that layout.
 struct ParallelConfig : ParallelLayout {

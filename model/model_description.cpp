@@ -289,7 +289,7 @@ BufferDesc buffer(std::string name, double elements, DType dtype, bool kept = tr
 ActivationDescription describe_activations(const TransformerConfig& c,
                                            const ActivationShape& s) {
   TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
-  const double tp = s.tp_size, N = double(s.micro_batch_size) * c.seq_len;
+  const double tp = s.tp_size, N = double(s.micro_batch_size) * (c.seq_len / s.cp_size);
   // Sequence parallelism: the residual stream, the norms and their statistics, res2 and
   // the boundary on this rank's N/tp token rows; the scratch adds the [N, C] gather
   // workspace, this rank's rows of the reduced input gradient and the norm-weight
@@ -304,6 +304,8 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   const bool last = s.last_stage, swiglu = architecture(c.arch).swiglu();
   const bool layer_norm = architecture(c.arch).layer_norm();
   const DType cd = s.compute, f32 = DType::kF32, i32 = DType::kI32;
+  // The local position table under context parallelism (learned positions: kPositions).
+  const bool cp_positions = s.cp_size > 1 && c.family().learned_positions();
   // Mixture of experts (0 for a dense model): experts, choices per token, expert width.
   const bool moe = c.moe();
   const double E = moe ? c.moe_experts : 0, K = moe ? c.moe_top_k : 0, Fe = moe ? c.moe_d_ff : 0;
@@ -332,7 +334,7 @@ ActivationDescription describe_activations(const TransformerConfig& c,
     }
     out.role = b.role;
     out.shared = s.recompute == Recompute::kFull ||
-                 (s.recompute == Recompute::kSelective && b.selective);
+                 (s.recompute == Recompute::kSelective && b.selective && s.cp_size == 1);
     d.layer.push_back(std::move(out));
   }
   d.scratch = {buffer("dx", n * C, cd, false),
@@ -355,7 +357,9 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dmoe_y", N * K * C, cd, false),
                buffer("dmoe_weights", N * K, f32, false),
                buffer("moe_prob_grad", E, f32, false),
-               buffer("moe_stats", moe ? 2 * E + 1 : 0, f32, false)};
+               buffer("moe_stats", moe ? 2 * E + 1 : 0, f32, false),
+               buffer("positions", cp_positions ? N / s.micro_batch_size * C : 0, cd, false),
+               buffer("dpositions", cp_positions ? N / s.micro_batch_size * C : 0, f32, false)};
   return d;
 }
 

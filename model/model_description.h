@@ -41,6 +41,10 @@ struct ModelPartition {
   // last the last chunk of the last rank.
   int chunk = 0;
   int num_chunks = 1;
+  // Context parallelism (parallel.cp; parallel/context_parallel.h): this rank holds chunks
+  // cp_rank and 2 cp - 1 - cp_rank of every sequence, seq_len / cp positions.
+  int cp_rank = 0;
+  int cp_size = 1;
   bool first_stage() const { return pp_rank == 0 && chunk == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1 && chunk == num_chunks - 1; }
   int local_layers(int n_layers) const { return (layer_end < 0 ? n_layers : layer_end) - layer_begin; }
@@ -193,10 +197,12 @@ enum SlotGlobal {
 // backward; the gradients of the dispatched rows, of the experts' hidden tensors and
 // outputs and of the weights; kMoeProbGrad, the load-balancing loss's gradient per expert
 // (uploaded); kMoeStats, the router's statistics (downloaded: Ops::moe_route_forward).
+// Context parallelism with learned positions: kPositions, the rows of wpe at this rank's
+// positions (compute dtype, the embedding's table), kDPositions their gradient (f32).
 enum Scratch {
   kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
   kRouterLogits, kDMoeX, kDMoeH1, kDMoeH2, kDMoeHAct, kDMoeY, kDMoeWeights, kMoeProbGrad,
-  kMoeStats, kScratchCount
+  kMoeStats, kPositions, kDPositions, kScratchCount
 };
 }  // namespace buffers
 
@@ -207,7 +213,11 @@ struct ActivationShape {
   bool last_stage = true;
   DType compute = DType::kF32;
   Recompute recompute = Recompute::kNone;
-  double attention_state_bytes = 0;  // one layer's (Ops::attention_state_bytes)
+  // Context parallelism: a micro-batch has seq_len / cp_size positions per sequence, and
+  // the attention state is ring attention's row log-sum-exp (f32, B x NH/tp x those),
+  // kept per layer under selective recomputation too (a rerun would need the ring again).
+  int cp_size = 1;
+  double attention_state_bytes = 0;  // one layer's (Ops::attention_state_bytes, or the lse)
 };
 
 struct ActivationDescription {

@@ -159,7 +159,7 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_ba
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
                          Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
-                         DType compute, Recompute recompute)
+                         DType compute, Recompute recompute, Communicator* cp)
     : config_(config),
       ops_(ops),
       part_(part),
@@ -167,6 +167,14 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelP
       recompute_(recompute),
       tp_(ops, tp, part.tp_rank, part.tp_size, part.sequence_parallel) {
   init_partition(store, micro_batch_size, num_slots);
+  if (part_.cp_size > 1) {
+    TRIDENT_CHECK_MSG(cp != nullptr && cp->size() == part_.cp_size && cp->rank() == part_.cp_rank,
+                      "context parallelism: the model needs the cp group of its partition (cp " +
+                          std::to_string(part_.cp_size) + ", rank " +
+                          std::to_string(part_.cp_rank) + ")");
+    ring_ = std::make_unique<RingAttention>(ops_, *cp, micro_batch_size, cp_.chunk, heads_,
+                                            kv_heads_, config_.head_dim, compute_dtype_);
+  }
 }
 
 Transformer::~Transformer() = default;
@@ -177,6 +185,9 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
                     "TransformerConfig must be finalize()d");
   TRIDENT_CHECK(micro_batch_size > 0 && num_slots >= 0);
   if (part_.layer_end < 0) part_.layer_end = c.n_layers;
+  // The local rows of each sequence: all of them, or this cp rank's two chunks.
+  if (part_.cp_size > 1) cp_ = cp_chunks(c.seq_len, part_.cp_size, part_.cp_rank);
+  seq_rows_ = part_.cp_size > 1 ? cp_.rows() : c.seq_len;
   micro_batch_size_ = micro_batch_size;
   num_slots_ = num_slots;
   n_local_layers_ = part_.layer_end - part_.layer_begin;
@@ -246,8 +257,13 @@ void Transformer::allocate_activations() {
   shape.last_stage = part_.last_stage();
   shape.compute = compute_dtype_;
   shape.recompute = recompute_;
-  shape.attention_state_bytes = static_cast<double>(ops_.attention_state_bytes(
-      micro_batch_size_, c.seq_len, heads_, kv_heads_, c.head_dim, compute_dtype_));
+  shape.cp_size = part_.cp_size;
+  // Ring attention's state is its row log-sum-exp (RingAttention::lse_elems, f32).
+  shape.attention_state_bytes =
+      part_.cp_size > 1
+          ? static_cast<double>(micro_batch_size_) * heads_ * seq_rows_ * sizeof(float)
+          : static_cast<double>(ops_.attention_state_bytes(micro_batch_size_, c.seq_len, heads_,
+                                                           kv_heads_, c.head_dim, compute_dtype_));
   const ActivationDescription d = describe_activations(c, shape);
   TRIDENT_CHECK(d.globals.size() == kSlotGlobals && d.scratch.size() == kScratchCount);
   auto bytes_of = [](const BufferDesc& b) { return static_cast<size_t>(b.bytes); };
@@ -373,7 +389,7 @@ DevPtr Transformer::group_grad(int group, const char* name) {
 }
 
 size_t Transformer::boundary_floats() const {
-  return static_cast<size_t>(tp_.local_rows(micro_batch_size_ * config_.seq_len)) *
+  return static_cast<size_t>(tp_.local_rows(micro_batch_size_ * seq_rows_)) *
          config_.d_model;
 }
 
@@ -502,9 +518,12 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
   const auto& c = config_;
   check_slots("forward_stage");
   TRIDENT_CHECK_MSG(slot >= 0 && slot < num_slots_ && B >= 1 && B <= micro_batch_size_ &&
-                        T >= 1 && T <= c.seq_len,
+                        T >= 1 && T <= seq_rows_ && (!ring_ || (B == micro_batch_size_ && T == seq_rows_)),
                     "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
-                        " T=" + std::to_string(T));
+                        " T=" + std::to_string(T) +
+                        (ring_ ? " (context parallelism: B = micro_batch_size, T = seq_len / cp = " +
+                                     std::to_string(seq_rows_) + ")"
+                               : std::string()));
   const int N = B * T;
   TRIDENT_CHECK_MSG(!tp_.sequence_parallel() || N % tp_.size() == 0,
                     "sequence parallelism: B*T=" + std::to_string(N) +
@@ -518,6 +537,14 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
     store_->acquire(0, Phase::kForward);
     DevPtr wte = group_param(0, "wte");
     DevPtr wpe = c.family().learned_positions() ? group_param(0, "wpe") : DevPtr();
+    if (wpe && ring_) {  // the table of this rank's positions: its two chunks' rows of wpe
+      const DevPtr table = scratch(kPositions);
+      const size_t chunk = static_cast<size_t>(cp_.chunk) * c.d_model;
+      const size_t bytes = chunk * dtype_size(wpe.dtype());
+      ops_.copy(table, wpe + static_cast<size_t>(cp_.first_pos()) * c.d_model, bytes);
+      ops_.copy(table + chunk, wpe + static_cast<size_t>(cp_.second_pos()) * c.d_model, bytes);
+      wpe = table;
+    }
     embedding_.forward(x0, d_tokens, wte, wpe, B, T, scratch(kGather));
     store_->release(0, Phase::kForward);
   }
@@ -707,6 +734,27 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   ops_.matmul_backward(dln, g.router_w, DevPtr(), dlogits, ln2, p.router_w, N, C, E);
 }
 
+void Transformer::rope(DevPtr x, int B, int T, int H, int pos, bool backward) {
+  const auto& c = config_;
+  auto run = [&](DevPtr p, int b, int t, int offset) {
+    if (backward) {
+      ops_.rope_backward(p, b, t, H, c.head_dim, c.rope_theta, offset);
+    } else {
+      ops_.rope_forward(p, b, t, H, c.head_dim, c.rope_theta, offset);
+    }
+  };
+  if (!ring_) return run(x, B, T, pos);
+  // Each sequence's two chunks sit at their own positions (RoPE is per row, so the
+  // rotations are those of one call over the whole sequence).
+  const size_t row = static_cast<size_t>(H) * c.head_dim;
+  const size_t chunk = static_cast<size_t>(cp_.chunk) * row;
+  for (int b = 0; b < B; ++b) {
+    const DevPtr seq = x + static_cast<size_t>(b) * T * row;
+    run(seq, 1, cp_.chunk, cp_.first_pos());
+    run(seq + chunk, 1, cp_.chunk, cp_.second_pos());
+  }
+}
+
 void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B,
                                 int T, const CachedKv* cache, const MoeStep* moe) {
   const auto& c = config_;
@@ -728,10 +776,12 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
   k_.forward(a.k, ln1, p.k_w, p.k_b, N);
   v_.forward(a.v, ln1, p.v_w, p.v_b, N);
   if (arch.rope()) {
-    ops_.rope_forward(a.q, B, T, heads_, HD, c.rope_theta, pos);
-    ops_.rope_forward(a.k, B, T, kv_heads_, HD, c.rope_theta, pos);
+    rope(a.q, B, T, heads_, pos, false);
+    rope(a.k, B, T, kv_heads_, pos, false);
   }
-  if (cache == nullptr) {
+  if (cache == nullptr && ring_) {
+    ring_->forward(a.atty, a.att_state.as(DType::kF32), a.q, a.k, a.v);
+  } else if (cache == nullptr) {
     ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
   } else {
     // The new keys and values join the cache at their positions; the queries attend over
@@ -876,6 +926,8 @@ void Transformer::forward_cached(const int32_t* tokens, int B, int T, KvCache& c
   TRIDENT_CHECK_MSG(tp_.size() == 1,
                     "forward_cached: cache mode does not support tensor (or sequence) "
                     "parallelism, tp " + std::to_string(tp_.size()));
+  TRIDENT_CHECK_MSG(!ring_, "forward_cached: cache mode does not support context parallelism, cp " +
+                                std::to_string(part_.cp_size));
   TRIDENT_CHECK_MSG(cache.capacity_ > 0 && cache.layer_elements_ > 0,
                     "forward_cached needs a cache from make_kv_cache");
   TRIDENT_CHECK_MSG(B >= 1 && B <= cache.batch_ && T >= 1 && T <= cache.max_new_,
@@ -970,7 +1022,17 @@ void Transformer::backward_stage(int slot, float loss_scale) {
     store_->acquire(0, Phase::kBackward);
     DevPtr d_tokens = act(slot, kTokens).as(DType::kI32);
     DevPtr dwpe = c.family().learned_positions() ? group_grad(0, "wpe") : DevPtr();
-    embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, scratch(kGather));
+    if (dwpe && ring_) {  // this rank's positions' gradient, then added at their rows
+      const DevPtr dtable = scratch(kDPositions);
+      const size_t chunk = static_cast<size_t>(cp_.chunk) * c.d_model;
+      zero_elements(dtable, 2 * chunk);
+      embedding_.backward(group_grad(0, "wte"), dtable, dx, d_tokens, B, T, scratch(kGather));
+      ops_.accumulate(dwpe + static_cast<size_t>(cp_.first_pos()) * c.d_model, dtable, chunk);
+      ops_.accumulate(dwpe + static_cast<size_t>(cp_.second_pos()) * c.d_model, dtable + chunk,
+                      chunk);
+    } else {
+      embedding_.backward(group_grad(0, "wte"), dwpe, dx, d_tokens, B, T, scratch(kGather));
+    }
     store_->release(0, Phase::kBackward);
   }
 }
@@ -1086,16 +1148,22 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   zero_elements(dq, nq);
   zero_elements(dk, nkv);
   zero_elements(dv, nkv);
-  if (recompute_ == Recompute::kSelective) {
-    // The shared state holds the last attention forward's: rerun this layer's (q, k and v
-    // are kept, after RoPE), rewriting atty with the same values.
-    ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+  if (ring_) {
+    // Ring attention's state (the row log-sum-exp) is kept per layer even under selective
+    // recomputation (describe_activations), so nothing is rerun here.
+    ring_->backward(dq, dk, dv, datty, a.atty, a.att_state.as(DType::kF32), a.q, a.k, a.v);
+  } else {
+    if (recompute_ == Recompute::kSelective) {
+      // The shared state holds the last attention forward's: rerun this layer's (q, k and
+      // v are kept, after RoPE), rewriting atty with the same values.
+      ops_.attention_forward(a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_, kv_heads_, HD);
+    }
+    ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T,
+                            heads_, kv_heads_, HD);
   }
-  ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T, heads_,
-                          kv_heads_, HD);
   if (arch.rope()) {
-    ops_.rope_backward(dq, B, T, heads_, HD, c.rope_theta, 0);
-    ops_.rope_backward(dk, B, T, kv_heads_, HD, c.rope_theta, 0);
+    rope(dq, B, T, heads_, 0, true);
+    rope(dk, B, T, kv_heads_, 0, true);
   }
   zero_elements(dln_full, NC);
   DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input (backward)");

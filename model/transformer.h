@@ -43,6 +43,13 @@
 // also the embeddings, the last the final norm and head (and, when tied and pp > 1, a
 // copy of wte). Activations of up to `num_slots` micro-batches are kept at once.
 //
+// Context parallelism (ModelPartition::cp_size > 1; parallel/context_parallel.h): every
+// sequence of a micro-batch is seq_len / cp rows, this rank's chunks r and 2 cp - 1 - r
+// side by side. RoPE and the learned positions (wpe's rows, copied into a local table;
+// its gradient added back at those rows) are those of the chunks' global positions, and
+// attention is RingAttention over the cp group (its state, the row log-sum-exp, kept per
+// layer); everything else is per token and runs on the local rows unchanged.
+//
 // Activation recomputation (training.recompute; Korthikanti et al. 2022). kSelective:
 // the attention state (the CPU's softmax probabilities, T^2 per head) is not kept per
 // layer: one buffer serves every layer and slot, and backward reruns attention_forward
@@ -105,6 +112,7 @@
 #include "kernels/ops.h"
 #include "model/model_config.h"
 #include "model/model_description.h"
+#include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 #include "parallel/tensor_parallel.h"
 
@@ -171,10 +179,14 @@ class Transformer {
   // One rank's part. `tp` null means no tensor parallelism; `store` null means an own
   // resident store (else it must outlive the model, follow describe_params(config, part) and
   // have compute_dtype() == compute). num_slots 0: no activation slots nor backward
-  // scratch (cache mode only: forward_cached's buffers are its KvCache's).
+  // scratch (cache mode only: forward_cached's buffers are its KvCache's). `cp`: the cp
+  // group when part.cp_size > 1 (its rank part.cp_rank), else ignored; the stage calls
+  // then take micro_batch_size sequences of seq_len / cp rows, this rank's two chunks
+  // (parallel/context_parallel.h), and attention runs as RingAttention over the group.
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
-              DType compute = DType::kF32, Recompute recompute = Recompute::kNone);
+              DType compute = DType::kF32, Recompute recompute = Recompute::kNone,
+              Communicator* cp = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -326,6 +338,9 @@ class Transformer {
                            DevPtr logits, int N);
   void layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, int B, int T,
                       float loss_scale);
+  // RoPE (or its transpose) on x[B, T, H, HD] at positions pos.., or under context
+  // parallelism at this rank's two chunks' positions.
+  void rope(DevPtr x, int B, int T, int H, int pos, bool backward);
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);
   DevPtr group_param(int group, const char* name);
@@ -375,6 +390,11 @@ class Transformer {
   std::vector<size_t> shared_offsets_;
   DeviceBuffer shared_;
   DeviceBuffer loss_sum_;  // (1) double: the loss accumulator (last stage)
+  // Context parallelism (part_.cp_size > 1): this rank's chunks, and the ring attention
+  // over the cp group; seq_rows_ the local rows of a sequence (seq_len / cp, else seq_len).
+  CpChunks cp_;
+  int seq_rows_ = 0;
+  std::unique_ptr<RingAttention> ring_;
   struct SlotInfo { int B = 0, T = 0; bool has_targets = false; };
   std::vector<SlotInfo> slot_info_;
 };

@@ -27,7 +27,8 @@ std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp
     const ParamInfo& p = layout.params[i];
     if (p.tied_copy) continue;                               // the first stage saves wte
     if (p.tp_replicated() && coords.tp_rank != 0) continue;  // one tp copy
-    if (zero_stage == 0 && coords.dp_rank != 0) continue;    // one dp copy
+    // One dp x cp copy (the cp ranks of a replica hold the same parameters).
+    if (zero_stage == 0 && (coords.dp_rank != 0 || coords.cp_rank != 0)) continue;
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
     if (st.row_end <= st.row_begin) continue;
     BoxRef box;

@@ -83,6 +83,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.dp", Rule::kLayout},
       {"parallel.tp", Rule::kLayout},
       {"parallel.pp", Rule::kLayout},
+      {"parallel.cp", Rule::kLayout},
       {"parallel.zero_stage", Rule::kLayout},
       {"parallel.micro_batch_size", Rule::kLayout},
       {"parallel.pipeline_schedule", Rule::kLayout},
@@ -568,7 +569,7 @@ ResumeCompat compare_for_resume(const Config& saved, const Config& now, int64_t 
       const std::string& key = now_values[i].first;
       const KeyRule* rule = find_rule(key);
       if (rule == nullptr || rule->rule != Rule::kLayout) continue;
-      // The degrees (comm/parallel_layout.h kDimensions): parallel.dp, .tp, .pp.
+      // The degrees (comm/parallel_layout.h kDimensions): parallel.dp, .cp, .tp, .pp.
       const bool triple = std::any_of(
           std::begin(kDimensions), std::end(kDimensions),
           [&](const DimensionInfo& d) { return key == std::string("parallel.") + d.name; });

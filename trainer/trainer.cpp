@@ -72,6 +72,8 @@ class Trainer::StageRunner : public PipelineStageModel {
     const auto& c = t_.config_;
     const int mb = c.parallel.micro_batch_size, T = c.model.seq_len;
     const bool first = part_.first_stage(), last = part_.last_stage();
+    const int32_t* tokens = t_.inputs_.data();
+    const int32_t* targets = t_.targets_.data();
     if (first || last) {
       // The step's global batch starts at consumed_samples_ in the global sample order
       // (which carries over a resume even when the global batch size changes); within
@@ -88,11 +90,12 @@ class Trainer::StageRunner : public PipelineStageModel {
         std::fill(t_.inputs_.begin(), t_.inputs_.end(), 0);
         std::fill(t_.targets_.begin(), t_.targets_.end(), 0);
       }
+      t_.take_cp_rows(&tokens, &targets);
     }
     // The last stage adds the micro-batch's loss to the model's device accumulator;
     // train_step reads it back once.
-    model_.forward_stage(slot, first ? t_.inputs_.data() : nullptr,
-                         last ? t_.targets_.data() : nullptr, mb, T);
+    model_.forward_stage(slot, first ? tokens : nullptr, last ? targets : nullptr, mb,
+                         T / c.parallel.cp);
   }
 
   void backward(int, int slot) override {
@@ -221,7 +224,26 @@ Status Trainer::make_groups() {
   TRIDENT_ASSIGN_OR_RETURN(
       groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
+  for (ModelPartition& chunk : chunks_) {  // context parallelism: this rank's sequence chunks
+    chunk.cp_rank = groups_.coords.cp_rank;
+    chunk.cp_size = config_.parallel.cp;
+  }
   return Status::ok();
+}
+
+void Trainer::take_cp_rows(const int32_t** tokens, const int32_t** targets) {
+  const int cp = config_.parallel.cp;
+  if (cp == 1) return;
+  // Each cp rank's rows of the micro-batch's sequences (parallel/context_parallel.h):
+  // the data order, and so the global batch, is that of cp 1.
+  const int mb = config_.parallel.micro_batch_size, T = config_.model.seq_len;
+  const CpChunks chunks = cp_chunks(T, cp, groups_.coords.cp_rank);
+  cp_inputs_.resize(inputs_.size() / cp);
+  cp_targets_.resize(targets_.size() / cp);
+  trident::take_cp_rows(inputs_.data(), cp_inputs_.data(), mb, T, 1, chunks);
+  trident::take_cp_rows(targets_.data(), cp_targets_.data(), mb, T, 1, chunks);
+  *tokens = cp_inputs_.data();
+  *targets = cp_targets_.data();
 }
 
 Status Trainer::open_data() {
@@ -299,7 +321,9 @@ void Trainer::build_model() {
   overlap.grad_reduce = par.overlap_grad_reduce;
   overlap.param_gather = par.overlap_param_gather;
   overlap.micro_batches = accum;
-  dp_ = std::make_unique<DataParallel>(layout_, *ops_, *groups_.dp, par.zero_stage,
+  // Over dp x cp: the cp ranks of a replica hold the same parameters, each the gradient of
+  // its share of the tokens (docs/ARCHITECTURE.md "Context parallelism").
+  dp_ = std::make_unique<DataParallel>(layout_, *ops_, groups_.data_parallel(), par.zero_stage,
                                        static_cast<size_t>(par.bucket_mb) << 20, adamw, compute,
                                        overlap);
   const PipeSchedule schedule = par.pipeline_schedule;
@@ -309,7 +333,8 @@ void Trainer::build_model() {
   for (const ModelPartition& chunk : chunks_) {
     models_.push_back(std::make_unique<Transformer>(mc, *ops_, chunk, groups_.tp.get(),
                                                     &dp_->store(), par.micro_batch_size, slots,
-                                                    compute, config_.training.recompute));
+                                                    compute, config_.training.recompute,
+                                                    groups_.cp.get()));
     models_.back()->set_moe_loss_coefs(config_.training.moe_aux_loss_coef,
                                        config_.training.moe_z_loss_coef);
   }
@@ -407,8 +432,9 @@ void Trainer::print_banner() const {
   } else {
     stages = std::to_string(m.n_layers / (c.parallel.pp * v));
   }
-  log::info("layout: world {} = dp {} x tp {}{} x pp {} | zero_stage {} | pipeline {}{} (layers per {} {}) | recompute {}",
-            world_->size(), c.parallel.dp, c.parallel.tp,
+  log::info("layout: world {} = dp {}{} x tp {}{} x pp {} | zero_stage {} | pipeline {}{} (layers per {} {}) | recompute {}",
+            world_->size(), c.parallel.dp,
+            c.parallel.cp > 1 ? " x cp " + std::to_string(c.parallel.cp) : "", c.parallel.tp,
             c.parallel.sequence_parallel ? " (sequence parallel)" : "", c.parallel.pp,
             c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule),
             v > 1 ? " interleaved, " + std::to_string(v) + " chunks per stage" : "",
@@ -443,7 +469,8 @@ void Trainer::print_banner() const {
 
 void Trainer::reset_traffic() {
   for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
-                          groups_.embedding.get(), world_}) {
+                          groups_.embedding.get(), groups_.cp.get(), groups_.dp_cp.get(),
+                          world_}) {
     if (c) c->reset_traffic();
   }
 }
@@ -462,7 +489,8 @@ void Trainer::collect_traffic() {
     return g;
   };
   stats_.traffic.tp = measure(groups_.tp.get());
-  stats_.traffic.dp = measure(groups_.dp.get());
+  // The data-parallel traffic is that of the dp x cp group under context parallelism.
+  stats_.traffic.dp = measure(&groups_.data_parallel());
   stats_.traffic.pp = measure(groups_.pp.get());
   stats_.traffic.embedding = measure(groups_.embedding.get());
   // Where the communication time went (a one-rank group's calls are local copies).
@@ -470,7 +498,7 @@ void Trainer::collect_traffic() {
     auto ms = [&](const Communicator* c) {
       return c == nullptr || c->size() == 1 ? 0.0 : c->times().*field * 1e3;
     };
-    return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(groups_.dp.get()), ms(groups_.pp.get()),
+    return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(&groups_.data_parallel()), ms(groups_.pp.get()),
                                 ms(groups_.embedding.get())};
   };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
@@ -722,7 +750,8 @@ Result<StepMetrics> Trainer::train_step() {
     last_model().reset_loss_sum();
   }
   const double loss =
-      all_reduce_scalar(reports_loss ? loss_sum / accum / c.parallel.dp : 0.0, "loss");
+      all_reduce_scalar(reports_loss ? loss_sum / accum / (c.parallel.dp * c.parallel.cp) : 0.0,
+                        "loss");
   // A non-finite loss or gradient norm is the guard's to report (check_loss_spike), at
   // the step boundary, so that no state of this step or the one before it commits.
   ++step_;
@@ -799,6 +828,9 @@ Result<double> Trainer::evaluate() {
                                              targets_.data());
       if (!st.is_ok() && status.is_ok()) status = st;
     }
+    const int32_t* tokens = inputs_.data();
+    const int32_t* targets = targets_.data();
+    take_cp_rows(&tokens, &targets);
     // Forward only, virtual stage after virtual stage (chunk c of every rank, then chunk
     // c + 1 from rank 0 on): receive, compute, pass on.
     for (int c = 0; c < v; ++c) {
@@ -811,8 +843,8 @@ Result<double> Trainer::evaluate() {
         pp.recv(CommBuf::device(model.input_activation(0), n), wrap ? p - 1 : pp.rank() - 1,
                 b * v + (wrap ? c - 1 : c));
       }
-      model.forward_stage(0, part.first_stage() ? inputs_.data() : nullptr,
-                          part.last_stage() ? targets_.data() : nullptr, mb, T);
+      model.forward_stage(0, part.first_stage() ? tokens : nullptr,
+                          part.last_stage() ? targets : nullptr, mb, T / config_.parallel.cp);
       if (!part.last_stage()) {
         pp.send(CommBuf::device(model.output_activation(0), n), (pp.rank() + 1) % p, b * v + c);
       }
@@ -822,12 +854,14 @@ Result<double> Trainer::evaluate() {
     if (!status.is_ok()) return status;
     return Status::invalid_input("another rank failed to load validation data");
   }
-  // Every dp rank evaluates the same batches; one rank reports.
-  // One device -> host read per evaluation, on the reporting rank.
+  // Every dp rank evaluates the same batches; the cp ranks of one replica report (each
+  // the mean over its equal share of the tokens).
+  // One device -> host read per evaluation, on each reporting rank.
   const bool reports = last && groups_.coords.tp_rank == 0 && groups_.coords.dp_rank == 0;
   const double sum = reports ? last_model().download_loss_sum() : 0.0;
   if (last && !reports) last_model().reset_loss_sum();
-  return all_reduce_scalar(reports ? sum / config_.training.eval_batches : 0.0, "val loss");
+  const double share = config_.training.eval_batches * config_.parallel.cp;
+  return all_reduce_scalar(reports ? sum / share : 0.0, "val loss");
 }
 
 std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
@@ -842,14 +876,14 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   std::map<std::string, std::vector<float>> out;
   const Topology& topo = groups_.topology;
   if (world_->rank() != 0) {
-    if (groups_.coords.dp_rank == 0) {
+    if (groups_.coords.dp_rank == 0 && groups_.coords.cp_rank == 0) {
       world_->send(CommBuf::host(std::span<const float>(mine)), 0, 7001);
     }
     return out;
   }
   for (int r = 0; r < world_->size(); ++r) {
     const RankCoords rc = topo.coords_of(r);
-    if (rc.dp_rank != 0) continue;
+    if (rc.dp_rank != 0 || rc.cp_rank != 0) continue;
     const ParamLayout layout =
         describe_params(config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank));
     std::vector<float> blob;

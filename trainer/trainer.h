@@ -166,6 +166,9 @@ class Trainer {
   void print_banner() const;
   void print_summary();
   double all_reduce_scalar(double local, const char* label);
+  // Context parallelism: points *tokens and *targets at this cp rank's rows of inputs_
+  // and targets_ (a micro-batch just loaded); at cp 1 leaves them as they are.
+  void take_cp_rows(const int32_t** tokens, const int32_t** targets);
   void reset_traffic();
   void collect_traffic();
 
@@ -209,6 +212,8 @@ class Trainer {
   MetricsWriter metrics_;
   std::vector<int32_t> inputs_;   // [micro_batch_size * seq_len]
   std::vector<int32_t> targets_;  // [micro_batch_size * seq_len]
+  // Context parallelism: this rank's rows of inputs_ and targets_ (take_cp_rows).
+  std::vector<int32_t> cp_inputs_, cp_targets_;
   std::vector<double> losses_;
   LossSpikeGuard loss_guard_;  // fed by run() after every step; its window is checkpointed
   RankStats stats_;

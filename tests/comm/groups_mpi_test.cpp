@@ -85,6 +85,45 @@ TEST(ProcessGroups, EveryLayoutOfTheWorldMatchesTheGrid) {
   }
 }
 
+// Context parallelism: every layout of the world with cp > 1 (4 ranks: cp 2 with dp, tp
+// or pp 2, and cp 4; 8 ranks: cp 2 with the layouts of 4, cp 4 with one of 2, ...). The
+// expected members come from the rank formula ((pp * dp + d) * cp + c) * tp + t, spelled
+// out here: cp over c, dp_cp over (d, c) in that order; dp and pp keep their cp coordinate.
+TEST(ProcessGroups, ContextParallelGroupsMatchTheRankFormula) {
+  Communicator& w = world();
+  for (int cp = 2; cp <= w.size(); cp *= 2) {
+    if (w.size() % cp != 0) continue;
+    for (ParallelLayout layout : all_layouts(w.size() / cp)) {
+      layout.cp = cp;
+      const std::string where = layout_name(layout) + " cp=" + std::to_string(cp) +
+                                " world rank " + std::to_string(w.rank());
+      auto groups = make_process_groups(w, layout, /*tied_embeddings=*/false);
+      ASSERT_TRUE(groups.is_ok()) << where << ": " << groups.status().message();
+      const RankCoords& c = groups->coords;
+      auto rank = [&](int pp, int d, int k, int t) {
+        return ((pp * layout.dp + d) * cp + k) * layout.tp + t;
+      };
+      ASSERT_EQ(rank(c.pp_rank, c.dp_rank, c.cp_rank, c.tp_rank), w.rank()) << where;
+      std::vector<int> cp_members, dp_cp_members, dp_members;
+      for (int k = 0; k < cp; ++k) cp_members.push_back(rank(c.pp_rank, c.dp_rank, k, c.tp_rank));
+      for (int d = 0; d < layout.dp; ++d) {
+        dp_members.push_back(rank(c.pp_rank, d, c.cp_rank, c.tp_rank));
+        for (int k = 0; k < cp; ++k) dp_cp_members.push_back(rank(c.pp_rank, d, k, c.tp_rank));
+      }
+      check_group(groups->cp.get(), "cp", cp_members, where);
+      check_group(groups->dp_cp.get(), "dp_cp", dp_cp_members, where);
+      check_group(groups->dp.get(), "dp", dp_members, where);
+      EXPECT_EQ(&groups->data_parallel(), groups->dp_cp.get()) << where;
+    }
+  }
+  // At cp 1 there is neither, and the data-parallel group is dp.
+  auto plain = make_process_groups(w, ParallelLayout{w.size(), 1, 1}, false);
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_EQ(plain->cp, nullptr);
+  EXPECT_EQ(plain->dp_cp, nullptr);
+  EXPECT_EQ(&plain->data_parallel(), plain->dp.get());
+}
+
 TEST(ProcessGroups, WorldSizeMismatchIsInvalidConfigWithExitCode2) {
   Communicator& w = world();
   // Too many and too few ranks; no split runs, so no rank waits on another.

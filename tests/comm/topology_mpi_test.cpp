@@ -165,7 +165,7 @@ TEST(RankGenerator, MatchesTheOldFormulasForEveryLayoutUpTo64Ranks) {
 }
 
 TEST(RankGenerator, ContextParallelSitsBetweenTpAndDp) {
-  // A test-only generator: cp = 2 (validate_layout refuses it until its issue lands).
+  // cp = 2 between tp and dp.
   const ParallelLayout layout{.dp = 3, .tp = 2, .pp = 2, .cp = 2};
   const RankGenerator g(layout);
   EXPECT_EQ(g.world_size(), 24);
@@ -215,17 +215,39 @@ TEST(RankGenerator, FollowsTheOrderItIsGiven) {
   EXPECT_EQ(g.group(ParallelDim::kTp, 0), (std::vector<int>{0, 8, 16}));
 }
 
-TEST(Topology, ValidateLayoutRefusesCpAndEpUntilTheyAreImplemented) {
-  const Status cp = validate_layout(ParallelLayout{.dp = 1, .tp = 2, .pp = 1, .cp = 2}, 4);
+TEST(Topology, ValidateLayoutTakesCpAndRefusesEpUntilItIsImplemented) {
+  EXPECT_TRUE(validate_layout(ParallelLayout{.dp = 1, .tp = 2, .pp = 1, .cp = 2}, 4).is_ok());
+  const Status cp = validate_layout(ParallelLayout{.dp = 2, .tp = 2, .pp = 1, .cp = 2}, 4);
   EXPECT_EQ(cp.code(), StatusCode::kInvalidConfig);
   EXPECT_EQ(cp.message(),
-            "parallel.cp: context parallelism is not implemented yet; must be 1, got 2");
+            "parallel: dp*cp*tp*pp = 8 but the world size is 4 (parallel.dp=2, parallel.cp=2, "
+            "parallel.tp=2, parallel.pp=1; launch dp*cp*tp*pp processes)");
   const Status ep = validate_layout(ParallelLayout{.ep = 4}, 4);
   EXPECT_EQ(ep.exit_code(), 2);
   EXPECT_EQ(ep.message(),
             "parallel.ep: expert parallelism is not implemented yet; must be 1, got 4");
   EXPECT_EQ(validate_degrees(ParallelLayout{.cp = 0}).message(),
             "parallel.cp: must be >= 1, got 0");
+}
+
+// The dp x cp group: the ranks sharing tp and pp, ordered by dp * cp + cp, spelled out
+// from the rank formula ((pp * dp + d) * cp + c) * tp + t.
+TEST(Topology, DpCpGroupOf2x2x2x2) {
+  const Topology t(ParallelLayout{.dp = 2, .tp = 2, .pp = 2, .cp = 2});
+  auto rank = [](int pp, int d, int c, int tp) { return ((pp * 2 + d) * 2 + c) * 2 + tp; };
+  for (int r = 0; r < 16; ++r) {
+    const RankCoords c = t.coords_of(r);
+    std::vector<int> want;
+    for (int d = 0; d < 2; ++d) {
+      for (int k = 0; k < 2; ++k) want.push_back(rank(c.pp_rank, d, k, c.tp_rank));
+    }
+    EXPECT_EQ(t.dp_cp_group(r), want) << "rank " << r;
+    EXPECT_EQ(t.dp_cp_rank(c), c.dp_rank * 2 + c.cp_rank);
+    EXPECT_EQ(want[static_cast<size_t>(t.dp_cp_rank(c))], r);
+    EXPECT_EQ(t.cp_group(r), (std::vector<int>{rank(c.pp_rank, c.dp_rank, 0, c.tp_rank),
+                                               rank(c.pp_rank, c.dp_rank, 1, c.tp_rank)}));
+  }
+  EXPECT_EQ(t.dp_cp_group(13), (std::vector<int>{9, 11, 13, 15}));  // pp 1, tp 1
 }
 
 }  // namespace

@@ -407,6 +407,34 @@ TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
   parse_ok(kMinimal + "model: {arch: llama, n_kv_heads: 2}\nparallel: {tp: 2}\n");
 }
 
+// Context parallelism (parallel.cp): the world is dp * cp * tp * pp; refused with exit 2
+// naming the key when a sequence does not cut into 2 * cp equal chunks, and for a
+// mixture-of-experts model; its combinations with the other dimensions parse.
+TEST(Config, ContextParallelKeyAndItsRefusals) {
+  Config c = parse_ok(kMinimal + "model: {seq_len: 64}\nparallel: {cp: 4, dp: 2, tp: 2}\n");
+  EXPECT_EQ(c.parallel.cp, 4);
+  EXPECT_EQ(c.parallel.world_size(), 16);
+  EXPECT_EQ(c.grad_accum_steps(), 1);  // 8 / (4 * 2): cp does not split the batch
+  expect_config_eq(parse_ok(config_to_yaml(c)), c);
+  EXPECT_EQ(parse_ok(kMinimal).parallel.cp, 1);
+  expect_error(kMinimal + "model: {seq_len: 20}\nparallel: {cp: 4}\n", {},
+               {"parallel.cp: 4 needs model.seq_len divisible by 2 * cp = 8",
+                "got model.seq_len=20"});
+  expect_error(kMinimal + "model: {seq_len: 18}\n", {"parallel.cp=2"},
+               {"parallel.cp: 2", "divisible by 2 * cp = 4"});
+  expect_error(kMinimal + "parallel: {cp: 0}\n", {}, {"parallel.cp: must be >= 1, got 0"});
+  expect_error(kMinimal + "model: {arch: llama, moe_experts: 4}\nparallel: {cp: 2}\n", {},
+               {"parallel.cp: 2 with model.moe_experts=4", "not supported"});
+  // Sequence parallelism splits a cp rank's seq_len / cp rows over tp.
+  // (24 rows split over tp 4, but a cp 4 rank's 6 do not.)
+  expect_error(kMinimal + "model: {seq_len: 24}\nparallel: {cp: 4, tp: 4, sequence_parallel: true}\n",
+               {}, {"parallel.sequence_parallel: model.seq_len=24 / parallel.cp=4 does not split "
+                    "over parallel.tp=4"});
+  parse_ok(kMinimal + "model: {seq_len: 32}\nparallel: {cp: 2, tp: 2, sequence_parallel: true}\n");
+  parse_ok(kMinimal + "model: {seq_len: 32}\nparallel: {cp: 2, pp: 2, virtual_stages: 2, "
+                      "micro_batch_size: 2}\n");
+}
+
 TEST(Config, LossSpikeGuardKeys) {
   Config c = parse_ok(kMinimal);
   EXPECT_EQ(c.training.loss_spike_factor, 10.0f);  // on by default (docs/CONFIG.md)

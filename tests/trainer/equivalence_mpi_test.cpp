@@ -5,7 +5,9 @@
 // parallelism at tp 2 and 4, alone and in dp 2 x tp 2 x pp 2 with every ZeRO stage, the
 // same (llama at tp 4 with 4 kv heads, since tp must divide them). Every layout with
 // dp > 1 also runs with parallel.overlap_grad_reduce and overlap_param_gather off,
-// bitwise equal to on.
+// bitwise equal to on. Context parallelism (parallel.cp, ring attention) at cp 2 and 4,
+// and cp 2 with tp 2 and sequence parallelism, with dp 2 and ZeRO-3, with pp 2
+// interleaved, in fp32 and (cp 2) bf16: the same bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,7 +62,8 @@ Config make_config(Arch arch, const Case& c) {
                                                         ? c.kv_heads
                                                         : -1,
                                       .d_model = 32}) +
-      "parallel: {dp: " + std::to_string(c.layout.dp) + ", tp: " + std::to_string(c.layout.tp) +
+      "parallel: {dp: " + std::to_string(c.layout.dp) + ", cp: " + std::to_string(c.layout.cp) +
+      ", tp: " + std::to_string(c.layout.tp) +
       ", pp: " + std::to_string(c.layout.pp) + ", zero_stage: " + std::to_string(c.zero_stage) +
       ", micro_batch_size: 1, pipeline_schedule: " +
       (c.schedule == PipeSchedule::kGPipe ? "gpipe" : "1f1b") +
@@ -118,7 +121,9 @@ void check_case(Arch arch, const Case& c) {
   Communicator& world = test::world();
   const std::string name = std::string(arch_name(arch)) + " dp" + std::to_string(c.layout.dp) +
                            " tp" + std::to_string(c.layout.tp) + " pp" +
-                           std::to_string(c.layout.pp) + " zero" + std::to_string(c.zero_stage) +
+                           std::to_string(c.layout.pp) +
+                           (c.layout.cp > 1 ? " cp" + std::to_string(c.layout.cp) : "") +
+                           " zero" + std::to_string(c.zero_stage) +
                            (c.layout.pp > 1 ? (c.schedule == PipeSchedule::kGPipe ? " gpipe" : " 1f1b") : "") +
                            (c.sequence_parallel ? " sp" : "") +
                            (c.virtual_stages > 1 ? " v" + std::to_string(c.virtual_stages) : "");
@@ -274,6 +279,57 @@ std::vector<Case> interleaved_cases(int n, bool bf16) {
   }
   if (n == 8) add({2, 2, 2}, 1, true, 4);
   return cases;
+}
+
+// Context parallelism (seq_len 16: chunks of 4 at cp 2, of 2 at cp 4): cp 2 (np 2, fp32
+// and bf16); cp 4, cp 2 x tp 2 with sequence parallelism, cp 2 x dp 2 with ZeRO-3 and
+// cp 2 x pp 2 interleaved (np 4, fp32). llama keeps its GQA (2 kv heads of 4).
+std::vector<Case> context_parallel_cases(int n, bool bf16) {
+  std::vector<Case> cases;
+  auto add = [&](ParallelLayout l, int zero, bool sp, int v) {
+    Case c{l, zero};
+    c.bf16 = bf16;
+    c.sequence_parallel = sp;
+    c.virtual_stages = v;
+    cases.push_back(c);
+  };
+  auto layout = [](int dp, int cp, int tp, int pp) {
+    ParallelLayout l;
+    l.dp = dp, l.cp = cp, l.tp = tp, l.pp = pp;
+    return l;
+  };
+  if (n == 2) add(layout(1, 2, 1, 1), 0, false, 1);
+  if (n == 4 && !bf16) {
+    add(layout(1, 4, 1, 1), 0, false, 1);
+    add(layout(1, 2, 2, 1), 0, true, 1);
+    add(layout(2, 2, 1, 1), 3, false, 1);
+    add(layout(1, 2, 1, 2), 0, false, 2);
+  }
+  return cases;
+}
+
+TEST(Equivalence, Gpt2ContextParallelMatchesSingleProcess) {
+  for (const Case& c : context_parallel_cases(test::world().size(), false)) {
+    check_case(Arch::kGpt2, c);
+  }
+}
+
+TEST(Equivalence, LlamaContextParallelMatchesSingleProcess) {
+  for (const Case& c : context_parallel_cases(test::world().size(), false)) {
+    check_case(Arch::kLlama, c);
+  }
+}
+
+TEST(Equivalence, Gpt2Bf16ContextParallelMatchesSingleProcessBf16) {
+  for (const Case& c : context_parallel_cases(test::world().size(), true)) {
+    check_case(Arch::kGpt2, c);
+  }
+}
+
+TEST(Equivalence, LlamaBf16ContextParallelMatchesSingleProcessBf16) {
+  for (const Case& c : context_parallel_cases(test::world().size(), true)) {
+    check_case(Arch::kLlama, c);
+  }
 }
 
 TEST(Equivalence, Gpt2InterleavedMatchesSingleProcess) {
