@@ -124,6 +124,8 @@ json train_state_to_json(const TrainState& s) {
   j["optimizer_steps"] = s.optimizer_steps;
   j["layout"] = {{"dp", s.layout.dp}, {"tp", s.layout.tp}, {"pp", s.layout.pp},
                  {"zero_stage", s.layout.zero_stage}, {"world_size", s.layout.world_size}};
+  // Context parallelism: written only when used, so a cp 1 state reads as before.
+  if (s.layout.cp > 1) j["layout"]["cp"] = s.layout.cp;
   j["seeds"] = {{"init", s.init_seed}, {"data", s.data_seed}};
   j["config"] = s.config_yaml;
   j["run_id"] = s.run_id;
@@ -173,14 +175,19 @@ Result<TrainState> parse_train_state(const json& j, int64_t manifest_step, int m
   TRIDENT_ASSIGN_OR_RETURN(int64_t pp, r.integer("layout.pp", 1, INT_MAX));
   TRIDENT_ASSIGN_OR_RETURN(int64_t zero, r.integer("layout.zero_stage", 0, 3));
   TRIDENT_ASSIGN_OR_RETURN(int64_t world, r.integer("layout.world_size", 1, INT_MAX));
-  if (dp * tp * pp != world || world != manifest_world_size) {
-    return Status::corrupt(where + ": trainer state: layout dp=" + std::to_string(dp) + " tp=" +
+  int64_t cp = 1;  // absent: written at cp 1 (or before context parallelism)
+  if (j.contains("layout") && j.at("layout").is_object() && j.at("layout").contains("cp")) {
+    TRIDENT_ASSIGN_OR_RETURN(cp, r.integer("layout.cp", 1, INT_MAX));
+  }
+  if (dp * cp * tp * pp != world || world != manifest_world_size) {
+    return Status::corrupt(where + ": trainer state: layout dp=" + std::to_string(dp) +
+                           (cp > 1 ? " cp=" + std::to_string(cp) : std::string()) + " tp=" +
                            std::to_string(tp) + " pp=" + std::to_string(pp) + " world_size=" +
                            std::to_string(world) + " does not match the manifest's " +
                            std::to_string(manifest_world_size) + " rank files");
   }
   s.layout = {static_cast<int>(dp), static_cast<int>(tp), static_cast<int>(pp),
-              static_cast<int>(zero), static_cast<int>(world)};
+              static_cast<int>(zero), static_cast<int>(world), static_cast<int>(cp)};
   TRIDENT_ASSIGN_OR_RETURN(s.init_seed, r.unsigned_integer("seeds.init"));
   TRIDENT_ASSIGN_OR_RETURN(s.data_seed, r.unsigned_integer("seeds.data"));
   TRIDENT_ASSIGN_OR_RETURN(s.config_yaml, r.string("config", false));

@@ -34,6 +34,7 @@ inline constexpr size_t kMaxAncestors = 64;
 
 struct TrainLayout {
   int dp = 1, tp = 1, pp = 1, zero_stage = 0, world_size = 1;
+  int cp = 1;  // world_size = dp * cp * tp * pp ("cp" in the JSON only when > 1)
 };
 
 struct TrainState {

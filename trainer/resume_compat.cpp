@@ -574,6 +574,10 @@ ResumeCompat compare_for_resume(const Config& saved, const Config& now, int64_t 
           std::begin(kDimensions), std::end(kDimensions),
           [&](const DimensionInfo& d) { return key == std::string("parallel.") + d.name; });
       if (!triple && !changed.count(key)) continue;
+      // cp is shown only where it is used (the message of the layouts without it unchanged).
+      if (key == "parallel.cp" && was_values[i].second == "1" && now_values[i].second == "1") {
+        continue;
+      }
       was.push_back(short_name(key) + "=" + was_values[i].second);
       now_text.push_back(short_name(key) + "=" + now_values[i].second);
     }

@@ -524,7 +524,7 @@ nlohmann::json Trainer::trainer_state() {
   state.step = step_;
   state.consumed_samples = consumed_samples_;
   state.optimizer_steps = dp_->steps_taken();
-  state.layout = {par.dp, par.tp, par.pp, par.zero_stage, world_->size()};
+  state.layout = {par.dp, par.tp, par.pp, par.zero_stage, world_->size(), par.cp};
   state.init_seed = config_.training.seed;
   state.data_seed = config_.data.seed;
   state.config_yaml = config_to_yaml(config_);
@@ -679,9 +679,10 @@ Status Trainer::resume() {
   }
   if (world_->rank() == 0) {
     const TrainLayout& l = state->layout;
-    log::info("resumed from {} (step {}, {} samples consumed; saved by dp={} tp={} pp={} "
+    log::info("resumed from {} (step {}, {} samples consumed; saved by dp={}{} tp={} pp={} "
               "zero_stage={}; run {})",
-              chosen, step_, consumed_samples_, l.dp, l.tp, l.pp, l.zero_stage, run_id_);
+              chosen, step_, consumed_samples_, l.dp,
+              l.cp > 1 ? " cp=" + std::to_string(l.cp) : "", l.tp, l.pp, l.zero_stage, run_id_);
   }
   return Status::ok();
 }

@@ -22,14 +22,16 @@ namespace trident::test {
 inline std::string parallel_yaml(const ParallelLayout& l, int zero_stage,
                                  const std::string& extra = "") {
   return "parallel: {dp: " + std::to_string(l.dp) + ", tp: " + std::to_string(l.tp) +
-         ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(zero_stage) +
-         ", micro_batch_size: 1" + extra + "}\n";
+         ", pp: " + std::to_string(l.pp) +
+         (l.cp > 1 ? ", cp: " + std::to_string(l.cp) : std::string()) +
+         ", zero_stage: " + std::to_string(zero_stage) + ", micro_batch_size: 1" + extra + "}\n";
 }
 
 // "gpt2 dp2 tp1 pp1 zero3": a case's name in SCOPED_TRACE.
 inline std::string case_name(const std::string& arch, const ParallelLayout& l, int zero_stage) {
   return arch + " dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
-         std::to_string(l.pp) + " zero" + std::to_string(zero_stage);
+         std::to_string(l.pp) + (l.cp > 1 ? " cp" + std::to_string(l.cp) : std::string()) +
+         " zero" + std::to_string(zero_stage);
 }
 
 // The model section of the per-step budget tests: a 2-layer gpt2 (tied, MHA) or llama

@@ -3,7 +3,8 @@
 //    identical per-step losses and final parameters and AdamW moments, in one process
 //    and at dp=2 tp=2 pp=2 ZeRO-3 on 8 ranks;
 //  - resharding: a 2x2x2 ZeRO-3 checkpoint resumed at 1x1x1, 4x1x2 ZeRO-1 and 1x2x4
-//    ZeRO-0 continues the original layout's trajectory within fp32 rounding;
+//    ZeRO-0 continues the original layout's trajectory within fp32 rounding; so do a
+//    cp 2 ZeRO-1 checkpoint resumed at cp 1 and a cp 1 one resumed at cp 4;
 //  - signals: SIGUSR1 to one rank stops every rank at a step boundary with a committed,
 //    verifiable checkpoint and exit code 3; resuming reproduces the uninterrupted run
 //    bitwise.
@@ -37,11 +38,11 @@ using testing::TensorMap;
 constexpr double kLr = 0.003;
 
 struct RunLayout {
-  int dp = 1, tp = 1, pp = 1, zero_stage = 0;
-  int ranks() const { return dp * tp * pp; }
+  int dp = 1, tp = 1, pp = 1, zero_stage = 0, cp = 1;
+  int ranks() const { return dp * cp * tp * pp; }
   std::string name() const {
     return std::to_string(dp) + "x" + std::to_string(tp) + "x" + std::to_string(pp) + " zero" +
-           std::to_string(zero_stage);
+           std::to_string(zero_stage) + (cp > 1 ? " cp" + std::to_string(cp) : "");
   }
 };
 
@@ -93,7 +94,8 @@ class Resume : public ::testing::Test {
     return cmd + testing::trident_binary() + " train --config " + dir_.file("base.yaml") +
            " --resume " + r.resume + " --set parallel.dp=" + std::to_string(l.dp) +
            " --set parallel.tp=" + std::to_string(l.tp) + " --set parallel.pp=" +
-           std::to_string(l.pp) + " --set parallel.zero_stage=" + std::to_string(l.zero_stage) +
+           std::to_string(l.pp) + " --set parallel.cp=" + std::to_string(l.cp) +
+           " --set parallel.zero_stage=" + std::to_string(l.zero_stage) +
            " --set training.max_steps=" + std::to_string(r.max_steps) +
            " --set training.lr_schedule=" + r.lr_schedule +
            " --set checkpoint.interval=" + std::to_string(r.interval) +
@@ -291,6 +293,34 @@ TEST_F(Resume, Reshard2x2x2Zero3To1x1x1And4x1x2And1x2x4) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(saved_by), std::string::npos) << r.output;
   expect_close(*this, "pp4", "ref");
+}
+
+// Context parallelism: the dp x cp store's boxes reshard like dp's. A cp 2 ZeRO-1
+// checkpoint continues at cp 1, and a cp 1 checkpoint at cp 4 (ZeRO-0), both along the
+// cp 2 run's own continuation.
+TEST_F(Resume, ReshardAcrossContextParallelism2To1And1To4) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  const RunLayout cp2{1, 1, 1, 1, 2};
+  CommandResult r = train({"src", "src", cp2, 10, 10});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string src = ckpt("src");
+  ASSERT_TRUE(fs::exists(src + "/step_10/manifest.json"));
+  fs::copy(src, ckpt("ref"), fs::copy_options::recursive);
+  r = train({"ref", "ref", cp2, 20, 10, "auto"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  r = train({"cp1", "cp1", kSingle, 20, 10, src + "/step_10"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("saved by dp=1 cp=2 tp=1 pp=1 zero_stage=1"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("parallel.cp"), std::string::npos) << r.output;  // the resharding
+  expect_close(*this, "cp1", "ref");
+
+  r = train({"one", "one", kSingle, 10, 10});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train({"cp4", "cp4", RunLayout{1, 1, 1, 0, 4}, 20, 10, ckpt("one") + "/step_10"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_close(*this, "cp4", "ref");
 }
 
 // ---- 3. Signals --------------------------------------------------------------------
