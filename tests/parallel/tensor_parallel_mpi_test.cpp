@@ -10,6 +10,7 @@
 #include "tests/model/tiny_config.h"
 #include "model/transformer.h"
 #include "tests/common/mpi_test_util.h"
+#include "tests/common/random_model.h"
 
 namespace trident {
 namespace {
@@ -26,28 +27,16 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   ASSERT_TRUE(groups.is_ok()) << groups.status().message();
   auto ops = make_cpu_ops(1);
   const int B = 2, T = c.seq_len, N = B * T;
-  std::vector<int32_t> tokens(N), targets(N);
-  const uint64_t key = rng_key(5, 6);
-  for (int i = 0; i < N; ++i) {
-    tokens[i] = static_cast<int32_t>(uniform_int_at(key, i, c.vocab_size));
-    targets[i] = static_cast<int32_t>(uniform_int_at(key, N + i, c.vocab_size));
-  }
+  const test::RandomBatch batch = test::random_batch(c, N, 5, 6);
+  const std::vector<int32_t>& tokens = batch.tokens;
+  const std::vector<int32_t>& targets = batch.targets;
 
   // Random values for every parameter, biases and norm weights included (the default
-  // init makes biases zero, which would hide a bias added on every tp rank).
+  // init makes biases zero, which would hide a bias added on every tp rank); padded
+  // vocabulary rows stay zero.
   Transformer whole(c, *ops, B);
-  std::vector<std::vector<float>> globals;
-  for (const ParamInfo& p : whole.params()) {
-    std::vector<float> v(static_cast<size_t>(p.numel()));
-    const uint64_t pkey = rng_key(11, hash_name(p.name));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.1f * normal_at(pkey, i);
-    if (p.name == "wte" || p.name == "lm_head.weight") {  // padded rows stay zero
-      std::fill(v.begin() + static_cast<ptrdiff_t>(c.vocab_size) * c.d_model, v.end(), 0.0f);
-    }
-    whole.set_param(p, v.data());
-    globals.push_back(std::move(v));
-  }
-  whole.zero_grads();
+  const std::vector<std::vector<float>> globals =
+      test::set_random_params(whole, 11, /*zero_padding=*/true);
   const float loss_whole = whole.forward(tokens.data(), targets.data(), B, T);
   const std::vector<float> logits_whole = whole.logits_to_host();
   whole.backward(1.0f);
