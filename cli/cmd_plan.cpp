@@ -33,6 +33,7 @@ void print_plan_usage(std::FILE* to) {
       "  --rows R                 table rows besides the configured layout (default 20)\n"
       "  --hardware FILE          the hardware table (default configs/hardware.yaml)\n"
       "  --set section.key=value  overrides one config key, as for train\n"
+      "  --configured-only        evaluate the config's layout only (no search, no ranking)\n"
       "exit codes: 0 done, 2 bad usage/config/input or the configured layout does not fit\n");
 }
 
@@ -60,7 +61,7 @@ bool parse_positive(const std::string& text, int* out) {
 int cmd_plan(const std::vector<std::string>& args) {
   std::string config_path, gpu = "h100", hardware_path, devices_text, per_node_text;
   std::vector<std::string> overrides;
-  bool json = false;
+  bool json = false, configured_only = false;
   int rows = 20;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -90,6 +91,8 @@ int cmd_plan(const std::vector<std::string>& args) {
       overrides.push_back(v);
     } else if (flag == "--json") {
       json = true;
+    } else if (flag == "--configured-only") {
+      configured_only = true;
     } else {
       return usage_error("unknown option '" + flag + "'");
     }
@@ -127,6 +130,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {
     return usage_error("--gpus-per-node: expected a number >= 1, got '" + per_node_text + "'");
   }
+  options.configured_only = configured_only;
   auto plan = make_plan(config.value(), options);
   if (!plan.is_ok()) return fail(plan.status());
   if (json) {
