@@ -248,9 +248,10 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
   }
   if (table.has_cpu) {
     const Hardware& c = table.cpu;
+    // The cpu's memory figure is what a rank streams (its efficiency is folded in).
     out += "cpu: {peak_gflops: " + num(c.peak_flops / 1e9) + ", memory_gbps: " +
-           num(c.memory_bandwidth / 1e9) + ", link_gbytes_per_s: " +
-           num(c.intra_node.bytes_per_s / 1e9) + ", link_latency_us: " +
+           num(c.memory_bandwidth * c.memory_efficiency / 1e9) + ", link_gbytes_per_s: " +
+           num(c.intra_node.bytes_per_s * c.intra_node.efficiency / 1e9) + ", link_latency_us: " +
            num(c.intra_node.latency_s * 1e6) + ",\n      gemm_efficiency: " +
            num(c.gemm_efficiency) + ", attention_efficiency: " + num(c.attention_efficiency) +
            "}\n";
