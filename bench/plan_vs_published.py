@@ -2,11 +2,12 @@
 # The `trident plan` figures of docs/PERFORMANCE.md ("trident plan vs published runs")
 # and of the Llama configs' comments: runs build/trident plan --json for the published
 # model, layout and batch and prints plan's prediction next to the published figure.
-#   python3 bench/plan_vs_published.py megatron|llama3|titan|configs|errors
+#   python3 bench/plan_vs_published.py megatron|llama3|titan|configs|errors|table
 #       [--trident BIN] [--hardware FILE]   (from the repo root)
-# `errors` prints one line per published run (the published layout as `configured`): the
-# published MFU, the plan's, whether it fits and the error in points, then the error's
-# distribution; run it with an older binary and its hardware table to compare.
+# `errors` prints one line per run of tests/plan/published_runs.json (the published layout
+# as `configured`): the published MFU, the plan's, the relative error and the memory, then
+# the error's distribution; `table` the same as docs/PERFORMANCE.md's Markdown table, with
+# plan's recommendation. Run either with an older binary and its hardware table to compare.
 import json, statistics, subprocess, sys
 args = sys.argv[1:]
 def option(flag, default):
@@ -15,8 +16,8 @@ def option(flag, default):
     return default
 T = option("--trident", "build/trident")
 HW = option("--hardware", None)
-def plan(config, devices, gpu, sets):
-    cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json"]
+def plan(config, devices, gpu, sets, extra=()):
+    cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json", *extra]
     if HW: cmd += ["--hardware", HW]
     for s in sets: cmd += ["--set", s]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -69,60 +70,46 @@ if mode == "titan":
         if j is None: print("ERR", err); continue
         c = j["configured"]
         print(f"{cfg} 64 x A100 FSDP lbs1 {rc}: published {pub_wps} tok/s/GPU {pub_mfu}% | plan {show(c)} dp comm {c['comm_bytes_per_step']['dp']/1e9:.1f} GB | rec {show(j['recommended'])}")
-if mode == "errors":
-    # (label, config, GPUs, gpu, sets, published MFU in %). Megatron: Table 1's TFLOP/s
-    # over 312, converted from its recomputed-forward count to model FLOPs
-    # (docs/PERFORMANCE.md); Llama 3: Table 4; torchtitan: docs/performance.md.
-    published = []
-    for (b,nh,h,L,tp,pp,g,bs,tf) in [(1.7,24,2304,24,1,1,32,512,137),(3.6,32,3072,30,2,1,64,512,138),
-            (7.5,32,4096,36,4,1,128,512,142),(18.4,48,6144,40,8,1,256,1024,135),(39.1,64,8192,48,8,2,512,1536,138),
-            (76.1,80,10240,60,8,4,1024,1792,140),(145.6,96,12288,80,8,8,1536,2304,148),(310.1,128,16384,96,8,16,1920,2160,155),
-            (529.6,128,20480,105,8,35,2520,2520,163),(1008.0,160,25600,128,8,64,3072,3072,163)]:
-        s_, V = 2048, 51200
-        mfu = 100 * tf / 312 * 72 * (1 + s_/(6*h) + V/(12*L*h)) / (96 * (1 + s_/(6*h) + V/(16*L*h)))
-        sets = ["model.arch=gpt2","model.vocab_size=51200","model.seq_len=2048",f"model.n_layers={L}",f"model.n_heads={nh}",
-                f"model.n_kv_heads={nh}",f"model.d_model={h}",f"parallel.dp={g//(tp*pp)}",f"parallel.tp={tp}",f"parallel.pp={pp}",
-                "parallel.zero_stage=0","parallel.micro_batch_size=1",f"training.global_batch_size={bs}",
-                "training.precision=bf16","training.recompute=full"]
-        published.append((f"megatron {b}B {g} GPUs tp{tp} pp{pp}", "configs/gpt2-350m.yaml", g, "a100", sets, mfu))
-    # Llama 3 405B, tp 8 x pp 16, sequence parallel, no recompute; Meta's FSDP shards the
-    # gradients and optimizer (ZeRO-2 here; ZeRO-3 for its sharded parameters) and its
-    # first and last stages hold one layer fewer (7 + 14 x 8 + 7 = 126).
-    uneven = "parallel.stage_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]"
-    for (g, dp, pub) in [(8192, 64, 43), (16384, 128, 41)]:
-        base = [f"parallel.dp={dp}", "parallel.tp=8", "parallel.pp=16", "training.global_batch_size=2048",
-                "training.recompute=none", "parallel.sequence_parallel=true"]
-        published.append((f"llama3 405B {g} GPUs z1 balanced", "configs/llama-405b.yaml", g, "h100", base, pub))
-        for z in (2, 3):
-            published.append((f"llama3 405B {g} GPUs FSDP z{z} Meta stages", "configs/llama-405b.yaml", g, "h100",
-                               base + [f"parallel.zero_stage={z}", uneven], pub))
-    for cfg, rc, pub in [("llama-8b", "selective", 58.2), ("llama-70b", "full", 50.5)]:
-        sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3",
-                "parallel.micro_batch_size=1","training.global_batch_size=64",f"training.recompute={rc}"]
-        published.append((f"torchtitan {cfg} 64 GPUs FSDP", f"configs/{cfg}.yaml", 64, "a100", sets, pub))
-    # torchtitan's Llama 2 table (the same 64 A100s, FSDP): 13B and 70B, seq_len 4096,
-    # vocab 32000, local batch 2 (70B selective: 1). "selective op" is Trident's selective.
-    for name, shape, lbs, rc, pub in [("13B", (40, 5120, 40, 40, 13824), 2, "none", 61.1),
-                                      ("13B", (40, 5120, 40, 40, 13824), 2, "selective", 53.8),
-                                      ("70B", (80, 8192, 64, 8, 28672), 1, "selective", 50.8),
-                                      ("70B", (80, 8192, 64, 8, 28672), 2, "full", 50.5)]:
-        L, h, nh, kv, ff = shape
-        sets = ["model.vocab_size=32000","model.seq_len=4096",f"model.n_layers={L}",f"model.d_model={h}",
-                f"model.n_heads={nh}",f"model.n_kv_heads={kv}",f"model.d_ff={ff}","parallel.dp=64","parallel.tp=1",
-                "parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3",f"parallel.micro_batch_size={lbs}",
-                f"training.global_batch_size={64*lbs}",f"training.recompute={rc}"]
-        published.append((f"torchtitan llama2-{name} lbs{lbs} {rc} 64 GPUs FSDP", "configs/llama-8b.yaml", 64, "a100",
-                          sets, pub))
+if mode in ("errors", "table"):
+    # Every run of tests/plan/published_runs.json (the data published_runs_test.cpp holds
+    # the plan to): the published layout as `configured` (--configured-only: no search
+    # bound), the published MFU in the 6N + 12·L·h·s convention (a published throughput
+    # converted with Trident's FLOPs per token, as the test does), the plan's, the error;
+    # `table` also runs the full search for plan's recommendation and prints Markdown.
+    runs = json.load(open("tests/plan/published_runs.json"))["runs"]
+    peak = {"a100": 312e12, "h100": 989e12}
     errors = []
-    for (label, config, g, gpu, sets, pub) in published:
-        j, err = plan(config, g, gpu, sets)
+    if mode == "table":
+        print("| run | GPUs | published | published MFU | plan MFU | error | plan memory | plan's recommendation |")
+        print("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        cmd_sets = r["set"]
+        j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"])
         if j is None or j["configured"] is None:
-            print(f"{label:44s} published {pub:5.1f}%  plan ERR ({err.strip()[:80]})"); continue
+            print(f"{r['name']:52s} plan ERR ({(err or '').strip()[:80]})"); continue
         c = j["configured"]
-        e = 100 * c["mfu"] - pub
-        errors.append(e)
-        print(f"{label:44s} published {pub:5.1f}%  plan {100*c['mfu']:5.1f}%  error {e:+6.1f} pts ({100*e/pub:+5.0f}%)  "
-              f"fits={c['fits']} {c['memory_bytes']['total']/2**30:5.1f} GiB")
-    a = sorted(abs(e) for e in errors)
-    print(f"{len(errors)} rows: mean error {statistics.mean(errors):+.1f} pts, mean |error| {statistics.mean(a):.1f}, "
-          f"median |error| {statistics.median(a):.1f}, max |error| {a[-1]:.1f}")
+        if "published_tokens_per_s_per_gpu" in r:
+            pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
+        else:
+            pub = r["published_mfu_pct"]
+        e = 100 * (100 * c["mfu"] / pub - 1)
+        errors.append((r["family"], e))
+        mem = f"{'fits' if c['fits'] else 'does not fit'}, {c['memory_bytes']['total']/2**30:.1f} GiB"
+        if mode == "errors":
+            print(f"{r['name']:52s} published {pub:5.1f}%  plan {100*c['mfu']:5.1f}%  error {e:+6.1f}%  {mem}")
+            continue
+        full, ferr = plan(r["config"], r["devices"], r["gpu"], cmd_sets)
+        if full is None or full.get("recommended") is None:
+            rec = "refused: " + (ferr or "").strip().split(": ", 1)[-1][:60] if full is None else "none fits"
+        else:
+            rl = full["recommended"]
+            rec = f"{name(rl)}: {100*rl['mfu']:.1f}% ({rl['step_time_s']/c['step_time_s']:.2f}x the published layout's step)"
+        print(f"| {r['name']} | {r['devices']} {r['gpu'].upper()} | {r['published']} | {pub:.1f}% | "
+              f"{100*c['mfu']:.1f}% | {e:+.1f}% | {mem} | {rec} |")
+    a = sorted(abs(e) for _, e in errors)
+    near = sum(x <= 15 for x in a)
+    print(f"{len(errors)} rows: {near} within ±15% ({100*near/len(a):.0f}%), mean error {statistics.mean(e for _, e in errors):+.1f}%, "
+          f"mean |error| {statistics.mean(a):.1f}%, median |error| {statistics.median(a):.1f}%, max |error| {a[-1]:.1f}%")
+    for fam in dict.fromkeys(f for f, _ in errors):
+        fe = [abs(e) for f, e in errors if f == fam]
+        print(f"  {fam}: {len(fe)} rows, {sum(x <= 15 for x in fe)} within ±15%, mean |error| {statistics.mean(fe):.1f}%")

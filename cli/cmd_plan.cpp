@@ -4,14 +4,21 @@
 // docs/PLAN.md). Prints the ranked table and the recommendation, or with --json the one
 // object of docs/PLAN.md "JSON". Exit 0; 2 for bad usage, a config that does not load, an unknown
 // GPU, or a configured layout that does not fit (the table is printed first).
+// `trident plan --calibrate METRICS --config FILE --write-hardware OUT [--gpu NAME]
+//  [--hardware IN]`: fits the hardware table to a run's metrics file (plan/calibrate.h)
+// and writes the fitted table (docs/PLAN.md "Calibration").
 #include <cstdio>
+#include <fstream>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "config/config.h"
 #include "kernels/ops.h"
+#include "plan/calibrate.h"
 #include "plan/hardware.h"
 #include "plan/memory_plan.h"
 #include "plan/plan.h"
@@ -33,6 +40,14 @@ void print_plan_usage(std::FILE* to) {
       "  --rows R                 table rows besides the configured layout (default 20)\n"
       "  --hardware FILE          the hardware table (default configs/hardware.yaml)\n"
       "  --set section.key=value  overrides one config key, as for train\n"
+      "  --configured-only        evaluate the config's layout only (no search, no ranking)\n"
+      "calibration: trident plan --calibrate METRICS.jsonl --config FILE --write-hardware OUT\n"
+      "             [--gpu NAME] [--hardware IN] [--devices N] [--set ...]\n"
+      "  --calibrate METRICS      fit the hardware table's compute efficiencies and the tp/dp\n"
+      "                           links' bandwidth to the run that wrote METRICS (trident train's\n"
+      "                           logging.metrics file; --config: the config it trained with)\n"
+      "  --write-hardware OUT     where the fitted table goes (YAML, for --hardware; with\n"
+      "                           --gpu cpu it holds a cpu entry that --gpu cpu then uses)\n"
       "exit codes: 0 done, 2 bad usage/config/input or the configured layout does not fit\n");
 }
 
@@ -55,12 +70,74 @@ bool parse_positive(const std::string& text, int* out) {
   return true;
 }
 
+// --calibrate: fit, report measured against predicted before and after, write the table
+// with the fitted entry (the GPU's efficiencies and its links', or the cpu entry).
+int calibrate_and_write(const Config& config, const PlanOptions& options, HardwareTable table,
+                        const std::string& metrics_path, const std::string& out_path) {
+  auto run = read_metrics(metrics_path, options.devices, config.parallel);
+  if (!run.is_ok()) return fail(run.status());
+  auto fit = calibrate(config, options, run.value());
+  if (!fit.is_ok()) return fail(fit.status());
+  const Calibration& c = fit.value();
+  const MeasuredRun& m = run.value();
+  std::printf("# calibration of %s from %s (%d steps, %d used), layout %s\n", options.hardware.name.c_str(),
+              metrics_path.c_str(), m.steps, m.steps_used, layout_name(config_layout(config)).c_str());
+  std::printf("# %-22s %12s %12s %12s\n", "ms per step", "measured", "plan before", "plan after");
+  const struct {
+    const char* what;
+    double measured, before, after;
+  } rows[] = {{"step", m.step_s, c.before.step_time_s, c.after.step_time_s},
+              {"tp exposed", m.exposed.tp, c.before.tp_s, c.after.tp_s},
+              {"pp exposed", m.exposed.pp, c.before.pp_s + c.before.bubble_s, c.after.pp_s + c.after.bubble_s},
+              {"dp exposed", m.exposed.dp + m.exposed.embedding, c.before.dp_s, c.after.dp_s},
+              {"dp all (exp + hidden)", m.exposed.dp + m.hidden.dp + m.exposed.embedding + m.hidden.embedding,
+               c.before.dp_comm_s, c.after.dp_comm_s}};
+  for (const auto& r : rows) {
+    std::printf("  %-22s %12.2f %12.2f %12.2f\n", r.what, 1e3 * r.measured, 1e3 * r.before, 1e3 * r.after);
+  }
+  std::printf("%s", c.notes.c_str());
+  const Hardware& hw = c.hardware;
+  if (hw.is_cpu) {
+    table.cpu = hw;
+    table.has_cpu = true;
+  } else {
+    for (Hardware& g : table.gpus) {
+      if (g.name == hw.name) g = hw;
+    }
+    for (LinkSpec& l : table.links) {
+      if (l.name == hw.intra_node.name) l = hw.intra_node;
+      if (l.name == hw.inter_node.name) l = hw.inter_node;
+    }
+    // Every GPU on a fitted link sees the fitted figure.
+    for (Hardware& g : table.gpus) {
+      for (LinkSpec* l : {&g.intra_node, &g.inter_node}) {
+        for (const LinkSpec& t : table.links) {
+          if (t.name == l->name) *l = t;
+        }
+      }
+    }
+  }
+  const std::string header =
+      "Hardware for `trident plan` (docs/PLAN.md), calibrated by trident plan --calibrate\n" +
+      metrics_path + " --config <the run's config> (layout " + layout_name(config_layout(config)) +
+      ", " + std::to_string(options.devices) + " x " + hw.name + ").\n" + c.notes;
+  std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
+  out << hardware_table_yaml(table, header);
+  out.close();
+  if (!out) {
+    return fail(Status::io_error(out_path + ": cannot write the hardware file: " + std::strerror(errno)));
+  }
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
   std::string config_path, gpu = "h100", hardware_path, devices_text, per_node_text;
+  std::string calibrate_path, write_hardware_path;
   std::vector<std::string> overrides;
-  bool json = false;
+  bool json = false, configured_only = false;
   int rows = 20;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -83,6 +160,10 @@ int cmd_plan(const std::vector<std::string>& args) {
       if (!value(&per_node_text)) return usage_error("--gpus-per-node needs a number (>= 1)");
     } else if (flag == "--hardware") {
       if (!value(&hardware_path)) return usage_error("--hardware needs a file");
+    } else if (flag == "--calibrate") {
+      if (!value(&calibrate_path)) return usage_error("--calibrate needs a metrics file");
+    } else if (flag == "--write-hardware") {
+      if (!value(&write_hardware_path)) return usage_error("--write-hardware needs a file");
     } else if (flag == "--rows") {
       if (!value(&v) || !parse_positive(v, &rows)) return usage_error("--rows needs a number >= 1");
     } else if (flag == "--set") {
@@ -90,36 +171,65 @@ int cmd_plan(const std::vector<std::string>& args) {
       overrides.push_back(v);
     } else if (flag == "--json") {
       json = true;
+    } else if (flag == "--configured-only") {
+      configured_only = true;
     } else {
       return usage_error("unknown option '" + flag + "'");
     }
   }
+  const bool calibrating = !calibrate_path.empty();
+  if (calibrating != !write_hardware_path.empty()) {
+    return usage_error("--calibrate and --write-hardware go together");
+  }
   if (config_path.empty()) return usage_error("--config is required");
-  if (devices_text.empty()) return usage_error("--devices is required (the number of devices)");
+  if (devices_text.empty() && !calibrating) {
+    return usage_error("--devices is required (the number of devices)");
+  }
   PlanOptions options;
-  if (!parse_positive(devices_text, &options.devices)) {
+  if (!devices_text.empty() && !parse_positive(devices_text, &options.devices)) {
     return usage_error("--devices: expected a number >= 1, got '" + devices_text + "'");
   }
   auto config = load_config(config_path, overrides);
   if (!config.is_ok()) return fail(config.status());
+  if (calibrating) {
+    // The run's own layout on the devices it ran on.
+    const int64_t world = config->parallel.world_size_wide();
+    if (devices_text.empty()) options.devices = static_cast<int>(world);
+    if (options.devices != world) {
+      return usage_error("--calibrate: --devices " + std::to_string(options.devices) +
+                         " is not the config's dp x tp x pp = " + std::to_string(world));
+    }
+  }
 
+  // The table: needed for a GPU, and for the cpu when --hardware names one (its cpu
+  // entry, if calibrated, replaces the measured figures) or a calibration writes it.
+  HardwareTable table;
+  if (gpu != "cpu" || !hardware_path.empty() || calibrating) {
+    auto loaded = load_hardware_table(hardware_path.empty() ? default_hardware_path() : hardware_path);
+    if (!loaded.is_ok()) return fail(loaded.status());
+    table = std::move(loaded.value());
+  }
   if (gpu == "cpu") {
-    // This machine: the CPU backend's measured sgemm rate and the memory the ranks share.
-    const std::unique_ptr<Ops> ops = make_cpu_ops(config->runtime.threads);
+    // This machine: the CPU backend's measured sgemm rate (or the table's calibrated cpu
+    // entry) and the memory the ranks share.
     auto memory = available_host_memory();
     if (!memory.is_ok()) return fail(memory.status());
-    const double peak =
-        config->runtime.peak_tflops > 0 ? config->runtime.peak_tflops * 1e12 : ops->peak_flops();
-    options.hardware = cpu_hardware(peak, memory->bytes);
+    if (table.has_cpu) {
+      options.hardware = table.cpu;
+      options.hardware.memory_bytes = memory->bytes;
+    } else {
+      const std::unique_ptr<Ops> ops = make_cpu_ops(config->runtime.threads);
+      const double peak =
+          config->runtime.peak_tflops > 0 ? config->runtime.peak_tflops * 1e12 : ops->peak_flops();
+      options.hardware = cpu_hardware(peak, memory->bytes);
+    }
     options.gpus_per_node = options.devices;
     options.attention_state_bytes = [](int B, int T, int NH, int NKV, int HD, DType dtype) {
       static const std::unique_ptr<Ops> cpu = make_cpu_ops(1);
       return cpu->attention_state_bytes(B, T, NH, NKV, HD, dtype);
     };
   } else {
-    auto table = load_hardware_table(hardware_path.empty() ? default_hardware_path() : hardware_path);
-    if (!table.is_ok()) return fail(table.status());
-    auto hw = find_gpu(table.value(), gpu);
+    auto hw = find_gpu(table, gpu);
     if (!hw.is_ok()) return fail(hw.status());
     options.hardware = hw.value();
     options.attention_state_bytes = gpu_attention_state_bytes;
@@ -127,6 +237,9 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {
     return usage_error("--gpus-per-node: expected a number >= 1, got '" + per_node_text + "'");
   }
+  if (calibrating) return calibrate_and_write(config.value(), options, table, calibrate_path,
+                                              write_hardware_path);
+  options.configured_only = configured_only;
   auto plan = make_plan(config.value(), options);
   if (!plan.is_ok()) return fail(plan.status());
   if (json) {

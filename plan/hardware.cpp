@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,11 @@ class Entry {
     return Status::ok();
   }
   Result<double> positive(const std::string& key) const { return number(key, false); }
+  // A positive number that may be left out (then `fallback`).
+  Result<double> positive_or(const std::string& key, double fallback) const {
+    if (!node_[key]) return fallback;
+    return number(key, false);
+  }
   Result<double> non_negative(const std::string& key) const { return number(key, true); }
   Result<std::string> name(const std::string& key) const {
     const YAML::Node v = node_[key];
@@ -90,25 +96,28 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
       !root["interconnects"].IsSequence()) {
     return Status::invalid_config(source + ": expected lists 'gpus' and 'interconnects'");
   }
+  HardwareTable table;
   std::map<std::string, LinkSpec> links;
   for (size_t i = 0; i < root["interconnects"].size(); ++i) {
     const Entry e(root["interconnects"][i], source + ": interconnects[" + std::to_string(i) + "]");
-    TRIDENT_RETURN_IF_ERROR(e.check_keys({"name", "gbytes_per_s", "latency_us"}));
+    TRIDENT_RETURN_IF_ERROR(e.check_keys({"name", "gbytes_per_s", "latency_us", "efficiency"}));
     LinkSpec link;
     TRIDENT_ASSIGN_OR_RETURN(link.name, e.name("name"));
     TRIDENT_ASSIGN_OR_RETURN(const double gbytes, e.positive("gbytes_per_s"));
     TRIDENT_ASSIGN_OR_RETURN(const double latency_us, e.positive("latency_us"));
+    TRIDENT_ASSIGN_OR_RETURN(link.efficiency, e.positive_or("efficiency", kLinkEfficiency));
     link.bytes_per_s = gbytes * 1e9;
     link.latency_s = latency_us * 1e-6;
     links[link.name] = link;
+    table.links.push_back(link);
   }
-  HardwareTable table;
   for (size_t i = 0; i < root["gpus"].size(); ++i) {
     const std::string where = source + ": gpus[" + std::to_string(i) + "]";
     const Entry e(root["gpus"][i], where);
     TRIDENT_RETURN_IF_ERROR(e.check_keys(
         {"name", "peak_bf16_tflops", "memory_gib", "memory_tbps", "interconnect", "network",
-         "reserved_gib", "fragmentation"}));
+         "reserved_gib", "fragmentation", "gemm_efficiency", "attention_efficiency",
+         "memory_efficiency"}));
     Hardware hw;
     TRIDENT_ASSIGN_OR_RETURN(hw.name, e.name("name"));
     if (hw.name == "cpu") return Status::invalid_config(where + ".name: 'cpu' is reserved");
@@ -134,7 +143,30 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
                                     std::to_string(hw.fragmentation));
     }
     hw.reserved_bytes = reserved_gib * 1073741824.0;
+    TRIDENT_ASSIGN_OR_RETURN(hw.gemm_efficiency, e.positive_or("gemm_efficiency", kGemmEfficiency));
+    TRIDENT_ASSIGN_OR_RETURN(hw.attention_efficiency,
+                             e.positive_or("attention_efficiency", kAttentionEfficiency));
+    TRIDENT_ASSIGN_OR_RETURN(hw.memory_efficiency,
+                             e.positive_or("memory_efficiency", kMemoryEfficiency));
     table.gpus.push_back(hw);
+  }
+  if (root["cpu"]) {
+    // A calibrated `--gpu cpu`: every figure stated, none measured at plan time.
+    const Entry e(root["cpu"], source + ": cpu");
+    TRIDENT_RETURN_IF_ERROR(e.check_keys({"peak_gflops", "memory_gbps", "link_gbytes_per_s",
+                                          "link_latency_us", "gemm_efficiency",
+                                          "attention_efficiency"}));
+    TRIDENT_ASSIGN_OR_RETURN(const double gflops, e.positive("peak_gflops"));
+    TRIDENT_ASSIGN_OR_RETURN(const double gbps, e.positive("memory_gbps"));
+    TRIDENT_ASSIGN_OR_RETURN(const double link_gbytes, e.positive("link_gbytes_per_s"));
+    TRIDENT_ASSIGN_OR_RETURN(const double link_us, e.positive("link_latency_us"));
+    table.cpu = cpu_hardware(gflops * 1e9, 0);
+    table.cpu.memory_bandwidth = gbps * 1e9;
+    table.cpu.intra_node.bytes_per_s = table.cpu.inter_node.bytes_per_s = link_gbytes * 1e9;
+    table.cpu.intra_node.latency_s = table.cpu.inter_node.latency_s = link_us * 1e-6;
+    TRIDENT_ASSIGN_OR_RETURN(table.cpu.gemm_efficiency, e.positive("gemm_efficiency"));
+    TRIDENT_ASSIGN_OR_RETURN(table.cpu.attention_efficiency, e.positive("attention_efficiency"));
+    table.has_cpu = true;
   }
   return table;
 }
@@ -178,9 +210,53 @@ Hardware cpu_hardware(double peak_flops, double memory_bytes) {
   hw.peak_flops = peak_flops;
   hw.memory_bytes = memory_bytes;
   hw.memory_bandwidth = kCpuMemoryBandwidth;
-  hw.intra_node = hw.inter_node = {"shared memory", kCpuLinkBandwidth, kCpuLinkLatency};
+  // MPI's shared-memory copies reach the stated rate (no NCCL busbw factor), and the
+  // elementwise figure is already what one rank streams.
+  hw.intra_node = hw.inter_node = {"shared memory", kCpuLinkBandwidth, kCpuLinkLatency, 1.0};
+  hw.gemm_efficiency = hw.attention_efficiency = kCpuEfficiency;
+  hw.memory_efficiency = 1.0;
   hw.is_cpu = true;
   return hw;
+}
+
+std::string hardware_table_yaml(const HardwareTable& table, const std::string& header) {
+  // %.6g keeps every figure to 6 significant digits: the table reads back to within 1e-6.
+  auto num = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.6g", x);
+    return std::string(buf);
+  };
+  std::string out;
+  std::istringstream lines(header);
+  for (std::string line; std::getline(lines, line);) out += "# " + line + "\n";
+  out += "gpus:\n";
+  for (const Hardware& g : table.gpus) {
+    out += "  - {name: " + g.name + ", peak_bf16_tflops: " + num(g.peak_flops / 1e12) +
+           ", memory_gib: " + num(g.memory_bytes / 1073741824.0) + ", memory_tbps: " +
+           num(g.memory_bandwidth / 1e12) + ",\n     interconnect: " + g.intra_node.name +
+           ", network: " + g.inter_node.name + ", reserved_gib: " +
+           num(g.reserved_bytes / 1073741824.0) + ", fragmentation: " + num(g.fragmentation) +
+           ",\n     gemm_efficiency: " + num(g.gemm_efficiency) + ", attention_efficiency: " +
+           num(g.attention_efficiency) + ", memory_efficiency: " + num(g.memory_efficiency) +
+           "}\n";
+  }
+  out += "interconnects:\n";
+  for (const LinkSpec& l : table.links) {
+    out += "  - {name: " + l.name + ", gbytes_per_s: " + num(l.bytes_per_s / 1e9) +
+           ", latency_us: " + num(l.latency_s * 1e6) + ", efficiency: " + num(l.efficiency) +
+           "}\n";
+  }
+  if (table.has_cpu) {
+    const Hardware& c = table.cpu;
+    // The cpu's memory figure is what a rank streams (its efficiency is folded in).
+    out += "cpu: {peak_gflops: " + num(c.peak_flops / 1e9) + ", memory_gbps: " +
+           num(c.memory_bandwidth * c.memory_efficiency / 1e9) + ", link_gbytes_per_s: " +
+           num(c.intra_node.bytes_per_s * c.intra_node.efficiency / 1e9) + ", link_latency_us: " +
+           num(c.intra_node.latency_s * 1e6) + ",\n      gemm_efficiency: " +
+           num(c.gemm_efficiency) + ", attention_efficiency: " + num(c.attention_efficiency) +
+           "}\n";
+  }
+  return out;
 }
 
 }  // namespace trident

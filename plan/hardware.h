@@ -8,8 +8,16 @@
 // error naming the file, the entry and the key):
 //   gpus:          [{name, peak_bf16_tflops, memory_gib, memory_tbps, interconnect, network,
 //                    reserved_gib, fragmentation}]
+//                    optional: gemm_efficiency, attention_efficiency, memory_efficiency
+//                    (defaults kGemmEfficiency, kAttentionEfficiency, kMemoryEfficiency)
 //   interconnects: [{name, gbytes_per_s, latency_us}]   per GPU, per direction
-// reserved_gib and fragmentation may be 0; the other numbers must be positive.
+//                    optional: efficiency (NCCL busbw / link bandwidth; default 0.8)
+//   cpu:           optional, for `--gpu cpu`: {peak_gflops, memory_gbps, link_gbytes_per_s,
+//                    link_latency_us, gemm_efficiency, attention_efficiency} (all
+//                    required when present; `trident plan --calibrate` writes it)
+// reserved_gib and fragmentation may be 0; the other numbers must be positive. The
+// efficiencies are what `trident plan --calibrate` fits from a run's metrics
+// (docs/PLAN.md "Calibration").
 // Thread-compatible; nothing here touches a device.
 #pragma once
 
@@ -20,12 +28,24 @@
 
 namespace trident {
 
+// The default shares of the datasheet figures a training step reaches (a table entry may
+// set its own, and `trident plan --calibrate` fits them from a run).
+inline constexpr double kGemmEfficiency = 0.75;       // cuBLASLt bf16 on large GEMMs (H100:
+                                                      // ~700-750 of 989 TFLOP/s)
+inline constexpr double kAttentionEfficiency = 0.5;   // flash / cuDNN fwd+bwd, causal
+inline constexpr double kMemoryEfficiency = 0.8;      // of the datasheet HBM bandwidth
+inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandwidth
+// --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
+// (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
+inline constexpr double kCpuEfficiency = 0.55;
+
 // One link class: the per-GPU, per-direction bandwidth a ring collective is bounded by,
 // and one call's fixed cost.
 struct LinkSpec {
   std::string name;
   double bytes_per_s = 0;
   double latency_s = 0;
+  double efficiency = kLinkEfficiency;  // the busbw a ring collective reaches, as a share of bytes_per_s
 };
 
 // The device a plan is for, with its links.
@@ -41,12 +61,25 @@ struct Hardware {
   // fragmentation. Both 0 on the cpu, whose plan is exact.
   double reserved_bytes = 0;
   double fragmentation = 0;
+  // Shares of peak_flops (GEMMs, the attention core) and of memory_bandwidth (elementwise
+  // passes, the optimizer) the step reaches: datasheet defaults, or fitted by calibration.
+  double gemm_efficiency = kGemmEfficiency, attention_efficiency = kAttentionEfficiency;
+  double memory_efficiency = kMemoryEfficiency;
   bool is_cpu = false;
 };
 
 struct HardwareTable {
   std::vector<Hardware> gpus;  // in file order
+  std::vector<LinkSpec> links;  // in file order
+  // The table's `cpu` entry (a calibrated one), else none: --gpu cpu then measures.
+  bool has_cpu = false;
+  Hardware cpu;
 };
+
+// The table as YAML that parse_hardware_table reads back to the same figures (to 6
+// significant digits: the GPUs, the links and the cpu entry when present), after `header`
+// as comment lines (calibration says there where each figure came from).
+std::string hardware_table_yaml(const HardwareTable& table, const std::string& header);
 
 // Parses the table; errors name `source`, the entry and the key.
 Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const std::string& source);

@@ -41,9 +41,9 @@ std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
 
 // Seconds for `payload` bytes of a ring collective over `link` with `ranks` members.
 double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSpec& link,
-                    double calls, bool cpu) {
+                    double calls) {
   if (ranks <= 1 || payload <= 0) return 0;
-  const double bw = link.bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
+  const double bw = link.bytes_per_s * link.efficiency;
   return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
 }
 
@@ -53,12 +53,12 @@ struct KindSeconds {
   double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
   double total() const { return all_reduce + reduce_scatter + all_gather; }
 };
-KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls, bool cpu) {
+KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls) {
   const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
   const double per_kind = kinds > 0 ? calls / kinds : 0;
-  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind, cpu),
-          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind, cpu),
-          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind, cpu)};
+  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind),
+          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind),
+          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind)};
 }
 
 struct StageTime {
@@ -163,9 +163,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const bool cpu = hw.is_cpu;
   const bool fp32 = config.training.precision == Precision::kFp32;
   const double peak = hw.peak_flops * (fp32 && !cpu ? 0.5 : 1.0);  // GPU fp32: TF32
-  const double gemm_rate = peak * (cpu ? kCpuEfficiency : kGemmEfficiency);
-  const double attention_rate = peak * (cpu ? kCpuEfficiency : kAttentionEfficiency);
-  const double mem_rate = hw.memory_bandwidth * (cpu ? 1.0 : kMemoryEfficiency);
+  const double gemm_rate = peak * hw.gemm_efficiency;
+  const double attention_rate = peak * hw.attention_efficiency;
+  const double mem_rate = hw.memory_bandwidth * hw.memory_efficiency;
   // The local FLOPs and elementwise bytes of one micro-batch on the stage: the model
   // description's (model/model_description.h describe_flops).
   const StageFlops w =
@@ -191,9 +191,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro, cpu).total() / micro;
+  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro).total() / micro;
   if (t.traffic.pp.send > 0) {
-    const double bw = links.link[ParallelDim::kPp]->bytes_per_s * (cpu ? 1.0 : kLinkEfficiency);
+    const double bw = links.link[ParallelDim::kPp]->bytes_per_s * links.link[ParallelDim::kPp]->efficiency;
     // One send each way per chunk boundary (the model's first and last excepted).
     const int v = config.parallel.virtual_stages;
     const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
@@ -203,9 +203,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket), cpu);
+  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket));
   const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
-                                          2, *links.link[ParallelDim::kPp], 1, cpu);
+                                          2, *links.link[ParallelDim::kPp], 1);
   t.dp_comm = k.total() + embedding_s;
   if (dp > 1 && d.total() > 0) {
     // The stage's groups (embedding, layers, head: ParamLayout's ids) with their compute:
@@ -602,7 +602,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     }
   }
   std::vector<PlanCandidate> layouts;
-  if (!enumerate_up_to(config, n, kMaxPlanCandidates, &layouts)) {
+  if (!options.configured_only && !enumerate_up_to(config, n, kMaxPlanCandidates, &layouts)) {
     return Status::invalid_config(
         "--devices " + std::to_string(n) + " with training.global_batch_size=" +
         std::to_string(config.training.global_batch_size) + " gives more than " +

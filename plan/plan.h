@@ -32,13 +32,15 @@
 // f32 and cuDNN's bf16 dq, dk, dv; plain, the scores and probabilities [B, NH, T, T].
 //
 // Time (per optimizer step, the most loaded pipeline stage):
-//   per micro-batch compute c = GEMM FLOPs / (peak * kGemmEfficiency)
-//                             + attention-core FLOPs (causal) / (peak * kAttentionEfficiency)
-//                             + elementwise bytes / (memory bandwidth * kMemoryEfficiency)
+//   per micro-batch compute c = GEMM FLOPs / (peak * gemm_efficiency)
+//                             + attention-core FLOPs (causal) / (peak * attention_efficiency)
+//                             + elementwise bytes / (memory bandwidth * memory_efficiency)
+//     (the Hardware's efficiencies: plan/hardware.h's defaults, or calibrated)
 //     forward once, backward twice, plus the forward recompute reruns (full: the layer,
 //     selective: the attention core). GPU fp32 runs at TF32 = half the bf16 peak. On the
-//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate.
-//   per micro-batch tp = tp payload * bus_factor / link bandwidth + calls * latency, on
+//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate by default.
+//   per micro-batch tp = tp payload * bus_factor / (link bandwidth * link efficiency)
+//     + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
 //     pp likewise for one boundary send each way per model chunk (NVLink only when a
 //     whole pipeline fits in a node). Both on the critical path (Trident does not overlap
@@ -76,17 +78,9 @@
 
 namespace trident {
 
-inline constexpr double kGemmEfficiency = 0.75;       // cuBLASLt bf16 on large GEMMs (H100:
-                                                      // ~700-750 of 989 TFLOP/s)
-inline constexpr double kAttentionEfficiency = 0.5;   // flash / cuDNN fwd+bwd, causal
-inline constexpr double kMemoryEfficiency = 0.8;      // of the datasheet HBM bandwidth
-inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandwidth
 // Reductions a ReduceScatterQueue keeps in flight (parallel/reduce_scatter_queue.h: the
 // DataParallel's queue has 2 slots; plan/memory_plan.cpp counts the same two).
 inline constexpr int kReduceQueueDepth = 2;
-// --gpu cpu: the CPU training step's share of its sgemm peak for GEMMs and attention
-// (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
-inline constexpr double kCpuEfficiency = 0.55;
 // Interleaved 1F1B: the most model chunks per stage plan tries (Megatron runs use 2-8).
 inline constexpr int kMaxVirtualStages = 8;
 // Bounds of the search, so that any config is answered in about a second and a few
@@ -129,6 +123,9 @@ struct PlanOptions {
   int gpus_per_node = 8;
   Hardware hardware;
   AttentionStateBytes attention_state_bytes;  // per layer and micro-batch
+  // Evaluate the configured layout only (no search, so none of its bounds): `trident plan
+  // --configured-only`, for checking a published layout of any size.
+  bool configured_only = false;
 };
 
 // The CUDA backend's attention state for a compute dtype: bf16 (with a head dim cuDNN

@@ -175,12 +175,9 @@ TEST(ModelFamily, PlannerFollowsTheDescription) {
 
     PlanOptions o;
     o.devices = tp * dp;
-    o.hardware.name = "cpu";
-    o.hardware.is_cpu = true;
-    o.hardware.peak_flops = 1e12;
-    o.hardware.memory_bytes = 1e12;
+    o.hardware = cpu_hardware(1e12, 1e12);
     o.hardware.memory_bandwidth = 1e11;
-    o.hardware.intra_node = o.hardware.inter_node = LinkSpec{"link", 1e10, 1e-6};
+    o.hardware.intra_node = o.hardware.inter_node = LinkSpec{"link", 1e10, 1e-6, 1.0};
     o.attention_state_bytes = state_bytes;
     const PlanResult pa = evaluate_layout(base, o);
     const PlanResult pb = evaluate_layout(extra, o);

@@ -606,6 +606,12 @@ TEST(Hardware, TheTableHasTheFourGpusWithDatasheetFigures) {
   EXPECT_EQ(h100->inter_node.bytes_per_s, 50e9);
   EXPECT_EQ(h100->reserved_bytes, 2.0 * 1073741824.0);
   EXPECT_EQ(h100->fragmentation, 0.02);
+  // The efficiencies are parameters of the table, stated there at plan/hardware.h's defaults.
+  EXPECT_EQ(h100->gemm_efficiency, kGemmEfficiency);
+  EXPECT_EQ(h100->attention_efficiency, kAttentionEfficiency);
+  EXPECT_EQ(h100->memory_efficiency, kMemoryEfficiency);
+  EXPECT_EQ(h100->intra_node.efficiency, kLinkEfficiency);
+  EXPECT_EQ(h100->inter_node.efficiency, kLinkEfficiency);
   for (const char* name : {"h200", "a100", "b200"}) EXPECT_TRUE(find_gpu(table.value(), name).is_ok());
   Result<Hardware> unknown = find_gpu(table.value(), "v100");
   ASSERT_FALSE(unknown.is_ok());

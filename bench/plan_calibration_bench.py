@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+# `trident plan` predicted against measured on this machine's CPU ranks (docs/PERFORMANCE.md
+# "trident plan calibrated on CPU ranks"): trains a GPT-2 (L4 H4 C256 T256, byte
+# vocabulary, global batch 8 x 256 tokens, micro-batch 1) on 2 MPI ranks in each layout
+# below, `rounds` times round-robin, calibrates the hardware table from one run only (the
+# first round's run of the first layout, `trident plan --calibrate`), and prints per layout
+# the measured step time and exposed communication (rank 0's metrics: per run the median
+# of the steps after the first, then the median over rounds, with the rounds' range)
+# next to the calibrated plan's and the uncalibrated plan's. The calibration run has both
+# overlap switches off: every collective is waited for, so its communication time is the
+# transfer's (with overlap on, the hidden time of a collective on these ranks includes the
+# compute it shares the cores with).
+#   python3 bench/plan_calibration_bench.py [steps] [rounds]   (default 6 2; from the repo root)
+import json, os, statistics, subprocess, sys, tempfile, time
+
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+T = "build/trident"
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+MODEL = ["model.arch=gpt2", "model.vocab_size=256", "model.seq_len=256", "model.n_layers=4",
+         "model.n_heads=4", "model.d_model=256", "parallel.micro_batch_size=1",
+         "training.global_batch_size=8", "training.lr=3e-4", "training.warmup_steps=0"]
+# (label, --set overrides of the layout); every one is 2 ranks on the same 2 cores.
+OFF = ["parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"]
+LAYOUTS = [
+    ("dp2 z1 overlap off (calibration)", ["parallel.dp=2", "parallel.zero_stage=1"] + OFF),
+    ("dp2 z1 overlap on", ["parallel.dp=2", "parallel.zero_stage=1"]),
+    ("dp2 z0 overlap on", ["parallel.dp=2", "parallel.zero_stage=0"]),
+    ("dp2 z3 overlap on", ["parallel.dp=2", "parallel.zero_stage=3"]),
+    ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
+    ("tp2", ["parallel.tp=2"]),
+    ("pp2 1f1b", ["parallel.pp=2"]),
+    ("pp2 v2 interleaved", ["parallel.pp=2", "parallel.virtual_stages=2"]),
+]
+
+
+def sh(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def load():
+    return open("/proc/loadavg").read().split()[:3]
+
+
+def sets(xs):
+    return [a for x in xs for a in ("--set", x)]
+
+
+with tempfile.TemporaryDirectory() as work:
+    with open(f"{work}/text.txt", "w") as f:
+        for _ in range(10):
+            for name in sorted(os.listdir("docs")):
+                f.write(open(f"docs/{name}").read())
+    sh([T, "prepare", "--input", f"{work}/text.txt", "--out", f"{work}/data", "--tokenizer", "byte"])
+    cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+    print(f"# machine: {cpu}, {os.cpu_count()} cores, {'avx512f' if 'avx512f' in flags else 'no avx512f'}; "
+          f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
+    print(f"# GPT-2 L4 H4 C256 T256, byte vocabulary, global batch 8 x 256, micro-batch 1, 2 MPI ranks, "
+          f"{steps} steps (medians of steps 2..{steps})")
+    measured = {label: [] for label, _ in LAYOUTS}
+    for rnd in range(rounds):
+        for i, (label, layout) in enumerate(LAYOUTS):
+            base = MODEL + layout + [f"data.train={work}/data/train_*.bin", f"training.max_steps={steps}",
+                                     f"logging.metrics={work}/m{rnd}_{i}.jsonl", f"checkpoint.dir={work}/ck{rnd}_{i}",
+                                     "checkpoint.save_final=false", "logging.log_interval=1"]
+            sh(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2",
+                T, "train", "--config", "bench/medium.yaml"] + sets(base))
+            recs = [j for j in map(json.loads, open(f"{work}/m{rnd}_{i}.jsonl")) if "step_ms" in j][1:]
+            med = lambda f: statistics.median(f(r) for r in recs) / 1e3
+            measured[label].append({"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
+                                    "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
+                                    "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])})
+            if rnd == 0 and i == 0:
+                print("# calibration: " + " ".join(["trident", "plan", "--calibrate", "METRICS", "--config",
+                                                    "bench/medium.yaml"] + sets(MODEL + layout) +
+                                                   ["--gpu", "cpu", "--write-hardware", "HW"]))
+                out = sh([T, "plan", "--calibrate", f"{work}/m0_0.jsonl", "--config", "bench/medium.yaml"] +
+                         sets(base) + ["--gpu", "cpu", "--write-hardware", f"{work}/hw.yaml"])
+                print("".join("#   " + l + "\n" for l in out.splitlines() if not l.startswith("wrote")), end="")
+        print(f"# round {rnd + 1} done {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
+    runs = []
+    for label, layout in LAYOUTS:
+        ms = measured[label]
+        m = {k: statistics.median(x[k] for x in ms) for k in ms[0]}
+        m["range"] = (min(x["step"] for x in ms), max(x["step"] for x in ms))
+        runs.append((label, MODEL + layout + [f"data.train={work}/data/train_*.bin"], m))
+
+    def plan(base, extra):
+        j = json.loads(sh([T, "plan", "--config", "bench/medium.yaml", "--devices", "2", "--gpu", "cpu",
+                           "--configured-only", "--json"] + sets(base) + extra))["configured"]
+        return {"step": j["step_time_s"], "tp": j["time_s"]["tp"], "dp": j["time_s"]["dp"],
+                "pp": j["time_s"]["pp"] + j["time_s"]["bubble"]}
+
+    print("| layout | measured ms/step (rounds' range) | calibrated plan | error | uncalibrated plan | error | "
+          "exposed tp ms meas / plan | exposed pp ms meas / plan | exposed dp ms meas / plan |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    errs, plain_errs = [], []
+    for label, base, m in runs:
+        c = plan(base, ["--hardware", f"{work}/hw.yaml"])
+        u = plan(base, [])
+        e, ue = 100 * (c["step"] / m["step"] - 1), 100 * (u["step"] / m["step"] - 1)
+        if "calibration" not in label:
+            errs.append(abs(e))
+            plain_errs.append(abs(ue))
+        cell = lambda k: f"{1e3 * m[k]:.1f} / {1e3 * c[k]:.1f}"
+        print(f"| {label} | {1e3 * m['step']:.1f} ({1e3 * m['range'][0]:.0f}–{1e3 * m['range'][1]:.0f}) | {1e3 * c['step']:.1f} | {e:+.1f}% | {1e3 * u['step']:.1f} | "
+              f"{ue:+.1f}% | {cell('tp')} | {cell('pp')} | {cell('dp')} |")
+    print(f"# {len(errs)} layouts besides the calibration run: calibrated |error| mean {statistics.mean(errs):.1f}%, "
+          f"max {max(errs):.1f}%, {sum(x <= 20 for x in errs)} within 20%; uncalibrated mean "
+          f"{statistics.mean(plain_errs):.1f}%, max {max(plain_errs):.1f}%")

@@ -1,0 +1,231 @@
+// Calibration from a run's metrics file (plan/calibrate.h).
+#include "plan/calibrate.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trident {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, x);
+  return buf;
+}
+
+// Every link of `hw` (both for the cpu, whose one link stands for both) with its
+// effective bandwidth scaled by `intra` and `inter`: a GPU link's efficiency, the cpu's
+// bandwidth (its efficiency is 1 by definition: MPI's copies reach what they reach).
+Hardware scale_links(Hardware hw, double intra, double inter) {
+  auto scale = [&](LinkSpec& l, double f) {
+    if (hw.is_cpu) {
+      l.bytes_per_s *= f;
+    } else {
+      l.efficiency *= f;
+    }
+  };
+  scale(hw.intra_node, intra);
+  if (hw.is_cpu) {
+    hw.inter_node = hw.intra_node;
+  } else {
+    scale(hw.inter_node, inter);
+  }
+  return hw;
+}
+
+Hardware scale_compute(Hardware hw, double f) {
+  hw.gemm_efficiency *= f;
+  hw.attention_efficiency *= f;
+  hw.memory_efficiency *= f;
+  return hw;
+}
+
+PlanResult evaluate_on(const Config& config, PlanOptions o, const Hardware& hw) {
+  o.hardware = hw;
+  return evaluate_layout(config, o);
+}
+
+}  // namespace
+
+Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
+                                 const ParallelConfig& layout) {
+  std::ifstream in(path);
+  if (!in) {
+    return Status::invalid_input(path + ": cannot open metrics file: " + std::strerror(errno));
+  }
+  MeasuredRun run;
+  run.path = path;
+  bool segment = false;
+  std::vector<nlohmann::json> steps;
+  nlohmann::json summary;
+  for (std::string line; std::getline(in, line);) {
+    // A torn line (a killed run) is skipped, as scripts/plot_metrics.py does.
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("segment")) {
+      segment = true;
+      steps.clear();
+      summary = nullptr;
+      run.world_size = j["segment"].value("world_size", 0);
+    } else if (j.contains("summary")) {
+      summary = j["summary"];
+    } else if (j.contains("step_ms") && j["step_ms"].is_number()) {
+      steps.push_back(j);
+    }
+  }
+  if (!segment) {
+    return Status::invalid_input(path + ": no segment header (not a trident train metrics file?)");
+  }
+  if (steps.empty()) return Status::invalid_input(path + ": no step records in its last segment");
+  const std::string keys = "parallel.dp=" + std::to_string(layout.dp) + ", parallel.tp=" +
+                           std::to_string(layout.tp) + ", parallel.pp=" + std::to_string(layout.pp);
+  if (run.world_size != expected_world) {
+    return Status::invalid_input(path + ": the run's segment header has world_size " +
+                                 std::to_string(run.world_size) + ", but the config's layout (" +
+                                 keys + ") is for " + std::to_string(expected_world) +
+                                 " ranks: calibrate with the config the run trained with");
+  }
+  if (summary.is_object() && summary.contains("ranks")) {
+    int dp = 0, tp = 0, pp = 0;
+    for (const nlohmann::json& r : summary["ranks"]) {
+      dp = std::max(dp, r.value("dp", 0) + 1);
+      tp = std::max(tp, r.value("tp", 0) + 1);
+      pp = std::max(pp, r.value("pp", 0) + 1);
+    }
+    if (dp != layout.dp || tp != layout.tp || pp != layout.pp) {
+      return Status::invalid_input(path + ": the run's summary has dp " + std::to_string(dp) +
+                                   " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp) +
+                                   ", the config " + keys +
+                                   ": calibrate with the config the run trained with");
+    }
+  }
+  run.steps = static_cast<int>(steps.size());
+  if (steps.size() > 1) steps.erase(steps.begin());  // start-up work
+  run.steps_used = static_cast<int>(steps.size());
+  std::vector<double> step_s;
+  std::vector<double> e[4], h[4];
+  const char* groups[4] = {"tp", "dp", "pp", "embedding"};
+  for (const nlohmann::json& s : steps) {
+    step_s.push_back(s["step_ms"].get<double>() / 1e3);
+    for (int g = 0; g < 4; ++g) {
+      auto ms = [&](const char* key) {
+        return s.contains(key) && s[key].is_object() ? s[key].value(groups[g], 0.0) / 1e3 : 0.0;
+      };
+      e[g].push_back(ms("comm_exposed_ms"));
+      h[g].push_back(ms("comm_hidden_ms"));
+    }
+  }
+  run.step_s = median(step_s);
+  run.exposed = {median(e[0]), median(e[1]), median(e[2]), median(e[3])};
+  run.hidden = {median(h[0]), median(h[1]), median(h[2]), median(h[3])};
+  return run;
+}
+
+Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
+                              const MeasuredRun& run) {
+  Calibration c;
+  c.before = evaluate_layout(config, options);
+  const Hardware& hw = options.hardware;
+  // Links: each group's bytes term (2 x the time saved by doubling every link's
+  // bandwidth) and latency term, pooled per link, against what the group measured.
+  Hardware doubled = hw;
+  doubled.intra_node.bytes_per_s *= 2;
+  doubled.inter_node.bytes_per_s *= 2;
+  const PlanResult fast = evaluate_on(config, options, doubled);
+  struct Pool {
+    double bytes_s = 0, latency_s = 0, measured_s = 0;
+  } pools[2];  // intra, inter
+  struct Group {
+    const char* name;
+    ParallelDim dim;
+    double predicted, predicted_fast, measured;
+  };
+  const Group groups[] = {
+      {"tp", ParallelDim::kTp, c.before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
+      {"dp", ParallelDim::kDp, c.before.dp_comm_s, fast.dp_comm_s,
+       run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding}};
+  for (const Group& g : groups) {
+    if (g.predicted <= 0 || g.measured <= 0) continue;
+    const double bytes_s = 2 * (g.predicted - g.predicted_fast);
+    Pool& p = pools[c.before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0];
+    p.bytes_s += bytes_s;
+    p.latency_s += g.predicted - bytes_s;
+    p.measured_s += g.measured;
+    c.notes += std::string(g.name) + ": measured " + fmt("%.4g", g.measured * 1e3) +
+               " ms/step of communication (exposed + hidden), predicted " +
+               fmt("%.4g", g.predicted * 1e3) + " ms over " +
+               (c.before.crosses_nodes[g.dim] && !hw.is_cpu ? hw.inter_node.name
+                                                             : hw.intra_node.name) +
+               "\n";
+  }
+  double factor[2] = {1, 1};
+  for (int k = 0; k < 2; ++k) {
+    const Pool& p = pools[k];
+    if (p.bytes_s <= 0) continue;
+    const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
+    // What the bytes took: the measured time less the fixed cost per call. When the
+    // fixed costs are most of it (small messages), the bandwidth is not identified and
+    // the link keeps its figure.
+    const double bytes_measured = p.measured_s - p.latency_s;
+    if (bytes_measured < 0.1 * p.measured_s) {
+      c.notes += l.name + ": not fitted (the per-call latency accounts for " +
+                 fmt("%.0f", 100 * p.latency_s / p.measured_s) + "% of the measured time)\n";
+      continue;
+    }
+    factor[k] = p.bytes_s / bytes_measured;
+    c.notes += l.name + ": effective bandwidth x " + fmt("%.4g", factor[k]) + " (" +
+               fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
+               fmt("%.4g", l.bytes_per_s * l.efficiency * factor[k] / 1e9) + " GB/s)\n";
+  }
+  c.tp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
+  c.dp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
+  const Hardware linked = scale_links(hw, factor[0], factor[1]);
+  // Compute: the one factor whose predicted step is the measured one (the step falls as
+  // the factor grows; bisection in log space).
+  auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
+  double lo = 1e-4, hi = 1e4;
+  if (step(hi) > run.step_s) {
+    return Status::invalid_input(
+        run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
+        " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
+        "the fitted links (" + fmt("%.4g", step(hi) * 1e3) + " ms): nothing to fit compute to");
+  }
+  if (step(lo) < run.step_s) {
+    return Status::invalid_input(run.path + ": the measured step (" +
+                                 fmt("%.4g", run.step_s * 1e3) +
+                                 " ms) is longer than the plan at 1e-4 of the table's compute "
+                                 "efficiencies: not this config's run?");
+  }
+  for (int i = 0; i < 80; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (step(mid) > run.step_s ? lo : hi) = mid;
+  }
+  c.compute_factor = std::sqrt(lo * hi);
+  c.hardware = scale_compute(linked, c.compute_factor);
+  c.after = evaluate_on(config, options, c.hardware);
+  c.notes += "step: measured " + fmt("%.4g", run.step_s * 1e3) + " ms (median of " +
+             std::to_string(run.steps_used) + " steps), predicted " +
+             fmt("%.4g", c.before.step_time_s * 1e3) + " ms before, " +
+             fmt("%.4g", c.after.step_time_s * 1e3) + " ms after\n";
+  c.notes += "compute efficiencies x " + fmt("%.4g", c.compute_factor) + ": gemm " +
+             fmt("%.4g", c.hardware.gemm_efficiency) + ", attention " +
+             fmt("%.4g", c.hardware.attention_efficiency) + ", memory " +
+             fmt("%.4g", c.hardware.memory_efficiency) + "\n";
+  return c;
+}
+
+}  // namespace trident

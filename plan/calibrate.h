@@ -1,0 +1,70 @@
+// Calibration of the hardware table from a measured run (`trident plan --calibrate`;
+// docs/PLAN.md "Calibration"): the efficiencies and link figures of a Hardware fitted so
+// that the plan of the run's own layout predicts what its metrics file measured.
+//
+// The metrics file is the trainer's JSONL (trainer/metrics.h): the last segment header
+// {"segment": {..., "world_size"}}, the step records after it {"step", "step_ms",
+// "comm_exposed_ms": {"tp", "dp", "pp", "embedding"}, "comm_hidden_ms": {...}} (rank 0's
+// communication), and, when the run ended, {"summary": {"ranks": [{"rank", "pp", "dp",
+// "tp", ...}]}} with every rank's coordinates. The figures taken are medians over the
+// segment's steps after its first (which includes start-up work: arenas, the prefetch
+// learning its order).
+//
+// What one run identifies, and so what is fitted (the rest keeps the table's figures):
+//   - each link the run's tp and dp groups use: its effective bandwidth (a GPU link's
+//     `efficiency`, the cpu's `link_gbytes_per_s`), from the group's measured
+//     communication, exposed + hidden, against the plan's bytes over the link (the
+//     latency term kept; a link whose latency explains 90% of the time keeps its
+//     figure: small messages do not identify a bandwidth). pp is not fitted: its measured wait includes the pipeline's
+//     idle time, not only the transfer.
+//   - compute: one factor on gemm_efficiency, attention_efficiency and memory_efficiency
+//     together (their ratios kept), so that the predicted step equals the measured one.
+//     One run's step time is one equation; GEMM and attention efficiencies separate only
+//     with runs of different sequence lengths, which this does not take.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+#include "core/status.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
+
+namespace trident {
+
+// Seconds per step, per group (the metrics' {"tp", "dp", "pp", "embedding"}).
+struct GroupSeconds {
+  double tp = 0, dp = 0, pp = 0, embedding = 0;
+};
+
+struct MeasuredRun {
+  std::string path;
+  int world_size = 0;
+  int steps = 0;           // step records in the last segment
+  int steps_used = 0;      // after its first
+  double step_s = 0;       // median
+  GroupSeconds exposed, hidden;  // medians, rank 0
+};
+
+// Reads `path`. Errors (invalid_input, naming the file): it cannot be read; no segment
+// header; no step records after the last one; the header's world_size is not
+// `expected_world`, or the summary's rank coordinates are not the config's dp x tp x pp
+// (`layout` names the keys).
+Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
+                                 const ParallelConfig& layout);
+
+struct Calibration {
+  Hardware hardware;            // fitted
+  double compute_factor = 1;    // on the three compute efficiencies
+  double tp_link_factor = 1, dp_link_factor = 1;  // on the links' effective bandwidth
+  PlanResult before, after;     // the run's layout with the input and the fitted table
+  std::string notes;            // what was fitted from what, one line each
+};
+
+// Fits options.hardware to `run`, the measurement of `config`'s layout on
+// options.devices. Errors when the measured step is shorter than what the plan's
+// communication alone takes with the fitted links (nothing left for compute).
+Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
+                              const MeasuredRun& run);
+
+}  // namespace trident

@@ -1,0 +1,190 @@
+// Calibration (plan/calibrate.h) and the hardware table it writes (hardware_table_yaml):
+// a run "measured" on hardware of known efficiencies and link bandwidths is fitted back
+// to those figures from the table's defaults; the written table reads back to the same
+// figures; a metrics file that is not the config's run is refused naming the file.
+// The multi-rank run on this machine is tests/plan/calibrate_cpu_test.py.
+#include "plan/calibrate.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tests/model/tiny_config.h"
+
+namespace trident {
+namespace {
+
+Config config_for(const PlanCandidate& l, int d_model = 256, int seq_len = 128) {
+  Config c;
+  c.model = testing::tiny_model(Arch::kLlama, {.d_ff = 128});
+  c.model.d_model = d_model;
+  c.model.seq_len = seq_len;
+  c.model.finalize();
+  c.parallel.micro_batch_size = 1;
+  c.training.global_batch_size = 8;
+  c.data.train = "unused";
+  const Config out = apply_layout(c, l);
+  EXPECT_TRUE(validate_config(out).is_ok()) << validate_config(out).message();
+  return out;
+}
+
+PlanOptions cpu_options(int devices, const Hardware& hw) {
+  PlanOptions o;
+  o.devices = devices;
+  o.gpus_per_node = devices;
+  o.hardware = hw;
+  o.attention_state_bytes = gpu_attention_state_bytes;
+  return o;
+}
+
+// What the trainer would have measured on `truth`: the plan's step and its communication
+// per group (the plan's dp_comm_s, split exposed / hidden as it predicts).
+MeasuredRun measured_on(const Config& c, const PlanOptions& truth) {
+  const PlanResult r = evaluate_layout(c, truth);
+  MeasuredRun m;
+  m.path = "synthetic.jsonl";
+  m.world_size = truth.devices;
+  m.steps = m.steps_used = 5;
+  m.step_s = r.step_time_s;
+  m.exposed.tp = r.tp_s;
+  m.exposed.dp = r.dp_s;
+  m.hidden.dp = r.dp_comm_s - r.dp_s;
+  return m;
+}
+
+TEST(Calibrate, RecoversTheComputeFactorAndTheLinkOfAKnownMachine) {
+  Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = start;
+  truth.gemm_efficiency = truth.attention_efficiency = start.gemm_efficiency * 0.4;
+  truth.memory_efficiency = start.memory_efficiency * 0.4;
+  truth.intra_node.bytes_per_s = truth.inter_node.bytes_per_s = 0.25e9;  // 5 GB/s -> 0.25
+  for (const PlanCandidate& l : {PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1},
+                                 PlanCandidate{{.dp = 2, .tp = 2}, Recompute::kNone, 1},
+                                 PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kFull, 2}}) {
+    const Config c = config_for(l);
+    const int n = l.dp * l.tp * l.pp;
+    const MeasuredRun m = measured_on(c, cpu_options(n, truth));
+    auto fit = calibrate(c, cpu_options(n, start), m);
+    ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+    EXPECT_NEAR(fit->compute_factor, 0.4, 1e-6) << layout_name(l);
+    EXPECT_NEAR(fit->hardware.intra_node.bytes_per_s, 0.25e9, 0.25e9 * 1e-6) << layout_name(l);
+    EXPECT_NEAR(fit->after.step_time_s, m.step_s, 1e-9 * m.step_s);
+    EXPECT_GT(std::abs(fit->before.step_time_s / m.step_s - 1), 0.5);  // the start was off
+  }
+}
+
+TEST(Calibrate, AGpuLinkIsFittedThroughItsEfficiency) {
+  Result<HardwareTable> table =
+      load_hardware_table(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware.yaml");
+  ASSERT_TRUE(table.is_ok());
+  const Hardware start = find_gpu(table.value(), "a100").value();
+  Hardware truth = start;
+  truth.gemm_efficiency *= 0.8;
+  truth.attention_efficiency *= 0.8;
+  truth.memory_efficiency *= 0.8;
+  truth.intra_node.efficiency = 0.6;  // tp 2 inside a node of 2: NVLink
+  truth.inter_node.efficiency = 0.5;  // dp 2 across the two nodes: the network
+  // Wide and long enough that bandwidth, not NCCL's per-call latency, decides the tp time.
+  const Config c =
+      config_for(PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, 1024);
+  PlanOptions o = cpu_options(4, truth);
+  o.gpus_per_node = 2;
+  const MeasuredRun m = measured_on(c, o);
+  o.hardware = start;
+  auto fit = calibrate(c, o, m);
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->compute_factor, 0.8, 1e-6);
+  EXPECT_NEAR(fit->hardware.inter_node.efficiency, 0.5, 1e-6);
+  EXPECT_NEAR(fit->hardware.intra_node.efficiency, 0.6, 1e-6);
+  EXPECT_EQ(fit->hardware.inter_node.bytes_per_s, start.inter_node.bytes_per_s);  // datasheet kept
+}
+
+TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
+  Result<HardwareTable> table =
+      load_hardware_table(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware.yaml");
+  ASSERT_TRUE(table.is_ok());
+  HardwareTable t = table.value();
+  t.gpus[0].gemm_efficiency = 0.6123456;
+  t.links[0].efficiency = 0.43;
+  t.cpu = cpu_hardware(123.4e9, 0);
+  t.cpu.gemm_efficiency = 0.31;
+  t.cpu.attention_efficiency = 0.29;
+  t.cpu.memory_efficiency = 0.5;  // folded into memory_gbps on write
+  t.cpu.intra_node.bytes_per_s = t.cpu.inter_node.bytes_per_s = 0.7e9;
+  t.has_cpu = true;
+  const std::string yaml = hardware_table_yaml(t, "a header\nof two lines");
+  EXPECT_EQ(yaml.rfind("# a header\n# of two lines\n", 0), 0u) << yaml;
+  Result<HardwareTable> back = parse_hardware_table(yaml, "written.yaml");
+  ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << yaml;
+  ASSERT_EQ(back->gpus.size(), t.gpus.size());
+  for (size_t i = 0; i < t.gpus.size(); ++i) {
+    const Hardware &a = t.gpus[i], &b = back->gpus[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_NEAR(b.peak_flops / a.peak_flops, 1, 1e-6);
+    EXPECT_NEAR(b.memory_bytes / a.memory_bytes, 1, 1e-6);
+    EXPECT_NEAR(b.gemm_efficiency / a.gemm_efficiency, 1, 1e-6);
+    EXPECT_NEAR(b.attention_efficiency, a.attention_efficiency, 1e-6);
+    EXPECT_NEAR(b.memory_efficiency, a.memory_efficiency, 1e-6);
+    EXPECT_NEAR(b.reserved_bytes, a.reserved_bytes, 1);
+    EXPECT_EQ(b.intra_node.name, a.intra_node.name);
+    // A GPU names its links: it reads back with the link table's figures.
+    for (const LinkSpec& l : t.links) {
+      if (l.name == a.intra_node.name) EXPECT_NEAR(b.intra_node.efficiency, l.efficiency, 1e-6);
+    }
+  }
+  EXPECT_NEAR(back->links[0].efficiency, 0.43, 1e-9);
+  ASSERT_TRUE(back->has_cpu);
+  EXPECT_NEAR(back->cpu.peak_flops, 123.4e9, 1e3);
+  EXPECT_NEAR(back->cpu.gemm_efficiency, 0.31, 1e-9);
+  EXPECT_NEAR(back->cpu.memory_bandwidth * back->cpu.memory_efficiency,
+              t.cpu.memory_bandwidth * 0.5, 1e3);
+  EXPECT_NEAR(back->cpu.intra_node.bytes_per_s, 0.7e9, 1e3);
+  EXPECT_TRUE(back->cpu.is_cpu);
+  // The shipped table has no cpu entry: --gpu cpu measures this machine.
+  EXPECT_FALSE(table->has_cpu);
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Calibrate, AMetricsFileThatIsNotTheConfigsRunIsRefusedNamingIt) {
+  ParallelConfig layout;
+  layout.dp = 2;
+  const std::string seg = R"({"segment":{"run_id":"x","start_step":0,"world_size":2}})" "\n";
+  const std::string step =
+      R"({"step":1,"step_ms":100,"comm_exposed_ms":{"tp":0,"dp":5,"pp":0,"embedding":0},"comm_hidden_ms":{"tp":0,"dp":7,"pp":0,"embedding":0}})" "\n";
+  auto err = [&](const std::string& path, int world) {
+    auto r = read_metrics(path, world, layout);
+    EXPECT_FALSE(r.is_ok()) << path;
+    EXPECT_EQ(r.status().exit_code(), 2);
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+    return r.status().message();
+  };
+  EXPECT_NE(err("/nonexistent/m.jsonl", 2).find("cannot open"), std::string::npos);
+  EXPECT_NE(err(write_file("nosegment.jsonl", step), 2).find("no segment header"), std::string::npos);
+  EXPECT_NE(err(write_file("nosteps.jsonl", step + seg), 2).find("no step records"), std::string::npos);
+  EXPECT_NE(err(write_file("world.jsonl", seg + step), 4).find("world_size 2"), std::string::npos);
+  const std::string summary =
+      R"({"summary":{"ranks":[{"rank":0,"pp":0,"dp":0,"tp":0},{"rank":1,"pp":0,"dp":0,"tp":1}]}})" "\n";
+  EXPECT_NE(err(write_file("summary.jsonl", seg + step + summary), 2).find("tp 2"), std::string::npos);
+  // A torn line is skipped; the medians are over the steps after the first.
+  const std::string step2 =
+      R"({"step":2,"step_ms":300,"comm_exposed_ms":{"tp":0,"dp":1,"pp":0,"embedding":0},"comm_hidden_ms":{"tp":0,"dp":2,"pp":0,"embedding":0}})" "\n";
+  const std::string step3 =
+      R"({"step":3,"step_ms":500,"comm_exposed_ms":{"tp":0,"dp":3,"pp":0,"embedding":0},"comm_hidden_ms":{"tp":0,"dp":4,"pp":0,"embedding":0}})" "\n";
+  auto ok = read_metrics(write_file("ok.jsonl", step + seg + step + "{\"step\":2,\"lo\n" + step2 + step3), 2, layout);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(ok->steps, 3);
+  EXPECT_EQ(ok->steps_used, 2);
+  EXPECT_DOUBLE_EQ(ok->step_s, 0.4);
+  EXPECT_DOUBLE_EQ(ok->exposed.dp, 0.002);
+  EXPECT_DOUBLE_EQ(ok->hidden.dp, 0.003);
+}
+
+}  // namespace
+}  // namespace trident
