@@ -108,6 +108,8 @@ const char* collective_name(CollectiveKind kind) {
       return "barrier";
     case CollectiveKind::kSplit:
       return "split";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
     case CollectiveKind::kCount:
       break;
   }
@@ -121,6 +123,7 @@ double bus_factor(CollectiveKind kind, int group_size) {
       return 2.0 * (p - 1) / p;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll:
       return (p - 1) / p;
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kSend:
@@ -531,6 +534,48 @@ void Communicator::check_no_outstanding_work() const {
                __FILE__, __LINE__);
 }
 
+// ---- all_to_all ---------------------------------------------------------------------
+
+void Communicator::all_to_all(CommBuf input, std::span<const std::size_t> send_counts,
+                              CommBuf output, std::span<const std::size_t> recv_counts,
+                              const CollectiveOptions& opts) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllToAll;
+  check_space(input, kind, opts);
+  check_space(output, kind, opts);
+  check_same_dtype(input, output, kind, opts);
+  const auto p = static_cast<std::size_t>(size());
+  TRIDENT_COMM_CHECK(*this, send_counts.size() == p && recv_counts.size() == p, kind, opts,
+                     std::to_string(send_counts.size()) + " send counts and " +
+                         std::to_string(recv_counts.size()) +
+                         " receive counts; need one per rank (" + std::to_string(p) + ")");
+  std::size_t sent = 0, received = 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  TRIDENT_COMM_CHECK(*this, input.count == sent && output.count == received, kind, opts,
+                     "input has " + std::to_string(input.count) + " elements, output " +
+                         std::to_string(output.count) + "; the counts sum to " +
+                         std::to_string(sent) + " sent and " + std::to_string(received) +
+                         " received");
+  const auto me = static_cast<std::size_t>(rank());
+  TRIDENT_COMM_CHECK(*this, send_counts[me] == recv_counts[me], kind, opts,
+                     "this rank sends itself " + std::to_string(send_counts[me]) +
+                         " elements but expects " + std::to_string(recv_counts[me]));
+  const auto* in = static_cast<const std::byte*>(input.data);
+  const auto* out = static_cast<const std::byte*>(output.data);
+  TRIDENT_COMM_CHECK(*this,
+                     input.bytes() == 0 || output.bytes() == 0 || in + input.bytes() <= out ||
+                         out + output.bytes() <= in,
+                     kind, opts, "input and output overlap");
+  count(kind, input.bytes());
+  // No early return on empty buffers: unlike the chunked collectives the counts differ
+  // per rank, so a rank with nothing to move still takes part in the exchange.
+  WatchedCall watched(*this, "all_to_all", -1, opts);
+  DeviceWork device(input.space);
+  do_all_to_all(input, send_counts, output, recv_counts, opts);
+}
+
 // ---- SelfCommunicator ---------------------------------------------------------------
 
 std::vector<int> SelfCommunicator::world_ranks() const { return {process_identity().rank}; }
@@ -553,6 +598,13 @@ void SelfCommunicator::do_reduce_scatter(const CommBuf& input, const CommBuf& ou
 void SelfCommunicator::do_all_gather(const CommBuf& input, const CommBuf& output,
                                      const CollectiveOptions&) {
   move(input, output, input.bytes());
+}
+
+// The public call checked send_counts[0] == recv_counts[0]: the input is the output.
+void SelfCommunicator::do_all_to_all(const CommBuf& input, std::span<const std::size_t>,
+                                     const CommBuf& output, std::span<const std::size_t>,
+                                     const CollectiveOptions&) {
+  if (input.count > 0) move(input, output, input.bytes());
 }
 
 // Unreachable: the public send/recv reject peer == rank() and size() is 1.

@@ -52,10 +52,14 @@
 //   all_gather      size() * chunk bytes (the output)
 //   broadcast       n bytes, counted on every rank, root included
 //   send            n bytes sent;  recv: n bytes received (counted apart, under kRecv)
+//   all_to_all      sum(send_counts) elements of input, this rank's own chunk included
+//                   (nccl-tests' alltoall "size"; the bytes received are the caller's
+//                   recv_counts, the same total over the group)
 // Bytes are those of the payload in its dtype (a bf16 buffer counts 2 per element, half
 // of f32). Counted even when size() == 1. Bytes on the wire for a ring algorithm are payload *
 // bus_factor(kind, size()): 2(p-1)/p for all_reduce, (p-1)/p for reduce_scatter and
-// all_gather, 1 for broadcast and send (nccl-tests' busbw convention).
+// all_gather, 1 for broadcast and send (nccl-tests' busbw convention), (p-1)/p for all_to_all
+// (exact for equal chunks; with uneven counts the wire carries the input less its own chunk).
 //
 // Reductions: all_reduce takes f32, bf16, f64 and i64 (sum, max); reduce_scatter f32 and
 // bf16 (sum). A bf16 sum is computed in fp32 and rounded to bf16 (nearest even) once per
@@ -137,6 +141,7 @@ enum class CollectiveKind {
   kRecv,
   kBarrier,
   kSplit,
+  kAllToAll,
   kCount
 };
 const char* collective_name(CollectiveKind kind);  // "all_reduce", "send", ...
@@ -377,6 +382,18 @@ class Communicator {
 
   void barrier(const CollectiveOptions& opts = {});
 
+  // Personalised exchange with per-peer counts (MPI_Alltoallv), any dtype, the token
+  // dispatch of expert parallelism. input: this rank's chunks for ranks 0..size()-1 back
+  // to back, send_counts[r] elements for rank r; output: the chunks from ranks
+  // 0..size()-1 back to back, recv_counts[r] elements from rank r. Both span size()
+  // counts, input.count = sum(send_counts), output.count = sum(recv_counts), and the two
+  // buffers do not overlap. recv_counts[r] must equal rank r's send_counts[rank()] (the
+  // caller knows them, e.g. from a first all_to_all of the counts); the own chunk is
+  // checked (send_counts[rank()] == recv_counts[rank()]), the others cannot be cheaply.
+  // Zero counts are fine; every rank calls, even one with all counts zero.
+  void all_to_all(CommBuf input, std::span<const std::size_t> send_counts, CommBuf output,
+                  std::span<const std::size_t> recv_counts, const CollectiveOptions& opts = {});
+
   // Asynchronous all_reduce, reduce_scatter and all_gather: same arguments and rules as
   // the synchronous calls; see "Asynchronous collectives" above.
   [[nodiscard]] CommWork iall_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts = {});
@@ -442,6 +459,10 @@ class Communicator {
   virtual std::unique_ptr<AsyncCollective> do_iall_gather(const CommBuf& input,
                                                           const CommBuf& output,
                                                           const CollectiveOptions& opts);
+  // Counts already checked against size() and the buffers; offsets are the prefix sums.
+  virtual void do_all_to_all(const CommBuf& input, std::span<const std::size_t> send_counts,
+                             const CommBuf& output, std::span<const std::size_t> recv_counts,
+                             const CollectiveOptions& opts) = 0;
   // Aborts, naming the group and the count, if works are unfinished. Every backend's
   // destructor calls it first (the base destructor cannot: rank() is virtual).
   void check_no_outstanding_work() const;
@@ -497,8 +518,8 @@ class Communicator {
 using DeviceCopy = std::function<void(void* dst, const void* src, std::size_t bytes)>;
 
 // A group of one: size 1; all_reduce, broadcast and barrier are no-ops (a reduction over
-// one rank is its input), reduce_scatter and all_gather copy input to output (nothing
-// when in place), send/recv abort (there is no peer). Traffic is counted as for any
+// one rank is its input), reduce_scatter, all_gather and all_to_all copy input to output
+// (nothing when in place), send/recv abort (there is no peer). Traffic is counted as for any
 // backend. Async calls complete at issue. Serves either space:
 // - host buffers, and device buffers without a DeviceCopy: memmove (CPU, where device
 //   memory is host RAM; a device buffer's copy runs inside the DeviceAccessScope the
@@ -532,6 +553,9 @@ class SelfCommunicator final : public Communicator {
   void do_barrier(const CollectiveOptions&) override {}
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, MemSpace space,
                                          const CollectiveOptions& opts) override;
+  void do_all_to_all(const CommBuf& input, std::span<const std::size_t> send_counts,
+                     const CommBuf& output, std::span<const std::size_t> recv_counts,
+                     const CollectiveOptions& opts) override;
   bool stages_async_device_buffers() const override { return false; }
 
  private:

@@ -369,6 +369,7 @@ double KvCacheDescription::bytes(int local_layers) const {
   double total = local_layers * (keys.bytes + values.bytes) + 2 * forward.residual.bytes;
   for (const BufferDesc& b : forward.globals) total += b.bytes;
   for (const BufferDesc& b : forward.layer) total += b.bytes;
+  for (const BufferDesc& b : forward.scratch) total += b.bytes;
   return total;
 }
 
@@ -395,8 +396,14 @@ KvCacheDescription describe_kv_cache(const TransformerConfig& c, const KvCacheSh
   a.recompute = Recompute::kFull;
   a.attention_state_bytes = 0;
   d.forward = describe_activations(rows, a);
-  d.forward.scratch.clear();
   using namespace buffers;
+  // Of the scratch only what a mixture-of-experts forward works in (none for a dense
+  // model): the router logits, the routing statistics, a shared expert's output.
+  for (int i = 0; i < kScratchCount; ++i) {
+    if (i == kRouterLogits || i == kMoeStats || i == kDMoeY) continue;
+    BufferDesc& b = d.forward.scratch[static_cast<size_t>(i)];
+    b = buffer(b.name, 0, b.dtype);
+  }
   const double head_rows = s.all_logits ? 1.0 : 1.0 / s.max_new;  // of batch x max_new
   for (int g : {kLnf, kLnfMean, kLnfRstd, kLogits}) {
     BufferDesc& b = d.forward.globals[static_cast<size_t>(g)];

@@ -247,7 +247,8 @@ struct KvCacheDescription {
   // The buffers of one cached forward of batch x max_new tokens: describe_activations'
   // globals and layer buffers, the layer ones one set for every layer (shared: nothing is
   // kept for a backward), no attention state (the cached attention keeps none), the
-  // residual stream in two buffers (the layers alternate between them), no scratch. The
+  // residual stream in two buffers (the layers alternate between them), of the scratch
+  // only the mixture-of-experts forward's (buffers::Scratch order, the rest empty). The
   // head's buffers (lnf, its statistics, logits) have batch rows unless all_logits; the
   // loss's (targets, losses, cross-entropy statistics) none.
   ActivationDescription forward;

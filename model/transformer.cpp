@@ -595,8 +595,11 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
                               int N, const MoeStep& step) {
   const auto& c = config_;
   const int C = c.d_model, E = c.moe_experts, K = c.moe_top_k, Fe = c.moe_d_ff;
-  DevPtr logits = scratch(kRouterLogits);
-  DevPtr stats = scratch(kMoeStats);
+  const auto work = [&](int index) {
+    return step.scratch.empty() ? scratch(index) : step.scratch[static_cast<size_t>(index)];
+  };
+  DevPtr logits = work(kRouterLogits);
+  DevPtr stats = work(kMoeStats);
   ops_.matmul_forward(logits, ln2, p.router_w, DevPtr(), N, C, E);
   ops_.moe_route_forward(a.moe_weights, a.moe_experts, a.router_probs, a.router_lse, stats, logits,
                          N, E, K);
@@ -639,7 +642,7 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
   // the dispatched rows holds the [N, C] result meanwhile: K * N rows >= N).
   const size_t nF = static_cast<size_t>(N) * Fe;
   for (int s = 0; s < c.moe_shared_experts; ++s) {
-    DevPtr y = scratch(kDMoeY);
+    DevPtr y = work(kDMoeY);
     expert_forward(p.experts[static_cast<size_t>(E + s)], ln2, a.shared_h1 + s * nF,
                    a.shared_h2 ? a.shared_h2 + s * nF : DevPtr(), a.shared_h_act + s * nF, y, N);
     ops_.add(x_out, x_out, y, static_cast<size_t>(N) * C);
@@ -809,7 +812,7 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
   }
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
   if (c.moe()) {
-    TRIDENT_CHECK_MSG(moe != nullptr, "the cache mode does not run mixture-of-experts layers");
+    TRIDENT_CHECK_MSG(moe != nullptr, "a mixture-of-experts layer needs its MoeStep");
     moe_forward(p, a, ln2, x_out, N, *moe);
     ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
     return;
@@ -903,6 +906,8 @@ KvCache Transformer::make_kv_cache(int batch, int capacity, int max_new, bool al
   for (const BufferDesc& b : globals) global_off.push_back(reserve(b));
   const size_t x0 = reserve(d.forward.residual), x1 = reserve(d.forward.residual);
   for (const BufferDesc& b : d.forward.layer) layer_off.push_back(reserve(b));
+  std::vector<size_t> scratch_off;
+  for (const BufferDesc& b : d.forward.scratch) scratch_off.push_back(reserve(b));
   cache.work_ = DeviceBuffer(ops_, std::max<size_t>(1, arena.total_bytes()));
   auto view = [&](size_t off, DType dtype) {
     return off == kAbsent ? DevPtr() : cache.work_.get().byte_offset(off).as(dtype);
@@ -915,6 +920,10 @@ KvCache Transformer::make_kv_cache(int batch, int capacity, int max_new, bool al
     cache.layer_.push_back(view(layer_off[i], d.forward.layer[i].dtype));
     cache.roles_.push_back(d.forward.layer[i].role);
   }
+  for (size_t i = 0; i < d.forward.scratch.size(); ++i) {
+    cache.scratch_.push_back(view(scratch_off[i], d.forward.scratch[i].dtype));
+  }
+  cache.moe_counts_.assign(static_cast<size_t>(c.moe_experts), 0);
   return cache;
 }
 
@@ -954,13 +963,19 @@ void Transformer::forward_cached(const int32_t* tokens, int B, int T, KvCache& c
 
   const LayerActs a =
       bind_layer_acts(cache.roles_, [&](size_t i) { return cache.layer_[i]; });
+  MoeStep moe;
+  moe.counts = &cache.moe_counts_;
+  moe.record = false;  // generation is no training step: no load statistics
+  moe.scratch = cache.scratch_;
   for (int l = 0; l < n_local_layers_; ++l) {
     const int layer = part_.layer_begin + l;
     const size_t off = static_cast<size_t>(l) * cache.layer_elements_;
     const CachedKv kv{cache.keys_.as(compute_dtype_) + off, cache.values_.as(compute_dtype_) + off,
                       pos, cache.capacity_};
     store_->acquire(1 + layer, Phase::kForward);
-    block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv, nullptr);
+    moe.local_layer = l;
+    block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv,
+                  c.moe() ? &moe : nullptr);
     store_->release(1 + layer, Phase::kForward);
   }
   DevPtr xL = cache.x_[n_local_layers_ % 2];

@@ -72,7 +72,9 @@
 // the residuals, then the final norm and the head. A prompt is prefilled in one call and
 // decoding feeds one token per call. One stage, no tensor parallelism (the cache mode is
 // not built for collectives: forward_cached refuses pp > 1 and tp > 1, sequence
-// parallelism included). A model built with num_slots 0 has no training activations and
+// parallelism included). A mixture-of-experts layer runs its training forward too (the
+// router, the experts and their dispatch over the new tokens), with no statistics
+// recorded. A model built with num_slots 0 has no training activations and
 // runs forward_cached only (generation: model/kv_cache_decoder.h).
 //
 // Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP is E experts
@@ -93,7 +95,7 @@
 // P_e: its mean router probability; 1 when balanced) and training.moe_z_loss_coef times
 // the router z-loss mean(logsumexp(logits)^2) (ST-MoE). The experts are ordinary
 // replicated parameters (data parallelism, ZeRO and pipelines treat them as any other);
-// tensor parallelism and the cache mode do not run them (refused).
+// tensor parallelism does not run them (refused).
 //
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tensor-parallel layers' tp Communicator (collectives in
@@ -152,6 +154,8 @@ class KvCache {
   std::array<DevPtr, 2> x_{};    // the residual stream, alternating between layers
   std::vector<DevPtr> layer_;    // describe_block's buffers, one set for every layer
   std::vector<BufferRole> roles_;
+  std::vector<DevPtr> scratch_;  // buffers::Scratch order: the MoE forward's only
+  std::vector<int> moe_counts_;  // the MoE forward's expert row counts, reused per layer
 };
 
 // Layers per stage: `stage_layers` if given, else contiguous and balanced (earlier
@@ -302,11 +306,14 @@ class Transformer {
   void layer_forward(int slot, int layer, DevPtr x_in, DevPtr x_out, int B, int T,
                      bool recomputing = false);
   // One MoE layer's forward: where its experts' row counts go (kept per slot for
-  // backward), and whether its statistics are recorded (not when recomputing).
+  // backward), whether its statistics are recorded (not when recomputing, nor in cache
+  // mode), and the scratch it works in (buffers::Scratch order; empty: the model's own,
+  // cache mode: the cache's).
   struct MoeStep {
     std::vector<int>* counts = nullptr;
     int local_layer = 0;
     bool record = true;
+    std::span<const DevPtr> scratch;
   };
   void moe_forward(const LayerParams& p, const LayerActs& a, DevPtr ln2, DevPtr x_out, int N,
                    const MoeStep& step);

@@ -406,6 +406,35 @@ class MpiCommunicator final : public Communicator {
     TRIDENT_MPI_CHECK(*this, MPI_Barrier(comm_), CollectiveKind::kBarrier, opts);
   }
 
+  // MPI_Alltoallv on the group's own communicator (synchronous only). Counts and
+  // displacements are ints in MPI: the totals must fit, which bounds every offset too.
+  void do_all_to_all(const CommBuf& input, std::span<const std::size_t> send_counts,
+                     const CommBuf& output, std::span<const std::size_t> recv_counts,
+                     const CollectiveOptions& opts) override {
+    constexpr CollectiveKind kind = CollectiveKind::kAllToAll;
+    to_int(input.count, kind, opts);
+    to_int(output.count, kind, opts);
+    const std::size_t p = send_counts.size();
+    std::vector<int> counts(4 * p);
+    int* sc = counts.data();
+    int* sd = sc + p;
+    int* rc = sd + p;
+    int* rd = rc + p;
+    int send_offset = 0, recv_offset = 0;
+    for (std::size_t r = 0; r < p; ++r) {
+      sc[r] = static_cast<int>(send_counts[r]);
+      rc[r] = static_cast<int>(recv_counts[r]);
+      sd[r] = send_offset;
+      rd[r] = recv_offset;
+      send_offset += sc[r];
+      recv_offset += rc[r];
+    }
+    const MPI_Datatype type = runtime_->type_of(input.dtype);
+    TRIDENT_MPI_CHECK(*this,
+                      MPI_Alltoallv(input.data, sc, sd, type, output.data, rc, rd, type, comm_),
+                      kind, opts);
+  }
+
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, MemSpace space,
                                          const CollectiveOptions& opts) override {
     MPI_Comm child = MPI_COMM_NULL;

@@ -266,6 +266,52 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // One group of ncclSend/ncclRecv pairs, one per peer with a non-zero count (NCCL has no
+  // alltoallv); grouped so that every rank sends and receives at once. The own chunk is a
+  // device-to-device copy on the same stream, inside the group's launch order.
+  void do_all_to_all(const CommBuf& input, std::span<const std::size_t> send_counts,
+                     const CommBuf& output, std::span<const std::size_t> recv_counts,
+                     const CollectiveOptions& opts) override {
+    if (space() == MemSpace::kHost) {
+      return host_->all_to_all(input, send_counts, output, recv_counts, timed(opts));
+    }
+    constexpr CollectiveKind kind = CollectiveKind::kAllToAll;
+    const std::size_t esize = dtype_size(input.dtype);
+    const ncclDataType_t type = to_nccl(input.dtype);
+    run(kind, "ncclGroupEnd (all_to_all)", opts, [&](ncclComm_t c, cudaStream_t s) {
+      auto* in = static_cast<char*>(input.data);
+      auto* out = static_cast<char*>(output.data);
+      check_nccl(ncclGroupStart(), "ncclGroupStart", kind, opts);
+      for (int r = 0; r < size_; ++r) {
+        const std::size_t sc = send_counts[static_cast<std::size_t>(r)];
+        const std::size_t rc = recv_counts[static_cast<std::size_t>(r)];
+        ncclResult_t res = ncclSuccess;
+        const char* call = "ncclSend";
+        if (r == rank_) {
+          if (sc > 0) {
+            const cudaError_t e =
+                cudaMemcpyAsync(out, in, sc * esize, cudaMemcpyDeviceToDevice, s);
+            if (e != cudaSuccess) ncclGroupEnd();
+            check_cuda(e, "cudaMemcpyAsync (all_to_all own chunk)", kind, opts);
+          }
+        } else {
+          if (sc > 0) res = ncclSend(in, sc, type, r, c, s);
+          if ((res == ncclSuccess || res == ncclInProgress) && rc > 0) {
+            call = "ncclRecv";
+            res = ncclRecv(out, rc, type, r, c, s);
+          }
+        }
+        if (res != ncclSuccess && res != ncclInProgress) {
+          ncclGroupEnd();  // close the group before failing
+          check_nccl(res, call, kind, opts);
+        }
+        in += sc * esize;
+        out += rc * esize;
+      }
+      return ncclGroupEnd();
+    });
+  }
+
   // Asynchronous collectives (the communicator contract's "Asynchronous collectives"):
   // stream-ordered mode only; host-synchronous mode (no compute stream, or synchronous)
   // and the host world complete at issue (the base class's hooks).

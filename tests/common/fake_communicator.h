@@ -28,6 +28,8 @@ class FakeCommunicator : public Communicator {
   void do_send(const CommBuf&, int, int, const CollectiveOptions&) override {}
   void do_recv(const CommBuf&, int, int, const CollectiveOptions&) override {}
   void do_barrier(const CollectiveOptions&) override {}
+  void do_all_to_all(const CommBuf&, std::span<const std::size_t>, const CommBuf&,
+                     std::span<const std::size_t>, const CollectiveOptions&) override {}
   std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
                                          const CollectiveOptions&) override {
     return nullptr;

@@ -1,7 +1,9 @@
 // KvCacheDecoder (model/kv_cache_decoder.h) against the training code path: decoding
 // with the cache must give the same tokens, step for step, as recomputing
 // Transformer::forward over the whole prefix each step (no cache), and logits within
-// 1e-5 relative (max |a - b| / max |b|), for both families; and choose_token's rules.
+// 1e-5 relative (max |a - b| / max |b|), for both families, dense and mixture of experts
+// (the MoE block's router, experts and dispatch over the new tokens; llama's with a shared
+// expert); and choose_token's rules.
 // The cache mode itself (Transformer::forward_cached): a prompt prefilled in one call
 // equals the same prompt fed token by token, and a prefill at position 0 is the training
 // forward bit for bit (one layer code path, the CPU's two attention ops one kernel), with
@@ -24,11 +26,24 @@
 namespace trident {
 namespace {
 
-TransformerConfig tiny(Arch arch) {
-  TransformerConfig c = testing::tiny_model(arch);
+// A family, dense or mixture of experts.
+struct Case {
+  Arch arch;
+  bool moe = false;
+};
+
+TransformerConfig tiny(Case k) {
+  TransformerConfig c = testing::tiny_model(k.arch);
   // Larger than the training default, so the logits are far from uniform and greedy
   // choices are not decided by rounding.
   c.init_std = 0.2f;
+  if (k.moe) {
+    c.moe_experts = 4;
+    c.moe_top_k = 2;
+    c.moe_d_ff = 48;
+    c.moe_shared_experts = k.arch == Arch::kLlama ? 1 : 0;
+    c.finalize();
+  }
   return c;
 }
 
@@ -41,7 +56,7 @@ double relative_max_diff(const std::vector<float>& a, const std::vector<float>& 
   return diff / std::max(scale, 1e-30);
 }
 
-class KvCacheDecoderTest : public ::testing::TestWithParam<Arch> {};
+class KvCacheDecoderTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KvCacheDecoderTest, CachedDecodeEqualsFullRecompute) {
   const TransformerConfig c = tiny(GetParam());
@@ -82,14 +97,18 @@ TEST_P(KvCacheDecoderTest, CachedDecodeEqualsFullRecompute) {
       ASSERT_EQ(cached.tokens[i], next) << "step " << i;
       seq.push_back(next);
     }
-    std::printf("[%s T=%.1f] %zu tokens, worst logits rel diff %.2e\n", arch_name(c.arch),
-                temperature, cached.tokens.size(), worst);
+    std::printf("[%s%s T=%.1f] %zu tokens, worst logits rel diff %.2e\n", arch_name(c.arch),
+                c.moe() ? " moe" : "", temperature, cached.tokens.size(), worst);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KvCacheDecoderTest,
-                         ::testing::Values(Arch::kGpt2, Arch::kLlama),
-                         [](const auto& info) { return std::string(arch_name(info.param)); });
+                         ::testing::Values(Case{Arch::kGpt2}, Case{Arch::kLlama},
+                                           Case{Arch::kGpt2, true}, Case{Arch::kLlama, true}),
+                         [](const auto& info) {
+                           return std::string(arch_name(info.param.arch)) +
+                                  (info.param.moe ? "_moe" : "");
+                         });
 
 // The decoder's logits after the prompt fed in one call and fed token by token: the same
 // within float rounding (the matrix products of 1 and of 5 rows round differently).
@@ -176,7 +195,7 @@ TEST_P(KvCacheDecoderTest, CachedForwardIsTheTrainingForward) {
 
 TEST(KvCacheDecoder, RefusesAFullCacheAndWhatCacheModeCannotDo) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const TransformerConfig c = tiny(Arch::kLlama);
+  const TransformerConfig c = tiny({Arch::kLlama});
   auto ops = make_cpu_ops(1);
   KvCacheDecoder decoder(c, *ops);
   const std::vector<int32_t> context(static_cast<size_t>(c.max_seq_len), 'x');
@@ -208,11 +227,13 @@ TEST(KvCacheDecoder, RefusesAFullCacheAndWhatCacheModeCannotDo) {
 // What make_kv_cache allocates is what describe_kv_cache describes (to the arena's 64-byte
 // alignment of each buffer), so a memory plan can count a cache from the description; and
 // its buffers are the training forward's: LayerNorm's mean rows for gpt2, none for
-// llama's RMSNorm.
+// llama's RMSNorm; scratch only for a mixture of experts (its forward's three buffers).
 TEST(KvCacheDecoder, CacheBytesAreTheDescriptions) {
-  for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
-    SCOPED_TRACE(arch_name(arch));
-    const TransformerConfig c = tiny(arch);
+  for (const Case k : {Case{Arch::kGpt2}, Case{Arch::kLlama}, Case{Arch::kGpt2, true},
+                       Case{Arch::kLlama, true}}) {
+    const Arch arch = k.arch;
+    SCOPED_TRACE(std::string(arch_name(arch)) + (k.moe ? " moe" : ""));
+    const TransformerConfig c = tiny(k);
     auto ops = make_cpu_ops(1);
     Transformer model(c, *ops, ModelPartition{}, nullptr, nullptr, 1, 0);
     const uint64_t before = ops->allocation_counts().live_bytes;
@@ -225,7 +246,11 @@ TEST(KvCacheDecoder, CacheBytesAreTheDescriptions) {
     const KvCacheDescription d = describe_kv_cache(c, shape);
     EXPECT_EQ(d.keys.elements, 2.0 * 20 * c.n_kv_heads * c.head_dim);
     const double described = d.bytes(c.n_layers);
-    const size_t buffers = d.forward.globals.size() + 2 + d.forward.layer.size();
+    const size_t buffers =
+        d.forward.globals.size() + 2 + d.forward.layer.size() + d.forward.scratch.size();
+    int scratch_buffers = 0;
+    for (const BufferDesc& b : d.forward.scratch) scratch_buffers += b.bytes > 0;
+    EXPECT_EQ(scratch_buffers, k.moe ? 3 : 0);
     EXPECT_EQ(allocated, cache.bytes());
     EXPECT_GE(static_cast<double>(allocated), described);
     EXPECT_LE(static_cast<double>(allocated), described + 64.0 * (buffers + 2));
@@ -237,7 +262,7 @@ TEST(KvCacheDecoder, CacheBytesAreTheDescriptions) {
 }
 
 TEST(KvCacheDecoder, SetParamNamesTheParameter) {
-  const TransformerConfig c = tiny(Arch::kGpt2);
+  const TransformerConfig c = tiny({Arch::kGpt2});
   auto ops = make_cpu_ops(1);
   KvCacheDecoder decoder(c, *ops);
   std::vector<float> v(10);

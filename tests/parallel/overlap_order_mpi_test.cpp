@@ -70,6 +70,11 @@ class RecordingCommunicator final : public Communicator {
     inner_.recv(data, src, tag, opts);
   }
   void do_barrier(const CollectiveOptions& opts) override { inner_.barrier(opts); }
+  void do_all_to_all(const CommBuf& in, std::span<const std::size_t> send_counts,
+                     const CommBuf& out, std::span<const std::size_t> recv_counts,
+                     const CollectiveOptions& opts) override {
+    inner_.all_to_all(in, send_counts, out, recv_counts, opts);
+  }
   std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
                                          const CollectiveOptions&) override {
     TRIDENT_CHECK_MSG(false, "the recording communicator does not split");

@@ -165,6 +165,10 @@ class NcclModelCommunicator final : public Communicator {
   }
   void do_broadcast(const CommBuf&, int, const CollectiveOptions&) override { unused(); }
   void do_barrier(const CollectiveOptions&) override { unused(); }
+  void do_all_to_all(const CommBuf&, std::span<const std::size_t>, const CommBuf&,
+                     std::span<const std::size_t>, const CollectiveOptions&) override {
+    unused();
+  }
   std::unique_ptr<Communicator> do_split(int, int, std::string, MemSpace,
                                          const CollectiveOptions&) override {
     unused();

@@ -188,6 +188,25 @@ TEST(NcclWorldGpu, CollectivesMatchTheHostReferenceHostSynchronous) {
   EXPECT_EQ(dp->traffic().bytes_of(CollectiveKind::kReduceScatter), 513 * 4 + 513 * 2);
 }
 
+// all_to_all on an NCCL group of one: the own chunk (a stream-ordered device copy) is the
+// whole exchange; a zero-count call still runs. Peers need a multi-GPU machine.
+TEST(NcclWorldGpu, AllToAllOfAGroupOfOneIsItsOwnChunk) {
+  TRIDENT_REQUIRE_NCCL_WORLD(w);
+  std::unique_ptr<Communicator> ep = w.split(0, 0, "ep", MemSpace::kDevice);
+  ASSERT_NE(ep, nullptr);
+  EXPECT_STREQ(ep->backend(), "nccl");
+  const std::vector<float> v = values_f32(257);
+  DeviceArray in(v);
+  DeviceArray out(std::vector<float>(v.size(), -1.0f));
+  const std::vector<std::size_t> counts = {v.size()}, zero = {0};
+  ep->all_to_all(in.buf(), counts, out.buf(), counts, {.label = "dispatch"});
+  EXPECT_EQ(out.host<float>(), v);
+  ep->all_to_all(CommBuf(nullptr, 0, DType::kF32, MemSpace::kDevice), zero,
+                 CommBuf(nullptr, 0, DType::kF32, MemSpace::kDevice), zero);
+  EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll), 2);
+  EXPECT_EQ(ep->traffic().bytes_of(CollectiveKind::kAllToAll), 257 * 4);
+}
+
 TEST(NcclWorldGpu, CollectivesAreStreamOrderedOnTheCallersStream) {
   cudaStream_t stream = nullptr;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
