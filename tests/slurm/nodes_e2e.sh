@@ -57,7 +57,7 @@ T0=$SECONDS
 
 skip_all() {
   local s
-  for s in normal cut straggler verbs clean; do result "$s" SKIP "$1"; done
+  for s in normal cut straggler spare verbs clean; do result "$s" SKIP "$1"; done
   exit 0
 }
 
@@ -100,8 +100,9 @@ write_tiny_config "$SCRATCH/tiny.yaml" 3 "tp: 2, pp: 3, micro_batch_size: 2" "$S
 echo "runtime: {peak_tflops: 0.01}" >> "$SCRATCH/tiny.yaml"
 
 # ---- helpers -----------------------------------------------------------------------------
-# submit NAME NODES [ARGS...]: train.sbatch from runs/NAME on NODES nodes (6 tasks in all),
-# ARGS more trident arguments, the config JOB_CONFIG (default tiny.yaml). Open MPI:
+# submit NAME NODES [ARGS...]: train.sbatch from runs/NAME on NODES nodes (JOB_TASKS tasks
+# in all, default 6, JOB_PER_NODE per node, default 6 / NODES), ARGS more trident
+# arguments, the config JOB_CONFIG (default tiny.yaml). Open MPI:
 # TCP only on the bridge's subnet (each node has just eth0 and lo, but a real cluster
 # has more; docs/SLURM.md "Open MPI over TCP"); yield when idle (6 ranks on 2 cores).
 submit() {
@@ -109,7 +110,8 @@ submit() {
   mkdir -p "$dir"
   (cd "$dir" && TRIDENT_BIN=$BIN TRIDENT_RETRY_DELAY=1 OMP_NUM_THREADS=1 \
     OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_tcp_if_include=$SUBNET.0/24 \
-    sbatch --parsable -J "nodes-$1" -N "$2" -n 6 --ntasks-per-node=$((6 / $2)) --time=30 \
+    sbatch --parsable -J "nodes-$1" -N "$2" -n "${JOB_TASKS:-6}" \
+      --ntasks-per-node="${JOB_PER_NODE:-$((6 / $2))}" --time=30 \
       -o "$dir/job.out" "$REPO/scripts/slurm/train.sbatch" "${JOB_CONFIG:-$SCRATCH/tiny.yaml}" \
       --set "checkpoint.dir=$dir/ckpt" --set "logging.metrics=$dir/metrics.jsonl" "${@:3}")
 }
@@ -288,7 +290,72 @@ else
   result straggler FAIL "jobs $control $control_state ($control_warn warnings), $job $state (restarts '${restarts}'); $n_warn warnings (want $((windows - 1))-$windows), naming '${named}' ($others not node 2's); slowest on ${PREFIX}n2 in ${slowest_n2:-0} of $STRAGGLER_STEPS steps"
 fi
 
-# ---- d) verbs: the other fault verbs do what they say (no job) ---------------------------
+# ---- d) spare: node 2 crashes mid-run, the allocation's spare node 3 takes its place ----
+# A 4-rank job (tp 2 x pp 2, 2 layers) on 2 nodes of a 3-node allocation
+# (TRIDENT_NODES=2). After step CUT_AT node 2 crashes (cluster.sh crash: slurmd and the
+# tasks SIGKILLed); node 1's ranks end on their watchdog, train.sbatch probes the step's
+# nodes, leaves node 2 out and relaunches on nodes 1 and 3 within the allocation (no
+# requeue), resuming from the newest checkpoint; every loss after the resume, the final
+# one included, equals that of an uninterrupted 2-node run.
+t=$SECONDS
+write_tiny_config "$SCRATCH/two.yaml" 2 "tp: 2, pp: 2, micro_batch_size: 2" "$STEPS"
+echo "runtime: {peak_tflops: 0.01}" >> "$SCRATCH/two.yaml"
+out=$SCRATCH/runs/spare/job.out
+times=$SCRATCH/runs/spare/times
+mkdir -p "$SCRATCH/runs/spare"
+ref_job=$(JOB_CONFIG=$SCRATCH/two.yaml JOB_TASKS=4 JOB_PER_NODE=2 submit spare-ref 2)
+ref_state=$(wait_job "$ref_job")
+ref_out=$SCRATCH/runs/spare-ref/job.out
+job=$(JOB_CONFIG=$SCRATCH/two.yaml JOB_TASKS=4 JOB_PER_NODE=2 TRIDENT_NODES=2 \
+      TRIDENT_PROBE_TIMEOUT=10 submit spare 3 --set "parallel.comm_timeout_s=$COMM_TIMEOUT")
+(
+  start=$SECONDS
+  until grep -q "step $CUT_AT/$STEPS | loss" "$out" 2>/dev/null; do
+    (( SECONDS - start < TIMEOUT )) || exit 0
+    sleep 0.1
+  done
+  "$CLUSTER_SH" crash "$CLUSTER" 2 >/dev/null 2>&1
+  t_crash=$(now)
+  echo "[$(date '+%T')] nodes_e2e: crashed node 2 after step $CUT_AT" >> "$out"
+  # Detection: the failed step's end (train.sbatch logs its exit code).
+  until awk '/crashed node 2/ { seen = 1 } seen && /step exited with code/ { found = 1 } END { exit !found }' "$out"; do
+    (( SECONDS - start < TIMEOUT )) || break
+    sleep 0.1
+  done
+  t_detect=$(now)
+  until [[ -n $(awk '/retrying in/ { seen = 1 } seen && /step [0-9]+\/[0-9]+ \| loss/ { print; exit }' "$out") ]]; do
+    (( SECONDS - start < TIMEOUT )) || break
+    sleep 0.1
+  done
+  echo "$t_crash $t_detect $(now)" > "$times"
+) &
+watchers+=($!)
+state=$(wait_job "$job")
+wait "${watchers[-1]}" 2>/dev/null
+read -r t_crash t_detect t_step < "$times" 2>/dev/null
+detect=$(awk -v a="${t_crash:-0}" -v b="${t_detect:-0}" 'BEGIN { printf "%.1f", b - a }')
+recover=$(awk -v a="${t_detect:-0}" -v b="${t_step:-0}" 'BEGIN { printf "%.1f", b - a }')
+say "spare: fault -> detection $detect s, detection -> first step after recovery $recover s"
+# The retry's losses (after "retrying in") against the uninterrupted run's same steps.
+retry_losses=$(awk '/retrying in/ { seen = 1 } seen' "$out" | losses /dev/stdin)
+first_retry=$(head -n1 <<< "$retry_losses" | cut -d/ -f1)
+ref_part=$(losses "$ref_out" | awk -v f="${first_retry:-0}" -F'[/ ]' '$1 >= f')
+restarts=$(job_field "$job" Restarts)
+ckpts_ok=1
+for d in "$SCRATCH"/runs/spare/ckpt/step_*; do "$BIN" ckpt verify "$d" >/dev/null 2>&1 || ckpts_ok=0; done
+if [[ $ref_state == COMPLETED && $state == COMPLETED && ${restarts:-1} -eq 0 && -n $retry_losses &&
+      $ckpts_ok -eq 1 ]] &&
+   grep -q "node ${PREFIX}n2 did not run a probe task" "$out" &&
+   grep -q "the step moves to ${PREFIX}n1 ${PREFIX}n3" "$out" &&
+   [[ $retry_losses == "$ref_part" && $(last_loss "$out") == "$(last_loss "$ref_out")" ]]; then
+  result spare OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step moved to ${PREFIX}n1 and ${PREFIX}n3 (the spare), resumed at step $first_retry; its $(grep -c . <<< "$retry_losses") losses equal the uninterrupted run's, final $(last_loss "$out"); every checkpoint verifies"
+else
+  show_log "$out"
+  result spare FAIL "jobs $ref_job $ref_state, $job $state (restarts '${restarts}'); retry from step '${first_retry}'; final '$(last_loss "$out")' vs '$(last_loss "$ref_out")'; checkpoints verify: $ckpts_ok"
+fi
+"$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
+
+# ---- e) verbs: the other fault verbs do what they say (no job) ---------------------------
 t=$SECONDS
 problems=()
 node_row() { "$CLUSTER_SH" status "$CLUSTER" 2>/dev/null | awk -v n="${PREFIX}n$1" '$1 == n'; }
@@ -318,7 +385,7 @@ else
   result verbs FAIL "${problems[*]}"
 fi
 
-# ---- e) clean: nothing left behind ------------------------------------------------------
+# ---- f) clean: nothing left behind ------------------------------------------------------
 for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
 "$CLUSTER_SH" stop "$CLUSTER" 2>/dev/null
 left=$("$CLUSTER_SH" check "$CLUSTER" 2>&1)
