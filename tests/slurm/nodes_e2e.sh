@@ -23,13 +23,17 @@
 #           straggler, the slowed one (once per logging.straggler_window = 5 steps) of node
 #           2's ranks and host and no other; its metrics file's "slowest" rank is on node 2
 #           in most steps.
+#   spare   4 ranks (tp 2 x pp 2) on 2 nodes of a 3-node allocation (TRIDENT_NODES=2):
+#           node 2 crashes after step CUT_AT; train.sbatch leaves it out and relaunches on
+#           nodes 1 and 3 without a requeue; the losses after the resume equal those of
+#           an uninterrupted 2-node run; every checkpoint verifies.
 #   verbs   without a job: cut/heal show in `status`, `slow 5` throttles a busy loop on
 #           the node (its cgroup's nr_throttled), `crash` leaves only the node's holder
 #           and relay, `boot` makes it idle again.
 #   clean   after `cluster.sh stop`: no process in the cluster's namespaces, no daemon, no
 #           cgroup (cluster.sh check), and the host's interfaces, network namespaces and
 #           mounts are what they were before.
-# The cut and straggler drills print one line "NAME: fault -> detection X s, detection ->
+# The cut, straggler and spare drills print one line "NAME: fault -> detection X s, detection ->
 # first step after recovery Y s" (a straggler is never recovered from: "none"). Prints
 # PASS/FAIL/SKIP per scenario (prefix "nodes_e2e:"); where the machine
 # does not allow namespaces or veth pairs every scenario is a SKIP with the reason, and the
