@@ -104,6 +104,11 @@ void Watchdog::set_hosts(std::vector<std::string> hosts_by_world_rank) {
   hosts_ = std::move(hosts_by_world_rank);
 }
 
+std::vector<std::string> Watchdog::hosts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hosts_;
+}
+
 void Watchdog::call_ended(std::uint64_t token) {
   std::lock_guard<std::mutex> lock(mutex_);
   calls_.erase(token);

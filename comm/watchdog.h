@@ -104,6 +104,9 @@ class Watchdog final : public CallObserver {
   // name the hosts of peers and groups. set_hosts: the same from a list by world rank.
   void learn_hosts(Communicator& world);
   void set_hosts(std::vector<std::string> hosts_by_world_rank);
+  // The list learn_hosts/set_hosts gave, by world rank; empty before (the trainer names a
+  // straggler's host with it).
+  std::vector<std::string> hosts() const;
 
   // CallObserver, called by the communicators.
   std::uint64_t call_started(const Communicator& comm, const char* call, int peer,

@@ -95,7 +95,9 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(checkpoint, keep_last, kInt), TRIDENT_FIELD(checkpoint, async, kBool),
         TRIDENT_FIELD(checkpoint, save_final, kBool)}},
       {"logging",
-       {TRIDENT_FIELD(logging, metrics, kString), TRIDENT_FIELD(logging, log_interval, kInt)}},
+       {TRIDENT_FIELD(logging, metrics, kString), TRIDENT_FIELD(logging, log_interval, kInt),
+        TRIDENT_FIELD(logging, straggler_factor, kFloat),
+        TRIDENT_FIELD(logging, straggler_window, kInt)}},
   };
   return kSections;
 }
@@ -821,7 +823,13 @@ Status validate_config(const Config& config) {
     // saves a checkpoint.
     return Status::invalid_config("checkpoint.dir: must not be empty");
   }
-  TRIDENT_RETURN_IF_ERROR(at_least("logging.log_interval", config.logging.log_interval, 1));
+  const LoggingConfig& lg = config.logging;
+  TRIDENT_RETURN_IF_ERROR(at_least("logging.log_interval", lg.log_interval, 1));
+  // A factor <= 1 would call every rank above the median a straggler.
+  TRIDENT_RETURN_IF_ERROR(float_check("logging.straggler_factor", lg.straggler_factor,
+                                      lg.straggler_factor == 0 || lg.straggler_factor > 1,
+                                      "0 (off) or > 1"));
+  TRIDENT_RETURN_IF_ERROR(at_least("logging.straggler_window", lg.straggler_window, 1));
   return Status::ok();
 }
 

@@ -101,6 +101,12 @@ struct CheckpointConfig {
 struct LoggingConfig {
   std::string metrics = "metrics.jsonl";  // JSONL file; empty = none
   int log_interval = 1;
+  // Straggler warning (trainer/straggler.h): a rank whose busy time (step time minus the
+  // time blocked in communication) exceeds this many times the median rank's in at least
+  // half of a window of straggler_window steps is named, with its host, once per window;
+  // 0 = no warning (the metrics file records the slowest rank either way).
+  float straggler_factor = 2.0f;
+  int straggler_window = 20;
 };
 
 struct Config {

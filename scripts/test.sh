@@ -2,8 +2,8 @@
 # Installs what is missing, builds, runs every test through ctest, then the Slurm
 # end-to-end tests (tests/slurm/slurm_e2e.sh: a one-node Slurm cluster on this machine,
 # train.sbatch with a tiny model: smoke, a killed task, SIGUSR1 + requeue;
-# tests/slurm/nodes_e2e.sh: a 3-node cluster in namespaces: a normal run, a cut link, the
-# fault verbs) on the freshly built trident. Arguments go to ctest.
+# tests/slurm/nodes_e2e.sh: a 3-node cluster in namespaces: a normal run, a cut link, a
+# straggler, a crashed node replaced by a spare, the fault verbs) on the freshly built trident. Arguments go to ctest.
 #
 # After ctest, scripts/test_times.py sums the run's test times per ctest label and checks
 # them against the ceilings of docs/ARCHITECTURE.md "Tests: labels and times" (tests that

@@ -108,6 +108,13 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                       {"mfu", m.mfu}};
   j["comm_exposed_ms"] = m.comm_exposed_ms;
   j["comm_hidden_ms"] = m.comm_hidden_ms;
+  if (m.has_slowest) {
+    j["slowest"] = {{"rank", m.slowest_rank},
+                    {"host", m.slowest_host},
+                    {"busy_ms", m.slowest_busy_ms},
+                    {"median_busy_ms", m.median_busy_ms},
+                    {"ratio", m.slowest_ratio}};
+  }
   if (m.moe) {
     j["moe_aux_loss"] = m.moe_aux_loss;
     j["moe_z_loss"] = m.moe_z_loss;

@@ -1,6 +1,7 @@
 // Progress output: rank 0's one line per step and the JSONL metrics file with exactly
 // the fields of docs/ARCHITECTURE.md "Observability": {"step","loss","lr","grad_norm",
-// "step_ms","tokens_per_s","mfu","comm_exposed_ms","comm_hidden_ms"} per training step,
+// "step_ms","tokens_per_s","mfu","comm_exposed_ms","comm_hidden_ms"} per training step
+// (and "slowest" with more than one rank),
 // {"step","val_loss"} per evaluation, and at the end of a run one
 // {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
 // idle time. Each launch of `trident train` first writes one segment header,
@@ -56,6 +57,14 @@ struct StepMetrics {
   // expert received. The file gets "moe_aux_loss", "moe_z_loss" and "moe_layers": per layer
   // {"min", "max", "cv"} (coefficient of variation) of the fractions, and with
   // moe_histogram (each logging.log_interval steps) also "fractions", the histogram.
+  // Worlds of more than one rank (has_slowest): the rank with the largest busy time of the
+  // step (step time minus time blocked in communication; trainer/straggler.h), its host,
+  // its busy time and the median rank's. Written as {"slowest": {"rank", "host",
+  // "busy_ms", "median_busy_ms", "ratio"}}.
+  bool has_slowest = false;
+  int slowest_rank = -1;
+  std::string slowest_host;
+  double slowest_busy_ms = 0, median_busy_ms = 0, slowest_ratio = 1;
   bool moe = false;
   bool moe_histogram = false;
   double moe_aux_loss = 0, moe_z_loss = 0;

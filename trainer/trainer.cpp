@@ -116,7 +116,8 @@ Trainer::Trainer(Config config, TrainerOptions options)
     : config_(std::move(config)),
       options_(options),
       loss_guard_(config_.training.loss_spike_factor, config_.training.loss_spike_window,
-                  config_.model.vocab_size) {}
+                  config_.model.vocab_size),
+      stragglers_(config_.logging.straggler_factor, config_.logging.straggler_window) {}
 
 Trainer::~Trainer() = default;
 
@@ -776,9 +777,57 @@ Result<StepMetrics> Trainer::train_step() {
   m.mfu = peak_flops_ > 0
               ? c.model.flops_per_token() * m.tokens_per_s / (peak_flops_ * world_->size())
               : 0.0;  // an unknown peak (a GPU missing from the table): no MFU
+  // Only when someone reads it: a metrics file or the warning (the same on every rank).
+  if (world_->size() > 1 && (!c.logging.metrics.empty() || stragglers_.enabled())) {
+    collect_slowest_rank(m);
+  }
   if (c.model.moe()) collect_moe_metrics(m);
   losses_.push_back(loss);
   return m;
+}
+
+void Trainer::collect_slowest_rank(StepMetrics& m) {
+  // This rank's busy time: the step minus its training thread's waits in communicator
+  // calls, the groups' (collect_traffic) and the world's, but for groups inside this
+  // rank's host in a world of several hosts (trainer/straggler.h says why). Gathered after
+  // the step's timer and its last training collective: it moves 8 bytes per rank and
+  // touches no training state.
+  const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
+  const double exposed_ms = (same_host_[0] ? 0 : e.tp) + (same_host_[1] ? 0 : e.dp) +
+                            (same_host_[2] ? 0 : e.pp) + (same_host_[3] ? 0 : e.embedding) +
+                            world_->times().exposed_s * 1e3;
+  const double busy = std::max(0.0, m.step_ms - exposed_ms);
+  step_busy_ms_.assign(static_cast<size_t>(world_->size()), 0.0);
+  world_->all_gather(CommBuf::host(std::span<const double>(&busy, 1)),
+                     CommBuf::host(std::span<double>(step_busy_ms_)), {.label = "step busy times"});
+  const SlowestRank s = slowest_rank(step_busy_ms_);
+  m.has_slowest = true;
+  m.slowest_rank = s.rank;
+  m.slowest_host = static_cast<size_t>(s.rank) < hosts_.size() ? hosts_[static_cast<size_t>(s.rank)] : "";
+  m.slowest_busy_ms = s.busy_ms;
+  m.median_busy_ms = s.median_ms;
+  m.slowest_ratio = s.ratio;
+}
+
+void Trainer::find_same_host_groups() {
+  same_host_ = {};
+  const auto host = [&](int world_rank) -> const std::string& {
+    return hosts_[static_cast<size_t>(world_rank)];
+  };
+  if (hosts_.size() != static_cast<size_t>(world_->size()) ||
+      std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; })) {
+    return;  // no host names, or one host: every rank is its own unit
+  }
+  const Communicator* groups[4] = {groups_.tp.get(), groups_.dp.get(), groups_.pp.get(),
+                                   groups_.embedding.get()};
+  for (size_t g = 0; g < 4; ++g) {
+    // Members' world ranks: the MPI groups know them; a backend that does not (NCCL)
+    // leaves the group counted as spanning hosts.
+    const std::vector<int> members = groups[g] ? groups[g]->world_ranks() : std::vector<int>{};
+    same_host_[g] = !members.empty() && std::all_of(members.begin(), members.end(), [&](int w) {
+      return w >= 0 && w < world_->size() && host(w) == host(world_->rank());
+    });
+  }
 }
 
 void Trainer::collect_moe_metrics(StepMetrics& m) {
@@ -1032,6 +1081,9 @@ Status Trainer::run() {
   const int first_step = step_;
   const bool rank0 = world_->rank() == 0;
   const auto& ck = config_.checkpoint;
+  // The stragglers' hosts: those the watchdog learnt (cmd_train); none without one.
+  if (options_.watchdog) hosts_ = options_.watchdog->hosts();
+  find_same_host_groups();
   while (step_ < t.max_steps) {
     if (options_.watchdog) options_.watchdog->set_step(step_ + 1);
     if (world_->rank() == options_.hang_rank && step_ + 1 == options_.hang_step) {
@@ -1040,6 +1092,13 @@ Status Trainer::run() {
     }
     TRIDENT_ASSIGN_OR_RETURN(StepMetrics m, train_step());
     if (rank0) metrics_.write_step(m);
+    if (rank0 && !step_busy_ms_.empty()) {
+      if (auto found = stragglers_.push(step_busy_ms_); found && !found->empty()) {
+        log::warn("straggler: {} (logging.straggler_factor; a slow node, CPU or device holds "
+                  "every step back)",
+                  straggler_text(*found, hosts_, stragglers_.factor(), stragglers_.window()));
+      }
+    }
     const bool last = step_ == t.max_steps;
     if (!options_.quiet && (step_ % config_.logging.log_interval == 0 || step_ == 1 || last)) {
       log::info("{}", format_progress_line(m));

@@ -12,6 +12,7 @@
 // CPU the same layout run twice is bitwise identical.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,6 +37,7 @@
 #include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/resume_compat.h"
+#include "trainer/straggler.h"
 
 namespace trident {
 
@@ -196,6 +198,10 @@ class Trainer {
   Transformer& last_model() { return *models_.back(); }
   // Mixture of experts: the step's auxiliary losses and expert loads, over every rank.
   void collect_moe_metrics(StepMetrics& m);
+  // The step's slowest rank (every rank's busy time gathered to all) into m.
+  void collect_slowest_rank(StepMetrics& m);
+  // same_host_ from hosts_ and the groups' members (run(), once).
+  void find_same_host_groups();
   bool computes_loss() const { return chunks_.back().last_stage(); }
   std::unique_ptr<PipelineExecutor> executor_;
   // One adapter per chunk for the executor (built once: a step allocates nothing here).
@@ -216,6 +222,14 @@ class Trainer {
   std::vector<int32_t> cp_inputs_, cp_targets_;
   std::vector<double> losses_;
   LossSpikeGuard loss_guard_;  // fed by run() after every step; its window is checkpointed
+  // Stragglers (worlds of more than one rank): every rank's busy time of the last step
+  // (train_step gathers it), the detector rank 0 feeds in run(), hostnames by world rank.
+  std::vector<double> step_busy_ms_;
+  StragglerDetector stragglers_;
+  std::vector<std::string> hosts_;
+  // tp, dp, pp, embedding: the group lies inside this rank's host, in a world of several
+  // hosts (its waits are the host's own time, not waiting for a slower one).
+  std::array<bool, 4> same_host_{};
   RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;

@@ -550,15 +550,23 @@ slow_percent() {  # the node's CPU quota, in percent of this machine
 
 # slow NAME PERCENT: the node's processes get PERCENT of this machine's CPU time (CFS quota
 # of its cgroup; 100 removes the limit). Every process in the node's namespaces is moved in
-# (slurmd and `exec` start theirs inside already).
+# (slurmd and `exec` start theirs inside already). The period is short, 10 ms (longer only
+# where the quota would fall under the kernel's 1 ms minimum): with the default 100 ms a
+# node used its quota in a burst and then stood still for most of the period, wherever it
+# was, mostly inside MPI calls, whose polling spends the quota too; in short periods the
+# node's compute is slowed evenly, as on a slow CPU.
 slow() {
   local name=$1 pct=$2 pid period
   [[ $pct =~ ^[0-9]+$ && $pct -ge 1 && $pct -le 100 ]] || die "PERCENT must be 1..100, not '$pct'"
   [[ -d $CGROUP/$name ]] || die "no cgroup v1 cpu controller for $name ($CGROUP/$name); slow needs /sys/fs/cgroup/cpu"
   for pid in $(ns_pids "$name"); do echo "$pid" > "$CGROUP/$name/cgroup.procs" 2>/dev/null || true; done
-  period=$(cat "$CGROUP/$name/cpu.cfs_period_us")
-  if [[ $pct -eq 100 ]]; then echo -1 > "$CGROUP/$name/cpu.cfs_quota_us"
-  else echo $((period * $(nproc) * pct / 100)) > "$CGROUP/$name/cpu.cfs_quota_us"; fi
+  echo -1 > "$CGROUP/$name/cpu.cfs_quota_us"
+  if [[ $pct -lt 100 ]]; then
+    period=$(( (100000 + $(nproc) * pct - 1) / ($(nproc) * pct) ))  # quota >= 1000 us
+    (( period < 10000 )) && period=10000
+    echo "$period" > "$CGROUP/$name/cpu.cfs_period_us"
+    echo $((period * $(nproc) * pct / 100)) > "$CGROUP/$name/cpu.cfs_quota_us"
+  fi
   say "$name: CPU quota $(slow_percent "$name") of $(nproc) cores"
 }
 

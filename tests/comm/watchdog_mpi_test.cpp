@@ -351,9 +351,11 @@ TEST(Watchdog, MpiGroupsKnowTheirMembersAndTheHostsAreLearnt) {
 
   Recorder recorder;
   Watchdog watchdog(recorder.options(milliseconds(20)));
+  EXPECT_TRUE(watchdog.hosts().empty());
   watchdog.learn_hosts(comm);
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
+  EXPECT_EQ(watchdog.hosts(), std::vector<std::string>(static_cast<std::size_t>(comm.size()), host));
   StuckCommunicator stuck("tp");
   stuck.members = {comm.rank(), comm.size() - 1};
   recorder.comm = &stuck;

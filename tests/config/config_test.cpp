@@ -435,19 +435,43 @@ TEST(Config, ContextParallelKeyAndItsRefusals) {
                       "micro_batch_size: 2}\n");
 }
 
-TEST(Config, LossSpikeGuardKeys) {
+// A "factor and window" pair of keys (the loss-spike guard, the straggler warning): the
+// defaults, 0 = off, a --set override, and the errors naming the key.
+void expect_factor_and_window_keys(const std::string& section, const std::string& factor,
+                                   const std::string& window, float (*get_factor)(const Config&),
+                                   int (*get_window)(const Config&), float default_factor,
+                                   int default_window) {
+  SCOPED_TRACE(section + "." + factor);
+  const std::string f = section + "." + factor, w = section + "." + window;
   Config c = parse_ok(kMinimal);
-  EXPECT_EQ(c.training.loss_spike_factor, 10.0f);  // on by default (docs/CONFIG.md)
-  EXPECT_EQ(c.training.loss_spike_window, 50);
-  c = parse_ok(kMinimal + "training: {loss_spike_factor: 0, loss_spike_window: 1}\n");
-  EXPECT_EQ(c.training.loss_spike_factor, 0.0f);
-  EXPECT_EQ(c.training.loss_spike_window, 1);
-  EXPECT_EQ(parse_ok(kMinimal, {"training.loss_spike_factor=2.5"}).training.loss_spike_factor, 2.5f);
-  expect_error(kMinimal + "training: {loss_spike_factor: 1}\n", {},
-               {"training.loss_spike_factor: must be 0 (off) or > 1, got 1"});
-  expect_error(kMinimal + "training: {loss_spike_factor: -3}\n", {}, {"training.loss_spike_factor"});
-  expect_error(kMinimal + "training: {loss_spike_window: 0}\n", {},
-               {"training.loss_spike_window: must be >= 1, got 0"});
+  EXPECT_EQ(get_factor(c), default_factor);  // docs/CONFIG.md
+  EXPECT_EQ(get_window(c), default_window);
+  c = parse_ok(kMinimal + section + ": {" + factor + ": 0, " + window + ": 1}\n");
+  EXPECT_EQ(get_factor(c), 0.0f);
+  EXPECT_EQ(get_window(c), 1);
+  EXPECT_EQ(get_factor(parse_ok(kMinimal, {f + "=2.5"})), 2.5f);
+  EXPECT_EQ(get_factor(parse_ok(kMinimal, {f + "=1.25"})), 1.25f);
+  expect_error(kMinimal + section + ": {" + factor + ": 1}\n", {},
+               {f + ": must be 0 (off) or > 1, got 1"});
+  expect_error(kMinimal + section + ": {" + factor + ": -3}\n", {}, {f});
+  expect_error(kMinimal, {f + "=.nan"}, {f});
+  expect_error(kMinimal + section + ": {" + window + ": 0}\n", {}, {w + ": must be >= 1, got 0"});
+  expect_error(kMinimal + section + ": {" + window + ": many}\n", {}, {w});
+}
+
+TEST(Config, LossSpikeGuardKeys) {
+  // On by default.
+  expect_factor_and_window_keys(
+      "training", "loss_spike_factor", "loss_spike_window",
+      [](const Config& c) { return c.training.loss_spike_factor; },
+      [](const Config& c) { return c.training.loss_spike_window; }, 10.0f, 50);
+}
+
+TEST(Config, StragglerKeys) {
+  expect_factor_and_window_keys(
+      "logging", "straggler_factor", "straggler_window",
+      [](const Config& c) { return c.logging.straggler_factor; },
+      [](const Config& c) { return c.logging.straggler_window; }, 2.0f, 20);
 }
 
 TEST(Config, TrainingAndOtherSectionErrors) {

@@ -120,5 +120,34 @@ TEST(MetricsWriter, ARecordCutOffPartWayIsFollowedByAFreshLine) {
   EXPECT_EQ(nlohmann::json::parse(lines[4])["val_loss"], 2.4);
 }
 
+// A step of a world of more than one rank carries the "slowest" record (docs/ARCHITECTURE.md
+// "Observability"); a one-rank step has exactly the nine fields and no such record.
+TEST(MetricsWriter, TheSlowestRankRecordOnlyWithMoreThanOneRank) {
+  testing::ScratchDir dir;
+  const std::string path = dir.file("m.jsonl");
+  {
+    MetricsWriter w;
+    ASSERT_TRUE(w.open(path).is_ok());
+    w.write_step(step(1));
+    StepMetrics m = step(2);
+    m.has_slowest = true;
+    m.slowest_rank = 3;
+    m.slowest_host = "node2";
+    m.slowest_busy_ms = 30.5;
+    m.median_busy_ms = 10;
+    m.slowest_ratio = 3.05;
+    w.write_step(m);
+  }
+  const auto lines = lines_of(path);
+  ASSERT_EQ(lines.size(), 2u);
+  const auto one = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(one.size(), 9u) << lines[0];
+  EXPECT_FALSE(one.contains("slowest"));
+  const auto many = nlohmann::json::parse(lines[1]);
+  EXPECT_EQ(many.size(), 10u) << lines[1];
+  EXPECT_EQ(many["slowest"], nlohmann::json::parse(R"({"rank": 3, "host": "node2",
+      "busy_ms": 30.5, "median_busy_ms": 10.0, "ratio": 3.05})"));
+}
+
 }  // namespace
 }  // namespace trident

@@ -1,0 +1,84 @@
+#include "trainer/straggler.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace trident {
+
+namespace {
+
+// The median rank's value: the lower middle one, floor((n - 1) / 2) in ascending order, so
+// that it is one rank's own figure and, of two ranks, the faster one (the mean of the two
+// middle values would put a straggler of two ranks at most 2x its own mean).
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>((v.size() - 1) / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+double ratio_to(double value, double median) { return median > 0 ? value / median : 1.0; }
+
+}  // namespace
+
+SlowestRank slowest_rank(std::span<const double> busy_ms) {
+  SlowestRank s;
+  if (busy_ms.empty()) return s;
+  const auto it = std::max_element(busy_ms.begin(), busy_ms.end());
+  s.rank = static_cast<int>(it - busy_ms.begin());
+  s.busy_ms = *it;
+  s.median_ms = median_of({busy_ms.begin(), busy_ms.end()});
+  s.ratio = ratio_to(s.busy_ms, s.median_ms);
+  return s;
+}
+
+StragglerDetector::StragglerDetector(double factor, int window) : factor_(factor), window_(window) {
+  TRIDENT_CHECK_MSG(window >= 1, "straggler window " + std::to_string(window) + " must be >= 1");
+}
+
+std::optional<std::vector<Straggler>> StragglerDetector::push(std::span<const double> busy_ms) {
+  if (!enabled()) return std::nullopt;
+  if (ratios_.empty()) ratios_.resize(busy_ms.size());
+  TRIDENT_CHECK_MSG(ratios_.size() == busy_ms.size(),
+                    "straggler detector: " + std::to_string(busy_ms.size()) + " ranks, was " +
+                        std::to_string(ratios_.size()));
+  const double median = median_of({busy_ms.begin(), busy_ms.end()});
+  for (std::size_t r = 0; r < busy_ms.size(); ++r) ratios_[r].push_back(ratio_to(busy_ms[r], median));
+  if (++steps_ < window_) return std::nullopt;
+  std::vector<Straggler> found;
+  const int needed = (window_ + 1) / 2;
+  for (std::size_t r = 0; r < ratios_.size(); ++r) {
+    std::vector<double> slow;
+    for (double x : ratios_[r]) {
+      if (x > factor_) slow.push_back(x);
+    }
+    if (static_cast<int>(slow.size()) >= needed) {
+      found.push_back({static_cast<int>(r), static_cast<int>(slow.size()), median_of(slow)});
+    }
+    ratios_[r].clear();
+  }
+  steps_ = 0;
+  std::stable_sort(found.begin(), found.end(), [](const Straggler& a, const Straggler& b) {
+    return a.slow_steps > b.slow_steps;
+  });
+  return found;
+}
+
+std::string straggler_text(const std::vector<Straggler>& stragglers,
+                           const std::vector<std::string>& hosts, double factor, int window) {
+  std::string text;
+  for (const Straggler& s : stragglers) {
+    if (!text.empty()) text += "; ";
+    const bool known = s.rank >= 0 && static_cast<std::size_t>(s.rank) < hosts.size() &&
+                       !hosts[static_cast<std::size_t>(s.rank)].empty();
+    text += fmt::format("rank {}{} exceeded {:g}x the median rank's busy time in {} of the last "
+                        "{} steps (by {:.1f}x in the median of those)",
+                        s.rank, known ? " on " + hosts[static_cast<std::size_t>(s.rank)] : "",
+                        factor, s.slow_steps, window, s.slow_ratio);
+  }
+  return text;
+}
+
+}  // namespace trident
