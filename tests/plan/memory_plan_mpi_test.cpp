@@ -119,10 +119,14 @@ TEST(MemoryPlanMpi, ContextParallelRanksHoldWhatThePlanSays) {
   };
   for (const char* arch : {"gpt2", "llama"}) {
     if (n == 2) {
-      for (int zero = 0; zero <= 3; ++zero) check_rank_memory(arch, layout(1, 2, 1, 1), zero, "", 3, *ops);
+      for (int zero = 0; zero <= 3; ++zero) {
+        check_rank_memory(arch, layout(1, 2, 1, 1), zero, "", 3, *ops);
+      }
     }
     if (n == 4) {
-      for (int zero = 0; zero <= 3; ++zero) check_rank_memory(arch, layout(2, 2, 1, 1), zero, "", 3, *ops);
+      for (int zero = 0; zero <= 3; ++zero) {
+        check_rank_memory(arch, layout(2, 2, 1, 1), zero, "", 3, *ops);
+      }
       check_rank_memory(arch, layout(1, 4, 1, 1), 1, "", 3, *ops, 16);
       check_rank_memory(arch, layout(1, 2, 2, 1), 0, ", sequence_parallel: true", 3, *ops);
       check_rank_memory(arch, layout(1, 2, 1, 2), 0, ", virtual_stages: 2", 4, *ops);
