@@ -100,8 +100,8 @@ struct ProcessGroups {
 // Splits world into the device-space tp, dp, pp and embedding groups of `layout`, then
 // (cp > 1) cp and dp_cp, in that order on every rank.
 // Collective over world, which must serve host memory (CHECK). Fails with invalid_config
-// ("parallel: dp*tp*pp = X but the world size is Y", dp*cp*tp*pp when cp > 1) before any communication when the
-// layout does not fit, so every rank fails alike.
+// ("parallel: dp*tp*pp = X but the world size is Y", dp*cp*tp*pp when cp > 1) before any
+// communication when the layout does not fit, so every rank fails alike.
 Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLayout& layout,
                                           bool tied_embeddings);
 

@@ -517,12 +517,14 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
                                 int T) {
   const auto& c = config_;
   check_slots("forward_stage");
+  // Ring attention is built for one shape: whole micro-batches of this rank's rows.
+  const bool ring_shape = !ring_ || (B == micro_batch_size_ && T == seq_rows_);
   TRIDENT_CHECK_MSG(slot >= 0 && slot < num_slots_ && B >= 1 && B <= micro_batch_size_ &&
-                        T >= 1 && T <= seq_rows_ && (!ring_ || (B == micro_batch_size_ && T == seq_rows_)),
+                        T >= 1 && T <= seq_rows_ && ring_shape,
                     "slot=" + std::to_string(slot) + " B=" + std::to_string(B) +
                         " T=" + std::to_string(T) +
-                        (ring_ ? " (context parallelism: B = micro_batch_size, T = seq_len / cp = " +
-                                     std::to_string(seq_rows_) + ")"
+                        (ring_ ? " (context parallelism: B = micro_batch_size, T = seq_len / "
+                                 "cp = " + std::to_string(seq_rows_) + ")"
                                : std::string()));
   const int N = B * T;
   TRIDENT_CHECK_MSG(!tp_.sequence_parallel() || N % tp_.size() == 0,

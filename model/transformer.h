@@ -201,9 +201,11 @@ class Transformer {
   const std::vector<ParamInfo>& params() const { return layout_.params; }
   // Bytes of the per-slot activation arenas (what the pipeline's live micro-batches hold).
   size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
-  // Bytes shared by all slots: the backward scratch and, with recomputation, the one set
-  // of recomputed layer tensors.
-  size_t scratch_bytes() const { return scratch_.bytes() + shared_.bytes(); }
+  // Bytes shared by all slots: the backward scratch, with recomputation the one set of
+  // recomputed layer tensors, and under context parallelism ring attention's buffers.
+  size_t scratch_bytes() const {
+    return scratch_.bytes() + shared_.bytes() + (ring_ ? ring_->bytes() : 0);
+  }
   Recompute recompute() const { return recompute_; }
   // Elements (compute dtype) of one micro-batch's stage boundary: this rank's token rows
   // (all N, or N/tp with sequence parallelism) times d_model.

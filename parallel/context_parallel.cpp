@@ -67,6 +67,30 @@ size_t RingAttention::kv_elems() const {
 }
 size_t RingAttention::lse_elems() const { return static_cast<size_t>(B_) * NH_ * 2 * c_; }
 
+size_t RingAttention::bytes() const {
+  size_t n = acc_.bytes() + blk_.bytes() + blk_lse_.bytes() + dq_.bytes();
+  for (int i = 0; i < 2; ++i) n += k_[i].bytes() + v_[i].bytes() + dk_[i].bytes() + dv_[i].bytes();
+  return n;
+}
+
+size_t RingAttention::buffer_bytes(int B, int chunk, int NH, int NKV, int HD, DType dtype,
+                                   int cp) {
+  // The constructor's buffers: the running out and dq (f32, q-sized) always; with more
+  // than one rank two received blocks of k and v (dtype), one block's out and lse (f32),
+  // and two dK/dV accumulators (f32), else one accumulator pair.
+  const size_t q = static_cast<size_t>(B) * 2 * chunk * NH * HD;
+  const size_t kv = static_cast<size_t>(B) * 2 * chunk * NKV * HD;
+  const size_t lse = static_cast<size_t>(B) * NH * 2 * chunk;
+  const size_t f32 = sizeof(float);
+  size_t n = 2 * q * f32;
+  if (cp > 1) {
+    n += 2 * 2 * kv * dtype_size(dtype) + 2 * 2 * kv * f32 + q * f32 + lse * f32;
+  } else {
+    n += 2 * kv * f32;
+  }
+  return n;
+}
+
 Ops::AttentionBlock RingAttention::block(int Tq, int Tk, int q_pos) const {
   Ops::AttentionBlock s;
   s.B = B_, s.Tq = Tq, s.Tk = Tk, s.q_rows = 2 * c_, s.kv_rows = 2 * c_;

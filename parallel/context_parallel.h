@@ -126,6 +126,10 @@ class RingAttention {
   size_t q_elems() const;    // B * 2c * NH * HD
   size_t kv_elems() const;   // B * 2c * NKV * HD
   size_t lse_elems() const;  // B * NH * 2c
+  // The bytes of the buffers it allocates (what buffer_bytes says for its shape).
+  size_t bytes() const;
+  // What a RingAttention of this shape over `cp` ranks allocates (the memory plan).
+  static size_t buffer_bytes(int B, int chunk, int NH, int NKV, int HD, DType dtype, int cp);
 
  private:
   // This rank's blocks over the keys and values of rank src: merged into the running out

@@ -22,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "plan/partition.h"
 
@@ -145,9 +146,19 @@ void activation_plan(const Config& config, const ModelPartition& part,
   shape.last_stage = part.last_stage();
   shape.compute = compute_dtype(config);
   shape.recompute = config.training.recompute;
-  shape.attention_state_bytes = static_cast<double>(attention_state_bytes(
-      config.parallel.micro_batch_size, c.seq_len, c.n_heads / part.tp_size,
-      c.n_kv_heads / part.tp_size, c.head_dim, shape.compute));
+  // Context parallelism: seq_len / cp rows per sequence, ring attention's lse as the
+  // attention state (Transformer::allocate_activations), and the ring's own buffers.
+  const int B = config.parallel.micro_batch_size, cp = part.cp_size, rows = c.seq_len / cp;
+  const int NH = c.n_heads / part.tp_size, NKV = c.n_kv_heads / part.tp_size;
+  shape.cp_size = cp;
+  shape.attention_state_bytes =
+      cp > 1 ? double(B) * NH * rows * sizeof(float)
+             : static_cast<double>(
+                   attention_state_bytes(B, c.seq_len, NH, NKV, c.head_dim, shape.compute));
+  const double ring =
+      cp > 1 ? static_cast<double>(RingAttention::buffer_bytes(B, rows / 2, NH, NKV, c.head_dim,
+                                                               shape.compute, cp))
+             : 0.0;
   const ActivationDescription d = describe_activations(c, shape);
   auto bytes = [](const std::vector<BufferDesc>& buffers, bool shared) {
     std::vector<double> out;
@@ -161,7 +172,8 @@ void activation_plan(const Config& config, const ModelPartition& part,
                 (local_layers + 1) * arena_slices_bytes({d.residual.bytes}, true) +
                 local_layers * arena_slices_bytes(bytes(d.layer, false), true);
   *scratch_bytes = arena_slices_bytes(bytes(d.scratch, false), false) +
-                   (local_layers > 0 ? arena_slices_bytes(bytes(d.layer, true), false) : 0);
+                   (local_layers > 0 ? arena_slices_bytes(bytes(d.layer, true), false) : 0) +
+                   ring;
 }
 
 uint64_t host_hash() {
@@ -332,7 +344,10 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
                                 const AttentionStateBytes& attention_state_bytes) {
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
-  const int dp = par.dp, stage = par.zero_stage;
+  // The data-parallel machinery runs over dp x cp (the cp ranks hold the same
+  // parameters: parallel/context_parallel.h), so ZeRO shards over dp * cp and dp_rank is
+  // the rank's place in that group.
+  const int dp = par.dp * par.cp, stage = par.zero_stage;
   // The rank's model chunks (several under interleaved 1F1B: plan/partition.h).
   const std::vector<ModelPartition> chunks =
       par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)

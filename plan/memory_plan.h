@@ -85,7 +85,8 @@ struct RankMemory {
 using AttentionStateBytes =
     std::function<size_t(int B, int T, int NH, int NKV, int HD, DType dtype)>;
 
-// The plan of the rank with this partition and data-parallel rank (with
+// The plan of the rank with this partition and data-parallel rank (its rank in the
+// dp x cp group, Topology::dp_cp_rank: the dp rank at cp 1) (with
 // parallel.virtual_stages > 1, `part` names the rank by its tp and pp rank and the plan
 // counts every chunk of plan/partition.h: each chunk's model holds its own slots and
 // backward scratch). `config` is

@@ -12,6 +12,8 @@ ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank) {
   part.pp_rank = pp_rank;
   part.pp_size = par.pp;
   part.sequence_parallel = par.sequence_parallel;
+  // Context parallelism: every cp rank holds the same sizes (the trainer sets its rank).
+  part.cp_size = par.cp;
   const std::vector<int> counts =
       stage_layer_counts(config.model.n_layers, par.pp, par.stage_layers);
   part.layer_begin = 0;

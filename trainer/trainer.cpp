@@ -144,7 +144,8 @@ Status Trainer::init() {
   // Before the data is opened or anything big allocated: refuse a run whose ranks would
   // not fit in their machine's memory (exit 2 naming the figures), rather than abort in
   // an allocation or be OOM-killed later (plan/memory_plan.h).
-  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(), groups_.coords.dp_rank, *ops_,
+  TRIDENT_RETURN_IF_ERROR(plan_and_check_memory(config_, chunks_.front(),
+                                                groups_.topology.dp_cp_rank(groups_.coords), *ops_,
                                                 *world_, options_.quiet));
   TRIDENT_RETURN_IF_ERROR(open_data());
   TRIDENT_RETURN_IF_ERROR(check_token_ids());

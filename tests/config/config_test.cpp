@@ -427,7 +427,8 @@ TEST(Config, ContextParallelKeyAndItsRefusals) {
                {"parallel.cp: 2 with model.moe_experts=4", "not supported"});
   // Sequence parallelism splits a cp rank's seq_len / cp rows over tp.
   // (24 rows split over tp 4, but a cp 4 rank's 6 do not.)
-  expect_error(kMinimal + "model: {seq_len: 24}\nparallel: {cp: 4, tp: 4, sequence_parallel: true}\n",
+  expect_error(kMinimal +
+                   "model: {seq_len: 24}\nparallel: {cp: 4, tp: 4, sequence_parallel: true}\n",
                {}, {"parallel.sequence_parallel: model.seq_len=24 / parallel.cp=4 does not split "
                     "over parallel.tp=4"});
   parse_ok(kMinimal + "model: {seq_len: 32}\nparallel: {cp: 2, tp: 2, sequence_parallel: true}\n");

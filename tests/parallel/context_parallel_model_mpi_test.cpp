@@ -59,7 +59,8 @@ void check_context_parallel(const TransformerConfig& c, int cp, Recompute recomp
   split.zero_grads();
   const CpChunks chunks = cp_chunks(T, cp, part.cp_rank);
   const int rows = chunks.rows();
-  std::vector<int32_t> local_tokens(static_cast<size_t>(B) * rows), local_targets(local_tokens.size());
+  std::vector<int32_t> local_tokens(static_cast<size_t>(B) * rows);
+  std::vector<int32_t> local_targets(local_tokens.size());
   take_cp_rows(tokens.data(), local_tokens.data(), B, T, 1, chunks);
   take_cp_rows(targets.data(), local_targets.data(), B, T, 1, chunks);
   groups->cp->reset_traffic();

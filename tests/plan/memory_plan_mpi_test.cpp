@@ -1,7 +1,8 @@
 // The closed-form memory plan (plan/memory_plan.h) equals what every rank of a real
 // multi-rank Trainer holds after a step, for ZeRO stages 0-3 with dp > 1 (sharding,
 // shard padding and the groups gathered at once included), with tp and pp where the
-// world allows.
+// world allows, and under context parallelism (ZeRO over dp x cp, seq_len / cp rows, ring
+// attention's state and buffers).
 #include <gtest/gtest.h>
 
 #include "parallel/data_parallel.h"
@@ -28,14 +29,15 @@ std::vector<ParallelLayout> layouts_for_world(int n) {
 // then every kind the plan counts against what the rank really holds: the DataParallel's
 // memory and every model chunk's activation arenas and backward scratch.
 void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
-                       const std::string& extra, int n_layers, const Ops& ops) {
+                       const std::string& extra, int n_layers, const Ops& ops,
+                       int seq_len = 12) {
   SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.
   const Arch family = std::string(arch) == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
   const std::string yaml =
-      testing::tiny_model_yaml(family, {.vocab_size = 200, .seq_len = 12, .n_layers = n_layers,
-                                        .d_model = 40}) +
+      testing::tiny_model_yaml(family, {.vocab_size = 200, .seq_len = seq_len,
+                                        .n_layers = n_layers, .d_model = 40}) +
       test::parallel_yaml(l, zero, ", bucket_mb: 1" + extra) +
       "data: {train: " + memory_data_file() + "}\n"
       "training: {global_batch_size: 4, max_steps: 1}\n"
@@ -51,7 +53,9 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
   Trainer& t = *trainer;
   ASSERT_TRUE(t.train_step().is_ok());
   const DataParallel::Memory real = t.data_parallel().memory();
-  const RankMemory m = estimate_rank_memory(t.config(), t.partition(), t.coords().dp_rank, ops);
+  const RankCoords& rc = t.coords();
+  const RankMemory m =
+      estimate_rank_memory(t.config(), t.partition(), rc.dp_rank * l.cp + rc.cp_rank, ops);
   EXPECT_EQ(m.params, static_cast<double>(real.params_peak));
   EXPECT_EQ(m.grads, static_cast<double>(real.grads_peak));
   EXPECT_EQ(m.optimizer, static_cast<double>(real.optimizer));
@@ -98,6 +102,35 @@ TEST(MemoryPlanMpi, InterleavedAndSequenceParallelRanksHoldWhatThePlanSays) {
       check_rank_memory(arch, {1, 2, 2}, 0, v2 + sp, 4, *ops);
     }
     if (n == 8) check_rank_memory(arch, {2, 2, 2}, 3, v2 + sp, 4, *ops);
+  }
+}
+
+// Context parallelism: cp 2 with every ZeRO stage (the store over dp x cp), and at 4 ranks
+// cp 2 x dp 2 (every stage), cp 4 (16 positions: chunks of 2), cp 2 x tp 2 with sequence
+// parallelism and cp 2 x pp 2 interleaved.
+TEST(MemoryPlanMpi, ContextParallelRanksHoldWhatThePlanSays) {
+  const int n = test::world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  auto layout = [](int dp, int cp, int tp, int pp) {
+    ParallelLayout l;
+    l.dp = dp, l.cp = cp, l.tp = tp, l.pp = pp;
+    return l;
+  };
+  for (const char* arch : {"gpt2", "llama"}) {
+    if (n == 2) {
+      for (int zero = 0; zero <= 3; ++zero) {
+        check_rank_memory(arch, layout(1, 2, 1, 1), zero, "", 3, *ops);
+      }
+    }
+    if (n == 4) {
+      for (int zero = 0; zero <= 3; ++zero) {
+        check_rank_memory(arch, layout(2, 2, 1, 1), zero, "", 3, *ops);
+      }
+      check_rank_memory(arch, layout(1, 4, 1, 1), 1, "", 3, *ops, 16);
+      check_rank_memory(arch, layout(1, 2, 2, 1), 0, ", sequence_parallel: true", 3, *ops);
+      check_rank_memory(arch, layout(1, 2, 1, 2), 0, ", virtual_stages: 2", 4, *ops);
+    }
   }
 }
 
