@@ -2,19 +2,21 @@
 # `trident plan` predicted against measured on this machine's CPU ranks (docs/PERFORMANCE.md
 # "trident plan calibrated on CPU ranks"): trains a GPT-2 (L4 H4 C256 T256, byte
 # vocabulary, global batch 8 x 256 tokens, micro-batch 1) on 2 MPI ranks in each layout
-# below, `rounds` times round-robin, calibrates the hardware table from one run only (the
-# first round's run of the first layout, `trident plan --calibrate`), and prints per layout
-# the measured step time and exposed communication (rank 0's metrics: per run the median
-# of the steps after the first, then the median over rounds, with the rounds' range)
-# next to the calibrated plan's and the uncalibrated plan's. The calibration run has both
-# overlap switches off: every collective is waited for, so its communication time is the
-# transfer's (with overlap on, the hidden time of a collective on these ranks includes the
-# compute it shares the cores with).
-#   python3 bench/plan_calibration_bench.py [steps] [rounds]   (default 6 2; from the repo root)
+# below, `rounds` times round-robin. Each round calibrates the hardware table from one run
+# only, its run of the first layout (`trident plan --calibrate`), and predicts the round's
+# other runs with it: the machine is shared, and its load drifts between rounds more than
+# within one. Printed per layout, medians over the rounds: the measured step time (with
+# the rounds' range) and exposed communication (rank 0's metrics: per run the median of
+# the steps after the first), the round's calibrated plan, the uncalibrated plan (this
+# machine's sgemm rate measured as it runs), and the per-round errors. The calibration
+# run has both overlap switches off: every collective is waited for, so its communication
+# time is the transfer's (with overlap on, the hidden time of a collective on these ranks
+# includes the compute it shares the cores with).
+#   python3 bench/plan_calibration_bench.py [steps] [rounds]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 T = "build/trident"
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 MODEL = ["model.arch=gpt2", "model.vocab_size=256", "model.seq_len=256", "model.n_layers=4",
@@ -61,7 +63,13 @@ with tempfile.TemporaryDirectory() as work:
           f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
     print(f"# GPT-2 L4 H4 C256 T256, byte vocabulary, global batch 8 x 256, micro-batch 1, 2 MPI ranks, "
           f"{steps} steps (medians of steps 2..{steps})")
-    measured = {label: [] for label, _ in LAYOUTS}
+    def plan(base, extra):
+        j = json.loads(sh([T, "plan", "--config", "bench/medium.yaml", "--devices", "2", "--gpu", "cpu",
+                           "--configured-only", "--json"] + sets(base) + extra))["configured"]
+        return {"step": j["step_time_s"], "tp": j["time_s"]["tp"], "dp": j["time_s"]["dp"],
+                "pp": j["time_s"]["pp"] + j["time_s"]["bubble"]}
+
+    results = {label: [] for label, _ in LAYOUTS}  # per round: (measured, calibrated, uncalibrated)
     for rnd in range(rounds):
         for i, (label, layout) in enumerate(LAYOUTS):
             base = MODEL + layout + [f"data.train={work}/data/train_*.bin", f"training.max_steps={steps}",
@@ -71,44 +79,36 @@ with tempfile.TemporaryDirectory() as work:
                 T, "train", "--config", "bench/medium.yaml"] + sets(base))
             recs = [j for j in map(json.loads, open(f"{work}/m{rnd}_{i}.jsonl")) if "step_ms" in j][1:]
             med = lambda f: statistics.median(f(r) for r in recs) / 1e3
-            measured[label].append({"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
-                                    "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
-                                    "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])})
-            if rnd == 0 and i == 0:
-                print("# calibration: " + " ".join(["trident", "plan", "--calibrate", "METRICS", "--config",
-                                                    "bench/medium.yaml"] + sets(MODEL + layout) +
-                                                   ["--gpu", "cpu", "--write-hardware", "HW"]))
-                out = sh([T, "plan", "--calibrate", f"{work}/m0_0.jsonl", "--config", "bench/medium.yaml"] +
-                         sets(base) + ["--gpu", "cpu", "--write-hardware", f"{work}/hw.yaml"])
-                print("".join("#   " + l + "\n" for l in out.splitlines() if not l.startswith("wrote")), end="")
+            m = {"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
+                 "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
+                 "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])}
+            hw = f"{work}/hw{rnd}.yaml"
+            if i == 0:
+                out = sh([T, "plan", "--calibrate", f"{work}/m{rnd}_0.jsonl", "--config", "bench/medium.yaml"] +
+                         sets(base) + ["--gpu", "cpu", "--write-hardware", hw])
+                if rnd == 0:
+                    print("# calibration (each round, from its first run): " +
+                          " ".join(["trident", "plan", "--calibrate", "METRICS", "--config", "bench/medium.yaml"] +
+                                   sets(MODEL + layout) + ["--gpu", "cpu", "--write-hardware", "HW"]))
+                print(f"# round {rnd + 1}: " + "; ".join(out.splitlines()[-4:-1]))
+            planned = MODEL + layout + [f"data.train={work}/data/train_*.bin"]
+            results[label].append((m, plan(planned, ["--hardware", hw]), plan(planned, [])))
         print(f"# round {rnd + 1} done {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
-    runs = []
-    for label, layout in LAYOUTS:
-        ms = measured[label]
-        m = {k: statistics.median(x[k] for x in ms) for k in ms[0]}
-        m["range"] = (min(x["step"] for x in ms), max(x["step"] for x in ms))
-        runs.append((label, MODEL + layout + [f"data.train={work}/data/train_*.bin"], m))
-
-    def plan(base, extra):
-        j = json.loads(sh([T, "plan", "--config", "bench/medium.yaml", "--devices", "2", "--gpu", "cpu",
-                           "--configured-only", "--json"] + sets(base) + extra))["configured"]
-        return {"step": j["step_time_s"], "tp": j["time_s"]["tp"], "dp": j["time_s"]["dp"],
-                "pp": j["time_s"]["pp"] + j["time_s"]["bubble"]}
-
     print("| layout | measured ms/step (rounds' range) | calibrated plan | error | uncalibrated plan | error | "
           "exposed tp ms meas / plan | exposed pp ms meas / plan | exposed dp ms meas / plan |")
     print("|---|---|---|---|---|---|---|---|---|")
     errs, plain_errs = [], []
-    for label, base, m in runs:
-        c = plan(base, ["--hardware", f"{work}/hw.yaml"])
-        u = plan(base, [])
-        e, ue = 100 * (c["step"] / m["step"] - 1), 100 * (u["step"] / m["step"] - 1)
+    for label, _ in LAYOUTS:
+        rs = results[label]
+        m, c, u = ({k: statistics.median(r[i][k] for r in rs) for k in rs[0][i]} for i in range(3))
+        e, ue = (statistics.median(100 * (r[i]["step"] / r[0]["step"] - 1) for r in rs) for i in (1, 2))
+        lo, hi = min(r[0]["step"] for r in rs), max(r[0]["step"] for r in rs)
         if "calibration" not in label:
             errs.append(abs(e))
             plain_errs.append(abs(ue))
         cell = lambda k: f"{1e3 * m[k]:.1f} / {1e3 * c[k]:.1f}"
-        print(f"| {label} | {1e3 * m['step']:.1f} ({1e3 * m['range'][0]:.0f}–{1e3 * m['range'][1]:.0f}) | {1e3 * c['step']:.1f} | {e:+.1f}% | {1e3 * u['step']:.1f} | "
-              f"{ue:+.1f}% | {cell('tp')} | {cell('pp')} | {cell('dp')} |")
-    print(f"# {len(errs)} layouts besides the calibration run: calibrated |error| mean {statistics.mean(errs):.1f}%, "
-          f"max {max(errs):.1f}%, {sum(x <= 20 for x in errs)} within 20%; uncalibrated mean "
-          f"{statistics.mean(plain_errs):.1f}%, max {max(plain_errs):.1f}%")
+        print(f"| {label} | {1e3 * m['step']:.1f} ({1e3 * lo:.0f}–{1e3 * hi:.0f}) | {1e3 * c['step']:.1f} | {e:+.1f}% | "
+              f"{1e3 * u['step']:.1f} | {ue:+.1f}% | {cell('tp')} | {cell('pp')} | {cell('dp')} |")
+    print(f"# {len(errs)} layouts besides the calibration run (median error over rounds): calibrated |error| mean "
+          f"{statistics.mean(errs):.1f}%, max {max(errs):.1f}%, {sum(x <= 20 for x in errs)} within 20%; uncalibrated "
+          f"mean {statistics.mean(plain_errs):.1f}%, max {max(plain_errs):.1f}%, {sum(x <= 20 for x in plain_errs)} within 20%")

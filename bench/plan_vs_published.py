@@ -2,12 +2,16 @@
 # The `trident plan` figures of docs/PERFORMANCE.md ("trident plan vs published runs")
 # and of the Llama configs' comments: runs build/trident plan --json for the published
 # model, layout and batch and prints plan's prediction next to the published figure.
-#   python3 bench/plan_vs_published.py megatron|llama3|titan|configs|errors|table
+#   python3 bench/plan_vs_published.py megatron|llama3|titan|configs|errors|table|calibrated NAME
 #       [--trident BIN] [--hardware FILE]   (from the repo root)
 # `errors` prints one line per run of tests/plan/published_runs.json (the published layout
 # as `configured`): the published MFU, the plan's, the relative error and the memory, then
 # the error's distribution; `table` the same as docs/PERFORMANCE.md's Markdown table, with
 # plan's recommendation. Run either with an older binary and its hardware table to compare.
+# `calibrated NAME` calibrates the GPU of the run whose name contains NAME from that run's
+# published throughput alone (a metrics file with its step time, step = tokens per step /
+# published tokens/s; no communication figures, so the links keep theirs: `trident plan
+# --calibrate`) and prints every run on that GPU with the calibrated table.
 import json, statistics, subprocess, sys
 args = sys.argv[1:]
 def option(flag, default):
@@ -70,6 +74,35 @@ if mode == "titan":
         if j is None: print("ERR", err); continue
         c = j["configured"]
         print(f"{cfg} 64 x A100 FSDP lbs1 {rc}: published {pub_wps} tok/s/GPU {pub_mfu}% | plan {show(c)} dp comm {c['comm_bytes_per_step']['dp']/1e9:.1f} GB | rec {show(j['recommended'])}")
+if mode == "calibrated":
+    import tempfile
+    runs = json.load(open("tests/plan/published_runs.json"))["runs"]
+    src = next(r for r in runs if args[1] in r["name"])
+    j, _ = plan(src["config"], src["devices"], src["gpu"], src["set"], extra=["--configured-only"])
+    c = j["configured"]
+    tokens_per_step = c["tokens_per_s_per_gpu"] * src["devices"] * c["step_time_s"]
+    step_ms = 1e3 * tokens_per_step / (src["published_tokens_per_s_per_gpu"] * src["devices"])
+    with tempfile.TemporaryDirectory() as work:
+        m = f"{work}/published.jsonl"
+        with open(m, "w") as f:
+            f.write(json.dumps({"segment": {"run_id": "published", "start_step": 0, "world_size": src["devices"]}}) + "\n")
+            for step in (1, 2):
+                zero = {"tp": 0, "dp": 0, "pp": 0, "embedding": 0}
+                f.write(json.dumps({"step": step, "step_ms": step_ms, "comm_exposed_ms": zero, "comm_hidden_ms": zero}) + "\n")
+        cmd = [T, "plan", "--calibrate", m, "--config", src["config"], "--gpu", src["gpu"],
+               "--write-hardware", f"{work}/hw.yaml"] + [a for x in src["set"] for a in ("--set", x)]
+        if HW: cmd += ["--hardware", HW]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"# calibrated {src['gpu']} from {src['name']}: {step_ms:.1f} ms/step published; " +
+              (r.stdout.strip().splitlines()[-2] if r.returncode == 0 else r.stderr))
+        HW = f"{work}/hw.yaml"
+        for r in runs:
+            if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
+            j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"])
+            c = j["configured"]
+            pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
+            print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
+                  f"error {100 * (100 * c['mfu'] / pub - 1):+6.1f}%{'  (the calibration run)' if r is src else ''}")
 if mode in ("errors", "table"):
     # Every run of tests/plan/published_runs.json (the data published_runs_test.cpp holds
     # the plan to): the published layout as `configured` (--configured-only: no search

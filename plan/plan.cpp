@@ -575,6 +575,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.gpu = options.hardware.name;
   plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
   plan.overlap_param_gather = config.parallel.overlap_param_gather;
+  plan.configured_only = options.configured_only;
   // The configured layout on N devices: as written, or with dp rescaled.
   Config configured = config;
   const ParallelConfig& p = config.parallel;

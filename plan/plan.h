@@ -197,6 +197,7 @@ struct Plan {
   int recommended = -1;             // index into layouts; -1 when nothing fits
   // The config's overlap switches, which every layout's dp time assumes.
   bool overlap_grad_reduce = true, overlap_param_gather = true;
+  bool configured_only = false;  // PlanOptions::configured_only: `layouts` is empty
 };
 
 // The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,

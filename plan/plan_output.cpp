@@ -117,6 +117,12 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  if (plan.configured_only) {
+    out += "# --configured-only: the configured layout alone on " + std::to_string(plan.devices) +
+           " x " + plan.gpu + " (" + std::to_string(plan.gpus_per_node) +
+           " per node); no search, no recommendation\n";
+    return out;
+  }
   out += "# " + std::to_string(plan.layouts.size()) + " valid layouts on " +
          std::to_string(plan.devices) + " x " + plan.gpu + " (" +
          std::to_string(plan.gpus_per_node) + " per node), " + std::to_string(fitting) + " fit\n";

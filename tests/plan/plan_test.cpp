@@ -282,6 +282,37 @@ TEST(Plan, ConfiguredLayoutMovesToTheDeviceCountOrIsRefused) {
   EXPECT_NE(none.status().message().find("--devices: must be >= 1"), std::string::npos);
 }
 
+// --configured-only: the configured layout as the search would evaluate it, and nothing
+// else, also where the search is refused (a batch of many divisors on many devices).
+TEST(Plan, ConfiguredOnlyEvaluatesTheConfiguredLayoutAlone) {
+  // Megatron-LM 2021's 145.6B GPT on 1536 A100s (tests/plan/published_runs.json): its
+  // batch of 2304 on 1536 devices gives the search more than kMaxPlanCandidates layouts.
+  auto loaded = load_config(std::string(TRIDENT_SOURCE_DIR) + "/configs/gpt2-350m.yaml",
+                            {"model.vocab_size=51200", "model.seq_len=2048", "model.n_layers=80",
+                             "model.n_heads=96", "model.n_kv_heads=96", "model.d_model=12288",
+                             "parallel.dp=24", "parallel.tp=8", "parallel.pp=8",
+                             "training.global_batch_size=2304", "training.precision=bf16",
+                             "training.recompute=full"});
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  const Config base = loaded.value();
+  PlanOptions o = gpu_options(1536);
+  Result<Plan> searched = make_plan(base, o);
+  ASSERT_FALSE(searched.is_ok());
+  EXPECT_NE(searched.status().message().find("layouts to try"), std::string::npos);
+  o.configured_only = true;
+  Result<Plan> alone = make_plan(base, o);
+  ASSERT_TRUE(alone.is_ok()) << alone.status().message();
+  EXPECT_TRUE(alone->layouts.empty());
+  EXPECT_EQ(alone->recommended, -1);
+  const PlanResult direct = evaluate_layout(base, o);
+  EXPECT_EQ(alone->configured.candidate, direct.candidate);
+  EXPECT_EQ(alone->configured.step_time_s, direct.step_time_s);
+  EXPECT_EQ(alone->configured.memory.total, direct.memory.total);
+  const std::string table = plan_table(alone.value(), 20);
+  EXPECT_NE(table.find("# --configured-only: the configured layout alone"), std::string::npos) << table;
+  EXPECT_EQ(table.find("recommended:"), std::string::npos) << table;
+}
+
 TEST(Plan, AModelTooBigForTheGpuSaysWhatDoesNotFit) {
   Config big = small_config();
   big.model.d_model = 16384;  // ~2.2B parameters per layer pair: too much for one H100
