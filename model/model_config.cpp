@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -176,10 +177,14 @@ Status TransformerConfig::validate() const {
                                     std::to_string(c.moe_top_k));
     }
     TRIDENT_RETURN_IF_ERROR(positive("moe_d_ff", c.moe_d_ff));
-    if (!c.init_from.empty()) {
-      return Status::invalid_config("model.init_from: loading weights into a mixture-of-experts "
-                                    "model (model.moe_experts=" + std::to_string(c.moe_experts) +
-                                    ") is not supported yet");
+    // A Hugging Face directory (Mixtral, model/hf_export.h) loads; an llm.c file is a
+    // dense GPT-2.
+    std::error_code ec;
+    if (!c.init_from.empty() && !std::filesystem::is_directory(c.init_from, ec)) {
+      return Status::invalid_config("model.init_from: " + c.init_from +
+                                    " is not a Hugging Face model directory; loading an llm.c "
+                                    "checkpoint into a mixture-of-experts model (model.moe_experts=" +
+                                    std::to_string(c.moe_experts) + ") is not supported yet");
     }
     if (c.moe_first_dense_layers < 0 || c.moe_first_dense_layers >= c.n_layers) {
       return Status::invalid_config("model.moe_first_dense_layers: must be in [0, model.n_layers=" +
