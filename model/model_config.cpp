@@ -245,13 +245,10 @@ int64_t TransformerConfig::num_parameters() const {
   return model_parameters(c).value_or(std::numeric_limits<int64_t>::max());
 }
 
-double TransformerConfig::flops_per_token() const {
+int64_t TransformerConfig::active_parameters() const {
   TransformerConfig c = *this;
   c.finalize();
-  // N excludes the position table: a lookup costs no multiply-adds. The padded
-  // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
   int64_t n = c.num_parameters();
-  if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
   if (c.moe()) {
     // A token runs through top_k of the experts: the other experts' parameters are not
     // active for it.
@@ -261,6 +258,16 @@ double TransformerConfig::flops_per_token() const {
     }
     n -= int64_t{c.n_layers} * (c.moe_experts - c.moe_top_k) * expert;
   }
+  return n;
+}
+
+double TransformerConfig::flops_per_token() const {
+  TransformerConfig c = *this;
+  c.finalize();
+  // N excludes the position table: a lookup costs no multiply-adds. The padded
+  // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
+  int64_t n = c.active_parameters();
+  if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
   return 6.0 * static_cast<double>(n) +
          12.0 * c.n_layers * static_cast<double>(c.d_model) * c.seq_len;
 }
