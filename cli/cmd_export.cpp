@@ -214,6 +214,10 @@ int cmd_export(const std::vector<std::string>& args) {
   Checkpoint& ckpt = opened.value();
   auto model = checkpoint_model_config(ckpt);
   if (!model.is_ok()) return fail(model.status());
+  // Before anything is written: a mixture-of-experts model exports only as Mixtral.
+  if (Status exportable = check_hf_exportable(model.value()); !exportable.is_ok()) {
+    return fail(Status(exportable.code(), ckpt.dir() + ": " + exportable.message()));
+  }
 
   std::vector<ExportFile> files;
   std::string tokenizer_note = "no tokenizer.json written (--no-tokenizer)";

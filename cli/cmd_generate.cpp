@@ -255,13 +255,6 @@ int cmd_generate(const std::vector<std::string>& args) {
   Result<TransformerConfig> model = checkpoint_model_config(ckpt.value());
   if (!model.is_ok()) return fail(model.status());
   const TransformerConfig& mc = model.value();
-  if (mc.moe()) {
-    // The KV-cache decoder runs the dense MLP only; refused here, before anything loads.
-    return fail(Status::invalid_input(
-        step_dir.value() + ": a mixture-of-experts model (model.moe_experts=" +
-        std::to_string(mc.moe_experts) +
-        ") cannot be sampled by generate yet: its KV-cache decoder has no expert routing"));
-  }
 
   // ---- the tokenizer: --tokenizer, the checkpoint's, else what the vocabulary size implies ----
   std::optional<CliTokenizer> chosen;

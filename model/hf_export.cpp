@@ -1,7 +1,9 @@
 #include "model/hf_export.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -34,9 +36,10 @@ struct Rule {
 };
 
 // One row of a family's name table: a Hugging Face tensor, how it is made, and of which
-// Trident tensors. "{i}" stands for the layer index in per-layer rows.
+// Trident tensors. "{i}" stands for the layer index in per-layer rows, "{e}" for the
+// routed expert's index in per-expert rows (one per layer and expert).
 struct NameRow {
-  enum Where { kBefore, kLayer, kAfter, kUntiedHead } where;
+  enum Where { kBefore, kLayer, kExpert, kAfter, kUntiedHead } where;
   const char* hf;
   Kind kind;
   std::vector<const char*> parts;
@@ -88,16 +91,45 @@ const std::vector<NameRow>& llama_names() {
   return rows;
 }
 
+// Mixtral (modeling_mixtral.py): Llama's attention and norms; each layer's MLP is the
+// sparse block, a router `gate` [E, C] and E experts of SwiGLU with w1 = gate, w3 = up
+// (both [Fe, C]) and w2 = down ([C, Fe]): Trident's routed experts, row for row. The
+// routing rule is the same (softmax, top k, the k weights renormalised).
+const std::vector<NameRow>& mixtral_names() {
+  using R = NameRow;
+  static const std::vector<NameRow> rows = [] {
+    std::vector<NameRow> r;
+    for (const NameRow& row : llama_names()) {
+      if (std::string_view(row.hf).find(".mlp.") == std::string_view::npos) r.push_back(row);
+    }
+    const auto at = std::find_if(r.begin(), r.end(), [](const NameRow& x) { return x.where == R::kAfter; });
+    r.insert(at, {{R::kLayer, "model.layers.{i}.block_sparse_moe.gate.weight", Kind::kCopy,
+                   {"moe.router.weight"}},
+                  {R::kExpert, "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight",
+                   Kind::kCopy, {"moe.experts.{e}.gate.weight"}},
+                  {R::kExpert, "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight",
+                   Kind::kCopy, {"moe.experts.{e}.down.weight"}},
+                  {R::kExpert, "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight",
+                   Kind::kCopy, {"moe.experts.{e}.up.weight"}}});
+    return r;
+  }();
+  return rows;
+}
+
 void gpt2_config(const TransformerConfig& c, nlohmann::ordered_json& j);
 void llama_config(const TransformerConfig& c, nlohmann::ordered_json& j);
+void mixtral_config(const TransformerConfig& c, nlohmann::ordered_json& j);
 class ConfigReader;
 Status read_gpt2(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c, bool* tied);
 Status read_llama(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c, bool* tied);
+Status read_mixtral(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c,
+                    bool* tied);
 
 // The Hugging Face side of a family: its model_type and class, its name table, and its
-// config.json writer and reader.
+// config.json writer and reader. `moe`: the row of the family's mixture-of-experts models.
 struct HfFamily {
   Arch arch;
+  bool moe;
   const char* model_type;
   const char* hf_class;
   const std::vector<NameRow>& (*names)();
@@ -106,37 +138,41 @@ struct HfFamily {
 };
 
 const HfFamily kHfFamilies[] = {
-    {Arch::kGpt2, "gpt2", "GPT2LMHeadModel", gpt2_names, gpt2_config, read_gpt2},
-    {Arch::kLlama, "llama", "LlamaForCausalLM", llama_names, llama_config, read_llama},
+    {Arch::kGpt2, false, "gpt2", "GPT2LMHeadModel", gpt2_names, gpt2_config, read_gpt2},
+    {Arch::kLlama, false, "llama", "LlamaForCausalLM", llama_names, llama_config, read_llama},
+    {Arch::kLlama, true, "mixtral", "MixtralForCausalLM", mixtral_names, mixtral_config,
+     read_mixtral},
 };
 
-const HfFamily* hf_family(Arch arch) {
+const HfFamily* hf_family(Arch arch, bool moe) {
   for (const HfFamily& f : kHfFamilies) {
-    if (f.arch == arch) return &f;
+    if (f.arch == arch && f.moe == moe) return &f;
   }
   return nullptr;
 }
 
 const HfFamily& hf_family_of(const TransformerConfig& c) {
-  const HfFamily* f = hf_family(c.arch);
+  const HfFamily* f = hf_family(c.arch, c.moe());
   TRIDENT_CHECK_MSG(f != nullptr, std::string("model family ") + arch_name(c.arch) +
+                                      (c.moe() ? " with experts" : "") +
                                       " has no Hugging Face names");
   return *f;
 }
 
-std::string with_layer(const char* pattern, const std::string& layer) {
-  std::string s = pattern;
-  const size_t at = s.find("{i}");
-  if (at != std::string::npos) s.replace(at, 3, layer);
+// pattern with "{key}" replaced by value (when present).
+std::string substitute(std::string s, const char* key, const std::string& value) {
+  const size_t at = s.find(key);
+  if (at != std::string::npos) s.replace(at, std::strlen(key), value);
   return s;
 }
 
 std::vector<Rule> hf_rules(const TransformerConfig& c) {
   std::vector<Rule> rules;
-  auto add = [&](const NameRow& row, const std::string& layer) {
-    Rule r{with_layer(row.hf, layer), row.kind, {}};
-    const std::string prefix = row.where == NameRow::kLayer ? "layers." + layer + "." : "";
-    for (const char* part : row.parts) r.parts.push_back(prefix + part);
+  auto add = [&](const NameRow& row, const std::string& layer, const std::string& expert = "") {
+    Rule r{substitute(substitute(row.hf, "{i}", layer), "{e}", expert), row.kind, {}};
+    const bool per_layer = row.where == NameRow::kLayer || row.where == NameRow::kExpert;
+    const std::string prefix = per_layer ? "layers." + layer + "." : "";
+    for (const char* part : row.parts) r.parts.push_back(prefix + substitute(part, "{e}", expert));
     rules.push_back(std::move(r));
   };
   const std::vector<NameRow>& names = hf_family_of(c).names();
@@ -146,6 +182,11 @@ std::vector<Rule> hf_rules(const TransformerConfig& c) {
   for (int i = 0; i < c.n_layers; ++i) {
     for (const NameRow& row : names) {
       if (row.where == NameRow::kLayer) add(row, std::to_string(i));
+    }
+    for (int e = 0; e < c.moe_experts; ++e) {
+      for (const NameRow& row : names) {
+        if (row.where == NameRow::kExpert) add(row, std::to_string(i), std::to_string(e));
+      }
     }
   }
   for (const NameRow& row : names) {
@@ -220,14 +261,31 @@ double shortest(float v) {
 
 }  // namespace
 
+Status check_hf_exportable(const TransformerConfig& config) {
+  if (!config.moe()) return Status::ok();
+  const std::string what =
+      "a mixture-of-experts model (model.moe_experts=" + std::to_string(config.moe_experts) + ")";
+  if (!config.family().swiglu() || hf_family(config.arch, true) == nullptr) {
+    return Status::invalid_input(what + " of the " + arch_name(config.arch) +
+                                 " family has no Hugging Face format: only the llama family's "
+                                 "(SwiGLU experts) exports, as Mixtral");
+  }
+  if (config.moe_shared_experts > 0) {
+    return Status::invalid_input(what + " with model.moe_shared_experts=" +
+                                 std::to_string(config.moe_shared_experts) +
+                                 " has no Mixtral equivalent (Mixtral has routed experts only)");
+  }
+  if (config.moe_first_dense_layers > 0) {
+    return Status::invalid_input(what + " with model.moe_first_dense_layers=" +
+                                 std::to_string(config.moe_first_dense_layers) +
+                                 " has no Mixtral equivalent (every Mixtral layer is sparse)");
+  }
+  return Status::ok();
+}
+
 Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
                                             const TridentParamLookup& lookup) {
-  if (config.moe()) {
-    return Status::invalid_input("a mixture-of-experts model (model.moe_experts=" +
-                                 std::to_string(config.moe_experts) +
-                                 ") has no Hugging Face export yet (Mixtral's layout is not "
-                                 "supported yet)");
-  }
+  TRIDENT_RETURN_IF_ERROR(check_hf_exportable(config));
   const auto shapes = trident_shapes(config);
   std::vector<HfTensor> out;
   for (const Rule& rule : hf_rules(config)) {
@@ -299,6 +357,17 @@ void gpt2_config(const TransformerConfig& c, nlohmann::ordered_json& j) {
   j["scale_attn_weights"] = true;
   j["scale_attn_by_inverse_layer_idx"] = false;
   j["reorder_and_upcast_attn"] = false;
+}
+
+void mixtral_config(const TransformerConfig& c, nlohmann::ordered_json& j) {
+  llama_config(c, j);
+  j.erase("mlp_bias");  // Mixtral's experts have no bias option
+  j["intermediate_size"] = c.moe_d_ff;  // an expert's hidden width
+  j["num_local_experts"] = c.moe_experts;
+  j["num_experts_per_tok"] = c.moe_top_k;
+  j["sliding_window"] = nullptr;  // full causal attention, as Trident's
+  j["router_jitter_noise"] = 0.0;
+  j["output_router_logits"] = false;
 }
 
 void llama_config(const TransformerConfig& c, nlohmann::ordered_json& j) {
@@ -430,6 +499,16 @@ Status read_llama(const ConfigReader& r, const nlohmann::json& j, TransformerCon
   return Status::ok();
 }
 
+Status read_mixtral(const ConfigReader& r, const nlohmann::json& j, TransformerConfig* c,
+                    bool* tied) {
+  TRIDENT_RETURN_IF_ERROR(read_llama(r, j, c, tied));
+  TRIDENT_RETURN_IF_ERROR(r.integer("num_local_experts", 8, &c->moe_experts));
+  TRIDENT_RETURN_IF_ERROR(r.integer("num_experts_per_tok", 2, &c->moe_top_k));
+  TRIDENT_RETURN_IF_ERROR(r.require("sliding_window", nullptr));
+  c->moe_d_ff = c->d_ff;  // intermediate_size is the experts' width
+  return Status::ok();
+}
+
 Result<TransformerConfig> read_hf_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::invalid_input(path + ": cannot open (no config.json in the directory?)");
@@ -440,7 +519,8 @@ Result<TransformerConfig> read_hf_config(const std::string& path) {
     return Status::invalid_input(path + ": not a JSON object");
   }
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
-    return Status::invalid_input(path + ": no 'model_type' (expected \"gpt2\" or \"llama\")");
+    return Status::invalid_input(path +
+                                 ": no 'model_type' (expected \"gpt2\", \"llama\" or \"mixtral\")");
   }
   const std::string type = j["model_type"].get<std::string>();
   ConfigReader r(j, path);
@@ -586,6 +666,17 @@ Status apply_hf_architecture(const HfModel& model, TransformerConfig* config) {
   override_int("d_ff", &config->d_ff, a.d_ff, config->d_ff != 0);
   override_int("tie_embeddings", &config->tie_embeddings, a.tie_embeddings,
                config->tie_embeddings != -1);
+  // Experts: Mixtral's (none for gpt2 and llama); a Hugging Face model has no shared
+  // experts and no leading dense layers.
+  override_int("moe_experts", &config->moe_experts, a.moe_experts, true);
+  if (a.moe()) {
+    override_int("moe_top_k", &config->moe_top_k, a.moe_top_k, true);
+    override_int("moe_d_ff", &config->moe_d_ff, a.moe_d_ff, config->moe_d_ff != 0);
+  } else {
+    config->moe_d_ff = 0;
+  }
+  override_int("moe_shared_experts", &config->moe_shared_experts, 0, true);
+  override_int("moe_first_dense_layers", &config->moe_first_dense_layers, 0, true);
   override_float("norm_eps", &config->norm_eps, a.norm_eps);
   if (a.family().rope()) override_float("rope_theta", &config->rope_theta, a.rope_theta);
   config->padded_vocab = a.padded_vocab;

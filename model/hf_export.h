@@ -13,6 +13,12 @@
 //            mlp.{gate,up,down}_proj / model.norm, lm_head when untied. Linear weights
 //            [out, in] like Trident's. No permutation of q/k rows: Trident's RoPE
 //            (kernels/cpu/rope.cpp) already pairs (i, i + HD/2), HF's rotate_half.
+//   llama with experts (model.moe_experts > 0) -> MixtralForCausalLM: llama's names but
+//            the MLP, which is layers.{i}.block_sparse_moe.gate (the router, [E, C]) and
+//            block_sparse_moe.experts.{e}.w1 / w2 / w3 (gate / down / up); config.json
+//            adds num_local_experts, num_experts_per_tok and intermediate_size = the
+//            experts' width. Shared experts and leading dense layers have no Mixtral form
+//            (check_hf_exportable refuses them).
 // Padded vocabulary rows (Trident's Vp > V) are dropped on export and re-padded with
 // zeros on import; a tied head is written once (the embedding), as HF expects for
 // tie_word_embeddings = true. All tensors are F32 (read also accepts BF16 / F16).
@@ -47,12 +53,17 @@ struct HfTensor {
 // parameter, or an error naming where it was looked for.
 using TridentParamLookup = std::function<Result<std::vector<float>>(const std::string& name)>;
 
+// OK when `config` has a Hugging Face format; for a mixture-of-experts model that is
+// Mixtral: the llama family (SwiGLU experts), no shared experts, no leading dense layers.
+// Otherwise Status::invalid_input saying which key has no Mixtral equivalent.
+Status check_hf_exportable(const TransformerConfig& config);
+
 // The Hugging Face tensors of a finalized `config` (padded_vocab and, for gpt2,
 // max_seq_len as the weights have them), in HF's module order.
 Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
                                             const TridentParamLookup& lookup);
 
-// config.json text for `config` (GPT2LMHeadModel or LlamaForCausalLM).
+// config.json text for `config` (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM).
 std::string hf_config_json(const TransformerConfig& config);
 // The Hugging Face class of config's family ("GPT2LMHeadModel", "LlamaForCausalLM").
 const char* hf_class_name(const TransformerConfig& config);

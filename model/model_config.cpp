@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -176,10 +177,14 @@ Status TransformerConfig::validate() const {
                                     std::to_string(c.moe_top_k));
     }
     TRIDENT_RETURN_IF_ERROR(positive("moe_d_ff", c.moe_d_ff));
-    if (!c.init_from.empty()) {
-      return Status::invalid_config("model.init_from: loading weights into a mixture-of-experts "
-                                    "model (model.moe_experts=" + std::to_string(c.moe_experts) +
-                                    ") is not supported yet");
+    // A Hugging Face directory (Mixtral, model/hf_export.h) loads; an llm.c file is a
+    // dense GPT-2.
+    std::error_code ec;
+    if (!c.init_from.empty() && !std::filesystem::is_directory(c.init_from, ec)) {
+      return Status::invalid_config("model.init_from: " + c.init_from +
+                                    " is not a Hugging Face model directory; loading an llm.c "
+                                    "checkpoint into a mixture-of-experts model (model.moe_experts=" +
+                                    std::to_string(c.moe_experts) + ") is not supported yet");
     }
     if (c.moe_first_dense_layers < 0 || c.moe_first_dense_layers >= c.n_layers) {
       return Status::invalid_config("model.moe_first_dense_layers: must be in [0, model.n_layers=" +
@@ -240,13 +245,10 @@ int64_t TransformerConfig::num_parameters() const {
   return model_parameters(c).value_or(std::numeric_limits<int64_t>::max());
 }
 
-double TransformerConfig::flops_per_token() const {
+int64_t TransformerConfig::active_parameters() const {
   TransformerConfig c = *this;
   c.finalize();
-  // N excludes the position table: a lookup costs no multiply-adds. The padded
-  // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
   int64_t n = c.num_parameters();
-  if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
   if (c.moe()) {
     // A token runs through top_k of the experts: the other experts' parameters are not
     // active for it.
@@ -256,6 +258,16 @@ double TransformerConfig::flops_per_token() const {
     }
     n -= int64_t{c.n_layers} * (c.moe_experts - c.moe_top_k) * expert;
   }
+  return n;
+}
+
+double TransformerConfig::flops_per_token() const {
+  TransformerConfig c = *this;
+  c.finalize();
+  // N excludes the position table: a lookup costs no multiply-adds. The padded
+  // vocabulary rows stay in N (the GEMMs really compute them), as in llm.c.
+  int64_t n = c.active_parameters();
+  if (c.family().learned_positions()) n -= int64_t{c.max_seq_len} * c.d_model;
   return 6.0 * static_cast<double>(n) +
          12.0 * c.n_layers * static_cast<double>(c.d_model) * c.seq_len;
 }

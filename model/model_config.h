@@ -57,6 +57,9 @@ struct TransformerConfig {
 
   // Parameter count (global, whole model; the tied head counted once).
   int64_t num_parameters() const;
+  // The parameters a token runs through: num_parameters() less, with experts, the
+  // moe_experts - moe_top_k routed experts it is not sent to (= num_parameters() dense).
+  int64_t active_parameters() const;
   // Model FLOPs per token for training: 6*N + 12*L*C*T (attention), with N excluding
   // the position embedding and, with experts, counting the parameters a token is active
   // in (the router and top_k of the experts) (docs/CONFIG.md "FLOPs per token and MFU").

@@ -576,6 +576,9 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
   plan.overlap_param_gather = config.parallel.overlap_param_gather;
   plan.configured_only = options.configured_only;
+  plan.parameters = config.model.num_parameters();
+  plan.active_parameters = config.model.active_parameters();
+  plan.flops_per_token = config.model.flops_per_token();
   // The configured layout on N devices: as written, or with dp rescaled.
   Config configured = config;
   const ParallelConfig& p = config.parallel;

@@ -198,6 +198,10 @@ struct Plan {
   // The config's overlap switches, which every layout's dp time assumes.
   bool overlap_grad_reduce = true, overlap_param_gather = true;
   bool configured_only = false;  // PlanOptions::configured_only: `layouts` is empty
+  // The model: all its parameters, those a token runs through (fewer with experts), and
+  // the FLOPs per token MFU counts (of the active parameters).
+  int64_t parameters = 0, active_parameters = 0;
+  double flops_per_token = 0;
 };
 
 // The plan of `config` (valid) on options.devices. Errors (exit 2): devices < 1,

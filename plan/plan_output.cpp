@@ -66,6 +66,10 @@ nlohmann::json plan_json(const Plan& plan) {
   return {{"devices", plan.devices},
           {"gpu", plan.gpu},
           {"gpus_per_node", plan.gpus_per_node},
+          {"model",
+           {{"parameters", plan.parameters},
+            {"active_parameters", plan.active_parameters},
+            {"flops_per_token", plan.flops_per_token}}},
           {"configured", plan.configured_error.empty() ? layout_json(plan.configured) : nlohmann::json()},
           {"recommended", plan.recommended >= 0 ? layout_json(plan.layouts[0]) : nlohmann::json()},
           {"layouts", std::move(layouts)}};
@@ -117,6 +121,9 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  out += fmt("# model: %.2fB parameters", plan.parameters / 1e9) +
+         fmt(", %.2fB active per token", plan.active_parameters / 1e9) +
+         fmt(", %.3g FLOPs per token (MFU counts these)\n", plan.flops_per_token);
   if (plan.configured_only) {
     out += "# --configured-only: the configured layout alone on " + std::to_string(plan.devices) +
            " x " + plan.gpu + " (" + std::to_string(plan.gpus_per_node) +

@@ -2,8 +2,9 @@
 // the real binary, then
 //  - greedy decoding from the checkpoint equals an independent PyTorch float64 greedy
 //    decode (tests/reference/greedy_reference.py, on the checkpoint's parameters dumped
-//    as float32 files through the checkpoint reader) token for token. It FAILS when
-//    /usr/bin/python3 has no torch (scripts/setup.sh installs python3-torch);
+//    as float32 files through the checkpoint reader) token for token, for dense and
+//    mixture-of-experts models. It FAILS when /usr/bin/python3 has no torch
+//    (scripts/setup.sh installs python3-torch);
 //  - greedy decoding of 40 tokens from the checkpoint equals the greedy decode of
 //    tests/reference/hf_reference.py (Hugging Face's GPT-2 / Llama in PyTorch) on the
 //    directory `trident export --format safetensors` wrote, token for token;
@@ -132,10 +133,9 @@ void expect_greedy_equals_reference(const std::string& ref_output, const std::st
   *min_margin = *std::min_element(margins.begin(), margins.end());
 }
 
-class GenerateFamily : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
-  const Trained& t = trained(GetParam());
+// Greedy decoding of t's checkpoint equals greedy_reference.py's float64 decode on the
+// checkpoint's parameters (dumped as float32 with the stored config), token for token.
+void expect_greedy_equals_torch(const Trained& t, const std::string& label) {
   ASSERT_EQ(t.train.exit_code, 0) << t.train.output;
   const CommandResult torch_check = run_command("/usr/bin/python3 -c 'import torch, numpy'");
   ASSERT_EQ(torch_check.exit_code, 0)
@@ -159,7 +159,9 @@ TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
                      {"max_seq_len", mc.max_seq_len}, {"n_layers", mc.n_layers},
                      {"n_heads", mc.n_heads}, {"n_kv_heads", mc.n_kv_heads},
                      {"d_model", mc.d_model}, {"d_ff", mc.d_ff}, {"norm_eps", mc.norm_eps},
-                     {"rope_theta", mc.rope_theta}, {"tied", mc.tied() ? 1 : 0}};
+                     {"rope_theta", mc.rope_theta}, {"tied", mc.tied() ? 1 : 0},
+                     {"moe_experts", mc.moe_experts}, {"moe_top_k", mc.moe_top_k},
+                     {"moe_shared_experts", mc.moe_shared_experts}};
   int n_params = 0;
   for (const auto& [name, tensor] : ckpt.value().manifest().tensors) {
     if (name.rfind("param/", 0) != 0) continue;
@@ -189,9 +191,15 @@ TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
   std::string text;
   double min_margin = 0;
   expect_greedy_equals_reference(ref.output, t.ckpt, prompt, max_new, &text, &min_margin);
-  if (HasFatalFailure()) return;
-  std::printf("[%s] greedy: '%s' (min top-2 margin %.3g)\n", GetParam().c_str(), text.c_str(),
+  if (::testing::Test::HasFatalFailure()) return;
+  std::printf("[%s] greedy: '%s' (min top-2 margin %.3g)\n", label.c_str(), text.c_str(),
               min_margin);
+}
+
+class GenerateFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerateFamily, GreedyEqualsPyTorchReference) {
+  expect_greedy_equals_torch(trained(GetParam()), GetParam());
 }
 
 TEST_P(GenerateFamily, SeedIsDeterministicAndStepDirEqualsRoot) {
@@ -326,11 +334,16 @@ TEST(GenerateCli, VocabularyWithoutTokenizerExits2) {
                  "(vocab_size 256) and gpt2 (vocab_size 50257, or padded up to 50304)");
 }
 
-// Not supported yet: a clear refusal naming the checkpoint and the key, not an abort.
-TEST(GenerateCli, MixtureOfExpertsCheckpointExits2) {
-  expect_refused(train_model("llama", 256, 1, kSeqLen, "0.01", ", moe_experts: 4, moe_top_k: 2"),
-                 "/step_1: a mixture-of-experts model (model.moe_experts=4) cannot be sampled "
-                 "by generate yet");
+// A mixture-of-experts checkpoint: the cached decode routes each new token through its
+// top-k experts, and equals the float64 reference's full forward (moe_reference.py's
+// router and experts) token for token. Llama with a shared expert, gpt2 without.
+TEST(GenerateCli, MixtureOfExpertsGreedyEqualsPyTorchReference) {
+  expect_greedy_equals_torch(train_model("llama", 256, 150, kSeqLen, "0.01",
+                                         ", moe_experts: 4, moe_top_k: 2, moe_shared_experts: 1"),
+                             "llama moe");
+  expect_greedy_equals_torch(train_model("gpt2", 256, 150, kSeqLen, "0.01",
+                                         ", moe_experts: 4, moe_top_k: 2"),
+                             "gpt2 moe");
 }
 
 TEST(GenerateCli, Gpt2VocabularyUsesTheBpeTokenizer) {

@@ -72,6 +72,36 @@ TEST(PlanCli, JsonIsTheDesignObject) {
   }
 }
 
+// configs/mixtral-8x7b.yaml: the parameters counted from the published shape by hand
+// here (Mixtral 8x7B: 46.7B in all, 12.9B active), MFU of the active FLOPs, and no
+// tensor parallelism (MoE refuses tp > 1).
+TEST(PlanCli, Mixtral8x7bCountsTotalAndActiveParameters) {
+  const CommandResult r = run_command(
+      plan_cmd("--config " + configs() + "mixtral-8x7b.yaml --devices 64 --gpu h100 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  const int64_t C = 4096, KV = 1024, F = 14336, V = 32000, L = 32, E = 8, K = 2, T = 4096;
+  const int64_t attention = 2 * C * C + 2 * C * KV, norms = 2 * C, router = E * C;
+  const int64_t expert = 3 * C * F, outside = 2 * V * C + C;  // embedding, head, final norm
+  const int64_t total = L * (attention + norms + router + E * expert) + outside;
+  const int64_t active = L * (attention + norms + router + K * expert) + outside;
+  EXPECT_EQ(total, 46702792704);
+  EXPECT_EQ(j["model"]["parameters"].get<int64_t>(), total);
+  EXPECT_EQ(j["model"]["active_parameters"].get<int64_t>(), active);
+  const double flops = 6.0 * active + 12.0 * L * C * T;
+  EXPECT_DOUBLE_EQ(j["model"]["flops_per_token"].get<double>(), flops);
+  const nlohmann::json& rec = j["recommended"];
+  ASSERT_TRUE(rec.is_object()) << r.output.substr(0, 2000);
+  EXPECT_EQ(rec["tp"], 1);
+  EXPECT_NEAR(rec["mfu"].get<double>(), flops * rec["tokens_per_s_per_gpu"].get<double>() / 989e12,
+              1e-12);
+  const CommandResult table = run_command(
+      plan_cmd("--config " + configs() + "mixtral-8x7b.yaml --devices 64 --gpu h100"));
+  EXPECT_NE(table.output.find("# model: 46.70B parameters, 12.88B active per token"),
+            std::string::npos)
+      << table.output;
+}
+
 TEST(PlanCli, GpuCpuPlansForThisMachine) {
   ScratchDir dir;
   const CommandResult r = run_command(

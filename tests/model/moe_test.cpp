@@ -4,6 +4,7 @@
 // and recording each micro-batch once, and gradient accumulation over micro-batches.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -173,18 +174,63 @@ TEST(Moe, AuxiliaryLossesEnterThroughTheRouters) {
   EXPECT_GT(downstream, 5);
 }
 
-// Later steps: no Hugging Face (Mixtral) export yet; refused with a message, not a crash.
-TEST(Moe, ExportIsRefusedUntilMixtralsLayoutExists) {
+// The Hugging Face export of a mixture of experts is Mixtral's layout: the router and
+// each expert's w1 / w2 / w3 under block_sparse_moe, Trident's tensors unchanged; what
+// Mixtral cannot hold (gpt2's GELU experts, shared experts, leading dense layers) is
+// refused with exit 2 naming the key, before any tensor is read.
+TEST(Moe, ExportsAsMixtralAndRefusesWhatMixtralCannotHold) {
   const TransformerConfig c = moe_model(Arch::kLlama);
-  bool looked_up = false;
-  const auto r = to_hf_tensors(c, [&](const std::string&) -> Result<std::vector<float>> {
-    looked_up = true;
-    return std::vector<float>{};
-  });
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().exit_code(), 2);
-  EXPECT_NE(r.status().message().find("model.moe_experts"), std::string::npos);
-  EXPECT_FALSE(looked_up);
+  std::vector<std::string> looked_up;
+  const auto lookup = [&](const std::string& name) -> Result<std::vector<float>> {
+    looked_up.push_back(name);
+    for (const ParamInfo& p : describe_params(c, ModelPartition{}).params) {
+      if (p.name == name) return std::vector<float>(static_cast<size_t>(p.shape.numel()), 0.5f);
+    }
+    return Status::invalid_input("no " + name);
+  };
+  const auto r = to_hf_tensors(c, lookup);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensor& t : r.value()) shapes[t.name] = t.shape;
+  EXPECT_EQ(shapes.at("model.layers.1.block_sparse_moe.gate.weight"),
+            (std::vector<int64_t>{5, 32}));
+  EXPECT_EQ(shapes.at("model.layers.0.block_sparse_moe.experts.4.w1.weight"),
+            (std::vector<int64_t>{40, 32}));
+  EXPECT_EQ(shapes.at("model.layers.0.block_sparse_moe.experts.4.w2.weight"),
+            (std::vector<int64_t>{32, 40}));
+  EXPECT_EQ(shapes.at("model.layers.0.block_sparse_moe.experts.0.w3.weight"),
+            (std::vector<int64_t>{40, 32}));
+  for (const auto& [name, shape] : shapes) {
+    EXPECT_EQ(name.find(".mlp."), std::string::npos) << name;  // no dense MLP in Mixtral
+  }
+  // Every Trident parameter is exported exactly once.
+  EXPECT_EQ(looked_up.size(), describe_params(c, ModelPartition{}).params.size());
+  const std::string json = hf_config_json(c);
+  EXPECT_NE(json.find("\"MixtralForCausalLM\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"num_local_experts\": 5"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"num_experts_per_tok\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"intermediate_size\": 40"), std::string::npos) << json;
+
+  struct Refused {
+    TransformerConfig config;
+    const char* key;
+  };
+  TransformerConfig dense_first = c;
+  dense_first.moe_first_dense_layers = 1;  // not yet a valid model; the export still names it
+  for (const Refused& bad : {Refused{moe_model(Arch::kGpt2), "gpt2 family"},
+                             Refused{moe_model(Arch::kLlama, 1), "model.moe_shared_experts=1"},
+                             Refused{dense_first, "model.moe_first_dense_layers=1"}}) {
+    SCOPED_TRACE(bad.key);
+    looked_up.clear();
+    const auto refused = to_hf_tensors(bad.config, lookup);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().exit_code(), 2);
+    EXPECT_NE(refused.status().message().find(bad.key), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("model.moe_experts"), std::string::npos);
+    EXPECT_TRUE(looked_up.empty());
+    EXPECT_FALSE(check_hf_exportable(bad.config).is_ok());
+  }
 }
 
 }  // namespace

@@ -345,8 +345,13 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
     for (auto it = o.begin(); it != o.end(); ++it) k.insert(it.key());
     return k;
   };
-  EXPECT_EQ(keys(j), (std::set<std::string>{"devices", "gpu", "gpus_per_node", "configured",
-                                            "recommended", "layouts"}));
+  EXPECT_EQ(keys(j), (std::set<std::string>{"devices", "gpu", "gpus_per_node", "model",
+                                            "configured", "recommended", "layouts"}));
+  // A dense model: every parameter is active.
+  EXPECT_EQ(keys(j["model"]),
+            (std::set<std::string>{"parameters", "active_parameters", "flops_per_token"}));
+  EXPECT_EQ(j["model"]["parameters"], base.model.num_parameters());
+  EXPECT_EQ(j["model"]["active_parameters"], base.model.num_parameters());
   EXPECT_EQ(j["devices"], 8);
   EXPECT_EQ(j["gpu"], "h100");
   EXPECT_EQ(j["gpus_per_node"], 8);

@@ -5,12 +5,14 @@ Usage: /usr/bin/python3 tests/reference/greedy_reference.py INDEX.json
 
 INDEX.json (written by tests/e2e/generate_test.cpp from a Trident checkpoint):
   {"config": {arch, vocab_size, padded_vocab, seq_len, n_layers, n_heads, n_kv_heads,
-              d_model, d_ff, norm_eps, rope_theta, tied},
+              d_model, d_ff, norm_eps, rope_theta, tied, moe_experts, moe_top_k,
+              moe_shared_experts},
    "params": {"<trident name>": {"file": "<path>", "shape": [...]}, ...},   float32 raw
    "prompt": [token ids], "max_new_tokens": N, "vocab_limit": V}
 
 Each step recomputes the whole prefix with make_fixtures.forward (the op-by-op float64
-model of both families, sharing nothing with the C++ code but the spec) and takes the
+model of both families, sharing nothing with the C++ code but the spec; with moe_experts
+> 0 every layer's MLP is moe_reference.moe_mlp's router and experts) and takes the
 argmax over ids < vocab_limit (the lowest id among equal maxima), stopping at seq_len
 positions as Trident does (the last new token is not fed back, so the prefix never exceeds
 seq_len). Prints JSON: {"tokens": [...new ids...], "margins": [top1 - top2 logit per step]}.
@@ -24,7 +26,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import forward  # noqa: E402
+from make_fixtures import dense_mlp, forward  # noqa: E402
+from moe_reference import moe_mlp  # noqa: E402
 
 
 def main():
@@ -39,6 +42,9 @@ def main():
     limit = index["vocab_limit"]
     context = cfg["max_seq_len"]
     new, margins = [], []
+    mlp = dense_mlp
+    if cfg.get("moe_experts", 0) > 0:
+        mlp = lambda cfg, P, p, h: moe_mlp(cfg, P, p, h, [])  # noqa: E731 - no statistics
     with torch.no_grad():
         for i in range(index["max_new_tokens"]):
             if i > 0:
@@ -46,7 +52,7 @@ def main():
                     break
                 tokens.append(new[-1])
             batch = torch.tensor([tokens], dtype=torch.int32)
-            logits, _ = forward(cfg, params, batch, torch.zeros_like(batch))
+            logits, _ = forward(cfg, params, batch, torch.zeros_like(batch), mlp=mlp)
             last = logits[0, -1, :limit]
             top2 = torch.topk(last, 2)
             nxt = int(torch.argmax(last))  # first maximal index

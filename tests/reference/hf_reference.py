@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Logits of a Hugging Face model directory (model.safetensors + config.json), computed
-by GPT-2 and Llama written out in Hugging Face's published architecture and module names
-(transformers' modeling_gpt2.py / modeling_llama.py), sharing no code with Trident.
+by GPT-2, Llama and Mixtral written out in Hugging Face's published architecture and
+module names (transformers' modeling_gpt2.py / modeling_llama.py / modeling_mixtral.py),
+sharing no code with Trident.
 
 It checks what `trident export --format safetensors` promises: the tensor names load
 strictly into HF's module tree (a tied head is absent from the file and tied to the
 embedding), the shapes and conventions (GPT-2 Conv1D weights [in, out], c_attn = q|k|v,
-Llama's rotate_half RoPE with q/k rows as HF orders them) give the model's logits.
+Llama's rotate_half RoPE with q/k rows as HF orders them; Mixtral's sparse MoE block: a
+softmax router, the top num_experts_per_tok experts renormalised, w2(silu(w1 x) * w3 x))
+give the model's logits.
 
 Neither `transformers` nor `safetensors` is needed: the file is parsed with json +
 struct, the tensors with torch.frombuffer.
@@ -14,6 +17,8 @@ struct, the tensors with torch.frombuffer.
 usage: hf_reference.py --model DIR --tokens FILE --batch B --out FILE [--dtype float64]
   --tokens: B*T little-endian int32 token ids; --out: B*T*vocab_size little-endian float32
   logits (computed in --dtype, default float64). Prints one summary line.
+  [--targets FILE --loss-out FILE]: also the mean cross-entropy of the B*T logits against
+  the B*T int32 targets, one little-endian float64 (computed in --dtype).
 usage: hf_reference.py --model DIR --greedy --prompt-ids 1,2,3 --max-new-tokens N [--dtype]
   Greedy decoding, for `trident generate --temperature 0` on the exported directory: each
   step recomputes the whole prefix (no cache: this is the reference) and takes the argmax
@@ -276,7 +281,84 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model(ids))
 
 
-ARCHITECTURES = {"gpt2": (GPT2LMHeadModel, True), "llama": (LlamaForCausalLM, False)}
+# ---- Mixtral (modeling_mixtral.py) --------------------------------------------------------
+# Llama's attention and RMSNorm; the MLP is the sparse block. HF computes the router's
+# softmax in float32 (dtype=torch.float); here it runs in the reference's --dtype, so a
+# float64 reference stays float64 throughout.
+class MixtralBlockSparseTop2MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        c, f = cfg["hidden_size"], cfg["intermediate_size"]
+        self.w1 = nn.Linear(c, f, bias=False)
+        self.w2 = nn.Linear(f, c, bias=False)
+        self.w3 = nn.Linear(c, f, bias=False)
+
+    def forward(self, x):
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts = cfg["num_local_experts"]
+        self.top_k = cfg["num_experts_per_tok"]
+        self.gate = nn.Linear(cfg["hidden_size"], self.num_experts, bias=False)
+        self.experts = nn.ModuleList([MixtralBlockSparseTop2MLP(cfg) for _ in range(self.num_experts)])
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = x.reshape(-1, c)
+        routing = torch.softmax(self.gate(h), dim=1)
+        # torch.topk on CPU: among equal probabilities the lowest expert index first.
+        weights, selected = torch.topk(routing, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e in range(self.num_experts):
+            rows, slot = torch.where(selected == e)
+            if rows.numel() == 0:
+                continue
+            out.index_add_(0, rows, self.experts[e](h[rows]) * weights[rows, slot, None])
+        return out.reshape(b, t, c)
+
+
+class MixtralDecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        eps = cfg["rms_norm_eps"]
+        self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg["hidden_size"], eps)
+        self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.block_sparse_moe(self.post_attention_layernorm(x))
+
+
+class MixtralModel(LlamaModel):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList([MixtralDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"])])
+
+
+class MixtralForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        assert cfg.get("hidden_act", "silu") == "silu"
+        assert cfg.get("rope_scaling") is None
+        assert cfg.get("sliding_window") is None
+        self.model = MixtralModel(cfg)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+
+    def tie(self):
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, ids):
+        return self.lm_head(self.model(ids))
+
+
+ARCHITECTURES = {"gpt2": (GPT2LMHeadModel, True), "llama": (LlamaForCausalLM, False),
+                 "mixtral": (MixtralForCausalLM, False)}
 
 
 def load_model(model_dir, dtype):
@@ -327,11 +409,15 @@ def main():
     ap.add_argument("--prompt-ids", help="comma-separated token ids (--greedy)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    ap.add_argument("--targets", help="B*T int32 targets: also the mean cross-entropy")
+    ap.add_argument("--loss-out", help="where the mean cross-entropy goes (float64)")
     args = ap.parse_args()
     if args.greedy and not args.prompt_ids:
         ap.error("--greedy needs --prompt-ids")
     if not args.greedy and (args.tokens is None or args.batch is None or args.out is None):
         ap.error("--tokens, --batch and --out are required (or --greedy)")
+    if (args.targets is None) != (args.loss_out is None):
+        ap.error("--targets and --loss-out go together")
     dtype = getattr(torch, args.dtype)
     if args.greedy:
         try:
@@ -352,6 +438,13 @@ def main():
             logits = model(ids)
         with open(args.out, "wb") as f:
             f.write(logits.to(torch.float32).contiguous().numpy().tobytes())
+        if args.targets:
+            with open(args.targets, "rb") as f:
+                traw = bytearray(f.read())
+            targets = torch.frombuffer(traw, dtype=torch.int32).to(torch.int64).reshape(-1)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+            with open(args.loss_out, "wb") as f:
+                f.write(struct.pack("<d", loss.item()))
     except Exception as e:  # noqa: BLE001 - one line on stderr, exit 1
         print(f"hf_reference.py: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
