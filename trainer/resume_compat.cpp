@@ -137,6 +137,8 @@ const std::vector<KeyRule>& key_rules() {
       {"checkpoint.save_final", Rule::kIgnore},
       {"logging.metrics", Rule::kIgnore},
       {"logging.log_interval", Rule::kIgnore},
+      {"logging.straggler_factor", Rule::kIgnore},  // a warning only: no state
+      {"logging.straggler_window", Rule::kIgnore},
   };
   return kRules;
 }
