@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/token_file.h"
+#include "tests/common/scratch_dir.h"
 
 #include "comm/communicator.h"
 #include "comm/topology.h"
@@ -48,11 +49,20 @@ inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b)
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+// A directory of this process, made fresh (mkdtemp) on first use and removed with
+// everything in it at exit. Names made from the pid alone are not enough: a fresh machine
+// hands out the same pids run after run, and a directory left by a killed earlier run
+// under the same pid (a checkpoint in it, say) would change what a test sees.
+inline const std::string& process_scratch_dir() {
+  static const trident::testing::ScratchDir dir;
+  return dir.path();
+}
+
 // Writes 20000 structured tokens ((i * mul + i / 13) % modulus) to a file of this
 // process (every rank writes its own, so there are no shared-file races); returns it.
+// Tests put their checkpoint directory beside it (path + ".ckpt"), so that too is new.
 inline std::string write_test_tokens(const std::string& tag, uint32_t mul, uint32_t modulus) {
-  const std::string path =
-      "/tmp/trident_" + tag + "_" + std::to_string(getpid()) + ".bin";
+  const std::string path = process_scratch_dir() + "/" + tag + ".bin";
   std::vector<uint32_t> tokens(20000);
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<uint32_t>((i * mul + i / 13) % modulus);

@@ -49,7 +49,11 @@ TEST(NcclBootstrap, TheFileRendezvousGivesEveryRankTheSameId) {
   long pid = static_cast<long>(getpid());
   w.broadcast(CommBuf::host(std::span<long>(&pid, 1)), 0);
   const std::string dir = "/tmp/trident_nccl_rendezvous_" + std::to_string(pid);
-  if (w.rank() == 0) std::filesystem::create_directories(dir);
+  // A pid repeats on a fresh machine: an id file an earlier run left there is not ours.
+  if (w.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
   w.barrier();
   Result<NcclUniqueId> id =
       rendezvous_nccl_unique_id(dir, "job1.step0", w.rank(), std::chrono::seconds(20));
