@@ -132,12 +132,14 @@ Status write_export_files(const std::vector<ExportFile>& files) {
   return Status::ok();
 }
 
-// The tokenizer files of the checkpoint (see the file comment); none, with *note saying
-// why, when it records no BPE tokenizer.
+// The tokenizer files of the checkpoint (see the file comment), and in *ids the special
+// tokens config.json records; none, with *note saying why, when it records no BPE
+// tokenizer.
 Result<std::vector<ExportFile>> tokenizer_files(const Checkpoint& ckpt,
                                                 const TransformerConfig& model,
                                                 const std::string& vocab_dir,
-                                                const std::string& out, std::string* note) {
+                                                const std::string& out, std::string* note,
+                                                HfTokenIds* ids) {
   TRIDENT_ASSIGN_OR_RETURN(
       std::optional<CliTokenizer> tok,
       checkpoint_tokenizer(ckpt, vocab_dir, "--no-tokenizer exports the model without it"));
@@ -161,6 +163,7 @@ Result<std::vector<ExportFile>> tokenizer_files(const Checkpoint& ckpt,
         std::to_string(model.vocab_size) + "; --no-tokenizer exports the model without it");
   }
   TRIDENT_ASSIGN_OR_RETURN(HfTokenizerFiles files, hf_tokenizer_files(bpe, model.seq_len));
+  *ids = {files.bos_token_id, files.eos_token_id};
   *note = std::string("tokenizer ") + tok->name +
           (files.source_copied ? ": tokenizer.json copied from it" : ": tokenizer.json written");
   const std::filesystem::path dir(out);
@@ -221,8 +224,9 @@ int cmd_export(const std::vector<std::string>& args) {
 
   std::vector<ExportFile> files;
   std::string tokenizer_note = "no tokenizer.json written (--no-tokenizer)";
+  HfTokenIds token_ids;
   if (with_tokenizer) {
-    auto tok = tokenizer_files(ckpt, model.value(), vocab_dir, out, &tokenizer_note);
+    auto tok = tokenizer_files(ckpt, model.value(), vocab_dir, out, &tokenizer_note, &token_ids);
     if (!tok.is_ok()) return fail(tok.status());
     files = std::move(tok).value();
   }
@@ -248,7 +252,7 @@ int cmd_export(const std::vector<std::string>& args) {
   }
   const std::filesystem::path dir(out);
   files.push_back({(dir / kHfWeightsFile).string(), encode_safetensors(entries)});
-  files.push_back({(dir / kHfConfigFile).string(), hf_config_json(model.value())});
+  files.push_back({(dir / kHfConfigFile).string(), hf_config_json(model.value(), token_ids)});
   Status st = make_dirs(out);
   if (st.is_ok()) st = write_export_files(files);
   if (!st.is_ok()) return fail(st);

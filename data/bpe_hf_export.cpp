@@ -143,18 +143,32 @@ std::string hf_tokenizer_json(const BpeTokenizer& tok, uint32_t document_token) 
   return out;
 }
 
+namespace {
+
+// The token tokenizer_config.json names as eos_token: Llama 3's <|end_of_text|> where the
+// vocabulary has it, else <|endoftext|>; nullptr when it has neither.
+const char* eos_token_text(const BpeTokenizer& bpe) {
+  for (const char* eos : {"<|end_of_text|>", "<|endoftext|>"}) {
+    if (bpe.special_id(eos) >= 0) return eos;
+  }
+  return nullptr;
+}
+
+// The special token that is the document token (bos_token), or nullptr.
+const BpeSpecialToken* bos_token_of(const LoadedTokenizer& tok) {
+  for (const BpeSpecialToken& s : tok.bpe.specials()) {
+    if (s.id == tok.document_token) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 std::string hf_tokenizer_config_json(const LoadedTokenizer& tok, int64_t model_max_length) {
   ordered_json config;
   config["tokenizer_class"] = "PreTrainedTokenizerFast";
-  for (const BpeSpecialToken& s : tok.bpe.specials()) {
-    if (s.id == tok.document_token) config["bos_token"] = s.text;
-  }
-  for (const char* eos : {"<|end_of_text|>", "<|endoftext|>"}) {
-    if (tok.bpe.special_id(eos) >= 0) {
-      config["eos_token"] = eos;
-      break;
-    }
-  }
+  if (const BpeSpecialToken* bos = bos_token_of(tok)) config["bos_token"] = bos->text;
+  if (const char* eos = eos_token_text(tok.bpe)) config["eos_token"] = eos;
   config["model_max_length"] = model_max_length;
   config["clean_up_tokenization_spaces"] = false;
   return config.dump(2) + "\n";
@@ -163,6 +177,8 @@ std::string hf_tokenizer_config_json(const LoadedTokenizer& tok, int64_t model_m
 Result<HfTokenizerFiles> hf_tokenizer_files(const LoadedTokenizer& tok, int64_t model_max_length) {
   HfTokenizerFiles files;
   files.tokenizer_config_json = hf_tokenizer_config_json(tok, model_max_length);
+  if (const BpeSpecialToken* bos = bos_token_of(tok)) files.bos_token_id = bos->id;
+  if (const char* eos = eos_token_text(tok.bpe)) files.eos_token_id = tok.bpe.special_id(eos);
   if (!is_hf_tokenizer_spec(tok.spec)) {
     files.tokenizer_json = hf_tokenizer_json(tok.bpe, tok.document_token);
     return files;

@@ -57,6 +57,10 @@ struct HfTokenizerFiles {
   std::string tokenizer_json;
   std::string tokenizer_config_json;
   bool source_copied = false;  // tokenizer_json is the source tokenizer.json's bytes
+  // The ids of the tokens tokenizer_config.json names as bos_token and eos_token (-1: it
+  // names none), for the model's config.json.
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
 };
 
 // Both files of a loaded tokenizer: a tokenizer.json source (tok.spec, data/bpe_hf_tokenizer.h)

@@ -324,12 +324,14 @@ Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
   return out;
 }
 
-std::string hf_config_json(const TransformerConfig& c) {
+std::string hf_config_json(const TransformerConfig& c, const HfTokenIds& ids) {
   nlohmann::ordered_json j;
   const HfFamily& f = hf_family_of(c);
   j["architectures"] = {f.hf_class};
   j["model_type"] = f.model_type;
   f.write_config(c, j);
+  if (ids.bos >= 0) j["bos_token_id"] = ids.bos;
+  if (ids.eos >= 0) j["eos_token_id"] = ids.eos;
   j["tie_word_embeddings"] = c.tied();
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";

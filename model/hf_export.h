@@ -63,8 +63,16 @@ Status check_hf_exportable(const TransformerConfig& config);
 Result<std::vector<HfTensor>> to_hf_tensors(const TransformerConfig& config,
                                             const TridentParamLookup& lookup);
 
-// config.json text for `config` (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM).
-std::string hf_config_json(const TransformerConfig& config);
+// The special-token ids config.json records (bos_token_id, eos_token_id: what Hugging
+// Face's generate() starts and stops with); -1 leaves the key out (no tokenizer known).
+struct HfTokenIds {
+  int64_t bos = -1;
+  int64_t eos = -1;
+};
+
+// config.json text for `config` (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM),
+// with the tokenizer's ids where `ids` has them.
+std::string hf_config_json(const TransformerConfig& config, const HfTokenIds& ids = {});
 // The Hugging Face class of config's family ("GPT2LMHeadModel", "LlamaForCausalLM").
 const char* hf_class_name(const TransformerConfig& config);
 

@@ -126,6 +126,10 @@ TEST(ExportTokenizer, Llama3DirectoryEncodesAsTheTrainingData) {
   EXPECT_EQ(config["bos_token"], "<|begin_of_text|>");
   EXPECT_EQ(config["eos_token"], "<|end_of_text|>");
   EXPECT_EQ(config["tokenizer_class"], "PreTrainedTokenizerFast");
+  // config.json has their ids, which Hugging Face's generate() starts and stops with.
+  const json model_config = json::parse(testing::read_bytes(out + "/config.json"));
+  EXPECT_EQ(model_config["bos_token_id"], 128000) << model_config.dump();
+  EXPECT_EQ(model_config["eos_token_id"], 128001) << model_config.dump();
 
   // The training ids: each document is the document token, then its text's ids.
   const std::vector<uint32_t> stream = testing::read_token_stream(run.data, 128256);
@@ -177,6 +181,9 @@ TEST(ExportTokenizer, TokenizerJsonSourceIsExportedAsItsBytes) {
   EXPECT_TRUE(testing::read_bytes(dir.file("hf/tokenizer.json")) == source);
   EXPECT_EQ(json::parse(testing::read_bytes(dir.file("hf/tokenizer_config.json")))["bos_token"],
             "<|endoftext|>");
+  const json gpt2_config = json::parse(testing::read_bytes(dir.file("hf/config.json")));
+  EXPECT_EQ(gpt2_config["bos_token_id"], 50256) << gpt2_config.dump();
+  EXPECT_EQ(gpt2_config["eos_token_id"], 50256) << gpt2_config.dump();
 
   // Changed after training: refused before anything is written.
   dir.write("gpt2.json", source + "\n");
@@ -193,6 +200,10 @@ TEST(ExportTokenizer, TokenizerJsonSourceIsExportedAsItsBytes) {
   EXPECT_NE(skipped.output.find("no tokenizer.json written (--no-tokenizer)"), std::string::npos)
       << skipped.output;
   EXPECT_EQ(listing(dir.file("hf2")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  // Without the tokenizer, config.json names no token ids (HF's defaults apply).
+  const json bare = json::parse(testing::read_bytes(dir.file("hf2/config.json")));
+  EXPECT_FALSE(bare.contains("bos_token_id")) << bare.dump();
+  EXPECT_FALSE(bare.contains("eos_token_id")) << bare.dump();
 }
 
 TEST(ExportTokenizer, ByteDataAndUnrecordedDataGetNoTokenizerFiles) {
