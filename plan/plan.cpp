@@ -656,10 +656,14 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / others));
     const Status st = validate_config(configured);
     if (n % others != 0) {
+      const bool cp = p.cp > 1;  // named only when used
       plan.configured_error =
-          "parallel.tp * parallel.pp = " + std::to_string(p.tp) + " * " + std::to_string(p.pp) +
-          " does not divide --devices " + std::to_string(n) + " (the config's layout, parallel.dp=" +
-          std::to_string(p.dp) + ", is for " + std::to_string(world) + " devices)";
+          std::string(cp ? "parallel.tp * parallel.cp * parallel.pp = "
+                         : "parallel.tp * parallel.pp = ") +
+          std::to_string(p.tp) + " * " + (cp ? std::to_string(p.cp) + " * " : std::string()) +
+          std::to_string(p.pp) + " does not divide --devices " + std::to_string(n) +
+          " (the config's layout, parallel.dp=" + std::to_string(p.dp) + ", is for " +
+          std::to_string(world) + " devices)";
     } else if (!st.is_ok()) {
       plan.configured_error = "the config's layout (parallel.dp=" + std::to_string(p.dp) +
                               ", parallel.tp=" + std::to_string(p.tp) + ", parallel.pp=" +

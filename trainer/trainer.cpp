@@ -981,6 +981,7 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                      {"pp", rc.pp_rank},
                      {"dp", rc.dp_rank},
                      {"tp", rc.tp_rank},
+                     {"cp", rc.cp_rank},
                      {"param_bytes", x.param_bytes},
                      {"master_bytes", x.master_bytes},
                      {"grad_bytes", x.grad_bytes},

@@ -162,5 +162,23 @@ TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
   EXPECT_EQ(flat.comm[ParallelDim::kCp], 0);
 }
 
+// A configured cp layout that cannot be placed on N devices names parallel.cp too.
+TEST(PlanCp, ConfiguredCpThatDoesNotDivideTheDevicesNamesCp) {
+  Config c = llama8b(131072);
+  c.parallel.dp = 1;
+  c.parallel.tp = 2;
+  c.parallel.cp = 4;
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  PlanOptions o = h100x8();
+  o.devices = 12;
+  Result<Plan> plan = make_plan(c, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_EQ(plan->configured_error.rfind("parallel.tp * parallel.cp * parallel.pp = 2 * 4 * 1 "
+                                         "does not divide --devices 12",
+                                         0),
+            0u)
+      << plan->configured_error;
+}
+
 }  // namespace
 }  // namespace trident
