@@ -100,8 +100,8 @@ inline constexpr int kMaxPlanLayers = 1024;
 inline constexpr int64_t kMaxPlanCandidates = 50000;
 inline constexpr double kMaxPlanStageWork = 3e7;
 
-// The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); cp
-// and ep join when they can be other than 1.
+// The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); ep
+// joins when it can be other than 1.
 inline constexpr ParallelDim kPlannedDims[] = {ParallelDim::kDp, ParallelDim::kTp,
                                                ParallelDim::kPp, ParallelDim::kCp};
 // Context parallelism is tried only where every cp rank keeps at least this many tokens
