@@ -102,6 +102,11 @@ void put_cp_rows(const E* local, E* global, int B, int T, int width, const CpChu
 // calls forward and backward in the same order with the same shape.
 class RingAttention {
  public:
+  // Whether a block's exchange runs while the previous block's attention computes. Not
+  // today (see "Communication" above): trident plan reads this and counts the ring as
+  // exposed.
+  static constexpr bool kOverlapsCompute = false;
+
   RingAttention(Ops& ops, Communicator& cp_group, int B, int chunk, int NH, int NKV, int HD,
                 DType dtype);
 

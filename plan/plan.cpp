@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "comm/communicator.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "plan/overlap.h"
 #include "plan/partition.h"
@@ -64,6 +65,7 @@ KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, doubl
 struct StageTime {
   double compute = 0, recompute = 0, tp = 0, pp = 0;  // seconds per micro-batch (compute
                                                      // includes recompute)
+  double cp = 0;  // the cp ring's exposed seconds per micro-batch (cp_ring_seconds)
   double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
   RankTraffic traffic;
 };
@@ -157,6 +159,25 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   return e + (m - n) * std::max(0.0, e - simulate(n - 1));
 }
 
+// The cp ring's seconds per micro-batch on the stage: its bytes (analytic_traffic's cp
+// send) over the cp group's link, both directions at once (each rank sends one block and
+// receives one per hop), plus one latency per hop: per layer cp - 1 k/v hops forward
+// (twice under full recomputation) and cp - 1 k/v hops and cp dK/dV hops backward. All of
+// it exposed: RingAttention::kOverlapsCompute is false (the trainer's exchanges block
+// before the block's compute; parallel/context_parallel.h). Were it true, the hidden part
+// would be at most the block attention compute of the hops.
+double cp_ring_seconds(const Config& config, const GroupTraffic& cp_traffic, double layers,
+                       const LinkSpec& link) {
+  const int cp = config.parallel.cp;
+  if (cp <= 1 || cp_traffic.send <= 0) return 0;
+  static_assert(!RingAttention::kOverlapsCompute,
+                "the ring overlaps its compute now: model the hidden part here");
+  const double micro = config.grad_accum_steps();
+  const double hops =
+      layers * (forward_passes(config.training.recompute) * (cp - 1) + (cp - 1) + cp);
+  return cp_traffic.send / micro / (link.bytes_per_s * link.efficiency) + hops * link.latency_s;
+}
+
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
                      const PlanMemory& memory, const PlanOptions& o, const Links& links) {
   const Hardware& hw = o.hardware;
@@ -171,19 +192,27 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const StageFlops w =
       describe_flops(config.model, part, config.parallel.micro_batch_size,
                      fp32 ? DType::kF32 : DType::kBF16, config.parallel.sequence_parallel);
+  // Context parallelism: a rank computes 1/cp of every micro-batch (N/cp tokens; with the
+  // causal load balance, 1/cp of the attention pairs too).
+  const double cp_share = 1.0 / config.parallel.cp;
   auto seconds = [&](const Work& work) {
-    return work.gemm_flops / gemm_rate + work.attention_flops / attention_rate +
-           work.elementwise_bytes / mem_rate;
+    return cp_share * (work.gemm_flops / gemm_rate + work.attention_flops / attention_rate +
+                       work.elementwise_bytes / mem_rate);
   };
   const double forward = seconds(w.forward());
   // Backward reruns what recomputation dropped, per layer (nothing without).
-  const double layer_recompute = seconds(w.recompute(config.training.recompute));
+  // (Under cp, selective reruns nothing: ring attention keeps its state per layer.)
+  const bool ring_keeps_state =
+      config.parallel.cp > 1 && config.training.recompute == Recompute::kSelective;
+  const double layer_recompute =
+      ring_keeps_state ? 0.0 : seconds(w.recompute(config.training.recompute));
   StageTime t;
   t.recompute = w.layers * layer_recompute;
   t.compute = (1 + kBackwardPerForward) * forward + t.recompute;
   t.traffic = analytic_traffic(config, part, layout);
   const double micro = config.grad_accum_steps();
-  const int tp = config.parallel.tp, dp = config.parallel.dp;
+  // dp: the data-parallel group's size, dp x cp (cp ranks reduce gradients together).
+  const int tp = config.parallel.tp, dp = config.parallel.dp * config.parallel.cp;
   // tp: per layer the column inputs' and row outputs' collectives (the row outputs'
   // again with full recompute), the embedding's and the head's.
   const LayerCollectives block = describe_collectives(config.model);
@@ -199,6 +228,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
     t.pp = t.traffic.pp.send / micro / bw + sends * links.link[ParallelDim::kPp]->latency_s;
   }
+  t.cp = cp_ring_seconds(config, t.traffic.cp, w.layers, *links.link[ParallelDim::kCp]);
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
@@ -260,6 +290,7 @@ std::string recompute_text(Recompute r) { return recompute_name(r); }
 std::string layout_name(const PlanCandidate& l) {
   std::string s = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
                   std::to_string(l.pp);
+  if (l.cp > 1) s += " cp" + std::to_string(l.cp);
   if (l.virtual_stages > 1) s += " v" + std::to_string(l.virtual_stages);
   s += " z" + std::to_string(l.zero_stage);
   if (l.sequence_parallel) s += " sp";
@@ -291,6 +322,12 @@ double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DTyp
   return q * 2 * e + kv * 2 * e + scores * sizeof(float) + scores * e + q * 2 * sizeof(float);
 }
 
+double gpu_ring_attention_workspace_bytes(int B, int chunk, int NH) {
+  // The largest block (Tq * Tk = 2 c^2: chunk c over both chunks, or both over one), and
+  // backward's P and dS for it, f32.
+  return 2.0 * B * NH * 2.0 * chunk * chunk * sizeof(float);
+}
+
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                             const PlanOptions& options) {
   const RankMemory m = estimate_rank_memory(config, part, dp_rank, options.attention_state_bytes);
@@ -307,8 +344,12 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
     // The attention path's scratch, shared by every layer (none without one), and what
     // the process holds besides; the allocator's losses on top of the allocations.
     const TransformerConfig& c = config.model;
+    const int cp = config.parallel.cp;
     const double attention =
-        part.local_layers(c.n_layers) > 0
+        part.local_layers(c.n_layers) > 0 && cp > 1
+            ? gpu_ring_attention_workspace_bytes(config.parallel.micro_batch_size,
+                                                 c.seq_len / (2 * cp), c.n_heads / part.tp_size)
+        : part.local_layers(c.n_layers) > 0
             ? gpu_attention_workspace_bytes(config.parallel.micro_batch_size, c.seq_len,
                                             c.n_heads / part.tp_size, c.n_kv_heads / part.tp_size,
                                             c.head_dim,
@@ -342,7 +383,28 @@ PlanCandidate config_layout(const Config& config) {
   return l;
 }
 
+std::vector<int> plan_cp_degrees(const Config& base, int devices) {
+  std::vector<int> out;
+  for (int cp : divisors(std::max(1, devices))) {
+    const int seq = base.model.seq_len;
+    if (cp == 1 || (seq % (2 * cp) == 0 && seq / cp >= kMinCpTokensPerRank && !base.model.moe())) {
+      out.push_back(cp);
+    }
+  }
+  return out;
+}
+
 namespace {
+
+// The (cp, pp) degrees of `devices` ranks (what tp leaves): cp from plan_cp_degrees, pp
+// over the divisors of what cp leaves.
+std::vector<std::pair<int, int>> cp_pp_degrees(const Config& base, int devices) {
+  std::vector<std::pair<int, int>> out;
+  for (int cp : plan_cp_degrees(base, devices)) {
+    for (int pp : divisors(devices / cp)) out.emplace_back(cp, pp);
+  }
+  return out;
+}
 
 // enumerate_layouts, stopping after `limit` candidates (validate_config calls): returns
 // false, out partial, when it had to stop. tp must divide model.n_heads and pp may not
@@ -355,9 +417,9 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit,
   int64_t tried = 0;
   for (int tp : divisors(devices)) {
     if (base.model.n_heads % tp != 0) continue;
-    for (int pp : divisors(devices / tp)) {
-      if (pp > base.model.n_layers) break;
-      const int dp = devices / tp / pp;
+    for (const auto& [cp, pp] : cp_pp_degrees(base, devices / tp)) {
+      if (pp > base.model.n_layers) continue;
+      const int dp = devices / tp / cp / pp;
       if (gbs % dp != 0) continue;
       for (int mbs : divisors(gbs / dp)) {
         // Interleaved 1F1B: v model chunks of equal size per stage, up to kMaxVirtualStages.
@@ -368,7 +430,8 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit,
           }
         }
         for (int v : chunk_counts) {
-          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          // ZeRO shards over dp x cp (the data-parallel group under cp).
+          for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -376,6 +439,7 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit,
                 const PlanCandidate l{{.dp = dp,
                                        .tp = tp,
                                        .pp = pp,
+                                       .cp = cp,
                                        .virtual_stages = v,
                                        .zero_stage = zero,
                                        .sequence_parallel = sp},
@@ -442,8 +506,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
       t = times.emplace(key, stage_time(config, part, layout->second, mem, o, links)).first;
     }
     const StageTime& st = t->second;
-    if (st.compute + st.tp + st.pp > slowest_micro) {
-      slowest_micro = st.compute + st.tp + st.pp;
+    if (st.compute + st.tp + st.pp + st.cp > slowest_micro) {
+      slowest_micro = st.compute + st.tp + st.pp + st.cp;
       slowest = st;
     }
     if (st.dp + st.optimizer > slowest_step) {
@@ -453,7 +517,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
     const std::pair<ParallelDim, double> moved[] = {
         {ParallelDim::kDp, st.traffic.dp.total() + st.traffic.embedding.total()},
         {ParallelDim::kTp, st.traffic.tp.total()},
-        {ParallelDim::kPp, st.traffic.pp.total()}};
+        {ParallelDim::kPp, st.traffic.pp.total()},
+        {ParallelDim::kCp, st.traffic.cp.total()}};
     for (const auto& [dim, bytes] : moved) r.comm[dim] = std::max(r.comm[dim], bytes);
   }
   r.fits = r.memory.total <= r.capacity;
@@ -462,13 +527,14 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.recompute_s = m * slowest.recompute;
   r.tp_s = m * slowest.tp;
   r.pp_s = m * slowest.pp;
+  r.cp_s = m * slowest.cp;
   // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
   r.bubble_s = (l.pp - 1) * slowest_micro / v;
   r.dp_s = slowest_tail.dp;
   r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;
   r.step_time_s =
-      r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.bubble_s + r.dp_s + r.optimizer_s;
+      r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.cp_s + r.bubble_s + r.dp_s + r.optimizer_s;
   const double tokens = static_cast<double>(config.training.global_batch_size) * config.model.seq_len;
   r.tokens_per_s_per_gpu = tokens / r.step_time_s / o.devices;
   r.mfu = config.model.flops_per_token() * r.tokens_per_s_per_gpu / o.hardware.peak_flops;
@@ -531,6 +597,8 @@ std::string slower_text(const PlanResult& l, const PlanResult& best) {
                                (a.zero_stage == 3 ? " (ZeRO-3 gathers per micro-batch)" : "") +
                                (l.crosses_nodes[ParallelDim::kDp] ? " across nodes" : "")},
       {l.optimizer_s - best.optimizer_s, "optimizer step on a bigger shard"},
+      {l.cp_s - best.cp_s, "cp " + std::to_string(a.cp) + " ring exchanges (not overlapped)" +
+                               (l.crosses_nodes[ParallelDim::kCp] ? " across nodes" : "")},
   };
   const Part* top = &parts[0];
   for (const Part& p : parts) {
@@ -588,10 +656,14 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
     configured.parallel.dp = static_cast<int>(std::max<int64_t>(1, n / others));
     const Status st = validate_config(configured);
     if (n % others != 0) {
+      const bool cp = p.cp > 1;  // named only when used
       plan.configured_error =
-          "parallel.tp * parallel.pp = " + std::to_string(p.tp) + " * " + std::to_string(p.pp) +
-          " does not divide --devices " + std::to_string(n) + " (the config's layout, parallel.dp=" +
-          std::to_string(p.dp) + ", is for " + std::to_string(world) + " devices)";
+          std::string(cp ? "parallel.tp * parallel.cp * parallel.pp = "
+                         : "parallel.tp * parallel.pp = ") +
+          std::to_string(p.tp) + " * " + (cp ? std::to_string(p.cp) + " * " : std::string()) +
+          std::to_string(p.pp) + " does not divide --devices " + std::to_string(n) +
+          " (the config's layout, parallel.dp=" + std::to_string(p.dp) + ", is for " +
+          std::to_string(world) + " devices)";
     } else if (!st.is_ok()) {
       plan.configured_error = "the config's layout (parallel.dp=" + std::to_string(p.dp) +
                               ", parallel.tp=" + std::to_string(p.tp) + ", parallel.pp=" +
@@ -665,6 +737,7 @@ std::string configured_misfit(const Plan& plan) {
   const PlanMemory& m = c.memory;
   std::string s = "the configured layout (parallel.dp=" + std::to_string(l.dp) +
                   ", parallel.tp=" + std::to_string(l.tp) + ", parallel.pp=" + std::to_string(l.pp) +
+                  (l.cp > 1 ? ", parallel.cp=" + std::to_string(l.cp) : std::string()) +
                   ", parallel.zero_stage=" + std::to_string(l.zero_stage) +
                   ", parallel.micro_batch_size=" + std::to_string(l.micro_batch_size) +
                   ", parallel.sequence_parallel=" + (l.sequence_parallel ? "true" : "false") +

@@ -53,10 +53,17 @@
 //     the compute that follows them when parallel.overlap_grad_reduce /
 //     overlap_param_gather are on, all exposed when off. ZeRO-1/2's parameter all-gather
 //     after the update and the tied-embedding all-reduce are always exposed.
+//   per micro-batch cp (parallel.cp > 1) = the ring's bytes (plan/traffic_model.h) /
+//     (link bandwidth * link efficiency) + one latency per hop, on NVLink when the cp
+//     group (with the tp inside it) sits in one node, else the network; all exposed, as
+//     in the trainer, whose ring does not overlap its exchanges with the block attention
+//     (RingAttention::kOverlapsCompute). Under cp a rank computes 1/cp of each
+//     micro-batch (c above divided by cp), selective recomputation reruns nothing (the
+//     ring keeps its state), and dp is the dp x cp group.
 //   optimizer = the AdamW pass over the local shard, memory bound.
-//   step = (m + (p - 1) / v) * (c + tp + pp) + exposed dp + optimizer
+//   step = (m + (p - 1) / v) * (c + tp + pp + cp) + exposed dp + optimizer
 //     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1));
-//     its parts compute, recompute, bubble, tp, pp, dp, optimizer add up to it.
+//     its parts compute, recompute, bubble, tp, pp, cp, dp, optimizer add up to it.
 // tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
 // tokens/s per GPU / peak (model FLOPs only, the bf16 peak; docs/CONFIG.md "FLOPs per token
 // and MFU").
@@ -93,10 +100,15 @@ inline constexpr int kMaxPlanLayers = 1024;
 inline constexpr int64_t kMaxPlanCandidates = 50000;
 inline constexpr double kMaxPlanStageWork = 3e7;
 
-// The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); cp
-// and ep join when they can be other than 1.
+// The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); ep
+// joins when it can be other than 1.
 inline constexpr ParallelDim kPlannedDims[] = {ParallelDim::kDp, ParallelDim::kTp,
-                                               ParallelDim::kPp};
+                                               ParallelDim::kPp, ParallelDim::kCp};
+// Context parallelism is tried only where every cp rank keeps at least this many tokens
+// of a sequence (so cp > 1 only for sequences of 2 x 8192 tokens and more): below it the
+// ring's blocks are small next to its hops, long-context training runs it at 32K-128K, and
+// the search stays as small as before for ordinary lengths.
+inline constexpr int kMinCpTokensPerRank = 8192;
 
 // A candidate: the parallel layout plus the recompute and micro-batch choices plan varies.
 struct PlanCandidate : ParallelLayout {
@@ -138,6 +150,12 @@ size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dt
 // scores, the probabilities and the f32 dq staging.
 double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
 
+// Under context parallelism (parallel.cp > 1) the CUDA backend's block attention
+// (Ops::attention_block_*, ring attention's kernels) instead: grow-only scratch for the
+// largest block's P and dS in backward, 2 * B * NH * (2 c^2) * 4 bytes for chunks of c
+// positions (parallel/context_parallel.h) and NH heads per tp rank.
+double gpu_ring_attention_workspace_bytes(int B, int chunk, int NH);
+
 // One rank's memory by kind (the PlanMemory mapping of estimate_rank_memory).
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                             const PlanOptions& options);
@@ -159,6 +177,9 @@ struct PlanResult {
   // recomputed forward work (recompute_s); dp_s is the exposed dp communication, of
   // dp_comm_s in all.
   double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
+  // The cp ring's seconds (parallel.cp > 1), all exposed: the trainer does not overlap it
+  // with the block attention (RingAttention::kOverlapsCompute).
+  double cp_s = 0;
   double optimizer_s = 0, dp_comm_s = 0;
   // The config's overlap switches the dp time assumed (parallel.overlap_grad_reduce,
   // parallel.overlap_param_gather; plan keeps them as configured).
@@ -173,12 +194,16 @@ Config apply_layout(const Config& base, const PlanCandidate& layout);
 // The layout a config describes.
 PlanCandidate config_layout(const Config& config);
 
-// Every layout of dp * tp * pp == devices that validate_config accepts for base's model
-// and batch: tp and pp over the divisors, micro_batch_size over the divisors of
+// Every layout of dp * cp * tp * pp == devices that validate_config accepts for base's
+// model and batch: tp and pp over the divisors, cp over plan_cp_degrees, micro_batch_size over the divisors of
 // global_batch_size / dp, virtual stages 1 and (pp > 1) the divisors of n_layers / pp up
-// to kMaxVirtualStages, zero stages 0-3 (only 0 when dp == 1: the others equal it),
+// to kMaxVirtualStages, zero stages 0-3 (only 0 when dp * cp == 1: the others equal it),
 // recompute none/selective/full, sequence parallelism off and (tp > 1) on.
 std::vector<PlanCandidate> enumerate_layouts(const Config& base, int devices);
+// The cp degrees plan tries on `devices` ranks: 1, and each divisor cp > 1 with
+// model.seq_len divisible by 2 cp and seq_len / cp >= kMinCpTokensPerRank (none for a
+// mixture of experts, which validate_config refuses under cp).
+std::vector<int> plan_cp_degrees(const Config& base, int devices);
 
 // Memory, traffic and time of one layout (`config` has it applied and is valid). Leaves
 // reason empty (make_plan ranks).

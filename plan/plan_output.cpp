@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "parallel/context_parallel.h"
 #include "plan/plan.h"
 
 namespace trident {
@@ -25,6 +26,7 @@ nlohmann::json layout_json(const PlanResult& r) {
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
+          {"cp", l.cp},
           {"virtual_stages", l.virtual_stages},
           {"zero_stage", l.zero_stage},
           {"sequence_parallel", l.sequence_parallel},
@@ -50,11 +52,13 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"bubble", r.bubble_s},
             {"tp", r.tp_s},
             {"pp", r.pp_s},
+            {"cp", r.cp_s},
             {"dp", r.dp_s},
             {"optimizer", r.optimizer_s}}},
           {"dp_comm_s", r.dp_comm_s},
           {"overlap_grad_reduce", r.overlap_grad_reduce},
           {"overlap_param_gather", r.overlap_param_gather},
+          {"cp_ring_overlapped", RingAttention::kOverlapsCompute},
           {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
           {"mfu", r.mfu},
           {"reason", r.reason}};
@@ -85,22 +89,23 @@ std::string plan_table(const Plan& plan, int rows) {
   char line[768];
   std::snprintf(line, sizeof(line),
                 "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %8s %8s %8s %8s "
-                "%8s %8s %8s %9s %6s  %s\n",
+                "%8s %8s %8s %8s %9s %6s  %s\n",
                 "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
                 "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "comp s",
-                "recomp s", "bubl s", "tp s", "pp s", "dp s", "opt s", "tok/s/gpu", "MFU", "reason");
+                "recomp s", "bubl s", "tp s", "pp s", "cp s", "dp s", "opt s", "tok/s/gpu", "MFU",
+                "reason");
   out += line;
   auto row = [&](const std::string& rank, const PlanResult& r) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
                   "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
-                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %5.1f%%  %s\n",
+                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
                   m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
                   r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
                   r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s, r.compute_s,
-                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.dp_s, r.optimizer_s,
+                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s, r.dp_s, r.optimizer_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -121,6 +126,13 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  bool any_cp = plan.configured_error.empty() && plan.configured.candidate.cp > 1;
+  for (const PlanResult& l : plan.layouts) any_cp = any_cp || l.candidate.cp > 1;
+  if (any_cp) {
+    out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, all exposed (") +
+           (RingAttention::kOverlapsCompute ? "overlapped" : "the trainer does not overlap them") +
+           " with the block attention)\n";
+  }
   out += fmt("# model: %.2fB parameters", plan.parameters / 1e9) +
          fmt(", %.2fB active per token", plan.active_parameters / 1e9) +
          fmt(", %.3g FLOPs per token (MFU counts these)\n", plan.flops_per_token);

@@ -9,7 +9,8 @@ namespace trident {
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
                              const ParamLayout& layout) {
   const auto& par = config.parallel;
-  const double N = static_cast<double>(par.micro_batch_size) * config.model.seq_len;
+  // This rank's tokens of a micro-batch: its 2 chunks of every sequence under cp.
+  const double N = static_cast<double>(par.micro_batch_size) * config.model.seq_len / par.cp;
   const double C = config.model.d_model;
   const double micro = config.grad_accum_steps();
   // This rank's model chunks (more than one under interleaved 1F1B): their layers, and
@@ -88,8 +89,11 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     t.pp.send = per_micro * micro * kA;
   }
 
+  if (par.cp > 1) t.cp.send = cp_ring_bytes_per_layer(config) * layers * micro;
+
   const double total = static_cast<double>(layout.total_floats());
-  const double dp = par.dp;
+  // The data-parallel machinery's group: dp x cp (cp ranks hold the same parameters).
+  const double dp = static_cast<double>(par.dp) * par.cp;
   // A tied head in a one-stage model uses group 0 (wte) a second time: ZeRO-3 gathers
   // it again, and ZeRO-2/3 reduce-scatter its gradient once for the head and once for
   // the embedding.
@@ -97,7 +101,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   if (config.model.tied() && first && last) {
     group0_extra = static_cast<double>(layout.groups[0].num_floats);
   }
-  switch (par.dp > 1 ? par.zero_stage : -1) {
+  switch (dp > 1 ? par.zero_stage : -1) {
     case -1:  // one data-parallel rank: nothing crosses ranks
       break;
     case 0:
@@ -123,6 +127,22 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     t.embedding.all_reduce = (par.zero_stage >= 1 ? floats / dp : floats) * kF;
   }
   return t;
+}
+
+double cp_ring_bytes_per_layer(const Config& config) {
+  const auto& par = config.parallel;
+  if (par.cp <= 1) return 0;
+  const auto& m = config.model;
+  const double cp = par.cp;
+  const int kv_heads = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
+  const int head_dim = m.head_dim > 0 ? m.head_dim : m.d_model / m.n_heads;
+  // One rank's keys (RingAttention::kv_elems): its N/cp rows, its tp share of kv heads.
+  const double K = static_cast<double>(par.micro_batch_size) * m.seq_len / cp *
+                   (static_cast<double>(kv_heads) / par.tp) * head_dim;
+  const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
+  const double kv_hops = 2 * (cp - 1) * K * kA;  // k and v to the next rank, cp - 1 times
+  const double dkv_hops = 2 * cp * K * 4.0;      // the f32 dK/dV accumulators, cp hops
+  return forward_passes(config.training.recompute) * kv_hops + kv_hops + dkv_hops;
 }
 
 }  // namespace trident

@@ -29,6 +29,15 @@
 //   its forward and again before its backward and reduce-scatters its gradients, per
 //   micro-batch (a tied one-stage head uses group 0 a second time, under ZeRO 2 and 3).
 // - embedding (tied, pp > 1): one all-reduce of this rank's reduced wte gradient.
+// - cp (parallel.cp > 1; parallel/context_parallel.h): a rank holds N/cp of a micro-batch's
+//   tokens, so every per-token volume above (tp, pp, the cross-entropy statistics) uses
+//   N/cp, and the data-parallel group is dp x cp (the volumes above with dp*cp for dp).
+//   The ring sends, per layer and micro-batch, with K = (N/cp) * (n_kv_heads/tp) *
+//   head_dim elements of one rank's keys (and as many of its values): forward (cp - 1)
+//   hops of k and v, 2 (cp - 1) K compute-dtype elements; backward the same again plus cp
+//   hops of the dK/dV accumulators, 2 cp K fp32; full recomputation reruns the forward's
+//   hops (selective does not: the ring keeps its log-sum-exp per layer). Point-to-point,
+//   so `send` only.
 // Element sizes (training.precision): activations, pipeline boundary tensors and the
 // parameter all-gathers move compute-dtype elements (4 bytes in fp32, 2 in bf16); the
 // cross-entropy statistics and every gradient reduction stay fp32 (4 bytes).
@@ -50,12 +59,19 @@ struct GroupTraffic {
 
 struct RankTraffic {
   GroupTraffic tp, dp, pp, embedding;
-  double total() const { return tp.total() + dp.total() + pp.total() + embedding.total(); }
+  GroupTraffic cp;  // the ring of ring attention (parallel.cp > 1)
+  double total() const {
+    return tp.total() + dp.total() + pp.total() + embedding.total() + cp.total();
+  }
 };
 
 // `part`: the rank's (first) model chunk; with parallel.virtual_stages > 1 its chunks
 // come from plan/partition.h. `layout`: the rank's parameter table (all its chunks).
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
                              const ParamLayout& layout);
+
+// The cp ring's bytes sent per layer and micro-batch by one rank (the cp part above;
+// 0 at cp 1): forward and backward, with training.recompute's reruns.
+double cp_ring_bytes_per_layer(const Config& config);
 
 }  // namespace trident

@@ -98,7 +98,7 @@ void MetricsWriter::write_line(const std::string& line) {
 }
 
 void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g) {
-  j = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}};
+  j = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}, {"cp", g.cp}};
 }
 
 void MetricsWriter::write_step(const StepMetrics& m) {

@@ -4,8 +4,8 @@
 // Every rank's step takes the same wall time in synchronous training (the fast ones wait
 // for the slow one inside their collectives), so the measure is each rank's busy time:
 // the step's wall time minus the time its training thread was blocked in communicator
-// calls (CommTimes::exposed_s of its tp, dp, pp and embedding groups and of the world, all
-// reset at the start of the step). A rank that computes slowly (a throttled CPU, a noisy
+// calls (CommTimes::exposed_s of its tp, dp (dp x cp under context parallelism), pp,
+// embedding and cp groups and of the world, all reset at the start of the step). A rank that computes slowly (a throttled CPU, a noisy
 // neighbour) has the largest busy time; its peers' waits for it are their exposed
 // communication. In a world of several hosts the unit that straggles is a host: waits in
 // a group whose members all share this rank's host (tp inside a node) count as busy, since

@@ -495,13 +495,14 @@ void Trainer::collect_traffic() {
   stats_.traffic.dp = measure(&groups_.data_parallel());
   stats_.traffic.pp = measure(groups_.pp.get());
   stats_.traffic.embedding = measure(groups_.embedding.get());
+  stats_.traffic.cp = measure(groups_.cp.get());  // the ring's sends (null at cp 1)
   // Where the communication time went (a one-rank group's calls are local copies).
   auto times = [&](double CommTimes::*field) {
     auto ms = [&](const Communicator* c) {
       return c == nullptr || c->size() == 1 ? 0.0 : c->times().*field * 1e3;
     };
     return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(&groups_.data_parallel()), ms(groups_.pp.get()),
-                                ms(groups_.embedding.get())};
+                                ms(groups_.embedding.get()), ms(groups_.cp.get())};
   };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
   stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
@@ -796,7 +797,7 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
   const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
   const double exposed_ms = (same_host_[0] ? 0 : e.tp) + (same_host_[1] ? 0 : e.dp) +
                             (same_host_[2] ? 0 : e.pp) + (same_host_[3] ? 0 : e.embedding) +
-                            world_->times().exposed_s * 1e3;
+                            (same_host_[4] ? 0 : e.cp) + world_->times().exposed_s * 1e3;
   const double busy = std::max(0.0, m.step_ms - exposed_ms);
   step_busy_ms_.assign(static_cast<size_t>(world_->size()), 0.0);
   world_->all_gather(CommBuf::host(std::span<const double>(&busy, 1)),
@@ -819,9 +820,11 @@ void Trainer::find_same_host_groups() {
       std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; })) {
     return;  // no host names, or one host: every rank is its own unit
   }
-  const Communicator* groups[4] = {groups_.tp.get(), groups_.dp.get(), groups_.pp.get(),
-                                   groups_.embedding.get()};
-  for (size_t g = 0; g < 4; ++g) {
+  // In the order of same_host_: the dp slot is the data-parallel group whose waits
+  // comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring.
+  const Communicator* groups[5] = {groups_.tp.get(), &groups_.data_parallel(), groups_.pp.get(),
+                                   groups_.embedding.get(), groups_.cp.get()};
+  for (size_t g = 0; g < 5; ++g) {
     // Members' world ranks: the MPI groups know them; a backend that does not (NCCL)
     // leaves the group counted as spanning hosts.
     const std::vector<int> members = groups[g] ? groups[g]->world_ranks() : std::vector<int>{};
@@ -968,7 +971,8 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
     return nlohmann::ordered_json{{"tp", t.tp.total()},
                                   {"dp", t.dp.total()},
                                   {"pp", t.pp.total()},
-                                  {"embedding", t.embedding.total()}};
+                                  {"embedding", t.embedding.total()},
+                                  {"cp", t.cp.total()}};
   };
   for (int r = 0; r < n; ++r) {
     const RankStats& x = stats[r];
@@ -977,6 +981,7 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                      {"pp", rc.pp_rank},
                      {"dp", rc.dp_rank},
                      {"tp", rc.tp_rank},
+                     {"cp", rc.cp_rank},
                      {"param_bytes", x.param_bytes},
                      {"master_bytes", x.master_bytes},
                      {"grad_bytes", x.grad_bytes},
@@ -1043,6 +1048,13 @@ void Trainer::print_summary() {
     const StepMetrics::GroupMs& h = s[r].total_comm_hidden_ms;
     log::info("{:>5} {:>17} {:>17} {:>17} {:>17}", r, times(e.tp, h.tp), times(e.dp, h.dp),
               times(e.pp, h.pp), times(e.embedding, h.embedding));
+  }
+  if (config_.parallel.cp > 1) {  // the ring: synchronous (not overlapped), so all exposed
+    log::info("cp ring: MiB sent in the last step (measured / analytic), ms exposed over the run:");
+    for (int r = 0; r < n; ++r) {
+      log::info("{:>5} {:>17} {:>10.1f}", r, pair(s[r].traffic.cp.total(), s[r].analytic.cp.total()),
+                s[r].total_comm_exposed_ms.cp);
+    }
   }
 }
 

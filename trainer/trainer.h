@@ -227,9 +227,10 @@ class Trainer {
   std::vector<double> step_busy_ms_;
   StragglerDetector stragglers_;
   std::vector<std::string> hosts_;
-  // tp, dp, pp, embedding: the group lies inside this rank's host, in a world of several
-  // hosts (its waits are the host's own time, not waiting for a slower one).
-  std::array<bool, 4> same_host_{};
+  // tp, dp (dp x cp), pp, embedding, cp: the group lies inside this rank's host, in a
+  // world of several hosts (its waits are the host's own time, not waiting for a slower
+  // one).
+  std::array<bool, 5> same_host_{};
   RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;

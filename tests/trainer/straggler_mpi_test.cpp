@@ -37,14 +37,16 @@ class SlowOps final : private InnerOps, public testing::ForwardingOps {
   }
 };
 
-// dp over the whole world, one micro-batch per rank and step; `logging` the keys of the
-// logging section; `slow`: this rank computes through SlowOps.
-std::unique_ptr<Trainer> make_trainer(const std::string& logging, bool slow) {
+// dp over the whole world (or `layout`), one micro-batch per dp rank and step; `logging`
+// the keys of the logging section; `slow`: this rank computes through SlowOps.
+std::unique_ptr<Trainer> make_trainer(const std::string& logging, bool slow,
+                                      ParallelLayout layout = {}) {
   static int trainers = 0;
   const int n = test::world().size();
+  if (layout.world_size() == 1) layout = {n, 1, 1};
   auto config = parse_config(
-      test::small_model_yaml("gpt2") + test::parallel_yaml({n, 1, 1}, 0) + "data: {train: " +
-          straggler_data_file() + "}\ntraining: {global_batch_size: " + std::to_string(n) +
+      test::small_model_yaml("gpt2") + test::parallel_yaml(layout, 0) + "data: {train: " +
+          straggler_data_file() + "}\ntraining: {global_batch_size: " + std::to_string(layout.dp) +
           ", max_steps: 3}\ncheckpoint: {dir: " + straggler_data_file() + ".ckpt" +
           std::to_string(++trainers) + ", save_final: false}\nlogging: {metrics: ''" + logging +
           "}\n",
@@ -104,6 +106,34 @@ TEST(Straggler, TheSleepingRankIsTheSlowestOfEveryStep) {
     EXPECT_EQ(hi, lo);
     const auto [mhi, mlo] = world_range(m.median_busy_ms);
     EXPECT_EQ(mhi, mlo);
+  }
+}
+
+// Context parallelism: the fast cp ranks wait for the slow one in the ring's exchanges
+// (and in the dp x cp gradient reduction); those waits are communication, not busy time,
+// so the slow rank is still the slowest by about its sleep.
+TEST(Straggler, RingWaitsAreNotBusyTime) {
+  Communicator& world = test::world();
+  const int n = world.size();
+  if (n < 2) GTEST_SKIP() << "needs cp 2";
+  ParallelLayout l{n == 8 ? 2 : 1, 1, 1};
+  l.cp = n / l.dp;
+  const int slow_rank = n - 1;
+  auto trainer = make_trainer("", world.rank() == slow_rank, l);
+  ASSERT_NE(trainer, nullptr);
+  for (int s = 1; s <= 2; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    const Result<StepMetrics> step = trainer->train_step();
+    ASSERT_TRUE(step.is_ok()) << step.status().message();
+    const StepMetrics& m = step.value();
+    ASSERT_TRUE(m.has_slowest);
+    EXPECT_EQ(m.slowest_rank, slow_rank);
+    EXPECT_GE(m.slowest_busy_ms, kSleepMs);
+    EXPECT_LT(m.median_busy_ms, m.slowest_busy_ms - kSleepMs / 2);
+    // The slow rank's ring neighbour waited for it in the ring (its layer-0 receive).
+    if (world.rank() == (slow_rank + 1) % l.cp + (slow_rank / l.cp) * l.cp) {
+      EXPECT_GT(m.comm_exposed_ms.cp, kSleepMs / 2);
+    }
   }
 }
 

@@ -22,10 +22,12 @@ std::string traffic_data_file() {
 std::unique_ptr<Trainer> make_trainer(const ParallelLayout& l, int zero, const char* arch,
                                       const char* precision = "fp32",
                                       const std::string& training_extra = "",
-                                      const std::string& parallel_extra = "") {
+                                      const std::string& parallel_extra = "",
+                                      int kv_heads = 4) {
   return test::make_world_trainer(
       std::string("model: {arch: ") + arch +
-          ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: 4, d_model: 32}\n" +
+          ", vocab_size: 64, seq_len: 16, n_layers: 4, n_heads: 4, n_kv_heads: " +
+          std::to_string(kv_heads) + ", d_model: 32}\n" +
           test::parallel_yaml(l, zero, parallel_extra) + "data: {train: " + traffic_data_file() +
           "}\n"
           "training: {global_batch_size: 8, max_steps: 2, precision: " + precision +
@@ -197,6 +199,68 @@ TEST(Instrumentation, InterleavedTrafficEqualsAnalyticVolumes) {
         ASSERT_NE(plain, nullptr);
         ASSERT_TRUE(plain->train_step().is_ok());
         EXPECT_EQ(s.traffic.pp.send, 3 * plain->last_step_stats().traffic.pp.send);
+      }
+    }
+  }
+}
+
+// Context parallelism: the cp group's point-to-point sends (ring attention's k/v blocks
+// forward and backward, the dK/dV accumulators backward, the forward's again under full
+// recomputation) equal the analytic ring volume exactly, and every other group's volume
+// still equals its model with N/cp tokens per rank and the dp x cp data-parallel group.
+// GQA (llama, 2 kv heads of 4) shrinks the blocks; tp splits the kv heads.
+TEST(Instrumentation, ContextParallelRingTrafficEqualsAnalyticVolumes) {
+  const int n = test::world().size();
+  if (n < 2) GTEST_SKIP() << "needs cp 2";
+  auto layout = [](int dp, int tp, int cp) {
+    ParallelLayout l{dp, tp, 1};
+    l.cp = cp;
+    return l;
+  };
+  std::vector<ParallelLayout> layouts;
+  if (n == 2) layouts = {layout(1, 1, 2)};
+  if (n == 4) layouts = {layout(1, 1, 4), layout(1, 2, 2)};
+  if (n == 8) layouts = {layout(1, 2, 4), layout(2, 2, 2)};
+  for (const ParallelLayout& l : layouts) {
+    for (const char* arch : {"gpt2", "llama"}) {
+      const int kv_heads = std::string(arch) == "llama" ? 2 : 4;
+      for (const char* recompute : {"none", "selective", "full"}) {
+        for (const char* precision : {"fp32", "bf16"}) {
+          // bf16 and selective once each (llama), ZeRO-3 over dp x cp once.
+          const bool fp32 = std::string(precision) == "fp32";
+          if (!fp32 && (std::string(arch) != "llama" || std::string(recompute) != "none")) continue;
+          if (std::string(recompute) == "selective" && std::string(arch) != "llama") continue;
+          const int zero = std::string(recompute) == "full" && std::string(arch) == "llama" ? 3 : 0;
+          SCOPED_TRACE(test::case_name(arch, l, zero) + " cp " + std::to_string(l.cp) + " " +
+                       precision + " recompute " + recompute);
+          auto t = make_trainer(l, zero, arch, precision,
+                                std::string(", recompute: ") + recompute, "", kv_heads);
+          ASSERT_NE(t, nullptr);
+          ASSERT_TRUE(t->train_step().is_ok());
+          ASSERT_TRUE(t->train_step().is_ok());
+          const RankStats& s = t->last_step_stats();
+          const std::pair<GroupTraffic RankTraffic::*, const char*> groups[] = {
+              {&RankTraffic::cp, "cp"}, {&RankTraffic::tp, "tp"}, {&RankTraffic::dp, "dp"},
+              {&RankTraffic::pp, "pp"}, {&RankTraffic::embedding, "embedding"}};
+          for (const auto& [group, name] : groups) {
+            expect_group(s.traffic.*group, s.analytic.*group, name);
+          }
+          // By hand for this model: 4 layers, micro-batches of 1, K = (16/cp) rows x
+          // (kv_heads/tp) x head dim 8 of one rank's keys; per layer forward 2(cp-1)K
+          // compute-dtype elements (twice under full recomputation), backward 2(cp-1)K of
+          // them plus 2cp*K fp32.
+          const double micro = t->config().grad_accum_steps();
+          const double K = 16.0 / l.cp * (kv_heads / l.tp) * 8;
+          const double e = fp32 ? 4 : 2;
+          const double fwd = std::string(recompute) == "full" ? 2 : 1;
+          EXPECT_EQ(s.traffic.cp.send,
+                    4 * micro * ((fwd + 1) * 2 * (l.cp - 1) * K * e + 2 * l.cp * K * 4));
+          EXPECT_EQ(s.traffic.cp.all_reduce + s.traffic.cp.all_gather, 0);
+          if (l.tp > 1) {
+            EXPECT_GT(s.traffic.tp.all_reduce, 0);
+          }
+          EXPECT_GT(s.traffic.dp.total(), 0);  // dp x cp reduces the gradients
+        }
       }
     }
   }
