@@ -73,6 +73,10 @@ struct StageTime {
 struct Links {
   PerDim<const LinkSpec*> link;
   PerDim<bool> cross;
+  // What a group's collectives reach on its link: `link` itself inside a node; across
+  // nodes the network bandwidth times the group's members per node (rails), at most the
+  // NVLink figure (below).
+  PerDim<LinkSpec> spec;
 };
 
 Links links_for(const PlanCandidate& l, const PlanOptions& o) {
@@ -81,6 +85,20 @@ Links links_for(const PlanCandidate& l, const PlanOptions& o) {
   for (const DimensionInfo& d : kDimensions) {
     k.cross[d.dim] = ranks.span(d.dim) > o.gpus_per_node;
     k.link[d.dim] = k.cross[d.dim] ? &o.hardware.inter_node : &o.hardware.intra_node;
+    k.spec[d.dim] = *k.link[d.dim];
+    if (!k.cross[d.dim]) continue;
+    // A group with r members in each node (stride s < gpus per node: r = gpus per node /
+    // s) runs NCCL's rings on r rails at once: each member's own NIC carries the ring
+    // that leaves the node through it, 1/r of the data, and NVLink the hops inside the
+    // node. Its bus bandwidth is r NICs' (DGX A100 / H100: 8 x 25 / 8 x 50 GB/s for a
+    // dp group of 8 per node), bounded by NVLink's; with one member per node (tp 8
+    // inside the node) it is one NIC's. (pp's sends are one GPU's to one GPU, over one
+    // NIC: stage_time uses `link` for them.)
+    const int rails = std::max(1, std::min(ranks.degree(d.dim), o.gpus_per_node / ranks.stride(d.dim)));
+    LinkSpec& s = k.spec[d.dim];
+    const LinkSpec& nvlink = o.hardware.intra_node;
+    s.bytes_per_s = std::min(s.bytes_per_s * rails,
+                             nvlink.bytes_per_s * nvlink.efficiency / s.efficiency);
   }
   return k;
 }
@@ -191,7 +209,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro).total() / micro;
+  t.tp = kind_s(t.traffic.tp, tp, links.spec[ParallelDim::kTp], tp_calls * micro).total() / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * links.link[ParallelDim::kPp]->efficiency;
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -202,8 +220,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
+  const LinkSpec& dp_rails = links.spec[ParallelDim::kDp];
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket));
+  const KindSeconds k = kind_s(d, dp, dp_rails, std::ceil(d.total() / bucket));
   const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
                                           2, *links.link[ParallelDim::kPp], 1);
   t.dp_comm = k.total() + embedding_s;

@@ -228,10 +228,52 @@ TEST(Plan, TensorParallelAcrossNodesCostsTheNetwork) {
   base.model.finalize();
   const Config c = apply_layout(base, PlanCandidate{{.dp = 2, .tp = 4}, Recompute::kNone, 1});
   const PlanResult inside = evaluate_layout(c, gpu_options(8, 8));
-  const PlanResult across = evaluate_layout(c, gpu_options(8, 2));
+  const PlanResult across = evaluate_layout(c, gpu_options(8, 1));
   EXPECT_FALSE(inside.crosses_nodes[ParallelDim::kTp]);
   EXPECT_TRUE(across.crosses_nodes[ParallelDim::kTp]);
-  EXPECT_GT(across.tp_s, 5 * inside.tp_s);  // 50 vs 450 GB/s
+  EXPECT_GT(across.tp_s, 5 * inside.tp_s);  // one member per node: 50 vs 450 GB/s
+  // Two members per node run their rings over two NICs at once: 100 GB/s.
+  const PlanResult two = evaluate_layout(c, gpu_options(8, 2));
+  EXPECT_TRUE(two.crosses_nodes[ParallelDim::kTp]);
+  EXPECT_GT(two.tp_s, 3 * inside.tp_s);
+  EXPECT_LT(two.tp_s, 0.6 * across.tp_s);
+}
+
+// A group that crosses nodes with r members in each runs NCCL's rings on r rails (each
+// member's NIC carries 1/r of the data): its bandwidth term is r NICs', at most NVLink's.
+TEST(Plan, GroupsAcrossNodesUseOneNicPerMemberInTheNode) {
+  Config base = small_config();
+  base.model.d_model = 1024;  // megabytes per bucket: bandwidth, not only latency
+  base.model.finalize();
+  Config c = apply_layout(base, PlanCandidate{{.dp = 8, .zero_stage = 1}, Recompute::kNone, 1});
+  c.parallel.overlap_grad_reduce = false;  // all exposed: dp_comm_s is the link model's
+  // The bytes term of dp_comm_s: twice what doubling the network's bandwidth saves (the
+  // per-call latencies stay).
+  auto bytes_s = [&](const Config& cfg, int devices, int per_node) {
+    PlanOptions o = gpu_options(devices, per_node);
+    const double t = evaluate_layout(cfg, o).dp_comm_s;
+    o.hardware.inter_node.bytes_per_s *= 2;
+    o.hardware.intra_node.bytes_per_s *= 2;
+    return 2 * (t - evaluate_layout(cfg, o).dp_comm_s);
+  };
+  const double one = bytes_s(c, 8, 1), four = bytes_s(c, 8, 4);  // 1 and 4 members per node
+  ASSERT_GT(four, 0);
+  EXPECT_NEAR(one / four, 4.0, 1e-9);
+  // dp 8 on one NIC each: the network's 50 GB/s x 0.8, ZeRO-1's reduce-scatter and
+  // all-gather over 8 ranks (7/8 of each payload).
+  const Hardware h100 = gpu_options(8).hardware;
+  const double payload = evaluate_layout(c, gpu_options(8, 1)).comm[ParallelDim::kDp];
+  EXPECT_NEAR(one, payload * 7 / 8 / (h100.inter_node.bytes_per_s * h100.inter_node.efficiency),
+              1e-6 * one);
+  // A network as fast as NVLink: eight members per node reach NVLink's figure, not 8 x it
+  // (the same time as 16 ranks inside one node of 16).
+  Config wide = apply_layout(base, PlanCandidate{{.dp = 16, .zero_stage = 1}, Recompute::kNone, 1});
+  wide.training.global_batch_size = 16;
+  wide.parallel.overlap_grad_reduce = false;
+  PlanOptions fast = gpu_options(16, 8);
+  fast.hardware.inter_node = fast.hardware.intra_node;
+  PlanOptions node16 = gpu_options(16, 16);
+  EXPECT_DOUBLE_EQ(evaluate_layout(wide, fast).dp_comm_s, evaluate_layout(wide, node16).dp_comm_s);
 }
 
 TEST(Plan, RanksFittingLayoutsByTimeAndSaysWhyOthersLose) {
