@@ -24,14 +24,17 @@ namespace trident {
 namespace {
 
 // The bounds, on the relative error of the predicted MFU (predicted / published - 1).
-// The target is ±15% on at least 90% of the rows; the model reaches it on 18 of
-// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: H100 runs of
-// 2023 below the 75% GEMM efficiency the table assumes, FSDP and pipeline schedules
-// Trident does not have). The test holds what it reaches, so that a change of the model
-// cannot make the fit worse unnoticed:
-constexpr double kNearBound = 0.15;        // "near": within ±15%
-constexpr double kNearShareAtLeast = 0.5;  // share of the rows that are near (18/34 = 0.53)
-constexpr double kHardCap = 0.6;           // no row further off (the worst is 0.58)
+// The target is ±15% on at least 90% of the rows; the model reaches it on 25 of
+// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: attention and
+// recompute policies Trident does not have — Megatron 2021/2022's unfused attention,
+// torchtitan's op-level checkpointing — and Llama 3's interleaved pipeline on uneven
+// stages). The a100 and h100 efficiencies of configs/hardware.yaml were fitted to one
+// row each (LLM Foundry's MPT-7B on 8 GPUs); the other 32 are held out. The test holds
+// what the model reaches, less one row, so that a change of the model cannot make the
+// fit worse unnoticed:
+constexpr double kNearBound = 0.15;         // "near": within ±15%
+constexpr double kNearShareAtLeast = 0.7;   // share of the rows that are near (25/34 = 0.74)
+constexpr double kHardCap = 0.55;           // no row further off (the worst is 0.48)
 
 struct Row {
   std::string name, family;
