@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "comm/communicator.h"
@@ -118,7 +119,8 @@ struct GroupWork {
 // ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
 // increment (every micro-batch after the first is the same).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
-                  const KindSeconds& k, double tp_per_compute, bool tp_busy) {
+                  const KindSeconds& k, double tp_per_compute, bool tp_busy,
+                  double compute_rate_in_flight = 1.0) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -126,6 +128,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   policy.prefetch = zero == 3 && par.overlap_param_gather;
   policy.async_reduce = par.overlap_grad_reduce;
   policy.queue_depth = zero >= 1 ? kReduceQueueDepth : 0;  // ZeRO-0 all-reduces in place
+  policy.compute_rate_in_flight = compute_rate_in_flight;
   const bool every_micro = zero >= 2;
   // The bytes each collective kind moves per step, in floats: the reductions' and
   // ZeRO-3's gathers' (head_extra: a tied one-stage head's second use of group 0).
@@ -173,6 +176,22 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   const double e = simulate(n);
   if (m == n) return e;
   return e + (m - n) * std::max(0.0, e - simulate(n - 1));
+}
+
+// CPU ranks: the share of its speed a rank's compute keeps while its communication
+// thread runs a collective (comm/communicator.h "Progress (MPI)": a blocking MPI call that
+// polls shared memory, one more busy thread per rank). The ranks on this machine run
+// runtime.threads compute threads each (0: cores / ranks, kernels/backend.cpp); with one
+// communication thread per rank on top, each thread gets min(1, cores / threads) of a
+// core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
+double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
+  if (!o.hardware.is_cpu) return 1.0;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
+  const double threads =
+      ranks * (config.runtime.threads > 0 ? config.runtime.threads
+                                          : std::max(1, static_cast<int>(cores) / ranks));
+  return std::min(1.0, cores / (threads + ranks)) / std::min(1.0, cores / threads);
 }
 
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
@@ -257,7 +276,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     // ZeRO-1/2's all-gather runs after the update: nothing left to hide it behind.
     const int zero = config.parallel.zero_stage;
     const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
-    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy) + after_step +
+    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy,
+                      cpu_compute_rate_in_flight(config, o)) + after_step +
            embedding_s;
   } else {
     t.dp = embedding_s;

@@ -480,6 +480,26 @@ TEST(Overlap, ReductionsHideBehindTheFollowingComputeButTheLast) {
   EXPECT_DOUBLE_EQ(exposed_dp_seconds(one, OverlapPolicy{.async_reduce = true}), 0.0);
 }
 
+// CPU ranks: compute slows while a collective is in flight (the communication thread
+// shares the cores). Worked by hand with 2 ops of 3 s and a 2 s reduction after the first:
+// at rate 1 it hides (the last op's own reduction excepted: none); at rate 0.5 the second
+// op's compute runs 2 s at half speed (1 s of its work) with the reduction, then 2 s
+// alone: 4 s, 1 s exposed; at rate 0.25, 2 s for 0.5 s of work, then 2.5 s: 1.5 s.
+TEST(Overlap, ComputeSlowedWhileACollectiveIsInFlightCountsAsExposed) {
+  std::vector<OverlapOp> ops = ops_of(2, 3.0, 0, 0);
+  ops[0].reduce = 2.0;
+  OverlapPolicy p{.async_reduce = true, .queue_depth = 2};
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 0.0);
+  p.compute_rate_in_flight = 0.5;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 1.0);
+  p.compute_rate_in_flight = 0.25;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 1.5);
+  // Synchronous collectives are waited for, nothing runs beside them: the rate changes
+  // nothing.
+  p.async_reduce = false;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
+}
+
 // Gathers and reductions share one stream in issue order: in ZeRO-3's backward each group
 // waits for its gather, issued after the previous group's reduction.
 TEST(Overlap, GathersQueueBehindReductionsOnOneStream) {
