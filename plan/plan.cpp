@@ -20,6 +20,8 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
+bool gpu_attention_fused(int T, int HD, DType dtype);  // below
+
 // The divisors of n >= 1 in ascending order, in O(sqrt n): the counter is 64-bit, so
 // n up to 2^31 - 1 neither overflows nor takes billions of steps.
 std::vector<int> divisors(int n) {
@@ -201,20 +203,44 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const bool fp32 = config.training.precision == Precision::kFp32;
   const double peak = hw.peak_flops * (fp32 && !cpu ? 0.5 : 1.0);  // GPU fp32: TF32
   const double gemm_rate = peak * hw.gemm_efficiency;
-  const double attention_rate = peak * hw.attention_efficiency;
+  double attention_rate = peak * hw.attention_efficiency;
   const double mem_rate = hw.memory_bandwidth * hw.memory_efficiency;
   // The local FLOPs and elementwise bytes of one micro-batch on the stage: the model
   // description's (model/model_description.h describe_flops).
-  const StageFlops w =
+  StageFlops w =
       describe_flops(config.model, part, config.parallel.micro_batch_size,
                      fp32 ? DType::kF32 : DType::kBF16, config.parallel.sequence_parallel);
+  // A GPU attention core on the plain path (f32, a head dim cuDNN does not take, or
+  // TRIDENT_ATTENTION=plain; kernels/cuda/attention_plain.cpp): two GEMMs over the whole
+  // T x T scores (the causal mask applied after, so twice the causal FLOPs) at the GEMM
+  // rate, and the scores through memory: written in f32, read by the softmax, which writes
+  // the probabilities in the io dtype, read by the second GEMM (8 + 2 x io bytes per score
+  // in the forward; backward twice it, as for all forward work). The fused path's flash
+  // attention keeps none of it. (Megatron-LM's pre-flash runs had the same passes: fp16
+  // scores, a fused scale-mask-softmax, dropout on the probabilities.)
+  double core_bytes = 0;
+  const TransformerConfig& mc = config.model;
+  if (!cpu && w.layers > 0 &&
+      (o.plain_attention ||
+       !gpu_attention_fused(mc.seq_len, mc.head_dim, fp32 ? DType::kF32 : DType::kBF16))) {
+    const double T = mc.seq_len;
+    const double scores = static_cast<double>(config.parallel.micro_batch_size) *
+                          (mc.n_heads / part.tp_size) * T * (std::ceil(T / 8.0) * 8.0);
+    core_bytes = scores * (8.0 + 2.0 * (fp32 ? 4.0 : 2.0));
+    w.layer.attention_flops *= 2;
+    w.layer.elementwise_bytes += core_bytes;
+    attention_rate = gemm_rate;
+  }
   auto seconds = [&](const Work& work) {
     return work.gemm_flops / gemm_rate + work.attention_flops / attention_rate +
            work.elementwise_bytes / mem_rate;
   };
   const double forward = seconds(w.forward());
   // Backward reruns what recomputation dropped, per layer (nothing without).
-  const double layer_recompute = seconds(w.recompute(config.training.recompute));
+  // (Selective reruns the attention core, its passes over the scores included.)
+  const double layer_recompute =
+      seconds(w.recompute(config.training.recompute)) +
+      (config.training.recompute == Recompute::kSelective ? core_bytes / mem_rate : 0.0);
   StageTime t;
   t.recompute = w.layers * layer_recompute;
   t.compute = (1 + kBackwardPerForward) * forward + t.recompute;
@@ -306,24 +332,38 @@ std::string layout_name(const PlanCandidate& l) {
   return s;
 }
 
-size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
-  // The CUDA backend's choice (kernels/cuda/cuda_ops.cpp): bf16 with a head dim cuDNN's
-  // flash attention takes runs cuDNN; everything else runs the plain path. Both states
-  // start with the backend's 64-byte tag.
+namespace {
+// The CUDA backend's default choice (kernels/cuda/cuda_ops.cpp): bf16 with a head dim
+// cuDNN's flash attention takes runs cuDNN; everything else runs the plain path.
+bool gpu_attention_fused(int T, int HD, DType dtype) {
+  return dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+}
+
+size_t attention_state_bytes(int B, int T, int NH, int HD, DType dtype, bool fused) {
+  // Both states start with the backend's 64-byte tag.
   constexpr double kTag = 64;
   const double rows = static_cast<double>(B) * NH * T;
-  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
   const double ld = std::ceil(T / 8.0) * 8.0;  // plain: probabilities [B, NH, T, ld]
   const double bytes = kTag + (fused ? rows * sizeof(float) : rows * ld * dtype_size(dtype));
   return bytes >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(bytes);
 }
+}  // namespace
 
-double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype) {
+size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
+  return attention_state_bytes(B, T, NH, HD, dtype, gpu_attention_fused(T, HD, dtype));
+}
+
+size_t gpu_plain_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
+  return attention_state_bytes(B, T, NH, HD, dtype, false);
+}
+
+double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype,
+                                     bool plain) {
   // kernels/cuda/cudnn_sdpa.cpp's and attention_plain.cpp's workspace_bytes, the path as
-  // gpu_attention_state_bytes chooses it.
+  // gpu_attention_state_bytes chooses it (plain: always the plain path).
   const double rows = static_cast<double>(B) * NH * T;
   const double q = rows * HD, kv = static_cast<double>(B) * NKV * T * HD;
-  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+  const bool fused = !plain && gpu_attention_fused(T, HD, dtype);
   if (fused) return rows * sizeof(float) + (q + 2 * kv) * 2;
   const double e = dtype_size(dtype);
   const double scores = rows * std::ceil(T / 8.0) * 8.0;
@@ -353,7 +393,8 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
                                             c.head_dim,
                                             config.training.precision == Precision::kBf16
                                                 ? DType::kBF16
-                                                : DType::kF32)
+                                                : DType::kF32,
+                                            options.plain_attention)
             : 0.0;
     p.fragmentation =
         hw.fragmentation * (p.params + p.grads + p.optimizer + p.activations + p.buffers + attention);

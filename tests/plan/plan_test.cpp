@@ -87,6 +87,37 @@ TEST(Plan, GpuAttentionWorkspaceFollowsThePathOfTheDtype) {
   EXPECT_LT(fused, 32768.0 * 32768 * 8);  // far below one head's T x T matrix
 }
 
+// The time of the attention core follows its path: fused (bf16, cuDNN's flash attention)
+// the causal FLOPs at the attention rate; plain (TRIDENT_ATTENTION=plain, or f32) the whole
+// T x T at the GEMM rate plus the scores through memory, 12 bytes per score in a bf16
+// forward, backward twice the forward. The plain state and scratch are the plain path's.
+TEST(Plan, PlainAttentionCostsTheWholeScoresAtTheGemmRateAndTheirBytes) {
+  Config base = small_config();
+  base.model.seq_len = 256;
+  base.model.finalize();
+  Config c = apply_layout(base, PlanCandidate{{.dp = 1}, Recompute::kNone, 1});
+  c.training.global_batch_size = 1;
+  c.training.precision = Precision::kBf16;
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  PlanOptions fused = gpu_options(1);
+  PlanOptions plain = fused;
+  plain.plain_attention = true;
+  plain.attention_state_bytes = gpu_plain_attention_state_bytes;
+  const PlanResult f = evaluate_layout(c, fused), p = evaluate_layout(c, plain);
+  const TransformerConfig& m = c.model;
+  const Hardware& hw = fused.hardware;
+  const double T = m.seq_len, q = double(m.n_heads) * m.head_dim;
+  const double causal_flops = 2 * T * T * q;          // per layer, one micro-batch of 1
+  const double scores = m.n_heads * T * T;            // T is a multiple of 8
+  const double per_layer_forward = 2 * causal_flops / (hw.peak_flops * hw.gemm_efficiency) -
+                                   causal_flops / (hw.peak_flops * hw.attention_efficiency) +
+                                   scores * 12 / (hw.memory_bandwidth * hw.memory_efficiency);
+  EXPECT_NEAR(p.compute_s - f.compute_s, 3 * m.n_layers * per_layer_forward,
+              1e-9 * p.compute_s);
+  EXPECT_GT(p.memory.activations, f.memory.activations);  // the probabilities, not the LSE
+  EXPECT_GT(p.memory.workspace, f.memory.workspace);      // the T x T scratch
+}
+
 TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   const Config base = small_config();
   const std::vector<PlanCandidate> layouts = enumerate_layouts(base, 8);
