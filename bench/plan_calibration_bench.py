@@ -12,11 +12,21 @@
 # run has both overlap switches off: every collective is waited for, so its communication
 # time is the transfer's (with overlap on, the hidden time of a collective on these ranks
 # includes the compute it shares the cores with).
-#   python3 bench/plan_calibration_bench.py [steps] [rounds]   (default 6 3; from the repo root)
+# With --paired, each layout's run follows a calibration run of its own (the first layout
+# again), calibrated and used for that layout alone: the load's drift between the two is
+# seconds, not a round's minutes (twice the runs).
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+paired = "--paired" in sys.argv
+argv = [a for a in sys.argv[1:] if a != "--paired"]
+# --compare BIN: also plan every run with another trident binary from the same calibrated
+# table (a model change's effect on the same measurements).
+compare = None
+if "--compare" in argv:
+    k = argv.index("--compare"); compare = argv[k + 1]; del argv[k:k + 2]
+steps = int(argv[0]) if len(argv) > 0 else 6
+rounds = int(argv[1]) if len(argv) > 1 else 3
 T = "build/trident"
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 MODEL = ["model.arch=gpt2", "model.vocab_size=256", "model.seq_len=256", "model.n_layers=4",
@@ -63,36 +73,47 @@ with tempfile.TemporaryDirectory() as work:
           f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
     print(f"# GPT-2 L4 H4 C256 T256, byte vocabulary, global batch 8 x 256, micro-batch 1, 2 MPI ranks, "
           f"{steps} steps (medians of steps 2..{steps})")
-    def plan(base, extra):
-        j = json.loads(sh([T, "plan", "--config", "bench/medium.yaml", "--devices", "2", "--gpu", "cpu",
+    def plan(base, extra, binary=T):
+        j = json.loads(sh([binary, "plan", "--config", "bench/medium.yaml", "--devices", "2", "--gpu", "cpu",
                            "--configured-only", "--json"] + sets(base) + extra))["configured"]
         return {"step": j["step_time_s"], "tp": j["time_s"]["tp"], "dp": j["time_s"]["dp"],
                 "pp": j["time_s"]["pp"] + j["time_s"]["bubble"]}
 
     results = {label: [] for label, _ in LAYOUTS}  # per round: (measured, calibrated, uncalibrated)
+    def train(rnd, i, layout, tag=""):
+        base = MODEL + layout + [f"data.train={work}/data/train_*.bin", f"training.max_steps={steps}",
+                                 f"logging.metrics={work}/m{rnd}_{i}{tag}.jsonl", f"checkpoint.dir={work}/ck{rnd}_{i}{tag}",
+                                 "checkpoint.save_final=false", "logging.log_interval=1"]
+        sh(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2",
+            T, "train", "--config", "bench/medium.yaml"] + sets(base))
+        return base, f"{work}/m{rnd}_{i}{tag}.jsonl"
+
+    def calibrate(rnd, i, base, metrics, hw):
+        out = sh([T, "plan", "--calibrate", metrics, "--config", "bench/medium.yaml"] +
+                 sets(base) + ["--gpu", "cpu", "--write-hardware", hw])
+        if rnd == 0 and i == 0:
+            print(f"# calibration ({'before each layout, from a run of the first layout' if paired else 'each round, from its first run'}): " +
+                  " ".join(["trident", "plan", "--calibrate", "METRICS", "--config", "bench/medium.yaml"] +
+                           sets(MODEL + LAYOUTS[0][1]) + ["--gpu", "cpu", "--write-hardware", "HW"]))
+        print(f"# round {rnd + 1}{f' layout {i}' if paired else ''}: " + "; ".join(out.splitlines()[-4:-1]))
+
     for rnd in range(rounds):
         for i, (label, layout) in enumerate(LAYOUTS):
-            base = MODEL + layout + [f"data.train={work}/data/train_*.bin", f"training.max_steps={steps}",
-                                     f"logging.metrics={work}/m{rnd}_{i}.jsonl", f"checkpoint.dir={work}/ck{rnd}_{i}",
-                                     "checkpoint.save_final=false", "logging.log_interval=1"]
-            sh(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2",
-                T, "train", "--config", "bench/medium.yaml"] + sets(base))
-            recs = [j for j in map(json.loads, open(f"{work}/m{rnd}_{i}.jsonl")) if "step_ms" in j][1:]
+            hw = f"{work}/hw{rnd}_{i}.yaml" if paired else f"{work}/hw{rnd}.yaml"
+            if paired and i > 0:
+                cbase, cm = train(rnd, i, LAYOUTS[0][1], "c")
+                calibrate(rnd, i, cbase, cm, hw)
+            base, metrics = train(rnd, i, layout)
+            recs = [j for j in map(json.loads, open(metrics)) if "step_ms" in j][1:]
             med = lambda f: statistics.median(f(r) for r in recs) / 1e3
             m = {"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
                  "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
                  "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])}
-            hw = f"{work}/hw{rnd}.yaml"
             if i == 0:
-                out = sh([T, "plan", "--calibrate", f"{work}/m{rnd}_0.jsonl", "--config", "bench/medium.yaml"] +
-                         sets(base) + ["--gpu", "cpu", "--write-hardware", hw])
-                if rnd == 0:
-                    print("# calibration (each round, from its first run): " +
-                          " ".join(["trident", "plan", "--calibrate", "METRICS", "--config", "bench/medium.yaml"] +
-                                   sets(MODEL + layout) + ["--gpu", "cpu", "--write-hardware", "HW"]))
-                print(f"# round {rnd + 1}: " + "; ".join(out.splitlines()[-4:-1]))
+                calibrate(rnd, i, base, metrics, hw)
             planned = MODEL + layout + [f"data.train={work}/data/train_*.bin"]
-            results[label].append((m, plan(planned, ["--hardware", hw]), plan(planned, [])))
+            results[label].append((m, plan(planned, ["--hardware", hw]), plan(planned, [])) +
+                                  ((plan(planned, ["--hardware", hw], compare),) if compare else ()))
         print(f"# round {rnd + 1} done {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
     print("| layout | measured ms/step (rounds' range) | calibrated plan | error | uncalibrated plan | error | "
           "exposed tp ms meas / plan | exposed pp ms meas / plan | exposed dp ms meas / plan |")
@@ -112,3 +133,15 @@ with tempfile.TemporaryDirectory() as work:
     print(f"# {len(errs)} layouts besides the calibration run (median error over rounds): calibrated |error| mean "
           f"{statistics.mean(errs):.1f}%, max {max(errs):.1f}%, {sum(x <= 20 for x in errs)} within 20%; uncalibrated "
           f"mean {statistics.mean(plain_errs):.1f}%, max {max(plain_errs):.1f}%, {sum(x <= 20 for x in plain_errs)} within 20%")
+    if compare:
+        print(f"# the same runs and calibrated tables planned by {compare} (median over rounds):")
+        cerrs = []
+        for label, _ in LAYOUTS:
+            rs = results[label]
+            e = statistics.median(100 * (r[3]["step"] / r[0]["step"] - 1) for r in rs)
+            if "calibration" not in label:
+                cerrs.append(abs(e))
+            d = statistics.median(1e3 * r[3]["dp"] for r in rs)
+            print(f"#   {label}: step {1e3 * statistics.median(r[3]['step'] for r in rs):.1f} ms ({e:+.1f}%), exposed dp {d:.1f} ms")
+        print(f"#   calibrated |error| mean {statistics.mean(cerrs):.1f}%, max {max(cerrs):.1f}%, "
+              f"{sum(x <= 20 for x in cerrs)} within 20%")

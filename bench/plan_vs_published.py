@@ -12,7 +12,7 @@
 # published throughput alone (a metrics file with its step time, step = tokens per step /
 # published tokens/s; no communication figures, so the links keep theirs: `trident plan
 # --calibrate`) and prints every run on that GPU with the calibrated table.
-import json, statistics, subprocess, sys
+import json, os, statistics, subprocess, sys
 args = sys.argv[1:]
 def option(flag, default):
     if flag in args:
@@ -20,11 +20,16 @@ def option(flag, default):
     return default
 T = option("--trident", "build/trident")
 HW = option("--hardware", None)
-def plan(config, devices, gpu, sets, extra=()):
+def plan(config, devices, gpu, sets, extra=(), attention=None):
     cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json", *extra]
     if HW: cmd += ["--hardware", HW]
     for s in sets: cmd += ["--set", s]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # A run of the data file with "attention": "plain" (scores materialized, pre-flash
+    # Megatron-LM) is planned as the CUDA backend's plain path: TRIDENT_ATTENTION=plain.
+    env = dict(os.environ)
+    env.pop("TRIDENT_ATTENTION", None)
+    if attention == "plain": env["TRIDENT_ATTENTION"] = "plain"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if not r.stdout.strip():
         return None, r.stderr
     return json.loads(r.stdout), r.stderr
@@ -98,7 +103,8 @@ if mode == "calibrated":
         HW = f"{work}/hw.yaml"
         for r in runs:
             if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
-            j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"])
+            j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"],
+                          attention=r.get("attention"))
             c = j["configured"]
             pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
             print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
@@ -117,7 +123,8 @@ if mode in ("errors", "table"):
         print("|---|---|---|---|---|---|---|---|")
     for r in runs:
         cmd_sets = r["set"]
-        j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"])
+        j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"],
+                      attention=r.get("attention"))
         if j is None or j["configured"] is None:
             print(f"{r['name']:52s} plan ERR ({(err or '').strip()[:80]})"); continue
         c = j["configured"]
@@ -131,7 +138,7 @@ if mode in ("errors", "table"):
         if mode == "errors":
             print(f"{r['name']:52s} published {pub:5.1f}%  plan {100*c['mfu']:5.1f}%  error {e:+6.1f}%  {mem}")
             continue
-        full, ferr = plan(r["config"], r["devices"], r["gpu"], cmd_sets)
+        full, ferr = plan(r["config"], r["devices"], r["gpu"], cmd_sets, attention=r.get("attention"))
         if full is None or full.get("recommended") is None:
             rec = "refused: " + (ferr or "").strip().split(": ", 1)[-1][:60] if full is None else "none fits"
         else:

@@ -233,6 +233,13 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (!hw.is_ok()) return fail(hw.status());
     options.hardware = hw.value();
     options.attention_state_bytes = gpu_attention_state_bytes;
+    // The CUDA backend's TRIDENT_ATTENTION=plain (kernels/cuda/cuda_ops.cpp): the run's
+    // attention takes the plain path for every shape, in memory and in time.
+    const char* attention = std::getenv("TRIDENT_ATTENTION");
+    if (attention != nullptr && std::string(attention) == "plain") {
+      options.plain_attention = true;
+      options.attention_state_bytes = gpu_plain_attention_state_bytes;
+    }
   }
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {
     return usage_error("--gpus-per-node: expected a number >= 1, got '" + per_node_text + "'");

@@ -40,6 +40,30 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
       }
     }
   };
+  // `c` seconds of an op's compute (at full speed): the stream runs meanwhile; the
+  // compute runs at policy.compute_rate_in_flight while the stream is not empty. Returns
+  // the wall seconds it took (c when the rate is 1: run(c)).
+  const double rate = std::clamp(policy.compute_rate_in_flight, 1e-6, 1.0);
+  auto compute_wall = [&](double c) {
+    if (rate >= 1) {
+      run(c);
+      return c;
+    }
+    double wall = 0;
+    while (c > 0 && !stream.empty()) {
+      Item& head = stream.front();
+      if (head.left * rate <= c) {
+        wall += head.left;
+        c -= head.left * rate;
+        pop();
+      } else {
+        head.left -= c / rate;
+        wall += c / rate;
+        c = 0;
+      }
+    }
+    return wall + c;
+  };
   // The compute thread waits (the link all the stream's) until item `id` has completed.
   auto wait_for = [&](long id) {
     while (done <= id) {
@@ -64,8 +88,7 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
         }
       }
     }
-    run(op.compute);
-    t += op.compute + op.busy;
+    t += op.compute + op.busy + compute_wall(op.compute) - op.compute;
     own += op.compute + op.busy;
     if (op.reduce > 0) {
       const int n = std::max(1, op.pieces);

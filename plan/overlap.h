@@ -37,6 +37,11 @@ struct OverlapPolicy {
   bool prefetch = false;      // gathers issued one ahead (else at the op, waited for)
   bool async_reduce = false;  // reductions issued and left running (else waited for)
   int queue_depth = 0;        // reductions in flight at most (0: unbounded)
+  // The share of its speed an op's compute keeps while a collective is in flight: 1 on a
+  // GPU (NCCL runs on its own SMs and links); below 1 on CPU ranks, whose communication
+  // thread runs a blocking MPI collective (polling shared memory) on the cores the ranks'
+  // compute threads use. The compute the thread loses counts as exposed.
+  double compute_rate_in_flight = 1;
 };
 
 // Seconds the compute thread waits for the dp stream in `ops` (>= 0): the step's end

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "comm/communicator.h"
@@ -19,6 +20,8 @@ namespace trident {
 namespace {
 
 constexpr double kGiB = 1073741824.0;
+
+bool gpu_attention_fused(int T, int HD, DType dtype);  // below
 
 // The divisors of n >= 1 in ascending order, in O(sqrt n): the counter is 64-bit, so
 // n up to 2^31 - 1 neither overflows nor takes billions of steps.
@@ -75,6 +78,10 @@ struct StageTime {
 struct Links {
   PerDim<const LinkSpec*> link;
   PerDim<bool> cross;
+  // What a group's collectives reach on its link: `link` itself inside a node; across
+  // nodes the network bandwidth times the group's members per node (rails), at most the
+  // NVLink figure (below).
+  PerDim<LinkSpec> spec;
 };
 
 Links links_for(const PlanCandidate& l, const PlanOptions& o) {
@@ -83,6 +90,20 @@ Links links_for(const PlanCandidate& l, const PlanOptions& o) {
   for (const DimensionInfo& d : kDimensions) {
     k.cross[d.dim] = ranks.span(d.dim) > o.gpus_per_node;
     k.link[d.dim] = k.cross[d.dim] ? &o.hardware.inter_node : &o.hardware.intra_node;
+    k.spec[d.dim] = *k.link[d.dim];
+    if (!k.cross[d.dim]) continue;
+    // A group with r members in each node (stride s < gpus per node: r = gpus per node /
+    // s) runs NCCL's rings on r rails at once: each member's own NIC carries the ring
+    // that leaves the node through it, 1/r of the data, and NVLink the hops inside the
+    // node. Its bus bandwidth is r NICs' (DGX A100 / H100: 8 x 25 / 8 x 50 GB/s for a
+    // dp group of 8 per node), bounded by NVLink's; with one member per node (tp 8
+    // inside the node) it is one NIC's. (pp's sends are one GPU's to one GPU, over one
+    // NIC: stage_time uses `link` for them.)
+    const int rails = std::max(1, std::min(ranks.degree(d.dim), o.gpus_per_node / ranks.stride(d.dim)));
+    LinkSpec& s = k.spec[d.dim];
+    const LinkSpec& nvlink = o.hardware.intra_node;
+    s.bytes_per_s = std::min(s.bytes_per_s * rails,
+                             nvlink.bytes_per_s * nvlink.efficiency / s.efficiency);
   }
   return k;
 }
@@ -102,7 +123,8 @@ struct GroupWork {
 // ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
 // increment (every micro-batch after the first is the same).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
-                  const KindSeconds& k, double tp_per_compute, bool tp_busy) {
+                  const KindSeconds& k, double tp_per_compute, bool tp_busy,
+                  double compute_rate_in_flight = 1.0) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -110,6 +132,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   policy.prefetch = zero == 3 && par.overlap_param_gather;
   policy.async_reduce = par.overlap_grad_reduce;
   policy.queue_depth = zero >= 1 ? kReduceQueueDepth : 0;  // ZeRO-0 all-reduces in place
+  policy.compute_rate_in_flight = compute_rate_in_flight;
   const bool every_micro = zero >= 2;
   // The bytes each collective kind moves per step, in floats: the reductions' and
   // ZeRO-3's gathers' (head_extra: a tied one-stage head's second use of group 0).
@@ -178,6 +201,22 @@ double cp_ring_seconds(const Config& config, const GroupTraffic& cp_traffic, dou
   return cp_traffic.send / micro / (link.bytes_per_s * link.efficiency) + hops * link.latency_s;
 }
 
+// CPU ranks: the share of its speed a rank's compute keeps while its communication
+// thread runs a collective (comm/communicator.h "Progress (MPI)": a blocking MPI call that
+// polls shared memory, one more busy thread per rank). The ranks on this machine run
+// runtime.threads compute threads each (0: cores / ranks, kernels/backend.cpp); with one
+// communication thread per rank on top, each thread gets min(1, cores / threads) of a
+// core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
+double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
+  if (!o.hardware.is_cpu) return 1.0;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
+  const double threads =
+      ranks * (config.runtime.threads > 0 ? config.runtime.threads
+                                          : std::max(1, static_cast<int>(cores) / ranks));
+  return std::min(1.0, cores / (threads + ranks)) / std::min(1.0, cores / threads);
+}
+
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
                      const PlanMemory& memory, const PlanOptions& o, const Links& links) {
   const Hardware& hw = o.hardware;
@@ -185,27 +224,52 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const bool fp32 = config.training.precision == Precision::kFp32;
   const double peak = hw.peak_flops * (fp32 && !cpu ? 0.5 : 1.0);  // GPU fp32: TF32
   const double gemm_rate = peak * hw.gemm_efficiency;
-  const double attention_rate = peak * hw.attention_efficiency;
+  double attention_rate = peak * hw.attention_efficiency;
   const double mem_rate = hw.memory_bandwidth * hw.memory_efficiency;
   // The local FLOPs and elementwise bytes of one micro-batch on the stage: the model
   // description's (model/model_description.h describe_flops).
-  const StageFlops w =
+  StageFlops w =
       describe_flops(config.model, part, config.parallel.micro_batch_size,
                      fp32 ? DType::kF32 : DType::kBF16, config.parallel.sequence_parallel);
   // Context parallelism: a rank computes 1/cp of every micro-batch (N/cp tokens; with the
   // causal load balance, 1/cp of the attention pairs too).
   const double cp_share = 1.0 / config.parallel.cp;
+  // A GPU attention core on the plain path (f32, a head dim cuDNN does not take, or
+  // TRIDENT_ATTENTION=plain; kernels/cuda/attention_plain.cpp): two GEMMs over the whole
+  // T x T scores (the causal mask applied after, so twice the causal FLOPs) at the GEMM
+  // rate, and the scores through memory: written in f32, read by the softmax, which writes
+  // the probabilities in the io dtype, read by the second GEMM (8 + 2 x io bytes per score
+  // in the forward; backward twice it, as for all forward work). The fused path's flash
+  // attention keeps none of it. (Megatron-LM's pre-flash runs had the same passes: fp16
+  // scores, a fused scale-mask-softmax, dropout on the probabilities.)
+  double core_bytes = 0;
+  const TransformerConfig& mc = config.model;
+  if (!cpu && w.layers > 0 &&
+      (o.plain_attention ||
+       !gpu_attention_fused(mc.seq_len, mc.head_dim, fp32 ? DType::kF32 : DType::kBF16))) {
+    const double T = mc.seq_len;
+    const double scores = static_cast<double>(config.parallel.micro_batch_size) *
+                          (mc.n_heads / part.tp_size) * T * (std::ceil(T / 8.0) * 8.0);
+    core_bytes = scores * (8.0 + 2.0 * (fp32 ? 4.0 : 2.0));
+    w.layer.attention_flops *= 2;
+    w.layer.elementwise_bytes += core_bytes;
+    attention_rate = gemm_rate;
+  }
   auto seconds = [&](const Work& work) {
     return cp_share * (work.gemm_flops / gemm_rate + work.attention_flops / attention_rate +
                        work.elementwise_bytes / mem_rate);
   };
   const double forward = seconds(w.forward());
   // Backward reruns what recomputation dropped, per layer (nothing without).
-  // (Under cp, selective reruns nothing: ring attention keeps its state per layer.)
+  // (Selective reruns the attention core, its passes over the scores included; under cp
+  // it reruns nothing: ring attention keeps its state per layer.)
   const bool ring_keeps_state =
       config.parallel.cp > 1 && config.training.recompute == Recompute::kSelective;
   const double layer_recompute =
-      ring_keeps_state ? 0.0 : seconds(w.recompute(config.training.recompute));
+      ring_keeps_state
+          ? 0.0
+          : seconds(w.recompute(config.training.recompute)) +
+                (config.training.recompute == Recompute::kSelective ? core_bytes / mem_rate : 0.0);
   StageTime t;
   t.recompute = w.layers * layer_recompute;
   t.compute = (1 + kBackwardPerForward) * forward + t.recompute;
@@ -220,7 +284,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = kind_s(t.traffic.tp, tp, *links.link[ParallelDim::kTp], tp_calls * micro).total() / micro;
+  t.tp = kind_s(t.traffic.tp, tp, links.spec[ParallelDim::kTp], tp_calls * micro).total() / micro;
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * links.link[ParallelDim::kPp]->efficiency;
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -232,8 +296,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
+  const LinkSpec& dp_rails = links.spec[ParallelDim::kDp];
   const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const KindSeconds k = kind_s(d, dp, dp_link, std::ceil(d.total() / bucket));
+  const KindSeconds k = kind_s(d, dp, dp_rails, std::ceil(d.total() / bucket));
   const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
                                           2, *links.link[ParallelDim::kPp], 1);
   t.dp_comm = k.total() + embedding_s;
@@ -268,7 +333,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     // ZeRO-1/2's all-gather runs after the update: nothing left to hide it behind.
     const int zero = config.parallel.zero_stage;
     const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
-    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy) + after_step +
+    t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy,
+                      cpu_compute_rate_in_flight(config, o)) + after_step +
            embedding_s;
   } else {
     t.dp = embedding_s;
@@ -298,24 +364,38 @@ std::string layout_name(const PlanCandidate& l) {
   return s;
 }
 
-size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
-  // The CUDA backend's choice (kernels/cuda/cuda_ops.cpp): bf16 with a head dim cuDNN's
-  // flash attention takes runs cuDNN; everything else runs the plain path. Both states
-  // start with the backend's 64-byte tag.
+namespace {
+// The CUDA backend's default choice (kernels/cuda/cuda_ops.cpp): bf16 with a head dim
+// cuDNN's flash attention takes runs cuDNN; everything else runs the plain path.
+bool gpu_attention_fused(int T, int HD, DType dtype) {
+  return dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+}
+
+size_t attention_state_bytes(int B, int T, int NH, int HD, DType dtype, bool fused) {
+  // Both states start with the backend's 64-byte tag.
   constexpr double kTag = 64;
   const double rows = static_cast<double>(B) * NH * T;
-  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
   const double ld = std::ceil(T / 8.0) * 8.0;  // plain: probabilities [B, NH, T, ld]
   const double bytes = kTag + (fused ? rows * sizeof(float) : rows * ld * dtype_size(dtype));
   return bytes >= static_cast<double>(SIZE_MAX) ? SIZE_MAX : static_cast<size_t>(bytes);
 }
+}  // namespace
 
-double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype) {
+size_t gpu_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
+  return attention_state_bytes(B, T, NH, HD, dtype, gpu_attention_fused(T, HD, dtype));
+}
+
+size_t gpu_plain_attention_state_bytes(int B, int T, int NH, int /*NKV*/, int HD, DType dtype) {
+  return attention_state_bytes(B, T, NH, HD, dtype, false);
+}
+
+double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype,
+                                     bool plain) {
   // kernels/cuda/cudnn_sdpa.cpp's and attention_plain.cpp's workspace_bytes, the path as
-  // gpu_attention_state_bytes chooses it.
+  // gpu_attention_state_bytes chooses it (plain: always the plain path).
   const double rows = static_cast<double>(B) * NH * T;
   const double q = rows * HD, kv = static_cast<double>(B) * NKV * T * HD;
-  const bool fused = dtype == DType::kBF16 && HD % 8 == 0 && HD <= 256 && T > 1;
+  const bool fused = !plain && gpu_attention_fused(T, HD, dtype);
   if (fused) return rows * sizeof(float) + (q + 2 * kv) * 2;
   const double e = dtype_size(dtype);
   const double scores = rows * std::ceil(T / 8.0) * 8.0;
@@ -355,7 +435,8 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
                                             c.head_dim,
                                             config.training.precision == Precision::kBf16
                                                 ? DType::kBF16
-                                                : DType::kF32)
+                                                : DType::kF32,
+                                            options.plain_attention)
             : 0.0;
     p.fragmentation =
         hw.fragmentation * (p.params + p.grads + p.optimizer + p.activations + p.buffers + attention);

@@ -138,17 +138,27 @@ struct PlanOptions {
   // Evaluate the configured layout only (no search, so none of its bounds): `trident plan
   // --configured-only`, for checking a published layout of any size.
   bool configured_only = false;
+  // The run's attention core takes the CUDA backend's plain path for every shape
+  // (TRIDENT_ATTENTION=plain, kernels/cuda/cuda_ops.cpp; `trident plan` reads the same
+  // variable): its memory (attention_state_bytes should then be
+  // gpu_plain_attention_state_bytes) and its time, the whole T x T scores at the GEMM
+  // rate and their passes through memory. Without it the path is the dtype's (bf16:
+  // fused where cuDNN takes the head dim; f32: plain).
+  bool plain_attention = false;
 };
 
 // The CUDA backend's attention state for a compute dtype: bf16 (with a head dim cuDNN
 // takes) runs the fused path, whose state is the log-sum-exp [B, NH, T] in f32; f32 runs
 // the plain path, which keeps the probabilities [B, NH, T, T rounded up to 8] in f32.
 size_t gpu_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
+// The plain path's state for any dtype (TRIDENT_ATTENTION=plain).
+size_t gpu_plain_attention_state_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
 // The same path's scratch, one per rank (the CUDA backend's attention_workspace_bytes
 // without cuDNN's own plan workspace, which reserved_gib covers): fused, the softmax sum
 // B*NH*T*4 and the bf16 dq, dk, dv B*T*(NH + 2*NKV)*HD*2; plain, q, k, v copies, the f32
 // scores, the probabilities and the f32 dq staging.
-double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype);
+double gpu_attention_workspace_bytes(int B, int T, int NH, int NKV, int HD, DType dtype,
+                                     bool plain = false);
 
 // Under context parallelism (parallel.cp > 1) the CUDA backend's block attention
 // (Ops::attention_block_*, ring attention's kernels) instead: grow-only scratch for the

@@ -24,14 +24,17 @@ namespace trident {
 namespace {
 
 // The bounds, on the relative error of the predicted MFU (predicted / published - 1).
-// The target is ±15% on at least 90% of the rows; the model reaches it on 18 of
-// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: H100 runs of
-// 2023 below the 75% GEMM efficiency the table assumes, FSDP and pipeline schedules
-// Trident does not have). The test holds what it reaches, so that a change of the model
-// cannot make the fit worse unnoticed:
-constexpr double kNearBound = 0.15;        // "near": within ±15%
-constexpr double kNearShareAtLeast = 0.5;  // share of the rows that are near (18/34 = 0.53)
-constexpr double kHardCap = 0.6;           // no row further off (the worst is 0.58)
+// The target is ±15% on at least 90% of the rows; the model reaches it on 28 of
+// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: torchtitan's
+// op-level checkpointing, which Trident has no setting for, and Llama 3's interleaved
+// pipeline on uneven stages and FSDP, which Trident runs otherwise). The a100 and h100
+// efficiencies of configs/hardware.yaml were fitted to one row each (LLM Foundry's MPT-7B
+// on 8 GPUs); on the other 32, held out, 26 are within ±15%. The test holds what the
+// model reaches, less one row, so that a change of the model cannot make the fit worse
+// unnoticed:
+constexpr double kNearBound = 0.15;         // "near": within ±15%
+constexpr double kNearShareAtLeast = 0.79;  // share of the rows that are near (28/34 = 0.82)
+constexpr double kHardCap = 0.55;           // no row further off (the worst is 0.48)
 
 struct Row {
   std::string name, family;
@@ -67,6 +70,12 @@ std::vector<Row> plan_published_runs() {
     o.gpus_per_node = 8;
     o.hardware = hw.value();
     o.attention_state_bytes = gpu_attention_state_bytes;
+    // A run whose attention materialized the scores (pre-flash Megatron-LM): the plain
+    // path, as `TRIDENT_ATTENTION=plain trident plan` plans it.
+    if (run.value("attention", "") == "plain") {
+      o.plain_attention = true;
+      o.attention_state_bytes = gpu_plain_attention_state_bytes;
+    }
     const PlanResult p = evaluate_layout(config.value(), o);
     // A throughput is converted with Trident's own FLOPs per token; an MFU is taken as
     // the source states it, already in (or converted to) the same convention.
