@@ -12,6 +12,7 @@
 #include "comm/nccl_world.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
+#include "config/dp_auto.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "trainer/signals.h"
@@ -122,6 +123,10 @@ int cmd_train(const std::vector<std::string>& args) {
 
   auto config = load_config(ta.config_path, ta.overrides);
   if (!config.is_ok()) return fail(config.status());
+  // parallel.dp: auto takes the ranks this launch has (a run continued on fewer nodes).
+  if (Status st = resolve_auto_dp(&config.value(), world->size()); !st.is_ok()) {
+    return fail(st.with_context(ta.config_path));
+  }
   // Child groups copy the default timeout when they are split off the world.
   world->set_default_timeout(std::chrono::seconds(config->parallel.comm_timeout_s));
   if (int code = check_checkpoint_dir(*world, config->checkpoint.dir); code != 0) return code;
