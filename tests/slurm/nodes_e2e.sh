@@ -489,8 +489,11 @@ if [[ $eref_state == COMPLETED && $state == COMPLETED && ${restarts:-1} -eq 0 &&
       -n $reshard && $ckpt_rc -eq 0 && ${n_cmp:-0} -eq $((STEPS - from)) ]] &&
    grep -q "continuing on 2 node(s), 4 ranks instead of 6 (elastic shrink): parallel.dp: auto is dp 2 on 4 devices" "$out" &&
    grep -q "layout: world 4 = dp 2 x tp 2" "$out" &&
+   grep -q "batch: micro_batch 2 x 2 micro-batches x dp 3 = global batch 12 " "$out" &&
+   awk '/retrying in/ { seen = 1 } seen' "$out" |
+     grep -q "batch: micro_batch 2 x 3 micro-batches x dp 2 = global batch 12 " &&
    awk -v d="$max_diff" 'BEGIN { exit !(d + 0 <= 1e-5) }'; then
-  result shrink OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step continued on ${PREFIX}n1 and ${PREFIX}n3 with dp 2 (3 micro-batches per rank, global batch 12), resumed at step $from and logged '$reshard'; its $n_cmp losses within $max_diff of the uninterrupted dp-3 run ($n_equal equal); $n_ckpt checkpoints verify"
+  result shrink OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step continued on ${PREFIX}n1 and ${PREFIX}n3 with dp 2 (micro-batches per rank 2 -> 3, global batch 12 in both, as logged), resumed at step $from and logged '$reshard'; its $n_cmp losses within $max_diff of the uninterrupted dp-3 run ($n_equal equal); $n_ckpt checkpoints verify"
 else
   show_log "$out"
   result shrink FAIL "jobs $eref $eref_state, $job $state (restarts '${restarts}'); resumed from '${from}'; reshard line '${reshard}'; ${n_cmp:-0} losses compared, largest difference ${max_diff:-?} (limit 1e-5); checkpoints verify: rc $ckpt_rc"
