@@ -7,6 +7,7 @@
 // `trident plan --calibrate METRICS --config FILE --write-hardware OUT [--gpu NAME]
 //  [--hardware IN]`: fits the hardware table to a run's metrics file (plan/calibrate.h)
 // and writes the fitted table (docs/PLAN.md "Calibration").
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <cerrno>
@@ -17,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "config/config.h"
+#include "config/dp_auto.h"
 #include "kernels/ops.h"
 #include "plan/calibrate.h"
 #include "plan/hardware.h"
@@ -191,6 +193,14 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   auto config = load_config(config_path, overrides);
   if (!config.is_ok()) return fail(config.status());
+  const bool dp_auto = config->parallel.dp == kDpAuto;
+  Status auto_error;
+  if (dp_auto) {
+    // dp: auto on --devices; where it does not resolve, the configured layout cannot run
+    // on them (its error is resolve_auto_dp's) and the search runs from dp 1.
+    auto_error = resolve_auto_dp(&config.value(), std::max(options.devices, 1));
+    if (!auto_error.is_ok()) config->parallel.dp = 1;
+  }
   if (calibrating) {
     // The run's own layout on the devices it ran on.
     const int64_t world = config->parallel.world_size_wide();
@@ -249,6 +259,15 @@ int cmd_plan(const std::vector<std::string>& args) {
   options.configured_only = configured_only;
   auto plan = make_plan(config.value(), options);
   if (!plan.is_ok()) return fail(plan.status());
+  plan->dp_auto = dp_auto;
+  if (!auto_error.is_ok()) {
+    plan->configured_error = auto_error.message();
+    plan->configured_note.clear();
+  }
+  if (dp_auto && plan->configured_error.empty() && plan->configured_note.empty()) {
+    plan->configured_note = "parallel.dp: auto is dp " + std::to_string(config->parallel.dp) +
+                            " on " + std::to_string(options.devices) + " devices";
+  }
   if (json) {
     std::printf("%s\n", plan_json(plan.value()).dump().c_str());
   } else {

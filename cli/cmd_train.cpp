@@ -3,15 +3,19 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/dir_check.h"
+#include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "comm/nccl_world.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
+#include "config/dp_auto.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "trainer/signals.h"
@@ -122,6 +126,10 @@ int cmd_train(const std::vector<std::string>& args) {
 
   auto config = load_config(ta.config_path, ta.overrides);
   if (!config.is_ok()) return fail(config.status());
+  // parallel.dp: auto takes the ranks this launch has (a run continued on fewer nodes).
+  if (Status st = resolve_auto_dp(&config.value(), world->size()); !st.is_ok()) {
+    return fail(st.with_context(ta.config_path));
+  }
   // Child groups copy the default timeout when they are split off the world.
   world->set_default_timeout(std::chrono::seconds(config->parallel.comm_timeout_s));
   if (int code = check_checkpoint_dir(*world, config->checkpoint.dir); code != 0) return code;
@@ -138,6 +146,34 @@ int cmd_train(const std::vector<std::string>& args) {
   // rank stop responding at the start of that step (its peers' watchdogs must end the job).
   if (const char* hang = std::getenv("TRIDENT_FAULT_HANG")) {
     std::sscanf(hang, "%d:%d", &options.hang_rank, &options.hang_step);
+  }
+  // TRIDENT_FAULT_SAVE_STALL=<rank>:<step>:<marker>: that rank's writer stops for good
+  // after the first 4 KiB chunk of its file of checkpoint step_<step> (the save stays
+  // half-written, never committed), says so on stderr and creates the file <marker>; a
+  // launch that finds <marker> does not stall (the retry after the drill's kill).
+  if (const char* stall = std::getenv("TRIDENT_FAULT_SAVE_STALL")) {
+    int stall_rank = -1;
+    long long stall_step = -1;
+    int marker_at = 0;
+    if (std::sscanf(stall, "%d:%lld:%n", &stall_rank, &stall_step, &marker_at) == 2 &&
+        marker_at > 0 && stall_rank == world->rank() && !std::filesystem::exists(stall + marker_at)) {
+      const std::string marker = stall + marker_at;
+      const std::string file = config->checkpoint.dir + "/" + step_dir_name(stall_step) +
+                               ".tmp/" + rank_file_name(stall_rank);
+      options.checkpoint_chunk_bytes = 4096;
+      options.checkpoint_chunk_hook = [file, marker](int64_t written, int64_t total) {
+        if (std::filesystem::exists(file)) {
+          std::FILE* m = std::fopen(marker.c_str(), "w");
+          if (m) std::fclose(m);
+          std::fprintf(stderr, "trident: fault injection: rank file %s stalls after %lld of %lld "
+                       "bytes (TRIDENT_FAULT_SAVE_STALL)\n", file.c_str(),
+                       static_cast<long long>(written), static_cast<long long>(total));
+          std::fflush(stderr);
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+        return Status::ok();
+      };
+    }
   }
   auto trainer = Trainer::create(std::move(config).value(), options);
   if (!trainer.is_ok()) return fail(trainer.status());

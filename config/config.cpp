@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "comm/topology.h"
+#include "config/dp_auto.h"
 
 namespace trident {
 namespace {
@@ -25,6 +26,7 @@ namespace {
 // kDataSpec: data.train, a string or a list of {path, weight}; its ref is the DataConfig.
 enum class Kind {
   kInt, kUint64, kFloat, kBool, kString, kIntList, kArch, kPipeline, kLrSchedule, kDevice, kPrecision, kRecompute, kTie,
+  kDegreeOrAuto,  // parallel.dp: an int >= 1, or auto (kDpAuto until resolve_auto_dp)
   kDataSpec
 };
 
@@ -58,7 +60,7 @@ const std::vector<Section>& sections() {
         TRIDENT_FIELD(model, moe_first_dense_layers, kInt),
         TRIDENT_FIELD(model, moe_shared_experts, kInt)}},
       {"parallel",
-       {TRIDENT_FIELD(parallel, dp, kInt), TRIDENT_FIELD(parallel, tp, kInt),
+       {TRIDENT_FIELD(parallel, dp, kDegreeOrAuto), TRIDENT_FIELD(parallel, tp, kInt),
         TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, cp, kInt),
         TRIDENT_FIELD(parallel, zero_stage, kInt),
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
@@ -187,6 +189,7 @@ Status parse_int(const std::string& key, const YAML::Node& node, int* out) {
 }
 
 Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, void* dst);
+Status at_least(const std::string& key, int64_t value, int64_t min);
 
 // One spec, or a list of {path, weight} mappings (a blend).
 Status parse_data_spec(const std::string& key, const YAML::Node& node, DataConfig* data) {
@@ -244,6 +247,16 @@ Status parse_value(const std::string& key, Kind kind, const YAML::Node& node, vo
       return parse_data_spec(key, node, static_cast<DataConfig*>(dst));
     case Kind::kInt:
       return parse_int(key, node, static_cast<int*>(dst));
+    case Kind::kDegreeOrAuto:
+      if (is_plain_scalar(node) && node.Scalar() == "auto") {
+        *static_cast<int*>(dst) = kDpAuto;
+        return Status::ok();
+      }
+      if (!parse_int(key, node, static_cast<int*>(dst)).is_ok()) {
+        return type_error(key, "an integer >= 1, or auto (the world size / (cp * tp * pp))", node);
+      }
+      // kDpAuto (0) only from "auto": a written 0 is an error.
+      return at_least(key, *static_cast<int*>(dst), 1);
     case Kind::kUint64: {
       uint64_t v = 0;
       if (!is_plain_scalar(node) || !parse_number(node.Scalar(), &v)) {
@@ -501,6 +514,10 @@ std::string value_text(Kind kind, void* p) {
       return data_spec_text(*static_cast<DataConfig*>(p));
     case Kind::kInt:
       return std::to_string(*static_cast<int*>(p));
+    case Kind::kDegreeOrAuto: {
+      const int v = *static_cast<int*>(p);
+      return v == kDpAuto ? "auto" : std::to_string(v);
+    }
     case Kind::kUint64:
       return std::to_string(*static_cast<uint64_t*>(p));
     case Kind::kFloat:
@@ -622,7 +639,10 @@ Status validate_context_parallel(const ParallelConfig& p, const TransformerConfi
 }
 
 Status validate_parallel(const Config& config, const TransformerConfig& m) {
-  const ParallelConfig& p = config.parallel;
+  // dp: auto is resolved at launch (resolve_auto_dp); until then every check that does
+  // not need dp runs with dp 1.
+  ParallelConfig p = config.parallel;
+  if (p.dp == kDpAuto) p.dp = 1;
   TRIDENT_RETURN_IF_ERROR(validate_degrees(p));
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     return Status::invalid_config("parallel.zero_stage: must be 0, 1, 2 or 3, got " +
@@ -689,7 +709,8 @@ Status validate_training(const Config& config) {
   const ParallelConfig& p = config.parallel;
   TRIDENT_RETURN_IF_ERROR(at_least("training.global_batch_size", t.global_batch_size, 1));
   const int64_t per_step = int64_t{p.micro_batch_size} * p.dp;
-  if (t.global_batch_size % per_step != 0) {
+  // dp: auto: checked when the world size resolves it (resolve_auto_dp).
+  if (p.dp != kDpAuto && t.global_batch_size % per_step != 0) {
     return Status::invalid_config(
         "training.global_batch_size: " + std::to_string(t.global_batch_size) +
         " is not divisible by parallel.micro_batch_size * parallel.dp = " +
@@ -727,7 +748,8 @@ Status validate_training(const Config& config) {
 Status validate_virtual_stages(const Config& config, const TransformerConfig& m) {
   const ParallelConfig& p = config.parallel;
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.virtual_stages", p.virtual_stages, 1));
-  if (p.virtual_stages == 1) return Status::ok();
+  // dp: auto: the micro-batch count is known once the world size resolves dp.
+  if (p.virtual_stages == 1 || p.dp == kDpAuto) return Status::ok();
   if (!p.stage_layers.empty()) {
     return Status::invalid_config(
         "parallel.stage_layers: cannot be set with parallel.virtual_stages=" +
@@ -831,6 +853,28 @@ Status validate_config(const Config& config) {
                                       "0 (off) or > 1"));
   TRIDENT_RETURN_IF_ERROR(at_least("logging.straggler_window", lg.straggler_window, 1));
   return Status::ok();
+}
+
+Status resolve_auto_dp(Config* config, int world_size) {
+  ParallelConfig& p = config->parallel;
+  if (p.dp != kDpAuto) return Status::ok();
+  const int64_t others = int64_t{p.cp} * p.tp * p.pp * p.ep;
+  const bool cp = p.cp > 1;
+  const std::string product_name = cp ? "cp*tp*pp" : "tp*pp";
+  const std::string product_text = cp ? std::to_string(p.cp) + "*" + std::to_string(p.tp) + "*" +
+                                            std::to_string(p.pp)
+                                      : std::to_string(p.tp) + "*" + std::to_string(p.pp);
+  if (world_size < 1 || others < 1 || world_size % others != 0) {
+    return Status::invalid_config(
+        "parallel.dp: auto: the world size " + std::to_string(world_size) +
+        " is not a multiple of " + product_name + " = " + product_text + " = " +
+        std::to_string(others) + "; launch a multiple of " + std::to_string(others) +
+        " processes");
+  }
+  p.dp = static_cast<int>(world_size / others);
+  return validate_config(*config).with_context(
+      "parallel.dp: auto = world size " + std::to_string(world_size) + " / " + product_name +
+      " " + std::to_string(others) + " = " + std::to_string(p.dp));
 }
 
 Result<Config> parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,

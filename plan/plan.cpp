@@ -41,7 +41,11 @@ std::string fmt(const char* f, double x) {
   std::snprintf(buf, sizeof(buf), f, x);
   return buf;
 }
-std::string gib(double bytes) { return fmt("%.1f GiB", bytes / kGiB); }
+// GiB; below 0.1 GiB in MiB or KiB, so that a small (CPU) model's misfit shows its figures.
+std::string gib(double bytes) {
+  if (bytes == 0 || bytes >= 0.1 * kGiB) return fmt("%.1f GiB", bytes / kGiB);
+  return bytes >= 1024.0 * 1024 ? fmt("%.1f MiB", bytes / (1024.0 * 1024)) : fmt("%.1f KiB", bytes / 1024.0);
+}
 
 // Seconds for `payload` bytes of a ring collective over `link` with `ranks` members.
 double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSpec& link,

@@ -224,6 +224,9 @@ struct Plan {
   std::string gpu;
   PlanResult configured;
   std::string configured_note;      // how the config's layout was put on N devices, or ""
+  // The config has parallel.dp: auto (set by the caller: make_plan sees the resolved dp),
+  // so its layout follows the devices it is launched on.
+  bool dp_auto = false;
   // Why the config's layout cannot be put on N devices (tp * pp does not divide N, or
   // the batch does not split over the resulting dp), naming the keys; then `configured`
   // is not evaluated (JSON null) and the command exits 2 after the table.

@@ -75,6 +75,7 @@ nlohmann::json plan_json(const Plan& plan) {
             {"active_parameters", plan.active_parameters},
             {"flops_per_token", plan.flops_per_token}}},
           {"configured", plan.configured_error.empty() ? layout_json(plan.configured) : nlohmann::json()},
+          {"dp_auto", plan.dp_auto},
           {"recommended", plan.recommended >= 0 ? layout_json(plan.layouts[0]) : nlohmann::json()},
           {"layouts", std::move(layouts)}};
 }

@@ -3,7 +3,9 @@
 # end-to-end tests (tests/slurm/slurm_e2e.sh: a one-node Slurm cluster on this machine,
 # train.sbatch with a tiny model: smoke, a killed task, SIGUSR1 + requeue;
 # tests/slurm/nodes_e2e.sh: a 3-node cluster in namespaces: a normal run, a cut link, a
-# straggler, a crashed node replaced by a spare, the fault verbs) on the freshly built trident. Arguments go to ctest.
+# straggler, a crashed node replaced by a spare, a crashed node without a spare (elastic
+# shrink, and its requeue when the memory plan does not fit), a crash during a checkpoint
+# save, a flapping link, the fault verbs) on the freshly built trident. Arguments go to ctest.
 #
 # After ctest, scripts/test_times.py sums the run's test times per ctest label and checks
 # them against the ceilings of docs/ARCHITECTURE.md "Tests: labels and times" (tests that

@@ -377,6 +377,7 @@ void Trainer::make_checkpoint_writer() {
   writer_options.dir = config_.checkpoint.dir;
   writer_options.keep_last = config_.checkpoint.keep_last;
   writer_options.on_chunk = options_.checkpoint_chunk_hook;
+  if (options_.checkpoint_chunk_bytes > 0) writer_options.chunk_bytes = options_.checkpoint_chunk_bytes;
   std::error_code ec;
   // Retention prunes this run's checkpoints only, and keeps the one this launch resumed
   // from (the way back if the continued run goes wrong).

@@ -52,6 +52,7 @@ struct TrainerOptions {
   int hang_rank = -1, hang_step = -1;  // fault injection (TRIDENT_FAULT_HANG)
   // Test hook: called by the checkpoint writer after each chunk it writes.
   std::function<Status(int64_t written, int64_t total)> checkpoint_chunk_hook;
+  int64_t checkpoint_chunk_bytes = 0;  // > 0: the writer's chunk size (test hooks)
   double peak_flops = 0;          // per device, for MFU; 0 = Ops::peak_flops() (CPU: sgemm rate)
   bool quiet = false;             // no progress lines (benchmarks, tests)
   int threads = 0;                // CPU threads per rank; > 0 overrides runtime.threads

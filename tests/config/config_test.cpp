@@ -1,6 +1,7 @@
 // Tests of the strict YAML config (config/config.h) and of the model config's derived
 // sizes, validation, parameter count and FLOPs (model/model_config.h).
 #include "config/config.h"
+#include "config/dp_auto.h"
 
 #include <gtest/gtest.h>
 
@@ -405,6 +406,45 @@ TEST(Config, BatchAndLayoutErrorsNameTheKeysAndNumbers) {
   // Accepted layouts.
   parse_ok(kMinimal + "parallel: {pp: 2, stage_layers: [1, 3], tp: 4, dp: 2, micro_batch_size: 1}\n");
   parse_ok(kMinimal + "model: {arch: llama, n_kv_heads: 2}\nparallel: {tp: 2}\n");
+}
+
+// parallel.dp: auto (a run continued on fewer nodes): world size / (cp * tp * pp), resolved
+// at launch; the batch is checked against the resolved dp, and a world that is not a
+// multiple of the other degrees is refused naming them.
+TEST(Config, DataParallelAutoResolvesFromTheWorldSize) {
+  const std::string yaml = kMinimal +
+      "parallel: {dp: auto, tp: 2, micro_batch_size: 2}\ntraining: {global_batch_size: 12}\n";
+  Config c = parse_ok(yaml);
+  EXPECT_EQ(c.parallel.dp, kDpAuto);
+  EXPECT_NE(config_to_yaml(c).find("  dp: auto\n"), std::string::npos);
+  expect_config_eq(parse_ok(config_to_yaml(c)), c);  // round trip
+  for (int world : {2, 4, 6, 12}) {  // dp 1, 2, 3, 6: 6, 3, 2, 1 micro-batches
+    Config r = c;
+    ASSERT_TRUE(resolve_auto_dp(&r, world).is_ok()) << world;
+    EXPECT_EQ(r.parallel.dp, world / 2);
+    EXPECT_EQ(r.grad_accum_steps(), 12 / (2 * (world / 2)));
+    EXPECT_NE(config_to_yaml(r).find("  dp: " + std::to_string(world / 2) + "\n"), std::string::npos);
+  }
+  Config r = c;
+  Status st = resolve_auto_dp(&r, 5);
+  EXPECT_EQ(st.exit_code(), 2);
+  EXPECT_NE(st.message().find("parallel.dp: auto: the world size 5 is not a multiple of tp*pp = 2*1 = 2"),
+            std::string::npos) << st.message();
+  r = c;
+  st = resolve_auto_dp(&r, 8);  // dp 4: 12 is not divisible by 2 * 4
+  EXPECT_EQ(st.exit_code(), 2);
+  EXPECT_NE(st.message().find("parallel.dp: auto = world size 8 / tp*pp 2 = 4"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("training.global_batch_size: 12 is not divisible by "
+                              "parallel.micro_batch_size * parallel.dp = 2 * 4 = 8"),
+            std::string::npos) << st.message();
+  // A fixed dp is left alone (the world size check is the trainer's).
+  Config fixed = parse_ok(kMinimal + "parallel: {dp: 2, micro_batch_size: 2}\n");
+  ASSERT_TRUE(resolve_auto_dp(&fixed, 7).is_ok());
+  EXPECT_EQ(fixed.parallel.dp, 2);
+  expect_error(kMinimal + "parallel: {dp: automatic}\n", {}, {"parallel.dp: expected an integer >= 1, or auto"});
+  expect_error(kMinimal, {"parallel.dp=-1"}, {"parallel.dp: must be >= 1, got -1"});
+  parse_ok(kMinimal, {"parallel.dp=auto"});
 }
 
 // Context parallelism (parallel.cp): the world is dp * cp * tp * pp; refused with exit 2

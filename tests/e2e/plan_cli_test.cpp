@@ -75,6 +75,41 @@ TEST(PlanCli, JsonIsTheDesignObject) {
 // configs/mixtral-8x7b.yaml: the parameters counted from the published shape by hand
 // here (Mixtral 8x7B: 46.7B in all, 12.9B active), MFU of the active FLOPs, and no
 // tensor parallelism (MoE refuses tp > 1).
+// parallel.dp: auto on --devices N: dp = N / (tp * pp). scripts/slurm/train.sbatch decides
+// whether a job continues on fewer nodes from these "# configured:" lines and the exit
+// code (docs/SLURM.md "Lost nodes without a spare"), so their wording is pinned here.
+TEST(PlanCli, DataParallelAutoFollowsTheDevices) {
+  ScratchDir dir;
+  const std::string config = small_config(dir, "{dp: auto, tp: 2, micro_batch_size: 1}");
+  CommandResult r = run_command(plan_cmd("--config " + config + " --devices 8 --gpu a100 --configured-only --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["dp_auto"], true);
+  EXPECT_EQ(j["configured"]["dp"], 4);
+  r = run_command(plan_cmd("--config " + config + " --devices 4 --gpu a100 --configured-only"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n# configured: parallel.dp: auto is dp 2 on 4 devices\n"), std::string::npos)
+      << r.output;
+  // 6 devices: dp 3 does not divide the global batch of 8; 5: not a multiple of tp.
+  r = run_command(plan_cmd("--config " + config + " --devices 6 --gpu a100 --configured-only"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("# configured: parallel.dp: auto = world size 6 / tp*pp 2 = 3: "
+                          "training.global_batch_size: 8 is not divisible by"),
+            std::string::npos) << r.output;
+  r = run_command(plan_cmd("--config " + config + " --devices 5 --gpu a100 --configured-only"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.dp: auto: the world size 5 is not a multiple of tp*pp = 2*1 = 2"),
+            std::string::npos) << r.output;
+  // A fixed dp is rescaled for the plan only, and says so (the script then requeues).
+  r = run_command(plan_cmd("--config " + small_config(dir, "{dp: 4, tp: 2, micro_batch_size: 1}") +
+                           " --devices 4 --gpu a100 --configured-only --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["dp_auto"], false);
+  r = run_command(plan_cmd("--config " + dir.file("small.yaml") + " --devices 4 --gpu a100 --configured-only"));
+  EXPECT_NE(r.output.find("\n# configured: the config's layout is for 8 devices (parallel.dp=4); on 4 it "
+                          "is evaluated with dp=2\n"), std::string::npos) << r.output;
+}
+
 TEST(PlanCli, Mixtral8x7bCountsTotalAndActiveParameters) {
   const CommandResult r = run_command(
       plan_cmd("--config " + configs() + "mixtral-8x7b.yaml --devices 64 --gpu h100 --json"));

@@ -419,7 +419,8 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
     return k;
   };
   EXPECT_EQ(keys(j), (std::set<std::string>{"devices", "gpu", "gpus_per_node", "model",
-                                            "configured", "recommended", "layouts"}));
+                                            "configured", "dp_auto", "recommended", "layouts"}));
+  EXPECT_EQ(j["dp_auto"], false);  // set by trident plan for a config with parallel.dp: auto
   // A dense model: every parameter is active.
   EXPECT_EQ(keys(j["model"]),
             (std::set<std::string>{"parameters", "active_parameters", "flops_per_token"}));

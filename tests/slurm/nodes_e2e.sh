@@ -27,14 +27,31 @@
 #           node 2 crashes after step CUT_AT; train.sbatch leaves it out and relaunches on
 #           nodes 1 and 3 without a requeue; the losses after the resume equal those of
 #           an uninterrupted 2-node run; every checkpoint verifies.
+#   shrink  6 ranks (2 per node) with parallel.dp: auto x tp 2, ZeRO-1, global batch 12
+#           (dp 3 on 3 nodes): node 2 crashes after step CUT_AT, no spare; train.sbatch
+#           asks `trident plan` and continues on nodes 1 and 3 with dp 2 (more
+#           micro-batches per rank) without a requeue; the layout change is logged and
+#           every loss after the resume is within 1e-5 of the uninterrupted run's.
+#   shrink-requeue  the same with TRIDENT_MEMORY_LIMIT_BYTES between what 2 ranks need at
+#           dp 3 and at dp 2: after the crash the memory plan says 2 nodes cannot hold
+#           the model, and the script requeues (Restarts=1, PENDING), saying why; with
+#           node 2 booted the requeued job resumes at dp 3 and ends on the reference loss.
+#   save-crash  the normal job with rank 2's writer stalled in checkpoint step_20
+#           (TRIDENT_FAULT_SAVE_STALL): node 2's ranks are SIGKILLed while step_20 is
+#           half-written; the retry resumes from step_15 and ends on the normal loss, no
+#           .tmp is left, every checkpoint verifies.
+#   flap    node 2's link down for FLAP_S s, under parallel.comm_timeout_s FLAP_TIMEOUT:
+#           no watchdog line, no retry, no step while the link was down, the normal
+#           run's losses.
 #   verbs   without a job: cut/heal show in `status`, `slow 5` throttles a busy loop on
 #           the node (its cgroup's nr_throttled), `crash` leaves only the node's holder
 #           and relay, `boot` makes it idle again.
 #   clean   after `cluster.sh stop`: no process in the cluster's namespaces, no daemon, no
 #           cgroup (cluster.sh check), and the host's interfaces, network namespaces and
 #           mounts are what they were before.
-# The cut, straggler and spare drills print one line "NAME: fault -> detection X s, detection ->
-# first step after recovery Y s" (a straggler is never recovered from: "none"). Prints
+# Every drill with a fault prints one line "NAME: fault -> detection X s, detection ->
+# first step after recovery Y s" (a straggler is never recovered from, a flap never
+# detected: "none"; shrink-requeue: detection -> requeue). Prints
 # PASS/FAIL/SKIP per scenario (prefix "nodes_e2e:"); where the machine
 # does not allow namespaces or veth pairs every scenario is a SKIP with the reason, and the
 # script exits 0. Exits 1 if any scenario failed. Everything is stopped on exit.
@@ -55,13 +72,17 @@ COMM_TIMEOUT=5
 STRAGGLER_PERCENT=${NODES_E2E_STRAGGLER_PERCENT:-1}
 STRAGGLER_STEPS=15
 STRAGGLER_WINDOW=5
+# The flap: the link down for FLAP_S s, under a comm_timeout_s of FLAP_TIMEOUT s (TCP's
+# retransmission backoff after a 3 s cut resends within ~3 s of the heal).
+FLAP_S=3
+FLAP_TIMEOUT=20
 CLUSTER=$SCRATCH/nodes
 CLUSTER_SH=$REPO/scripts/slurm/cluster.sh
 T0=$SECONDS
 
 skip_all() {
   local s
-  for s in normal cut straggler spare verbs clean; do result "$s" SKIP "$1"; done
+  for s in normal cut straggler spare shrink shrink-requeue save-crash flap verbs clean; do result "$s" SKIP "$1"; done
   exit 0
 }
 
@@ -202,7 +223,10 @@ else
   # A collective cannot know which member is missing; it lists its group's hosts, among
   # them the cut node: "all_reduce 'step data status' in group 'world' (rank 4/6) ...;
   # the group's ranks are on hosts t..n1, t..n2, t..n3". (A tp group lies inside one
-  # node, so a tp line cannot name node 2; it counts without.)
+  # node, so a tp line cannot name node 2; it counts without. So does the embedding group
+  # of the tied wte, the first and last stages on nodes 1 and 3: a rank of it waits there
+  # for its peer on node 3, which itself waits on node 2, e.g. "all_reduce 'tied wte
+  # grad' in group 'embedding' (rank 0/2) ...; the group's ranks are on hosts t..n1, t..n3".)
   watchdog=$(awk '/retrying in/ { exit } /watchdog: .* in group .* has not completed/' "$out")
   survivor_lines=$(grep -cE "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]+ .* in group '[a-z]+' \(rank [0-9]+/[0-9]+\) has not completed" <<< "$watchdog")
   p2p_lines=$(grep -E "^\[rank [0-9]+ on ${PREFIX}n[13]\] watchdog: [a-z_0-9]*(p2p|send|recv) " <<< "$watchdog")
@@ -210,7 +234,7 @@ else
   named=$(grep -E " (from|to|with) rank 1 in group 'pp' \(rank [02]/3\)" <<< "$p2p_lines" |
           grep -cE "; rank 1 is world rank [23] on host ${PREFIX}n2; ")
   hosted=$(grep -E "^\[rank [0-9]+ on ${PREFIX}n[13]\] " <<< "$watchdog" |
-           grep -cE "; rank 1 is world rank [23] on host ${PREFIX}n2; |; the group's ranks are on hosts [^;]*${PREFIX}n2(,|;| and )| in group 'tp' ")
+           grep -cE "; rank 1 is world rank [23] on host ${PREFIX}n2; |; the group's ranks are on hosts [^;]*${PREFIX}n2(,|;| and )| in group '(tp|embedding)' ")
   tcp_errors=$(awk '/retrying in/ { exit } /btl_tcp|BTL_TCP|mca_btl/' "$out" | wc -l)
   echo "$watchdog" | sed 's/^/    /' | head -n 6
   if [[ $state == COMPLETED && $loss == "$ref_loss" && ${n_surv:-0} -eq 4 &&
@@ -359,7 +383,274 @@ else
 fi
 "$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
 
-# ---- e) verbs: the other fault verbs do what they say (no job) ---------------------------
+# ---- helpers of the drills below --------------------------------------------------------
+STEP_ERE='step [0-9]+/[0-9]+ [|] loss'  # [|], not \|: awk -v reads backslash escapes
+# wait_after FILE MARK ERE: waits (at most TIMEOUT s) until a line matching the regex ERE
+# follows one matching MARK in FILE; returns 1 on timeout.
+wait_after() {
+  local start=$SECONDS
+  until awk -v m="$2" -v e="$3" '$0 ~ m { seen = 1 } seen && $0 ~ e { found = 1; exit }
+                                 END { exit !found }' "$1" 2>/dev/null; do
+    (( SECONDS - start < TIMEOUT )) || return 1
+    sleep 0.1
+  done
+}
+mark() { echo "[$(date '+%T')] nodes_e2e: $2" >> "$1"; }
+secs() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.1f", b - a; else print "?" }'; }
+# fault_watch OUT TIMES TRIGGER FAULT_CMD MARK2 ERE2: once OUT has a line TRIGGER (a
+# regex), runs FAULT_CMD and marks the log; detection is the failed step's end
+# (train.sbatch logs its exit code); then waits for a line ERE2 after one MARK2. Writes
+# "t_fault t_detect t_end" to TIMES.
+fault_watch() {
+  wait_after "$1" "^" "$3" || return 0
+  eval "$4"
+  local t_fault t_detect
+  t_fault=$(now)
+  mark "$1" "fault injected: $4"
+  wait_after "$1" "fault injected" "step exited with code"
+  t_detect=$(now)
+  wait_after "$1" "$5" "$6"
+  echo "$t_fault $t_detect $(now)" > "$2"
+}
+AFTER_CUT="step $CUT_AT/$STEPS [|] loss"
+# metric_losses FILE: "STEP LOSS" from a metrics file at full precision, the last record
+# of each step (a retry repeats the steps since its checkpoint).
+metric_losses() {
+  python3 -c '
+import json, sys
+last = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "step" in r and "loss" in r: last[r["step"]] = r["loss"]
+for s in sorted(last): print(s, repr(last[s]))' "$1" 2>/dev/null
+}
+# verify_ckpts DIR: prints how many step_* of DIR there are, and returns 1 unless every
+# one passes `trident ckpt verify`.
+verify_ckpts() {
+  local d n=0 ok=0
+  for d in "$1"/step_*; do
+    [[ -d $d && $d != *.tmp && $d != *.abandoned ]] || continue
+    n=$((n + 1))
+    "$BIN" ckpt verify "$d" >/dev/null 2>&1 || ok=1
+  done
+  echo "$n"
+  return $ok
+}
+# resumed_step OUT: N of the retry's "resumed from .../step_N" line.
+resumed_step() {
+  awk '/retrying in/ { seen = 1 } seen' "$1" | grep -o 'resumed from [^ ]*/step_[0-9]*' |
+    head -n1 | sed 's/.*step_//'
+}
+# await_job JOB WATCHER_PID: sets state to the job's final state (wait_job), then waits for
+# the watcher (which ends by itself, at the latest after TIMEOUT).
+await_job() {
+  watchers+=("$2")
+  state=$(wait_job "$1")
+  wait "$2" 2>/dev/null
+}
+crash2="\"\$CLUSTER_SH\" crash \"\$CLUSTER\" 2 >/dev/null 2>&1"
+
+# ---- e) shrink: node 2 crashes, no spare: the job continues on 2 nodes (dp: auto) -------
+# 6 ranks (2 per node) of a 2-layer model, dp auto x tp 2, ZeRO-1, a global batch of 12
+# in micro-batches of 2: on 3 nodes dp 3, 2 micro-batches per rank. Node 2 crashes after
+# step CUT_AT; train.sbatch finds 2 healthy nodes, `trident plan` says dp auto is 2 there
+# and fits, and the step continues on nodes 1 and 3 without a requeue: dp 2, 3
+# micro-batches per rank, the same global batch, ZeRO-1's shards resharded from 3 to 2
+# (the trainer logs the old and the new layout). Every loss after the resume is within
+# 1e-5 of the uninterrupted 3-node run's (reduction order only); checkpoints verify.
+t=$SECONDS
+write_tiny_config "$SCRATCH/elastic.yaml" 2 "dp: auto, tp: 2, zero_stage: 1, micro_batch_size: 2" "$STEPS"
+sed -i 's/global_batch_size: 8,/global_batch_size: 12,/' "$SCRATCH/elastic.yaml"
+echo "runtime: {peak_tflops: 0.01}" >> "$SCRATCH/elastic.yaml"
+out=$SCRATCH/runs/shrink/job.out
+mkdir -p "$SCRATCH/runs/shrink"
+eref=$(JOB_CONFIG=$SCRATCH/elastic.yaml submit shrink-ref 3)
+eref_state=$(wait_job "$eref")
+job=$(JOB_CONFIG=$SCRATCH/elastic.yaml TRIDENT_PROBE_TIMEOUT=10 submit shrink 3 \
+      --set "parallel.comm_timeout_s=$COMM_TIMEOUT")
+fault_watch "$out" "$SCRATCH/runs/shrink/times" "$AFTER_CUT" "$crash2" "retrying in" "$STEP_ERE" &
+await_job "$job" $!
+read -r t_fault t_detect t_step < "$SCRATCH/runs/shrink/times" 2>/dev/null
+say "shrink: fault -> detection $(secs "$t_fault" "$t_detect") s, detection -> first step after recovery $(secs "$t_detect" "$t_step") s"
+from=$(resumed_step "$out")
+read -r n_cmp max_diff n_equal < <(python3 -c '
+import sys
+ref = dict(l.split() for l in open(sys.argv[1]))
+got = dict(l.split() for l in open(sys.argv[2]))
+d = [abs(float(got[s]) - float(ref[s])) for s in map(str, range(int(sys.argv[3]) + 1, int(sys.argv[4]) + 1))
+     if s in got and s in ref]
+print(len(d), "%.2e" % max(d) if d else "none", sum(x == 0 for x in d))' \
+  <(metric_losses "$SCRATCH/runs/shrink-ref/metrics.jsonl") \
+  <(metric_losses "$SCRATCH/runs/shrink/metrics.jsonl") "${from:-0}" "$STEPS" 2>/dev/null)
+n_ckpt=$(verify_ckpts "$SCRATCH/runs/shrink/ckpt"); ckpt_rc=$?
+restarts=$(job_field "$job" Restarts)
+reshard=$(grep -oE "parallel.dp: resharded from dp=3 tp=2 pp=1 [^;]*to dp=2 tp=2 pp=1[^;]*" "$out" | head -n1)
+if [[ $eref_state == COMPLETED && $state == COMPLETED && ${restarts:-1} -eq 0 && -n $from &&
+      -n $reshard && $ckpt_rc -eq 0 && ${n_cmp:-0} -eq $((STEPS - from)) ]] &&
+   grep -q "continuing on 2 node(s), 4 ranks instead of 6 (elastic shrink): parallel.dp: auto is dp 2 on 4 devices" "$out" &&
+   grep -q "layout: world 4 = dp 2 x tp 2" "$out" &&
+   grep -q "batch: micro_batch 2 x 2 micro-batches x dp 3 = global batch 12 " "$out" &&
+   awk '/retrying in/ { seen = 1 } seen' "$out" |
+     grep -q "batch: micro_batch 2 x 3 micro-batches x dp 2 = global batch 12 " &&
+   awk -v d="$max_diff" 'BEGIN { exit !(d + 0 <= 1e-5) }'; then
+  result shrink OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step continued on ${PREFIX}n1 and ${PREFIX}n3 with dp 2 (micro-batches per rank 2 -> 3, global batch 12 in both, as logged), resumed at step $from and logged '$reshard'; its $n_cmp losses within $max_diff of the uninterrupted dp-3 run ($n_equal equal); $n_ckpt checkpoints verify"
+else
+  show_log "$out"
+  result shrink FAIL "jobs $eref $eref_state, $job $state (restarts '${restarts}'); resumed from '${from}'; reshard line '${reshard}'; ${n_cmp:-0} losses compared, largest difference ${max_diff:-?} (limit 1e-5); checkpoints verify: rc $ckpt_rc"
+fi
+"$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
+
+# ---- f) shrink-requeue: the same, but the memory plan says 2 nodes cannot hold it -----
+# TRIDENT_MEMORY_LIMIT_BYTES (the memory a node has, for the trainer's start-up check and
+# for `trident plan`) set between what 2 ranks need at dp 3 and at dp 2 (ZeRO-1: the
+# optimizer shard grows from 1/3 to 1/2 of the moments): the 3-node job starts; after node
+# 2's crash train.sbatch asks the plan, which says the model does not fit on 2 nodes, so
+# it requeues, saying why. The requeued job waits for 3 nodes (PENDING, Restarts=1);
+# node 2 boots, and the rerun resumes at dp 3 and ends on the uninterrupted run's loss.
+t=$SECONDS
+plan_total() {
+  "$BIN" plan --config "$SCRATCH/elastic.yaml" --devices "$1" --gpus-per-node 2 --gpu cpu \
+    --configured-only --json 2>/dev/null |
+    python3 -c 'import json, sys; print(int(json.load(sys.stdin)["configured"]["memory_bytes"]["total"]))' 2>/dev/null
+}
+need3=$(plan_total 6); need2=$(plan_total 4)
+out=$SCRATCH/runs/shrink-requeue/job.out
+mkdir -p "$SCRATCH/runs/shrink-requeue"
+if [[ -z $need3 || -z $need2 ]] || (( need2 <= need3 )); then
+  result shrink-requeue FAIL "trident plan gave per-rank totals '${need3}' (dp 3) and '${need2}' (dp 2): no limit lies between"
+else
+  # Just under what 2 ranks at dp 2 need: the most room for the dp-3 start.
+  limit=$((2 * need2 - 2))
+  job=$(JOB_CONFIG=$SCRATCH/elastic.yaml TRIDENT_PROBE_TIMEOUT=10 TRIDENT_MEMORY_LIMIT_BYTES=$limit \
+        submit shrink-requeue 3 --set "parallel.comm_timeout_s=$COMM_TIMEOUT")
+  fault_watch "$out" "$SCRATCH/runs/shrink-requeue/times" "$AFTER_CUT" "$crash2" "fault injected" \
+    "requeueing job|giving up|training finished" &
+  watchers+=($!)
+  wait "${watchers[-1]}" 2>/dev/null
+  read -r t_fault t_detect t_requeue < "$SCRATCH/runs/shrink-requeue/times" 2>/dev/null
+  # The requeued job is PENDING (BeginTime) with Restarts=1; wait_job is not used, it
+  # would start it again.
+  start=$SECONDS
+  until [[ $(job_field "$job" Restarts) == 1 && $(job_field "$job" JobState) == PENDING ]]; do
+    (( SECONDS - start < 30 )) || break
+    sleep 0.2
+  done
+  restarts=$(job_field "$job" Restarts); pending=$(job_field "$job" JobState)
+  # Node 2 comes back; the requeued job (--no-kill, the same allocation size) starts again
+  # on 3 nodes, resumes from the newest checkpoint at dp 3 and ends on the uninterrupted
+  # run's loss exactly (the same layout as the checkpoint's: nothing resharded). Its first
+  # step fails to launch on node 2 (the crash left that node's PMIx socket of the same
+  # step id, J.0, in its spool: "Cannot bind() UNIX socket ...: Address already in use"),
+  # and the script's retry (step J.1) runs; so only the first run must have no retry.
+  "$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
+  state=$(wait_job "$job")
+  rerun=$(awk '/restart count 1/ { seen = 1 } seen' "$out")
+  rerun_retries=$(grep -c "retrying in" <<< "$rerun")
+  first_rerun=$(grep -m1 -oE "$STEP_ERE" <<< "$rerun" | grep -o "step [0-9]*" | cut -d' ' -f2)
+  say "shrink-requeue: fault -> detection $(secs "$t_fault" "$t_detect") s, detection -> requeue $(secs "$t_detect" "$t_requeue") s (the requeued job then waits for 3 nodes: node 2 booted, its first step ${first_rerun:-none})"
+  why=$(grep -o "not continuing on 2 node(s) (4 ranks): the memory plan (cpu) says they cannot hold the model: .*" "$out" | head -n1)
+  final=$(metric_losses "$SCRATCH/runs/shrink-requeue/metrics.jsonl" | awk -v s="$STEPS" '$1 == s { print $2 }')
+  ref_final=$(metric_losses "$SCRATCH/runs/shrink-ref/metrics.jsonl" | awk -v s="$STEPS" '$1 == s { print $2 }')
+  if [[ $restarts == 1 && $pending == PENDING && -n $why && $state == COMPLETED &&
+        -n $final && $final == "$ref_final" ]] &&
+     grep -q "memory plan: .* 2 ranks on this machine" "$out" &&
+     grep -q "requeueing job $job (restart 1)" "$out" &&
+     ! awk '/restart count 1/ { exit } /retrying in/ { found = 1 } END { exit !found }' "$out" &&
+     grep -q "resumed from .*/step_" <<< "$rerun" && grep -q "layout: world 6 = dp 3 x tp 2" <<< "$rerun"; then
+    result shrink-requeue OK "job $job (memory limit $limit B per node: 2 x $need3 B fit at dp 3, 2 x $need2 B at dp 2 do not) started on 3 nodes; after node 2's crash it was requeued (PENDING, Restarts=1) instead of continuing on 2: '${why:0:150}...'; with node 2 back the rerun ($rerun_retries retry) resumed at dp 3 (first step $first_rerun) and COMPLETED on the uninterrupted run's final loss $final in $((SECONDS - t)) s"
+  else
+    show_log "$out"
+    result shrink-requeue FAIL "job $job: after the crash '$pending' with restarts '$restarts', reason line '${why}'; then $state, final loss '${final}' vs '${ref_final}'"
+  fi
+fi
+"$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
+
+# ---- g) save-crash: node 2's ranks die while checkpoint step_20 is half-written --------
+# The normal 3-node job (tp 2 x pp 3) with TRIDENT_FAULT_SAVE_STALL=2:20:MARKER: rank 2
+# (on node 2) stops writing its file of step_20 after the first 4 KiB chunk and says so;
+# the drill then records the half-written step_20.tmp (the rank file shorter than its
+# size, no manifest, `latest` still step_15) and SIGKILLs node 2's ranks, as a crash of
+# the node's processes would. The retry (same nodes) must resume from step_15, never
+# from the half-written step_20, and end with exactly the normal run's loss; afterwards
+# no step_*.tmp is left and every checkpoint verifies.
+if [[ -z $ref_loss ]]; then
+  result save-crash SKIP "no reference loss (normal failed)"
+else
+  t=$SECONDS
+  dir=$SCRATCH/runs/save-crash
+  out=$dir/job.out
+  mkdir -p "$dir"
+  job=$(TRIDENT_FAULT_SAVE_STALL="2:20:$dir/stalled" submit save-crash 3 \
+        --set "parallel.comm_timeout_s=$COMM_TIMEOUT")
+  # The fault: what the half-written checkpoint holds (it stays so: rank 2's writer is
+  # stalled), then SIGKILL to node 2's ranks.
+  half='f=$dir/ckpt/step_20.tmp; echo "$(stat -c %s $f/rank_2.bin) $(ls $f | paste -sd, -) $(head -n1 $dir/ckpt/latest)" > $dir/half; kill -9 $(trident_on 2)'
+  fault_watch "$out" "$dir/times" "fault injection: rank file .*step_20.tmp/rank_2.bin stalls" \
+    "$half" "retrying in" "$STEP_ERE" &
+  await_job "$job" $!
+  read -r t_fault t_detect t_step < "$dir/times" 2>/dev/null
+  say "save-crash: fault -> detection $(secs "$t_fault" "$t_detect") s, detection -> first step after recovery $(secs "$t_detect" "$t_step") s"
+  read -r half_size half_files half_latest < "$dir/half" 2>/dev/null
+  stall_total=$(grep -o "rank_2.bin stalls after [0-9]* of [0-9]* bytes" "$out" | head -n1 | awk '{print $6}')
+  from=$(resumed_step "$out")
+  retry_losses=$(awk '/retrying in/ { seen = 1 } seen' "$out" | losses /dev/stdin)
+  first_retry=$(head -n1 <<< "$retry_losses" | cut -d/ -f1)
+  ref_part=$(losses "$out3" | awk -v f="${first_retry:-0}" -F'[/ ]' '$1 >= f')
+  n_ckpt=$(verify_ckpts "$dir/ckpt"); ckpt_rc=$?
+  tmps=$(find "$dir/ckpt" -maxdepth 1 -name '*.tmp' | wc -l)
+  if [[ $state == COMPLETED && $from == 15 && $half_latest == step_15 && -n $half_size &&
+        -n $stall_total && $half_size -lt $stall_total && $half_files != *manifest* &&
+        $retry_losses == "$ref_part" && $(last_loss "$out") == "$ref_loss" &&
+        $ckpt_rc -eq 0 && $tmps -eq 0 ]] && grep -q "retry 1 of" "$out"; then
+    result save-crash OK "job $job COMPLETED in $((SECONDS - t)) s: node 2's ranks killed with step_20 half-written (rank_2.bin $half_size of $stall_total bytes, files $half_files, latest $half_latest); the retry resumed from step_15 and its $(grep -c . <<< "$retry_losses") losses equal the normal run's, final $ref_loss; no .tmp left, $n_ckpt checkpoints verify"
+  else
+    show_log "$out"
+    result save-crash FAIL "job $job $state; at the kill: rank file '${half_size}' of '${stall_total}' bytes, files '${half_files}', latest '${half_latest}'; resumed from '${from}' (want 15); final '$(last_loss "$out")' vs '$ref_loss'; $tmps .tmp left; checkpoints verify: rc $ckpt_rc"
+  fi
+fi
+
+# ---- h) flap: node 2's link down for FLAP_S s, shorter than parallel.comm_timeout_s -----
+# The normal job with parallel.comm_timeout_s=FLAP_TIMEOUT; after step CUT_AT node 2's
+# link is cut and healed FLAP_S s later. TCP retransmits once the link is back; the run
+# must survive without a restart: no watchdog line, no retry, Restarts 0, no step logged
+# while the link was down (so the cut did stall the run), every loss equal to the normal
+# run's.
+if [[ -z $ref_loss ]]; then
+  result flap SKIP "no reference loss (normal failed)"
+else
+  t=$SECONDS
+  dir=$SCRATCH/runs/flap
+  out=$dir/job.out
+  mkdir -p "$dir"
+  job=$(submit flap 3 --set "parallel.comm_timeout_s=$FLAP_TIMEOUT")
+  (
+    wait_after "$out" "^" "$AFTER_CUT" || exit 0
+    "$CLUSTER_SH" cut "$CLUSTER" 2 2>/dev/null
+    t_cut=$(now)
+    mark "$out" "cut the link of node 2 after step $CUT_AT"
+    sleep "$FLAP_S"
+    "$CLUSTER_SH" heal "$CLUSTER" 2 2>/dev/null
+    t_heal=$(now)
+    mark "$out" "healed the link of node 2"
+    wait_after "$out" "healed the link" "$STEP_ERE"
+    echo "$t_cut $t_heal $(now)" > "$dir/times"
+  ) &
+  await_job "$job" $!
+  read -r t_cut t_heal t_step < "$dir/times" 2>/dev/null
+  say "flap: fault -> detection none (link down $(secs "$t_cut" "$t_heal") s < comm_timeout_s $FLAP_TIMEOUT s: nothing to detect), cut -> first step after the heal $(secs "$t_cut" "$t_step") s"
+  during=$(awk '/cut the link of node 2/ { seen = 1 } /healed the link/ { seen = 0 } seen && /step [0-9]+\/[0-9]+ \| loss/' "$out" | wc -l)
+  restarts=$(job_field "$job" Restarts)
+  if [[ $state == COMPLETED && ${restarts:-1} -eq 0 && $during -le 1 && -n $t_step ]] &&
+     ! grep -qE "retrying in|watchdog:|requeueing" "$out" &&
+     diff <(losses "$out") <(losses "$out3") >/dev/null; then
+    result flap OK "job $job COMPLETED in $((SECONDS - t)) s without a restart: link down $(secs "$t_cut" "$t_heal") s ($during step(s) logged meanwhile), the next step $(secs "$t_cut" "$t_step") s after the cut; no watchdog line, no retry; all $STEPS losses equal the normal run's"
+  else
+    show_log "$out"
+    result flap FAIL "job $job $state (restarts '${restarts}'); $during steps logged with the link down; $(grep -cE 'retrying in|watchdog:' "$out") retry/watchdog lines; losses equal: $(diff -q <(losses "$out") <(losses "$out3") >/dev/null && echo yes || echo no)"
+  fi
+fi
+
+# ---- i) verbs: the other fault verbs do what they say (no job) ---------------------------
 t=$SECONDS
 problems=()
 node_row() { "$CLUSTER_SH" status "$CLUSTER" 2>/dev/null | awk -v n="${PREFIX}n$1" '$1 == n'; }
@@ -389,7 +680,7 @@ else
   result verbs FAIL "${problems[*]}"
 fi
 
-# ---- f) clean: nothing left behind ------------------------------------------------------
+# ---- j) clean: nothing left behind ------------------------------------------------------
 for pid in "${watchers[@]}"; do kill "$pid" 2>/dev/null; done
 "$CLUSTER_SH" stop "$CLUSTER" 2>/dev/null
 left=$("$CLUSTER_SH" check "$CLUSTER" 2>&1)
