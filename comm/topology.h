@@ -2,7 +2,8 @@
 // made from it (docs/ARCHITECTURE.md "Parallel layout").
 //
 // Rank order (comm/parallel_layout.h kRankOrder, the one RankGenerator) puts tp
-// innermost (a TP group sits inside one machine), then cp, then dp, then pp (ep is 1):
+// innermost (a TP group sits inside one machine), then cp, then dp, then pp (ep folds
+// into dp and adds no stride; its groups come from a second generator, see ep below):
 //   rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 // Groups (RankGenerator::group: each ordered by its own coordinate, so group rank ==
 // that coordinate):
@@ -34,8 +35,8 @@
 // twin of any group exists; add one here (split with MemSpace::kHost) when a host
 // value must travel within a group.
 // Topology is a pure function of the layout (no communication, cheap to copy).
-// make_process_groups is a collective over `world` (four splits in a fixed order, six
-// when cp > 1). A layout that does not match the world is an expected failure: Status,
+// make_process_groups is a collective over `world` (four splits in a fixed order, two
+// more when cp > 1, two more when ep > 1). A layout that does not match the world is an expected failure: Status,
 // exit 2.
 #pragma once
 

@@ -529,14 +529,7 @@ void Trainer::collect_traffic() {
   stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
   stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
   stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
-  DataParallel::Memory mem = dp_->memory();
-  if (edp_) {
-    const DataParallel::Memory e = edp_->memory();
-    mem.params += e.params;
-    mem.master += e.master;
-    mem.grads += e.grads;
-    mem.optimizer += e.optimizer;
-  }
+  const DataParallel::Memory mem = data_parallel_memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.master_bytes = static_cast<double>(mem.master);
   stats_.grad_bytes = static_cast<double>(mem.grads);
@@ -545,6 +538,21 @@ void Trainer::collect_traffic() {
   for (const auto& model : models_) {
     stats_.activation_bytes += static_cast<double>(model->activation_bytes());
   }
+}
+
+DataParallel::Memory Trainer::data_parallel_memory() const {
+  DataParallel::Memory mem = dp_->memory();
+  if (edp_) {
+    const DataParallel::Memory e = edp_->memory();
+    mem.params += e.params;
+    mem.master += e.master;
+    mem.grads += e.grads;
+    mem.optimizer += e.optimizer;
+    mem.comm_scratch += e.comm_scratch;
+    mem.params_peak += e.params_peak;
+    mem.grads_peak += e.grads_peak;
+  }
+  return mem;
 }
 
 nlohmann::json Trainer::trainer_state() {

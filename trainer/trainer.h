@@ -127,6 +127,9 @@ class Trainer {
   // This rank's compute backend (tests: Ops::transfer_counts, the host-sync budget).
   Ops& ops() { return *ops_; }
   DataParallel& data_parallel() { return *dp_; }
+  // What the data-parallel engines allocate together (under expert parallelism the dense
+  // one's and the experts' one's; DataParallel::Memory).
+  DataParallel::Memory data_parallel_memory() const;
 
  private:
   class StageRunner;
