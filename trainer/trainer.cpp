@@ -492,7 +492,7 @@ void Trainer::print_banner() const {
 void Trainer::reset_traffic() {
   for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
                           groups_.embedding.get(), groups_.cp.get(), groups_.dp_cp.get(),
-                          world_}) {
+                          groups_.ep.get(), groups_.expert_dp.get(), world_}) {
     if (c) c->reset_traffic();
   }
 }
