@@ -107,7 +107,10 @@
 // and the outputs go back the same way (all_to_all), to be combined as at ep 1. Backward
 // sends the outputs' gradients to the experts and the inputs' gradients back. So the
 // results are those of ep 1 up to the order of the expert weight-gradient sums (one GEMM
-// over the ep group's rows instead of per-rank GEMMs summed by the dp reduction).
+// over the ep group's rows instead of per-rank GEMMs summed by the dp reduction). The
+// counts exchange costs one more upload and download per layer and micro-batch (the
+// received counts size the local GEMMs); the experts' buffers hold up to ep * N * K rows
+// (describe_activations, ActivationShape::ep_size).
 //
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tensor-parallel layers' tp Communicator (collectives in
