@@ -528,7 +528,9 @@ void Trainer::collect_traffic() {
   stats_.comm_async_ms = times(&CommTimes::async_s);
   stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
   stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
-  stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
+  // Under expert parallelism the dp group reduces the dense engine's groups only (the
+  // experts' reductions run over expert_dp, which the summary does not show yet).
+  stats_.analytic = analytic_traffic(config_, chunks_.front(), edp_ ? dense_layout_ : layout_);
   const DataParallel::Memory mem = data_parallel_memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.master_bytes = static_cast<double>(mem.master);

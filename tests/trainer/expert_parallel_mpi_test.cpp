@@ -118,6 +118,12 @@ EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traf
           << "step " << s + 1;
       EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll), micro_batches * kLayers * 5);
     }
+    if (l.zero == 0 && l.dp > 1) {
+      // The dp group all-reduces the dense engine's buffer, as the traffic model says.
+      const RankStats& st = trainer->last_step_stats();
+      EXPECT_EQ(st.traffic.dp.all_reduce, st.analytic.dp.all_reduce) << "step " << s + 1;
+      EXPECT_GT(st.traffic.dp.all_reduce, 0.0);
+    }
     out.losses.push_back(m.value().loss);
   }
   out.params = trainer->gather_parameters();
