@@ -454,8 +454,12 @@ void Trainer::print_banner() const {
   } else {
     stages = std::to_string(m.n_layers / (c.parallel.pp * v));
   }
+  // Expert parallelism folds into dp: shown inside it ("dp 4 (ep 2)").
+  const std::string dp_text =
+      std::to_string(c.parallel.dp) +
+      (c.parallel.ep > 1 ? " (ep " + std::to_string(c.parallel.ep) + ")" : std::string());
   log::info("layout: world {} = dp {}{} x tp {}{} x pp {} | zero_stage {} | pipeline {}{} (layers per {} {}) | recompute {}",
-            world_->size(), c.parallel.dp,
+            world_->size(), dp_text,
             c.parallel.cp > 1 ? " x cp " + std::to_string(c.parallel.cp) : "", c.parallel.tp,
             c.parallel.sequence_parallel ? " (sequence parallel)" : "", c.parallel.pp,
             c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule),
