@@ -182,7 +182,8 @@ TEST(ExpertParallel, MatchesSingleProcessWithAnalyticAllToAllBytes) {
   }
   std::vector<Layout> layouts;
   if (n == 2) {
-    layouts = {{.dp = 2, .ep = 2, .zero = 1}, {.dp = 2, .ep = 2, .zero = 3}};
+    layouts = {{.dp = 2, .ep = 2, .zero = 1}, {.dp = 2, .ep = 2, .zero = 2},
+               {.dp = 2, .ep = 2, .zero = 3}};
   } else {
     // ep 2 inside dp 4 (expert dp groups of 2), and ep 2 x pp 2.
     layouts = {{.dp = 4, .ep = 2, .zero = 1}, {.dp = 2, .ep = 2, .pp = 2, .zero = 0},
