@@ -165,10 +165,18 @@ BlockDescription describe_block(const TransformerConfig& c) {
   return block;
 }
 
+BlockDescription describe_layer_block(const TransformerConfig& c, int layer) {
+  if (c.moe_layer(layer) || !c.moe()) return describe_block(c);
+  TransformerConfig dense = c;  // a leading dense layer of a MoE model
+  dense.moe_experts = 0;
+  dense.moe_shared_experts = 0;
+  return describe_block(dense);
+}
+
 // ---- parameters ------------------------------------------------------------------------
 
 std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kind, int tp,
-                                       bool first) {
+                                       bool first, int layer) {
   const Architecture& a = architecture(c.arch);
   const int64_t C = c.d_model;
   std::vector<TensorDesc> out;
@@ -185,7 +193,8 @@ std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kin
       break;
     case GroupKind::kLayer: {
       const DimSizes g = global_sizes(c);
-      for (const LayerTensor& t : describe_block(c).tensors) {
+      for (const LayerTensor& t :
+           (layer < 0 ? describe_block(c) : describe_layer_block(c, layer)).tensors) {
         const auto rows = static_cast<int64_t>(g.of(t.rows));
         const Shape shape = t.cols == Dim::kOne
                                 ? Shape{rows}
@@ -255,7 +264,8 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
     grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
     layout.params.push_back(std::move(p));
   };
-  const std::vector<TensorDesc> layer = describe_group(c, GroupKind::kLayer, tp, false);
+  // Each layer's tensors (a MoE model's leading dense layers have the dense MLP).
+  auto layer_tensors = [&](int l) { return describe_group(c, GroupKind::kLayer, tp, false, l); };
   // At ep > 1 the local routed experts go to their own groups, after every chunk's.
   auto routed = [&](const TensorDesc& t) { return ep > 1 && t.expert >= 0 && t.expert < c.moe_experts; };
   for (const ModelPartition& part : chunks) {
@@ -267,7 +277,7 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
     }
     for (int l = part.layer_begin; l < layer_end; ++l) {
       const std::string prefix = "layers." + std::to_string(l) + ".";
-      for (const TensorDesc& t : layer) {
+      for (const TensorDesc& t : layer_tensors(l)) {
         if (!routed(t)) add(1 + l, t, prefix);
       }
     }
@@ -282,7 +292,7 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
       const int layer_end = part.layer_end < 0 ? L : part.layer_end;
       for (int l = part.layer_begin; l < layer_end; ++l) {
         const std::string prefix = "layers." + std::to_string(l) + ".";
-        for (const TensorDesc& t : layer) {
+        for (const TensorDesc& t : layer_tensors(l)) {
           if (routed(t) && t.expert / El == ep_rank) add(moe_expert_group(L, ep, l), t, prefix);
         }
       }
@@ -330,6 +340,8 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   // Mixture of experts (0 for a dense model): experts, choices per token, expert width.
   const bool moe = c.moe();
   const double E = moe ? c.moe_experts : 0, K = moe ? c.moe_top_k : 0, Fe = moe ? c.moe_d_ff : 0;
+  // Some layer has the dense MLP (a dense model, or a MoE model's leading layers).
+  const bool dense_mlp = !moe || c.moe_first_dense_layers > 0;
   // The rows an expert-side buffer holds: N * K dispatched, or ep * N * K received.
   const double R = N * K * s.ep_size;
   ActivationDescription d;
@@ -345,7 +357,17 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("xent_max", last ? N : 0, f32),
                buffer("xent_sums", last ? 2 * N : 0, f32)};
   d.residual = buffer("x", n * C, cd);
-  for (const LayerBuffer& b : describe_block(c).buffers) {
+  // A MoE model with leading dense layers keeps both blocks' buffers in every layer's set
+  // (one layout for all layers; the dense MLP's h1, h2, h_act added to the MoE block's).
+  std::vector<LayerBuffer> layer_buffers = describe_block(c).buffers;
+  if (moe && c.moe_first_dense_layers > 0) {
+    for (const LayerBuffer& b : describe_layer_block(c, 0).buffers) {
+      if (b.role == BufferRole::kH1 || b.role == BufferRole::kH2 || b.role == BufferRole::kHAct) {
+        layer_buffers.push_back(b);
+      }
+    }
+  }
+  for (const LayerBuffer& b : layer_buffers) {
     BufferDesc out;
     if (b.kind == BufferKind::kAttentionState) {
       out = buffer(b.name, s.attention_state_bytes, DType::kU8);
@@ -371,9 +393,9 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dk", N * kv, cd, false),
                buffer("dv", N * kv, cd, false),
                buffer("datty", N * q, cd, false),
-               buffer("dh1", moe ? 0 : N * F, cd, false),
-               buffer("dh2", swiglu && !moe ? N * F : 0, cd, false),
-               buffer("dh_act", moe ? 0 : N * F, cd, false),
+               buffer("dh1", dense_mlp ? N * F : 0, cd, false),
+               buffer("dh2", swiglu && dense_mlp ? N * F : 0, cd, false),
+               buffer("dh_act", dense_mlp ? N * F : 0, cd, false),
                buffer("gather", sp ? N * C : 0, cd, false),
                buffer("dln_local", sp ? n * C : 0, cd, false),
                buffer("norm_grads", sp ? 4 * C : 0, f32, false),

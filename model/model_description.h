@@ -147,8 +147,12 @@ struct BlockDescription {
 // attention (q, k, v, o; biases per the row) and MLP (GELU fc/proj or SwiGLU
 // gate/up/down).
 void standard_block(const TransformerConfig& config, BlockDescription* block);
-// The block of config.arch's family (its builder, or standard_block).
+// The block of config.arch's family (its builder, or standard_block): a MoE layer's in a
+// mixture-of-experts model.
 BlockDescription describe_block(const TransformerConfig& config);
+// The block of layer `layer`: the dense block for the leading moe_first_dense_layers of a
+// mixture-of-experts model (TransformerConfig::moe_layer), else describe_block.
+BlockDescription describe_layer_block(const TransformerConfig& config, int layer);
 
 // ---- parameters ------------------------------------------------------------------------
 
@@ -175,8 +179,9 @@ struct TensorDesc {
 // The tensors of one group of a rank with tp size `tp`: the embedding group of the first
 // stage, any layer's group, the head group of the last stage (`first`: this chunk also
 // holds the embeddings, so a tied head reads wte there and needs no copy).
+// kLayer: layer `layer`'s tensors (-1: a MoE layer's, describe_block).
 std::vector<TensorDesc> describe_group(const TransformerConfig& config, GroupKind kind, int tp,
-                                       bool first);
+                                       bool first, int layer = -1);
 
 // The parameter table and groups of one rank's part (core/param_layout.h), for one
 // chunk or several (interleaved 1F1B, in layer order: one table of every chunk's groups;

@@ -228,7 +228,6 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
-  const std::vector<LayerTensor> tensors = describe_block(c).tensors;
   local_experts_ = c.moe() ? c.moe_experts / part_.ep_size : 0;
   first_expert_ = part_.ep_rank * local_experts_;
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));
@@ -238,7 +237,7 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
     auto& experts = layer_expert_index_[static_cast<size_t>(l)];
     experts.assign(static_cast<size_t>(c.moe_experts + c.moe_shared_experts),
                    std::vector<int>(kParamRoles, -1));
-    for (const LayerTensor& t : tensors) {
+    for (const LayerTensor& t : describe_layer_block(c, l).tensors) {
       if (t.role == ParamRole::kNone) continue;  // allocated, not read by this block
       // Expert parallelism: another ep rank's routed experts are not here.
       if (t.expert >= 0 && t.expert < c.moe_experts &&
@@ -346,11 +345,15 @@ inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 
 void Transformer::acquire_layer(int layer, Phase phase) {
   store_->acquire(1 + layer, phase);
-  if (ep_) store_->acquire(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  if (ep_ && config_.moe_layer(layer)) {
+    store_->acquire(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  }
 }
 
 void Transformer::release_layer(int layer, Phase phase) {
-  if (ep_) store_->release(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  if (ep_ && config_.moe_layer(layer)) {
+    store_->release(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  }
   store_->release(1 + layer, phase);
 }
 
@@ -920,7 +923,9 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
   const auto& c = config_;
   const LayerParams p =
       layer_params(layer, store_->params(1 + layer),
-                   store_->params(moe_expert_group(c.n_layers, part_.ep_size, layer)));
+                   c.moe_layer(layer)
+                       ? store_->params(moe_expert_group(c.n_layers, part_.ep_size, layer))
+                       : DevPtr());
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of x, the norms and res2 (N/tp: sequence parallel)
   const Architecture& arch = c.family();
@@ -970,7 +975,7 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, n, C, c.norm_eps);
   }
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
-  if (c.moe()) {
+  if (c.moe_layer(layer)) {
     TRIDENT_CHECK_MSG(moe != nullptr, "a mixture-of-experts layer needs its MoeStep");
     moe_forward(p, a, ln2, x_out, N, *moe);
     ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
@@ -1256,8 +1261,11 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
   const int eg = moe_expert_group(c.n_layers, part_.ep_size, layer);
-  const LayerParams p = layer_params(layer, store_->params(1 + layer), store_->params(eg));
-  const LayerParams g = layer_params(layer, store_->grads(1 + layer), store_->grads(eg));
+  const bool moe_layer = c.moe_layer(layer);  // else no expert group is held
+  const LayerParams p = layer_params(layer, store_->params(1 + layer),
+                                     moe_layer ? store_->params(eg) : DevPtr());
+  const LayerParams g = layer_params(layer, store_->grads(1 + layer),
+                                     moe_layer ? store_->grads(eg) : DevPtr());
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of dx, x, the norms and res2
@@ -1280,7 +1288,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   DevPtr dh_act = scratch(kDhAct);
 
   // MLP: x_out = res2 + proj(act(ln2(res2))).
-  if (c.moe()) {
+  if (c.moe_layer(layer)) {
     zero_elements(dln_full, NC);
     const int local = layer - part_.layer_begin;
     moe_backward(p, g, a, a.ln2, dx, dln_full, N,

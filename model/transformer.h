@@ -77,7 +77,8 @@
 // recorded. A model built with num_slots 0 has no training activations and
 // runs forward_cached only (generation: model/kv_cache_decoder.h).
 //
-// Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP is E experts
+// Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP (but the
+// leading moe_first_dense_layers', which keep the dense MLP: TransformerConfig::moe_layer) is E experts
 // (the family's MLP, hidden width moe_d_ff: layers.{i}.moe.experts.{e}.fc/proj or
 // gate/up/down) and a router, layers.{i}.moe.router.weight (E, C). A token's router
 // logits (ln2 @ router^T) go through a softmax in fp32; its top K experts (a tie to the

@@ -207,8 +207,9 @@ TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   expect_error(moe, {"model.moe_top_k=9"}, {"model.moe_top_k", "[1, model.moe_experts=8]"});
   expect_error(moe, {"model.moe_top_k=0"}, {"model.moe_top_k"});
   expect_error(moe, {"model.moe_experts=-1"}, {"model.moe_experts", ">= 0"});
-  expect_error(moe, {"model.moe_first_dense_layers=1"},
-               {"model.moe_first_dense_layers", "not supported yet"});
+  EXPECT_EQ(parse_ok(moe, {"model.moe_first_dense_layers=1"}).model.moe_first_dense_layers, 1);
+  expect_error(moe, {"model.moe_first_dense_layers=4"},
+               {"model.moe_first_dense_layers", "[0, model.n_layers=4)"});
   EXPECT_EQ(parse_ok(moe, {"model.moe_shared_experts=2"}).model.moe_shared_experts, 2);
   expect_error(moe, {"model.moe_shared_experts=-1"}, {"model.moe_shared_experts", ">= 0"});
   expect_error(moe, {"model.init_from=gpt2_124M.bin"}, {"model.init_from", "not supported yet"});

@@ -40,10 +40,12 @@ struct Layout {
   bool bf16 = false;
   bool gpt2 = false;              // GELU experts with biases (else llama's SwiGLU)
   const char* recompute = "none";  // training.recompute
+  int first_dense = 0;             // model.moe_first_dense_layers
   std::string name() const {
     return "dp " + std::to_string(dp) + " ep " + std::to_string(ep) + " pp " + std::to_string(pp) +
            " zero " + std::to_string(zero) + (shared ? " shared" : "") + (bf16 ? " bf16" : "") +
-           (gpt2 ? " gpt2" : "") + " recompute " + recompute;
+           (gpt2 ? " gpt2" : "") + " recompute " + recompute +
+           (first_dense ? " first_dense " + std::to_string(first_dense) : "");
   }
 };
 
@@ -55,7 +57,8 @@ Config make_config(const Layout& l, int steps, const std::string& ckpt_dir, bool
                                ", moe_experts: " + std::to_string(kExperts) +
                                    ", moe_top_k: " + std::to_string(kTopK) +
                                    ", moe_d_ff: 48, moe_shared_experts: " +
-                                   std::to_string(l.shared)) +
+                                   std::to_string(l.shared) + ", moe_first_dense_layers: " +
+                                   std::to_string(l.first_dense)) +
       "parallel: {dp: " + std::to_string(l.dp) + ", ep: " + std::to_string(l.ep) +
       ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(l.zero) +
       ", micro_batch_size: 1}\n"
@@ -195,8 +198,9 @@ TEST(ExpertParallel, MatchesSingleProcessWithAnalyticAllToAllBytes) {
   }
 }
 
-// Shared experts, gpt2's GELU experts (biases), full recomputation (backward reruns the
-// exchange), and bf16 (with its all-to-all bytes at 2 ranks: 2 per element).
+// Shared experts, a leading dense layer (model.moe_first_dense_layers), gpt2's GELU
+// experts (biases), full recomputation (backward reruns the exchange), and bf16 (with its
+// all-to-all bytes at 2 ranks: 2 per element).
 TEST(ExpertParallel, OtherBlocksRecomputationAndBf16MatchSingleProcess) {
   if (!two_or_four()) GTEST_SKIP() << "runs at 2 and 4 ranks";
   Communicator& world = test::world();
@@ -205,6 +209,13 @@ TEST(ExpertParallel, OtherBlocksRecomputationAndBf16MatchSingleProcess) {
     SCOPED_TRACE("shared experts");
     const EpRun ref = train({.shared = 1}, nullptr, 3);
     expect_match(train({.dp = n, .ep = 2, .shared = 1}, &world, 3), ref, false);
+  }
+  {
+    // DeepSeek's leading dense layer: layer 0 the dense MLP, layer 1 the experts (split
+    // over ep; the dense layer holds no expert group).
+    SCOPED_TRACE("first dense layer");
+    const EpRun ref = train({.first_dense = 1}, nullptr, 3);
+    expect_match(train({.dp = n, .ep = 2, .zero = 3, .first_dense = 1}, &world, 3), ref, false);
   }
   {
     SCOPED_TRACE("gpt2, full recomputation");
