@@ -22,8 +22,25 @@ int ParallelLayout::degree(ParallelDim d) const { return this->*info(d).degree; 
 
 int ParallelLayout::world_size() const {
   int n = 1;
-  for (const DimensionInfo& i : kDimensions) n *= this->*i.degree;
+  for (const DimensionInfo& i : kDimensions) {
+    if (i.dim != ParallelDim::kEp) n *= this->*i.degree;  // ep folds into dp
+  }
   return n;
+}
+
+ParallelLayout world_generator_layout(const ParallelLayout& layout) {
+  ParallelLayout l = layout;
+  l.ep = 1;
+  return l;
+}
+
+ParallelLayout expert_generator_layout(const ParallelLayout& layout) {
+  TRIDENT_CHECK_MSG(layout.ep >= 1 && layout.dp % layout.ep == 0,
+                    "parallel.ep=" + std::to_string(layout.ep) + " does not divide parallel.dp=" +
+                        std::to_string(layout.dp));
+  ParallelLayout l = layout;
+  l.dp = layout.dp / layout.ep;
+  return l;
 }
 
 int& RankCoords::at(ParallelDim d) { return this->*info(d).coord; }

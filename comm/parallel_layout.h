@@ -8,10 +8,14 @@
 //   Megatron-Core's "tp-cp-ep-dp-pp"), then dp, and pp outermost (its point-to-point
 //   sends are the cheapest traffic to put across nodes). With cp = ep = 1 this is the
 //   order tp, dp, pp: rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
-// ep is 1 until its issue lands: validate_layout refuses any other value.
-// Where ep finally folds into dp (Megatron's expert groups are a second generator over
-// the same world) is that issue's choice; a RankGenerator over another order or other
-// degrees is already one constructor call.
+// Expert parallelism folds into dp (as Megatron-Core and torchtitan do): ep does not
+// multiply the world (world_size() is dp * cp * tp * pp) and must divide dp. The world's
+// generator runs with ep's degree taken as 1 (world_generator_layout); the expert layers'
+// groups come from a second generator over the same world (expert_generator_layout), whose
+// degrees are tp, cp, ep, dp / ep ("expert data parallel", edp), pp in the same order,
+// so a rank's dp coordinate splits as dp_rank = edp_rank * ep + ep_rank: the ep ranks of
+// an ep group are adjacent dp ranks, and the edp group is the dp ranks holding the same
+// experts (Megatron-Core's expert RankGenerator, ep inside edp).
 //
 // A new dimension is: an enum value, its degree field in ParallelLayout and coordinate
 // field in RankCoords, one row of kDimensions, and the code that uses its group.
@@ -43,14 +47,13 @@ struct PerDim {
 };
 
 // The degrees and the layout-wide choices every layer of the stack reads. Config keys:
-// parallel.dp, .cp, .tp, .pp, .virtual_stages, .zero_stage, .sequence_parallel (ep has
-// no key yet).
+// parallel.dp, .cp, .tp, .pp, .ep, .virtual_stages, .zero_stage, .sequence_parallel.
 struct ParallelLayout {
   int dp = 1;
   int tp = 1;
   int pp = 1;
   int cp = 1;  // context parallelism (parallel/context_parallel.h)
-  int ep = 1;  // expert parallelism: 1 until its issue (validate_layout)
+  int ep = 1;  // expert parallelism: divides dp, not a factor of the world (see above)
   // Interleaved 1F1B: model chunks per pipeline rank (1 = the plain schedules).
   int virtual_stages = 1;
   int zero_stage = 0;  // 0..3
@@ -59,7 +62,7 @@ struct ParallelLayout {
   bool sequence_parallel = false;
 
   int degree(ParallelDim d) const;
-  int world_size() const;  // the product of every degree
+  int world_size() const;  // the product of every degree but ep's (ep folds into dp)
   // The same product in 64 bits, saturated at INT64_MAX: for degrees (each >= 1) not yet
   // known to fit an int's world (config/config.cpp's size check, trident plan).
   int64_t world_size_wide() const;
@@ -98,6 +101,7 @@ inline int64_t ParallelLayout::world_size_wide() const {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   int64_t n = 1;
   for (const DimensionInfo& i : kDimensions) {
+    if (i.dim == ParallelDim::kEp) continue;  // ep folds into dp
     const int64_t d = this->*i.degree;
     n = n > kMax / d ? kMax : n * d;
   }
@@ -139,5 +143,11 @@ class RankGenerator {
   PerDim<int> stride_;
   int world_size_ = 1;
 };
+
+// The degrees of the world's generator: `layout` with ep taken as 1 (dp spans ep).
+ParallelLayout world_generator_layout(const ParallelLayout& layout);
+// The degrees of the expert layers' generator over the same world: tp, cp, ep, dp / ep (in
+// the dp field: the expert-data-parallel degree), pp. ep must divide dp (CHECK).
+ParallelLayout expert_generator_layout(const ParallelLayout& layout);
 
 }  // namespace trident

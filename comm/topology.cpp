@@ -14,11 +14,12 @@ Status validate_degrees(const ParallelLayout& layout) {
     if (value < 1) {
       return Status::invalid_config(key + ": must be >= 1, got " + std::to_string(value));
     }
-    if (d.dim == ParallelDim::kEp && value != 1) {
-      return Status::invalid_config(
-          key + ": expert parallelism is not implemented yet; must be 1, got " +
-          std::to_string(value));
-    }
+  }
+  // Expert parallelism folds into dp: its ranks are dp ranks.
+  if (layout.dp % layout.ep != 0) {
+    return Status::invalid_config("parallel.ep: " + std::to_string(layout.ep) +
+                                  " must divide parallel.dp=" + std::to_string(layout.dp) +
+                                  " (expert parallelism splits the data-parallel ranks)");
   }
   return Status::ok();
 }
@@ -42,7 +43,13 @@ Status validate_layout(const ParallelLayout& layout, int world_size) {
   return Status::ok();
 }
 
-Topology::Topology(const ParallelLayout& layout) : layout_(layout), ranks_(layout) {}
+Topology::Topology(const ParallelLayout& layout)
+    : layout_(layout),
+      ranks_(world_generator_layout(layout)),
+      expert_ranks_(layout.ep >= 1 && layout.dp % layout.ep == 0 ? expert_generator_layout(layout)
+                                                                 : world_generator_layout(layout)) {
+  TRIDENT_CHECK(expert_ranks_.world_size() == ranks_.world_size());
+}
 
 int Topology::dp_cp_rank(const RankCoords& c) const { return c.dp_rank * layout_.cp + c.cp_rank; }
 
@@ -117,6 +124,22 @@ Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLay
                                "dp_cp", kDevice, {.label = "dp x cp group"});
     TRIDENT_CHECK(groups.dp_cp && groups.dp_cp->size() == layout.dp * layout.cp &&
                   groups.dp_cp->rank() == key);
+  }
+  if (layout.ep > 1) {
+    // The expert layers' groups, from the second generator over the same world.
+    const RankGenerator& experts = groups.topology.expert_ranks();
+    const RankCoords e = experts.coords_of(rank);
+    TRIDENT_CHECK(e.dp_rank * layout.ep + e.ep_rank == c.dp_rank && e.tp_rank == c.tp_rank &&
+                  e.pp_rank == c.pp_rank && e.cp_rank == c.cp_rank);
+    groups.ep_rank = e.ep_rank;
+    groups.expert_dp_rank = e.dp_rank;
+    groups.ep = world.split(experts.group_color(ParallelDim::kEp, rank), e.ep_rank, "ep", kDevice,
+                            {.label = "ep group"});
+    TRIDENT_CHECK(groups.ep && groups.ep->size() == layout.ep && groups.ep->rank() == e.ep_rank);
+    groups.expert_dp = world.split(experts.group_color(ParallelDim::kDp, rank), e.dp_rank,
+                                   "expert_dp", kDevice, {.label = "expert dp group"});
+    TRIDENT_CHECK(groups.expert_dp && groups.expert_dp->size() == layout.dp / layout.ep &&
+                  groups.expert_dp->rank() == e.dp_rank);
   }
   return groups;
 }

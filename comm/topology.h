@@ -2,7 +2,8 @@
 // made from it (docs/ARCHITECTURE.md "Parallel layout").
 //
 // Rank order (comm/parallel_layout.h kRankOrder, the one RankGenerator) puts tp
-// innermost (a TP group sits inside one machine), then cp, then dp, then pp (ep is 1):
+// innermost (a TP group sits inside one machine), then cp, then dp, then pp (ep folds
+// into dp and adds no stride; its groups come from a second generator, see ep below):
 //   rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 // Groups (RankGenerator::group: each ordered by its own coordinate, so group rank ==
 // that coordinate):
@@ -20,6 +21,13 @@
 //              parameters, over which the gradients are reduced and ZeRO shards
 //              (parallel/data_parallel.h). At cp 1 it would be the dp group itself, so
 //              none is made and data_parallel() answers dp.
+//   ep         (ep > 1 only) expert parallelism, folded into dp: the dp ranks with the same
+//              dp_rank / ep, ordered by ep_rank = dp_rank % ep (size ep; adjacent dp
+//              ranks). Tokens travel to their experts' ranks over it (all_to_all).
+//   expert_dp  (ep > 1 only) the dp ranks holding the same experts: same dp_rank % ep,
+//              ordered by dp_rank / ep (size dp / ep). Expert parameters are reduced and
+//              ZeRO-sharded over it, the dense ones over dp. Both come from the second
+//              generator (expert_ranks(): tp, cp, ep, dp / ep, pp; comm/parallel_layout.h).
 // Memory spaces (communicator.h): every group serves DEVICE memory (they carry
 // activations, gradients and parameters). Host values (stop flags, losses, the grad-norm
 // and status scalars, agreement on a checkpoint, stats, strings) go over the host-space
@@ -27,8 +35,8 @@
 // twin of any group exists; add one here (split with MemSpace::kHost) when a host
 // value must travel within a group.
 // Topology is a pure function of the layout (no communication, cheap to copy).
-// make_process_groups is a collective over `world` (four splits in a fixed order, six
-// when cp > 1). A layout that does not match the world is an expected failure: Status,
+// make_process_groups is a collective over `world` (four splits in a fixed order, two
+// more when cp > 1, two more when ep > 1). A layout that does not match the world is an expected failure: Status,
 // exit 2.
 #pragma once
 
@@ -42,8 +50,8 @@
 
 namespace trident {
 
-// Ok when every degree is >= 1 and ep is 1 (not implemented yet); else invalid_config
-// naming the parallel.* key ("parallel.tp: must be >= 1, got 0").
+// Ok when every degree is >= 1 and ep divides dp; else invalid_config naming the
+// parallel.* key ("parallel.tp: must be >= 1, got 0").
 Status validate_degrees(const ParallelLayout& layout);
 // validate_degrees, and dp*cp*tp*pp == world_size; else invalid_config naming the keys.
 Status validate_layout(const ParallelLayout& layout, int world_size);
@@ -55,6 +63,9 @@ class Topology {
 
   const ParallelLayout& layout() const { return layout_; }
   const RankGenerator& ranks() const { return ranks_; }
+  // The expert layers' generator (degrees tp, cp, ep, dp / ep, pp): its dp coordinate is
+  // the expert-data-parallel rank.
+  const RankGenerator& expert_ranks() const { return expert_ranks_; }
   int world_size() const { return ranks_.world_size(); }
 
   int rank_of(const RankCoords& coords) const { return ranks_.rank_of(coords); }
@@ -78,6 +89,7 @@ class Topology {
  private:
   ParallelLayout layout_;
   RankGenerator ranks_;
+  RankGenerator expert_ranks_;
 };
 
 // This rank's communicators. world is borrowed (it must outlive the groups) and serves
@@ -93,12 +105,19 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> embedding;
   std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> dp_cp;
+  // ep > 1 only (else null, ranks 0): the ep and expert_dp groups, and this rank's place
+  // in each (dp_rank % ep, dp_rank / ep). coords are the world generator's, whose ep
+  // coordinate is always 0 (ep folds into dp).
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> expert_dp;
+  int ep_rank = 0;
+  int expert_dp_rank = 0;
   // The group of the data-parallel machinery (gradient reduction, ZeRO): dp x cp.
   Communicator& data_parallel() const { return dp_cp ? *dp_cp : *dp; }
 };
 
 // Splits world into the device-space tp, dp, pp and embedding groups of `layout`, then
-// (cp > 1) cp and dp_cp, in that order on every rank.
+// (cp > 1) cp and dp_cp, then (ep > 1) ep and expert_dp, in that order on every rank.
 // Collective over world, which must serve host memory (CHECK). Fails with invalid_config
 // ("parallel: dp*tp*pp = X but the world size is Y", dp*cp*tp*pp when cp > 1) before any
 // communication when the layout does not fit, so every rank fails alike.

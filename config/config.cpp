@@ -62,7 +62,7 @@ const std::vector<Section>& sections() {
       {"parallel",
        {TRIDENT_FIELD(parallel, dp, kDegreeOrAuto), TRIDENT_FIELD(parallel, tp, kInt),
         TRIDENT_FIELD(parallel, pp, kInt), TRIDENT_FIELD(parallel, cp, kInt),
-        TRIDENT_FIELD(parallel, zero_stage, kInt),
+        TRIDENT_FIELD(parallel, ep, kInt), TRIDENT_FIELD(parallel, zero_stage, kInt),
         TRIDENT_FIELD(parallel, micro_batch_size, kInt),
         TRIDENT_FIELD(parallel, pipeline_schedule, kPipeline),
         TRIDENT_FIELD(parallel, stage_layers, kIntList),
@@ -570,8 +570,8 @@ Status tp_divides(int tp, const std::string& what, int value) {
                                 "=" + std::to_string(value));
 }
 
-// World sizes and ranks are ints (MPI's); the product of the degrees must be one (ep is
-// 1 here: validate_degrees).
+// World sizes and ranks are ints (MPI's); the product of the degrees must be one (ep
+// folds into dp and is no factor of the world).
 Status validate_layout_sizes(const ParallelConfig& p) {
   if (p.world_size_wide() <= std::numeric_limits<int>::max()) return Status::ok();
   const bool cp = p.cp > 1;  // named only when used, as in validate_layout
@@ -638,6 +638,24 @@ Status validate_context_parallel(const ParallelConfig& p, const TransformerConfi
   return Status::ok();
 }
 
+// Expert parallelism (parallel.ep; validate_degrees checks that it divides dp): each ep
+// rank holds moe_experts / ep of every layer's routed experts.
+Status validate_expert_parallel(const ParallelConfig& p, const TransformerConfig& m) {
+  if (p.ep == 1) return Status::ok();
+  if (!m.moe()) {
+    return Status::invalid_config("parallel.ep: " + std::to_string(p.ep) +
+                                  " needs a mixture-of-experts model (model.moe_experts > 0); "
+                                  "this model is dense");
+  }
+  if (m.moe_experts % p.ep != 0) {
+    return Status::invalid_config("parallel.ep: " + std::to_string(p.ep) +
+                                  " does not divide model.moe_experts=" +
+                                  std::to_string(m.moe_experts) +
+                                  " (each ep rank holds moe_experts / ep experts)");
+  }
+  return Status::ok();
+}
+
 Status validate_parallel(const Config& config, const TransformerConfig& m) {
   // dp: auto is resolved at launch (resolve_auto_dp); until then every check that does
   // not need dp runs with dp 1.
@@ -659,6 +677,7 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
                                   ": tensor parallelism of mixture-of-experts models is not "
                                   "supported yet (use parallel.tp 1)");
   }
+  TRIDENT_RETURN_IF_ERROR(validate_expert_parallel(p, m));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.d_ff", m.d_ff));

@@ -191,12 +191,6 @@ Status TransformerConfig::validate() const {
                                     std::to_string(c.n_layers) + "), got " +
                                     std::to_string(c.moe_first_dense_layers));
     }
-    if (c.moe_first_dense_layers > 0) {
-      return Status::invalid_config("model.moe_first_dense_layers: " +
-                                    std::to_string(c.moe_first_dense_layers) +
-                                    ": leading dense layers in a mixture-of-experts model are not "
-                                    "supported yet (every layer's MLP is the experts)");
-    }
     if (c.moe_shared_experts < 0) {
       return Status::invalid_config("model.moe_shared_experts: must be >= 0, got " +
                                     std::to_string(c.moe_shared_experts));

@@ -36,7 +36,9 @@ struct TransformerConfig {
   int moe_experts = 0;
   int moe_top_k = 2;
   int moe_d_ff = 0;
-  int moe_first_dense_layers = 0;  // leading dense layers (validated 0: not supported yet)
+  int moe_first_dense_layers = 0;  // leading layers with the dense MLP (DeepSeek), < n_layers
+  // Whether layer `layer`'s MLP is the experts (a MoE model past its dense leading layers).
+  bool moe_layer(int layer) const { return moe() && layer >= moe_first_dense_layers; }
   int moe_shared_experts = 0;      // experts every token takes besides its moe_top_k
 
   // ---- derived by finalize() --------------------------------------------------------

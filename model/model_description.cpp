@@ -165,10 +165,18 @@ BlockDescription describe_block(const TransformerConfig& c) {
   return block;
 }
 
+BlockDescription describe_layer_block(const TransformerConfig& c, int layer) {
+  if (c.moe_layer(layer) || !c.moe()) return describe_block(c);
+  TransformerConfig dense = c;  // a leading dense layer of a MoE model
+  dense.moe_experts = 0;
+  dense.moe_shared_experts = 0;
+  return describe_block(dense);
+}
+
 // ---- parameters ------------------------------------------------------------------------
 
 std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kind, int tp,
-                                       bool first) {
+                                       bool first, int layer) {
   const Architecture& a = architecture(c.arch);
   const int64_t C = c.d_model;
   std::vector<TensorDesc> out;
@@ -185,7 +193,8 @@ std::vector<TensorDesc> describe_group(const TransformerConfig& c, GroupKind kin
       break;
     case GroupKind::kLayer: {
       const DimSizes g = global_sizes(c);
-      for (const LayerTensor& t : describe_block(c).tensors) {
+      for (const LayerTensor& t :
+           (layer < 0 ? describe_block(c) : describe_layer_block(c, layer)).tensors) {
         const auto rows = static_cast<int64_t>(g.of(t.rows));
         const Shape shape = t.cols == Dim::kOne
                                 ? Shape{rows}
@@ -220,9 +229,15 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
   TRIDENT_CHECK_MSG(c.head_dim > 0, "TransformerConfig must be finalize()d");
   TRIDENT_CHECK(!chunks.empty());
   const int L = c.n_layers, tp = chunks.front().tp_size, r = chunks.front().tp_rank;
+  const int ep = chunks.front().ep_size, ep_rank = chunks.front().ep_rank;
+  const int El = c.moe() ? c.moe_experts / ep : 0;  // routed experts per ep rank
+  TRIDENT_CHECK_MSG(ep == 1 || (c.moe() && c.moe_experts % ep == 0),
+                    "expert parallelism: ep " + std::to_string(ep) + " with " +
+                        std::to_string(c.moe_experts) + " experts");
   ParamLayout layout;
-  layout.groups.resize(static_cast<size_t>(L + 2));
-  for (int g = 0; g < L + 2; ++g) layout.groups[static_cast<size_t>(g)].id = g;
+  const int num_groups = ep > 1 ? 2 * L + 2 : L + 2;
+  layout.groups.resize(static_cast<size_t>(num_groups));
+  for (int g = 0; g < num_groups; ++g) layout.groups[static_cast<size_t>(g)].id = g;
   size_t cursor = 0;
   int current_group = -1;
   auto add = [&](int group, const TensorDesc& t, const std::string& prefix) {
@@ -249,7 +264,10 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
     grp.num_floats = (cursor - grp.offset + 15) / 16 * 16;
     layout.params.push_back(std::move(p));
   };
-  const std::vector<TensorDesc> layer = describe_group(c, GroupKind::kLayer, tp, false);
+  // Each layer's tensors (a MoE model's leading dense layers have the dense MLP).
+  auto layer_tensors = [&](int l) { return describe_group(c, GroupKind::kLayer, tp, false, l); };
+  // At ep > 1 the local routed experts go to their own groups, after every chunk's.
+  auto routed = [&](const TensorDesc& t) { return ep > 1 && t.expert >= 0 && t.expert < c.moe_experts; };
   for (const ModelPartition& part : chunks) {
     const int layer_end = part.layer_end < 0 ? L : part.layer_end;
     if (part.first_stage()) {
@@ -259,11 +277,24 @@ ParamLayout describe_params(const TransformerConfig& c, std::span<const ModelPar
     }
     for (int l = part.layer_begin; l < layer_end; ++l) {
       const std::string prefix = "layers." + std::to_string(l) + ".";
-      for (const TensorDesc& t : layer) add(1 + l, t, prefix);
+      for (const TensorDesc& t : layer_tensors(l)) {
+        if (!routed(t)) add(1 + l, t, prefix);
+      }
     }
     if (part.last_stage()) {
       for (const TensorDesc& t : describe_group(c, GroupKind::kHead, tp, part.first_stage())) {
         add(L + 1, t, "");
+      }
+    }
+  }
+  if (ep > 1) {
+    for (const ModelPartition& part : chunks) {
+      const int layer_end = part.layer_end < 0 ? L : part.layer_end;
+      for (int l = part.layer_begin; l < layer_end; ++l) {
+        const std::string prefix = "layers." + std::to_string(l) + ".";
+        for (const TensorDesc& t : layer_tensors(l)) {
+          if (routed(t) && t.expert / El == ep_rank) add(moe_expert_group(L, ep, l), t, prefix);
+        }
       }
     }
   }
@@ -309,6 +340,10 @@ ActivationDescription describe_activations(const TransformerConfig& c,
   // Mixture of experts (0 for a dense model): experts, choices per token, expert width.
   const bool moe = c.moe();
   const double E = moe ? c.moe_experts : 0, K = moe ? c.moe_top_k : 0, Fe = moe ? c.moe_d_ff : 0;
+  // Some layer has the dense MLP (a dense model, or a MoE model's leading layers).
+  const bool dense_mlp = !moe || c.moe_first_dense_layers > 0;
+  // The rows an expert-side buffer holds: N * K dispatched, or ep * N * K received.
+  const double R = N * K * s.ep_size;
   ActivationDescription d;
   // Compute tensors (activations and their gradients, logits) are of the compute dtype;
   // normalisation and cross-entropy statistics and the losses stay f32; token ids i32.
@@ -322,7 +357,17 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("xent_max", last ? N : 0, f32),
                buffer("xent_sums", last ? 2 * N : 0, f32)};
   d.residual = buffer("x", n * C, cd);
-  for (const LayerBuffer& b : describe_block(c).buffers) {
+  // A MoE model with leading dense layers keeps both blocks' buffers in every layer's set
+  // (one layout for all layers; the dense MLP's h1, h2, h_act added to the MoE block's).
+  std::vector<LayerBuffer> layer_buffers = describe_block(c).buffers;
+  if (moe && c.moe_first_dense_layers > 0) {
+    for (const LayerBuffer& b : describe_layer_block(c, 0).buffers) {
+      if (b.role == BufferRole::kH1 || b.role == BufferRole::kH2 || b.role == BufferRole::kHAct) {
+        layer_buffers.push_back(b);
+      }
+    }
+  }
+  for (const LayerBuffer& b : layer_buffers) {
     BufferDesc out;
     if (b.kind == BufferKind::kAttentionState) {
       out = buffer(b.name, s.attention_state_bytes, DType::kU8);
@@ -330,7 +375,12 @@ ActivationDescription describe_activations(const TransformerConfig& c,
       const DType dtype = b.kind == BufferKind::kCompute ? cd
                           : b.kind == BufferKind::kIndex ? i32
                                                          : f32;
-      out = buffer(b.name, (b.sharded ? n : N) * local.of(b.width), dtype);
+      // Under expert parallelism the experts' input rows and hidden tensors are those a
+      // rank receives: up to ep * N * K rows.
+      const bool received = b.role == BufferRole::kMoeX || b.role == BufferRole::kMoeH1 ||
+                            b.role == BufferRole::kMoeH2 || b.role == BufferRole::kMoeHAct;
+      out = buffer(b.name, (b.sharded ? n : N) * local.of(b.width) * (received ? s.ep_size : 1),
+                   dtype);
     }
     out.role = b.role;
     out.shared = s.recompute == Recompute::kFull ||
@@ -343,23 +393,24 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dk", N * kv, cd, false),
                buffer("dv", N * kv, cd, false),
                buffer("datty", N * q, cd, false),
-               buffer("dh1", moe ? 0 : N * F, cd, false),
-               buffer("dh2", swiglu && !moe ? N * F : 0, cd, false),
-               buffer("dh_act", moe ? 0 : N * F, cd, false),
+               buffer("dh1", dense_mlp ? N * F : 0, cd, false),
+               buffer("dh2", swiglu && dense_mlp ? N * F : 0, cd, false),
+               buffer("dh_act", dense_mlp ? N * F : 0, cd, false),
                buffer("gather", sp ? N * C : 0, cd, false),
                buffer("dln_local", sp ? n * C : 0, cd, false),
                buffer("norm_grads", sp ? 4 * C : 0, f32, false),
                buffer("router_logits", N * E, f32, false),  // the router runs in fp32
-               buffer("dmoe_x", N * K * C, cd, false),
-               buffer("dmoe_h1", N * K * Fe, cd, false),
-               buffer("dmoe_h2", swiglu ? N * K * Fe : 0, cd, false),
-               buffer("dmoe_h_act", N * K * Fe, cd, false),
-               buffer("dmoe_y", N * K * C, cd, false),
+               buffer("dmoe_x", R * C, cd, false),
+               buffer("dmoe_h1", R * Fe, cd, false),
+               buffer("dmoe_h2", swiglu ? R * Fe : 0, cd, false),
+               buffer("dmoe_h_act", R * Fe, cd, false),
+               buffer("dmoe_y", R * C, cd, false),
                buffer("dmoe_weights", N * K, f32, false),
                buffer("moe_prob_grad", E, f32, false),
                buffer("moe_stats", moe ? 2 * E + 1 : 0, f32, false),
                buffer("positions", cp_positions ? N / s.micro_batch_size * C : 0, cd, false),
-               buffer("dpositions", cp_positions ? N / s.micro_batch_size * C : 0, f32, false)};
+               buffer("dpositions", cp_positions ? N / s.micro_batch_size * C : 0, f32, false),
+               buffer("moe_ep_counts", moe && s.ep_size > 1 ? 2 * E : 0, i32, false)};
   return d;
 }
 

@@ -45,6 +45,11 @@ struct ModelPartition {
   // cp_rank and 2 cp - 1 - cp_rank of every sequence, seq_len / cp positions.
   int cp_rank = 0;
   int cp_size = 1;
+  // Expert parallelism (parallel.ep): this rank holds routed experts
+  // [ep_rank * E / ep, (ep_rank + 1) * E / ep) of every layer, in groups of their own
+  // (moe_expert_group); the router and the shared experts stay in the layer's group.
+  int ep_rank = 0;
+  int ep_size = 1;
   bool first_stage() const { return pp_rank == 0 && chunk == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1 && chunk == num_chunks - 1; }
   int local_layers(int n_layers) const { return (layer_end < 0 ? n_layers : layer_end) - layer_begin; }
@@ -142,13 +147,25 @@ struct BlockDescription {
 // attention (q, k, v, o; biases per the row) and MLP (GELU fc/proj or SwiGLU
 // gate/up/down).
 void standard_block(const TransformerConfig& config, BlockDescription* block);
-// The block of config.arch's family (its builder, or standard_block).
+// The block of config.arch's family (its builder, or standard_block): a MoE layer's in a
+// mixture-of-experts model.
 BlockDescription describe_block(const TransformerConfig& config);
+// The block of layer `layer`: the dense block for the leading moe_first_dense_layers of a
+// mixture-of-experts model (TransformerConfig::moe_layer), else describe_block.
+BlockDescription describe_layer_block(const TransformerConfig& config, int layer);
 
 // ---- parameters ------------------------------------------------------------------------
 
-// A parameter group's tensors: 0 the embeddings, 1 + i layer i, L + 1 the head.
+// A parameter group's tensors: 0 the embeddings, 1 + i layer i, L + 1 the head; under
+// expert parallelism (ep_size > 1) also L + 2 + i, the local routed experts of layer i
+// (reduced and sharded over the expert-data-parallel group, not over dp).
 enum class GroupKind { kEmbedding, kLayer, kHead };
+// The group holding layer `layer`'s routed experts: 1 + layer, or L + 2 + layer at ep > 1.
+inline int moe_expert_group(int n_layers, int ep_size, int layer) {
+  return ep_size > 1 ? n_layers + 2 + layer : 1 + layer;
+}
+// Whether parameter group `group` of a model of n_layers holds routed experts only.
+inline bool is_expert_group(int n_layers, int group) { return group >= n_layers + 2; }
 struct TensorDesc {
   std::string name;  // full name for kEmbedding / kHead, after "layers.{i}." for kLayer
   ParamRole role = ParamRole::kNone;
@@ -162,8 +179,9 @@ struct TensorDesc {
 // The tensors of one group of a rank with tp size `tp`: the embedding group of the first
 // stage, any layer's group, the head group of the last stage (`first`: this chunk also
 // holds the embeddings, so a tied head reads wte there and needs no copy).
+// kLayer: layer `layer`'s tensors (-1: a MoE layer's, describe_block).
 std::vector<TensorDesc> describe_group(const TransformerConfig& config, GroupKind kind, int tp,
-                                       bool first);
+                                       bool first, int layer = -1);
 
 // The parameter table and groups of one rank's part (core/param_layout.h), for one
 // chunk or several (interleaved 1F1B, in layer order: one table of every chunk's groups;
@@ -196,13 +214,14 @@ enum SlotGlobal {
 // Mixture of experts: kRouterLogits, the router's logits (f32) in forward and their gradient in
 // backward; the gradients of the dispatched rows, of the experts' hidden tensors and
 // outputs and of the weights; kMoeProbGrad, the load-balancing loss's gradient per expert
-// (uploaded); kMoeStats, the router's statistics (downloaded: Ops::moe_route_forward).
+// (uploaded); kMoeStats, the router's statistics (downloaded: Ops::moe_route_forward);
+// kMoeEpCounts, expert parallelism's exchanged row counts (i32, 2 E: sent, received).
 // Context parallelism with learned positions: kPositions, the rows of wpe at this rank's
 // positions (compute dtype, the embedding's table), kDPositions their gradient (f32).
 enum Scratch {
   kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
   kRouterLogits, kDMoeX, kDMoeH1, kDMoeH2, kDMoeHAct, kDMoeY, kDMoeWeights, kMoeProbGrad,
-  kMoeStats, kPositions, kDPositions, kScratchCount
+  kMoeStats, kPositions, kDPositions, kMoeEpCounts, kScratchCount
 };
 }  // namespace buffers
 
@@ -217,6 +236,10 @@ struct ActivationShape {
   // the attention state is ring attention's row log-sum-exp (f32, B x NH/tp x those),
   // kept per layer under selective recomputation too (a rerun would need the ring again).
   int cp_size = 1;
+  // Expert parallelism: the experts' rows a rank receives are up to ep_size * N * K (the
+  // dispatched rows of every rank of its ep group), so the expert-side buffers (moe_x,
+  // moe_h1, moe_h2, moe_h_act and their gradients' scratch) hold that many rows.
+  int ep_size = 1;
   double attention_state_bytes = 0;  // one layer's (Ops::attention_state_bytes, or the lse)
 };
 

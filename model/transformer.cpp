@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -159,13 +160,21 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_ba
 
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
                          Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
-                         DType compute, Recompute recompute, Communicator* cp)
+                         DType compute, Recompute recompute, Communicator* cp,
+                         Communicator* ep)
     : config_(config),
       ops_(ops),
       part_(part),
       compute_dtype_(compute),
       recompute_(recompute),
       tp_(ops, tp, part.tp_rank, part.tp_size, part.sequence_parallel) {
+  if (part.ep_size > 1) {
+    TRIDENT_CHECK_MSG(ep != nullptr && ep->size() == part.ep_size && ep->rank() == part.ep_rank,
+                      "expert parallelism: the model needs the ep group of its partition (ep " +
+                          std::to_string(part.ep_size) + ", rank " + std::to_string(part.ep_rank) +
+                          ")");
+    ep_ = ep;
+  }
   init_partition(store, micro_batch_size, num_slots);
   if (part_.cp_size > 1) {
     TRIDENT_CHECK_MSG(cp != nullptr && cp->size() == part_.cp_size && cp->rank() == part_.cp_rank,
@@ -219,7 +228,8 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
-  const std::vector<LayerTensor> tensors = describe_block(c).tensors;
+  local_experts_ = c.moe() ? c.moe_experts / part_.ep_size : 0;
+  first_expert_ = part_.ep_rank * local_experts_;
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));
   layer_expert_index_.assign(static_cast<size_t>(c.n_layers), {});
   for (int l = part_.layer_begin; l < part_.layer_end; ++l) {
@@ -227,8 +237,13 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
     auto& experts = layer_expert_index_[static_cast<size_t>(l)];
     experts.assign(static_cast<size_t>(c.moe_experts + c.moe_shared_experts),
                    std::vector<int>(kParamRoles, -1));
-    for (const LayerTensor& t : tensors) {
+    for (const LayerTensor& t : describe_layer_block(c, l).tensors) {
       if (t.role == ParamRole::kNone) continue;  // allocated, not read by this block
+      // Expert parallelism: another ep rank's routed experts are not here.
+      if (t.expert >= 0 && t.expert < c.moe_experts &&
+          (t.expert < first_expert_ || t.expert >= first_expert_ + local_experts_)) {
+        continue;
+      }
       const ParamInfo* p = layout_.find(prefix + t.name);
       TRIDENT_CHECK_MSG(p != nullptr, prefix + t.name);
       auto& index = t.expert >= 0 ? experts[static_cast<size_t>(t.expert)]
@@ -237,8 +252,9 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
     }
   }
   if (c.moe()) {
+    // At ep > 1 also the received rows' counts (ep_exchange_counts).
     moe_counts_.assign(static_cast<size_t>(num_slots_) * n_local_layers_,
-                       std::vector<int>(static_cast<size_t>(c.moe_experts), 0));
+                       std::vector<int>(static_cast<size_t>(c.moe_experts * (ep_ ? 2 : 1)), 0));
     moe_stats_.counts.assign(static_cast<size_t>(n_local_layers_),
                              std::vector<int64_t>(static_cast<size_t>(c.moe_experts), 0));
   }
@@ -258,6 +274,7 @@ void Transformer::allocate_activations() {
   shape.compute = compute_dtype_;
   shape.recompute = recompute_;
   shape.cp_size = part_.cp_size;
+  shape.ep_size = part_.ep_size;
   // Ring attention's state is its row log-sum-exp (RingAttention::lse_elems, f32).
   shape.attention_state_bytes =
       part_.cp_size > 1
@@ -326,12 +343,29 @@ namespace {
 inline int x_index(int local_layer) { return kSlotGlobals + local_layer; }
 }  // namespace
 
-Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base) const {
+void Transformer::acquire_layer(int layer, Phase phase) {
+  store_->acquire(1 + layer, phase);
+  if (ep_ && config_.moe_layer(layer)) {
+    store_->acquire(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  }
+}
+
+void Transformer::release_layer(int layer, Phase phase) {
+  if (ep_ && config_.moe_layer(layer)) {
+    store_->release(moe_expert_group(config_.n_layers, part_.ep_size, layer), phase);
+  }
+  store_->release(1 + layer, phase);
+}
+
+Transformer::LayerParams Transformer::layer_params(int layer, DevPtr base,
+                                                   DevPtr expert_base) const {
   const auto& idx = layer_param_index_[static_cast<size_t>(layer)];
-  const size_t group_start = layout_.groups[static_cast<size_t>(1 + layer)].offset;
   LayerParams p;
+  // A tensor's place in its group's buffer (the layer's, or its routed experts').
   auto at = [&](int i) {
-    return base + (layout_.params[static_cast<size_t>(i)].offset - group_start);
+    const ParamInfo& info = layout_.params[static_cast<size_t>(i)];
+    const size_t start = layout_.groups[static_cast<size_t>(info.group)].offset;
+    return (info.group == 1 + layer ? base : expert_base) + (info.offset - start);
   };
   for (size_t r = 0; r < idx.size(); ++r) {
     if (idx[r] < 0) continue;  // absent in this family: stays null
@@ -553,9 +587,9 @@ void Transformer::forward_stage(int slot, const int32_t* tokens, const int32_t* 
   if (c.moe() && n_local_layers_ > 0) moe_stats_.micro_batches++;
   for (int l = 0; l < n_local_layers_; ++l) {
     const int layer = part_.layer_begin + l;
-    store_->acquire(1 + layer, Phase::kForward);
+    acquire_layer(layer, Phase::kForward);
     layer_forward(slot, layer, act(slot, x_index(l)), act(slot, x_index(l + 1)), B, T);
-    store_->release(1 + layer, Phase::kForward);
+    release_layer(layer, Phase::kForward);
   }
   if (!part_.last_stage()) return;
   if (targets) {
@@ -628,16 +662,45 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
     moe_stats_.z_loss += host[static_cast<size_t>(2 * E)] / N;
   }
   ops_.moe_dispatch(a.moe_order, a.moe_position, a.moe_experts, N, K, E);
-  ops_.moe_gather_forward(a.moe_x, ln2, a.moe_order, N, K, C);
-  size_t row = 0;  // the expert's first dispatched row
-  for (int e = 0; e < E; ++e) {
-    const int rows = counts[static_cast<size_t>(e)];
-    if (rows > 0) {
-      expert_forward(p.experts[static_cast<size_t>(e)], a.moe_x + row * C, a.moe_h1 + row * Fe,
-                     a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(), a.moe_h_act + row * Fe,
-                     a.moe_y + row * C, rows);
+  if (ep_) {
+    // Expert parallelism: the dispatched rows (in a scratch: backward's dmoe_x is free
+    // now) go to their experts' ranks, are reordered expert-major into moe_x, run there,
+    // and their outputs come back in dispatch order into moe_y.
+    DevPtr sent = work(kDMoeX), recv = work(kDMoeY);
+    ops_.moe_gather_forward(sent, ln2, a.moe_order, N, K, C);
+    ep_exchange_counts(counts);
+    std::vector<size_t> send_n, recv_n;
+    ep_row_counts(counts, static_cast<size_t>(C), &send_n, &recv_n);
+    const size_t total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
+    const size_t sent_total = std::accumulate(send_n.begin(), send_n.end(), size_t{0});
+    ep_->all_to_all(CommBuf::device(sent, sent_total), send_n, CommBuf::device(recv, total),
+                    recv_n, {.label = "moe dispatch"});
+    ep_reorder(a.moe_x, recv, counts, static_cast<size_t>(C), /*to_experts=*/true);
+    size_t row = 0;
+    for (int le = 0; le < local_experts_; ++le) {
+      const int rows = ep_expert_rows(counts, le);
+      if (rows > 0) {
+        expert_forward(p.experts[static_cast<size_t>(first_expert_ + le)], a.moe_x + row * C,
+                       a.moe_h1 + row * Fe, a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(),
+                       a.moe_h_act + row * Fe, recv + row * C, rows);
+      }
+      row += static_cast<size_t>(rows);
     }
-    row += static_cast<size_t>(rows);
+    ep_reorder(sent, recv, counts, static_cast<size_t>(C), /*to_experts=*/false);
+    ep_->all_to_all(CommBuf::device(sent, total), recv_n,
+                    CommBuf::device(a.moe_y, sent_total), send_n, {.label = "moe combine"});
+  } else {
+    ops_.moe_gather_forward(a.moe_x, ln2, a.moe_order, N, K, C);
+    size_t row = 0;  // the expert's first dispatched row
+    for (int e = 0; e < E; ++e) {
+      const int rows = counts[static_cast<size_t>(e)];
+      if (rows > 0) {
+        expert_forward(p.experts[static_cast<size_t>(e)], a.moe_x + row * C, a.moe_h1 + row * Fe,
+                       a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(), a.moe_h_act + row * Fe,
+                       a.moe_y + row * C, rows);
+      }
+      row += static_cast<size_t>(rows);
+    }
   }
   ops_.moe_combine_forward(x_out, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
   // The shared experts on every token, each added to the output (the backward scratch of
@@ -648,6 +711,68 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
     expert_forward(p.experts[static_cast<size_t>(E + s)], ln2, a.shared_h1 + s * nF,
                    a.shared_h2 ? a.shared_h2 + s * nF : DevPtr(), a.shared_h_act + s * nF, y, N);
     ops_.add(x_out, x_out, y, static_cast<size_t>(N) * C);
+  }
+}
+
+void Transformer::ep_exchange_counts(std::vector<int>& counts) {
+  const int E = config_.moe_experts;
+  const DevPtr d = scratch(kMoeEpCounts).as(DType::kI32);
+  ops_.upload(d, counts.data(), static_cast<size_t>(E) * sizeof(int32_t));
+  // Rank j gets the counts of its own experts, [j * El, (j + 1) * El).
+  const std::vector<size_t> each(static_cast<size_t>(part_.ep_size),
+                                 static_cast<size_t>(local_experts_));
+  ep_->all_to_all(CommBuf::device(d, static_cast<size_t>(E)), each,
+                  CommBuf::device(d + static_cast<size_t>(E), static_cast<size_t>(E)), each,
+                  {.label = "moe counts"});
+  ops_.download(counts.data() + E, d + static_cast<size_t>(E),
+                static_cast<size_t>(E) * sizeof(int32_t));
+}
+
+int Transformer::ep_expert_rows(const std::vector<int>& counts, int local_expert) const {
+  int rows = 0;
+  for (int src = 0; src < part_.ep_size; ++src) {
+    rows += counts[static_cast<size_t>(config_.moe_experts + src * local_experts_ + local_expert)];
+  }
+  return rows;
+}
+
+void Transformer::ep_row_counts(const std::vector<int>& counts, size_t width,
+                                std::vector<size_t>* send, std::vector<size_t>* recv) const {
+  const int E = config_.moe_experts, El = local_experts_;
+  send->assign(static_cast<size_t>(part_.ep_size), 0);
+  recv->assign(static_cast<size_t>(part_.ep_size), 0);
+  for (int j = 0; j < part_.ep_size; ++j) {
+    for (int le = 0; le < El; ++le) {
+      (*send)[static_cast<size_t>(j)] += static_cast<size_t>(counts[static_cast<size_t>(j * El + le)]) * width;
+      (*recv)[static_cast<size_t>(j)] +=
+          static_cast<size_t>(counts[static_cast<size_t>(E + j * El + le)]) * width;
+    }
+  }
+}
+
+void Transformer::ep_reorder(DevPtr dst, DevPtr src, const std::vector<int>& counts, size_t width,
+                             bool to_experts) {
+  const int E = config_.moe_experts, El = local_experts_, ep = part_.ep_size;
+  const size_t bytes_per_row = width * dtype_size(src.dtype());
+  // Source-major offsets of each (source, local expert) block, in rows.
+  std::vector<size_t> source_major(static_cast<size_t>(ep * El));
+  size_t row = 0;
+  for (int k = 0; k < ep * El; ++k) {
+    source_major[static_cast<size_t>(k)] = row;
+    row += static_cast<size_t>(counts[static_cast<size_t>(E + k)]);
+  }
+  size_t expert_major = 0;
+  for (int le = 0; le < El; ++le) {
+    for (int srcr = 0; srcr < ep; ++srcr) {
+      const size_t k = static_cast<size_t>(srcr * El + le);
+      const size_t rows = static_cast<size_t>(counts[static_cast<size_t>(E) + k]);
+      if (rows > 0) {
+        const size_t from = to_experts ? source_major[k] : expert_major;
+        const size_t to = to_experts ? expert_major : source_major[k];
+        ops_.copy(dst + to * width, src + from * width, rows * bytes_per_row);
+      }
+      expert_major += rows;
+    }
   }
 }
 
@@ -691,21 +816,54 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   zero_elements(dy, NK * C);
   zero_elements(dw, NK);
   ops_.moe_combine_backward(dy, dw, dx, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
-  zero_elements(dxs, NK * C);
-  zero_elements(dh1, NK * Fe);
-  zero_elements(dact, NK * Fe);
-  if (dh2) zero_elements(dh2, NK * Fe);
-  size_t row = 0;
   auto at = [](DevPtr p, size_t offset) { return p ? p + offset : DevPtr(); };
-  for (int e = 0; e < E; ++e) {
-    const int rows = counts[static_cast<size_t>(e)];
-    if (rows > 0) {
-      const size_t xo = row * C, ho = row * Fe;
-      expert_backward(p.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
-                      dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho, at(a.moe_h2, ho),
-                      a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
+  if (ep_) {
+    // Expert parallelism: the outputs' gradients (dispatch order) go to the experts' ranks
+    // (into dxs, source-major), are reordered expert-major into dy, run through the local
+    // experts' backward into dxs, and the inputs' gradients come back (via dy) into dxs in
+    // dispatch order. The experts' rows are those forward received (the same counts).
+    std::vector<size_t> send_n, recv_n;
+    ep_row_counts(counts, static_cast<size_t>(C), &send_n, &recv_n);
+    const size_t total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
+    ep_->all_to_all(CommBuf::device(dy, NK * C), send_n, CommBuf::device(dxs, total), recv_n,
+                    {.label = "moe combine backward"});
+    ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/true);
+    const size_t R = total / static_cast<size_t>(C);
+    zero_elements(dxs, R * C);
+    zero_elements(dh1, R * Fe);
+    zero_elements(dact, R * Fe);
+    if (dh2) zero_elements(dh2, R * Fe);
+    size_t row = 0;
+    for (int le = 0; le < local_experts_; ++le) {
+      const int rows = ep_expert_rows(counts, le);
+      if (rows > 0) {
+        const size_t xo = row * C, ho = row * Fe;
+        const size_t e = static_cast<size_t>(first_expert_ + le);
+        expert_backward(p.experts[e], g.experts[e], dxs + xo, dy + xo, a.moe_x + xo,
+                        a.moe_h1 + ho, at(a.moe_h2, ho), a.moe_h_act + ho, dh1 + ho, at(dh2, ho),
+                        dact + ho, rows);
+      }
+      row += static_cast<size_t>(rows);
     }
-    row += static_cast<size_t>(rows);
+    ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/false);
+    ep_->all_to_all(CommBuf::device(dy, total), recv_n, CommBuf::device(dxs, NK * C), send_n,
+                    {.label = "moe dispatch backward"});
+  } else {
+    zero_elements(dxs, NK * C);
+    zero_elements(dh1, NK * Fe);
+    zero_elements(dact, NK * Fe);
+    if (dh2) zero_elements(dh2, NK * Fe);
+    size_t row = 0;
+    for (int e = 0; e < E; ++e) {
+      const int rows = counts[static_cast<size_t>(e)];
+      if (rows > 0) {
+        const size_t xo = row * C, ho = row * Fe;
+        expert_backward(p.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
+                        dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho, at(a.moe_h2, ho),
+                        a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
+      }
+      row += static_cast<size_t>(rows);
+    }
   }
   ops_.moe_gather_backward(dln, dxs, a.moe_position, N, K, C);
   // The shared experts (their [N, Fe] gradients in the same scratch, K * N rows >= N).
@@ -763,7 +921,11 @@ void Transformer::rope(DevPtr x, int B, int T, int H, int pos, bool backward) {
 void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B,
                                 int T, const CachedKv* cache, const MoeStep* moe) {
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, store_->params(1 + layer));
+  const LayerParams p =
+      layer_params(layer, store_->params(1 + layer),
+                   c.moe_layer(layer)
+                       ? store_->params(moe_expert_group(c.n_layers, part_.ep_size, layer))
+                       : DevPtr());
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of x, the norms and res2 (N/tp: sequence parallel)
   const Architecture& arch = c.family();
@@ -813,7 +975,7 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
     ops_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p.ln2_w, n, C, c.norm_eps);
   }
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
-  if (c.moe()) {
+  if (c.moe_layer(layer)) {
     TRIDENT_CHECK_MSG(moe != nullptr, "a mixture-of-experts layer needs its MoeStep");
     moe_forward(p, a, ln2, x_out, N, *moe);
     ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
@@ -1025,7 +1187,7 @@ void Transformer::backward_stage(int slot, float loss_scale) {
   }
   for (int l = n_local_layers_ - 1; l >= 0; --l) {
     const int layer = part_.layer_begin + l;
-    store_->acquire(1 + layer, Phase::kBackward);
+    acquire_layer(layer, Phase::kBackward);
     if (recompute_ == Recompute::kFull) {
       // The layer's tensors were overwritten by later layers and slots: rerun its forward
       // from the kept input. Its output x_{l+1} is rewritten with the same values.
@@ -1033,7 +1195,7 @@ void Transformer::backward_stage(int slot, float loss_scale) {
                     /*recomputing=*/true);
     }
     layer_backward(slot, layer, act(slot, x_index(l)), dx, B, T, loss_scale);
-    store_->release(1 + layer, Phase::kBackward);
+    release_layer(layer, Phase::kBackward);
   }
   if (part_.first_stage()) {
     store_->acquire(0, Phase::kBackward);
@@ -1098,8 +1260,12 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   // On entry dx = dLoss/dx_out; on exit dx = dLoss/dx_in. Residual branches accumulate
   // straight into dx, since every backward op accumulates.
   const auto& c = config_;
-  const LayerParams p = layer_params(layer, store_->params(1 + layer));
-  const LayerParams g = layer_params(layer, store_->grads(1 + layer));
+  const int eg = moe_expert_group(c.n_layers, part_.ep_size, layer);
+  const bool moe_layer = c.moe_layer(layer);  // else no expert group is held
+  const LayerParams p = layer_params(layer, store_->params(1 + layer),
+                                     moe_layer ? store_->params(eg) : DevPtr());
+  const LayerParams g = layer_params(layer, store_->grads(1 + layer),
+                                     moe_layer ? store_->grads(eg) : DevPtr());
   const LayerActs a = layer_acts(slot, layer - part_.layer_begin);
   const int N = B * T, C = c.d_model, F = ff_, HD = c.head_dim;
   const int n = tp_.local_rows(N);  // rows of dx, x, the norms and res2
@@ -1122,7 +1288,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   DevPtr dh_act = scratch(kDhAct);
 
   // MLP: x_out = res2 + proj(act(ln2(res2))).
-  if (c.moe()) {
+  if (c.moe_layer(layer)) {
     zero_elements(dln_full, NC);
     const int local = layer - part_.layer_begin;
     moe_backward(p, g, a, a.ln2, dx, dln_full, N,

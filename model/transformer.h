@@ -77,7 +77,8 @@
 // recorded. A model built with num_slots 0 has no training activations and
 // runs forward_cached only (generation: model/kv_cache_decoder.h).
 //
-// Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP is E experts
+// Mixture of experts (TransformerConfig::moe_experts > 0): each layer's MLP (but the
+// leading moe_first_dense_layers', which keep the dense MLP: TransformerConfig::moe_layer) is E experts
 // (the family's MLP, hidden width moe_d_ff: layers.{i}.moe.experts.{e}.fc/proj or
 // gate/up/down) and a router, layers.{i}.moe.router.weight (E, C). A token's router
 // logits (ln2 @ router^T) go through a softmax in fp32; its top K experts (a tie to the
@@ -96,6 +97,21 @@
 // the router z-loss mean(logsumexp(logits)^2) (ST-MoE). The experts are ordinary
 // replicated parameters (data parallelism, ZeRO and pipelines treat them as any other);
 // tensor parallelism does not run them (refused).
+//
+// Expert parallelism (ModelPartition::ep_size > 1, the ep Communicator): this rank holds
+// routed experts [ep_rank * E / ep, ...) (their own parameter groups, moe_expert_group);
+// the router and shared experts are replicated. After the dispatch (rows sorted by expert,
+// then token) the rows of each ep rank's experts are contiguous: one all_to_all of the
+// counts (per expert) and one of the rows send them to their experts' ranks; the received
+// rows are reordered expert-major (per local expert, source ranks in rank order, each
+// source's rows in its token order), each local expert runs one GEMM over all of them,
+// and the outputs go back the same way (all_to_all), to be combined as at ep 1. Backward
+// sends the outputs' gradients to the experts and the inputs' gradients back. So the
+// results are those of ep 1 up to the order of the expert weight-gradient sums (one GEMM
+// over the ep group's rows instead of per-rank GEMMs summed by the dp reduction). The
+// counts exchange costs one more upload and download per layer and micro-batch (the
+// received counts size the local GEMMs); the experts' buffers hold up to ep * N * K rows
+// (describe_activations, ActivationShape::ep_size).
 //
 // Threading: one Transformer per thread of control; all compute goes through the Ops,
 // all communication through the tensor-parallel layers' tp Communicator (collectives in
@@ -190,7 +206,7 @@ class Transformer {
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
               DType compute = DType::kF32, Recompute recompute = Recompute::kNone,
-              Communicator* cp = nullptr);
+              Communicator* cp = nullptr, Communicator* ep = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -291,7 +307,27 @@ class Transformer {
   void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
   void check_slots(const char* call) const;  // CHECK-fails without activation slots
   void allocate_activations();
-  LayerParams layer_params(int layer, DevPtr base) const;
+  // `base`: the layer group's buffer, `expert_base` the routed experts' group's (the same
+  // buffer at ep 1).
+  LayerParams layer_params(int layer, DevPtr base, DevPtr expert_base) const;
+  // Acquire / release the groups of layer `layer`: its own and, at ep > 1, its experts'.
+  void acquire_layer(int layer, Phase phase);
+  void release_layer(int layer, Phase phase);
+  // Expert parallelism (ep_ set): the host counts of one MoE layer, [0, E) this rank's
+  // dispatched rows per expert, [E, 2 E) the rows it receives, source-major
+  // ([source ep rank][local expert]); ep_row_counts: the elements (rows * width) sent to
+  // and received from each ep rank.
+  void ep_exchange_counts(std::vector<int>& counts);
+  void ep_row_counts(const std::vector<int>& counts, size_t width, std::vector<size_t>* send,
+                     std::vector<size_t>* recv) const;
+  // The rows local expert `local_expert` received from every source rank together.
+  int ep_expert_rows(const std::vector<int>& counts, int local_expert) const;
+  // Reorders received rows between source-major (as all_to_all delivers them: per source
+  // rank, its rows of each local expert) and expert-major (per local expert, its rows from
+  // each source rank in rank order: what the expert's GEMM reads); `to_experts` picks the
+  // direction. Rows of `width` elements.
+  void ep_reorder(DevPtr dst, DevPtr src, const std::vector<int>& counts, size_t width,
+                  bool to_experts);
   LayerActs layer_acts(int slot, int local_layer) const;
   // f32 views of the activation and scratch slices (null when absent); the integer and
   // opaque slices are re-typed at their use (.as(DType::kI32 / kU8)).
@@ -404,6 +440,9 @@ class Transformer {
   CpChunks cp_;
   int seq_rows_ = 0;
   std::unique_ptr<RingAttention> ring_;
+  // Expert parallelism (part_.ep_size > 1): the ep group tokens travel over.
+  Communicator* ep_ = nullptr;
+  int local_experts_ = 0, first_expert_ = 0;  // routed experts held here
   struct SlotInfo { int B = 0, T = 0; bool has_targets = false; };
   std::vector<SlotInfo> slot_info_;
 };

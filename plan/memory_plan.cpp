@@ -89,6 +89,10 @@ struct GroupTensors {
 
 struct StageGroups {
   GroupTensors embedding, layer, head;  // groups 0, 1 + i (each local layer alike), L + 1
+  // Expert parallelism (ep > 1): each local layer's routed experts held here, a group of
+  // their own (L + 2 + i) reduced and sharded over the expert-data-parallel group; the
+  // layer group then holds the router and the shared experts only.
+  GroupTensors experts;
   double local_layers = 0;
   double num_tensors() const {
     return static_cast<double>(embedding.tensors.size() + head.tensors.size()) +
@@ -115,6 +119,18 @@ StageGroups stage_groups(const TransformerConfig& c, const std::vector<ModelPart
   const bool first = part.first_stage(), last = chunks.back().last_stage();
   if (first) s.embedding = group_tensors(c, GroupKind::kEmbedding, tp, true);
   if (s.local_layers > 0) s.layer = group_tensors(c, GroupKind::kLayer, tp, first);
+  if (s.local_layers > 0 && part.ep_size > 1) {
+    const std::vector<TensorDesc> tensors = describe_group(c, GroupKind::kLayer, tp, first);
+    GroupTensors layer;
+    const int local = c.moe_experts / part.ep_size;  // every ep rank's experts are alike
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int e = tensors[i].expert;
+      const bool routed = e >= 0 && e < c.moe_experts;
+      if (!routed) layer.tensors.push_back(s.layer.tensors[i]);
+      if (routed && e < local) s.experts.tensors.push_back(s.layer.tensors[i]);
+    }
+    s.layer = layer;
+  }
   if (last) s.head = group_tensors(c, GroupKind::kHead, tp, first);
   return s;
 }
@@ -151,6 +167,7 @@ void activation_plan(const Config& config, const ModelPartition& part,
   const int B = config.parallel.micro_batch_size, cp = part.cp_size, rows = c.seq_len / cp;
   const int NH = c.n_heads / part.tp_size, NKV = c.n_kv_heads / part.tp_size;
   shape.cp_size = cp;
+  shape.ep_size = part.ep_size;
   shape.attention_state_bytes =
       cp > 1 ? double(B) * NH * rows * sizeof(float)
              : static_cast<double>(
@@ -323,7 +340,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const TransformerConfig& c = config.model;
   bool layers = false;
   for (const ModelPartition& chunk : config.parallel.virtual_stages > 1
-                                         ? rank_chunks(config, part.tp_rank, part.pp_rank)
+                                         ? rank_chunks(config, part.tp_rank, part.pp_rank, part.ep_rank)
                                          : std::vector<ModelPartition>{part}) {
     layers = layers || (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) > chunk.layer_begin;
   }
@@ -350,13 +367,17 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const int dp = par.dp * par.cp, stage = par.zero_stage;
   // The rank's model chunks (several under interleaved 1F1B: plan/partition.h).
   const std::vector<ModelPartition> chunks =
-      par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
+      par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank, part.ep_rank)
                              : std::vector<ModelPartition>{part};
   const StageGroups g = stage_groups(c, chunks);
-  const double total_floats =
-      g.embedding.floats() + g.local_layers * g.layer.floats() + g.head.floats();
-  const double shard_floats = g.embedding.shard_floats(dp) +
-                              g.local_layers * g.layer.shard_floats(dp) + g.head.shard_floats(dp);
+  // Expert parallelism: the experts' engine runs over dp / ep ranks (parallel/expert_parallel.h).
+  const int edp = par.dp / std::max(1, par.ep);
+  const double total_floats = g.embedding.floats() +
+                              g.local_layers * (g.layer.floats() + g.experts.floats()) +
+                              g.head.floats();
+  const double shard_floats =
+      g.embedding.shard_floats(dp) + g.local_layers * g.layer.shard_floats(dp) +
+      g.head.shard_floats(dp) + g.local_layers * g.experts.shard_floats(edp);
   // The group buffers a ZeRO-2/3 store's pools hold at once (max_held_group_floats): one
   // group, or the head together with the embeddings when a one-stage model's head is tied
   // to wte.
@@ -365,6 +386,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   if (c.tied() && chunks.front().first_stage() && chunks.back().last_stage()) {
     held = std::max(held, g.embedding.floats() + g.head.floats());
   }
+  held += g.experts.floats();  // the experts' store has a pool of its own (one group)
   RankMemory m;
   // The compute weights the model reads; in bf16 the fp32 masters are apart, held like
   // the moments (every element on ZeRO-0, the owned shard from ZeRO-1 on).
@@ -417,13 +439,27 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     // The store's prefetch buffer: one packed group of compute weights.
     m.comm_buffers += dp * group_chunk * kA;
   }
+  if (!g.experts.tensors.empty()) {
+    // The experts' engine, the same buffers over its edp ranks and its one kind of group.
+    const double e_bucket = g.experts.max_chunk_floats(edp, bucket);
+    const double e_group = g.experts.shard_floats(edp);
+    if (stage == 1 || stage == 2) m.comm_buffers += (edp + 1) * e_bucket * (stage == 1 ? kF : kA);
+    if (stage >= 2) m.comm_buffers += (edp + 1) * e_group * kF;
+    if (par.overlap_grad_reduce && stage >= 1 && edp > 1) {
+      m.comm_buffers += 2 * (edp + 1) * (stage == 1 ? e_bucket : e_group) * kF;
+    }
+    if (par.overlap_param_gather && stage == 3 && edp > 1) m.comm_buffers += edp * e_group * kA;
+  }
   // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =
       std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.head.largest_tensor()}) *
       kF;
   // A checkpoint copies the saved rows (parameter, two moments) to host memory: ZeRO-0
   // state is saved by dp rank 0 alone, sharded state by every rank.
-  m.checkpoint = 3 * (stage == 0 ? (dp_rank == 0 ? total_floats : 0.0) : shard_floats) * kF;
+  // Under expert parallelism the experts are saved by each ep rank's edp replica 0.
+  const double ckpt0 = (dp_rank == 0 ? total_floats - g.local_layers * g.experts.floats() : 0.0) +
+                       (dp_rank < par.ep ? g.local_layers * g.experts.floats() : 0.0);
+  m.checkpoint = 3 * (stage == 0 ? ckpt0 : shard_floats) * kF;
   // Tables: ~512 bytes per local tensor (ParamInfo in the trainer's and the model's
   // layout, ShardPlan entries), ~256 per global layer (group tables, the model's
   // per-layer index), the pipeline schedule (built twice at start-up: 2 actions per

@@ -4,7 +4,7 @@
 
 namespace trident {
 
-ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank) {
+ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank, int ep_rank) {
   const ParallelConfig& par = config.parallel;
   ModelPartition part;
   part.tp_rank = tp_rank;
@@ -14,6 +14,9 @@ ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank) {
   part.sequence_parallel = par.sequence_parallel;
   // Context parallelism: every cp rank holds the same sizes (the trainer sets its rank).
   part.cp_size = par.cp;
+  // Expert parallelism: which routed experts this rank holds.
+  part.ep_rank = ep_rank;
+  part.ep_size = par.ep;
   const std::vector<int> counts =
       stage_layer_counts(config.model.n_layers, par.pp, par.stage_layers);
   part.layer_begin = 0;
@@ -22,10 +25,11 @@ ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank) {
   return part;
 }
 
-std::vector<ModelPartition> rank_chunks(const Config& config, int tp_rank, int pp_rank) {
+std::vector<ModelPartition> rank_chunks(const Config& config, int tp_rank, int pp_rank,
+                                        int ep_rank) {
   const ParallelConfig& par = config.parallel;
-  if (par.virtual_stages == 1) return {stage_partition(config, tp_rank, pp_rank)};
-  ModelPartition part = stage_partition(config, tp_rank, pp_rank);
+  if (par.virtual_stages == 1) return {stage_partition(config, tp_rank, pp_rank, ep_rank)};
+  ModelPartition part = stage_partition(config, tp_rank, pp_rank, ep_rank);
   part.num_chunks = par.virtual_stages;
   std::vector<ModelPartition> chunks;
   const auto ranges = chunk_layer_ranges(config.model.n_layers, par.pp, par.virtual_stages);

@@ -14,11 +14,13 @@ namespace trident {
 
 // The stage of the rank at (tp_rank, pp_rank) as one model chunk of its layers
 // (parallel.stage_layers, or balanced), whatever parallel.virtual_stages is: the plan
-// counts a stage's work and parameter table from it.
-ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank);
+// counts a stage's work and parameter table from it. `ep_rank`: which routed experts it
+// holds under parallel.ep (every ep rank holds as many).
+ModelPartition stage_partition(const Config& config, int tp_rank, int pp_rank, int ep_rank = 0);
 
 // The model chunks of the rank at (tp_rank, pp_rank) under `config` (validated).
 // v == 1: one chunk, the stage's layers (parallel.stage_layers, or balanced).
-std::vector<ModelPartition> rank_chunks(const Config& config, int tp_rank, int pp_rank);
+std::vector<ModelPartition> rank_chunks(const Config& config, int tp_rank, int pp_rank,
+                                        int ep_rank = 0);
 
 }  // namespace trident

@@ -89,7 +89,7 @@ struct Links {
 };
 
 Links links_for(const PlanCandidate& l, const PlanOptions& o) {
-  const RankGenerator ranks(l);
+  const RankGenerator ranks(world_generator_layout(l));  // ep folds into dp: no stride
   Links k;
   for (const DimensionInfo& d : kDimensions) {
     k.cross[d.dim] = ranks.span(d.dim) > o.gpus_per_node;

@@ -20,15 +20,20 @@ std::string tensor_name(const char* kind, const ParamInfo& p) { return std::stri
 
 }  // namespace
 
-std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp,
-                                     const RankCoords& coords, int zero_stage) {
+std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dense,
+                                     const RankCoords& coords, int zero_stage,
+                                     const ExpertEngine& experts) {
   std::vector<BoxRef> boxes;
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const ParamInfo& p = layout.params[i];
     if (p.tied_copy) continue;                               // the first stage saves wte
     if (p.tp_replicated() && coords.tp_rank != 0) continue;  // one tp copy
-    // One dp x cp copy (the cp ranks of a replica hold the same parameters).
-    if (zero_stage == 0 && (coords.dp_rank != 0 || coords.cp_rank != 0)) continue;
+    // One dp x cp copy (the cp ranks of a replica hold the same parameters); of a routed
+    // expert under expert parallelism, one expert-data-parallel copy.
+    const bool expert = experts.holds(p);
+    const int replica = expert ? experts.expert_dp_rank : coords.dp_rank;
+    if (zero_stage == 0 && (replica != 0 || coords.cp_rank != 0)) continue;
+    DataParallel& dp = expert ? *experts.dp : dense;
     const DataParallel::OwnedState st = dp.owned_state(static_cast<int>(i));
     if (st.row_end <= st.row_begin) continue;
     BoxRef box;
@@ -45,10 +50,11 @@ std::vector<BoxRef> checkpoint_boxes(const ParamLayout& layout, DataParallel& dp
   return boxes;
 }
 
-Status load_checkpoint_state(Checkpoint& ckpt, const ParamLayout& layout, DataParallel& dp,
-                             Ops& ops) {
+Status load_checkpoint_state(Checkpoint& ckpt, const ParamLayout& layout, DataParallel& dense,
+                             Ops& ops, const ExpertEngine& experts) {
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const ParamInfo& p = layout.params[i];
+    DataParallel& dp = experts.holds(p) ? *experts.dp : dense;
     for (const char* kind : {"param", "adam_m", "adam_v"}) {
       const std::string name = tensor_name(kind, p);
       TRIDENT_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ckpt.shape(name));

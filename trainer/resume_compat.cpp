@@ -84,6 +84,7 @@ const std::vector<KeyRule>& key_rules() {
       {"parallel.tp", Rule::kLayout},
       {"parallel.pp", Rule::kLayout},
       {"parallel.cp", Rule::kLayout},
+      {"parallel.ep", Rule::kLayout},  // reshardable like dp: each expert is stored once
       {"parallel.zero_stage", Rule::kLayout},
       {"parallel.micro_batch_size", Rule::kLayout},
       {"parallel.pipeline_schedule", Rule::kLayout},
@@ -576,8 +577,10 @@ ResumeCompat compare_for_resume(const Config& saved, const Config& now, int64_t 
           std::begin(kDimensions), std::end(kDimensions),
           [&](const DimensionInfo& d) { return key == std::string("parallel.") + d.name; });
       if (!triple && !changed.count(key)) continue;
-      // cp is shown only where it is used (the message of the layouts without it unchanged).
-      if (key == "parallel.cp" && was_values[i].second == "1" && now_values[i].second == "1") {
+      // cp and ep are shown only where used (the message of the layouts without them
+      // unchanged).
+      if ((key == "parallel.cp" || key == "parallel.ep") && was_values[i].second == "1" &&
+          now_values[i].second == "1") {
         continue;
       }
       was.push_back(short_name(key) + "=" + was_values[i].second);

@@ -225,7 +225,8 @@ Status Trainer::make_groups() {
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
   TRIDENT_ASSIGN_OR_RETURN(
       groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
-  chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank);
+  chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank,
+                        groups_.ep_rank);
   for (ModelPartition& chunk : chunks_) {  // context parallelism: this rank's sequence chunks
     chunk.cp_rank = groups_.coords.cp_rank;
     chunk.cp_size = config_.parallel.cp;
@@ -325,18 +326,37 @@ void Trainer::build_model() {
   overlap.micro_batches = accum;
   // Over dp x cp: the cp ranks of a replica hold the same parameters, each the gradient of
   // its share of the tokens (docs/ARCHITECTURE.md "Context parallelism").
-  dp_ = std::make_unique<DataParallel>(layout_, *ops_, groups_.data_parallel(), par.zero_stage,
-                                       static_cast<size_t>(par.bucket_mb) << 20, adamw, compute,
-                                       overlap);
+  ParamStore* store = nullptr;
+  if (par.ep > 1) {
+    // Expert parallelism (parallel/expert_parallel.h): the routed experts' groups (L + 2
+    // and up) reduced and sharded over the expert-data-parallel group, the rest over dp.
+    const int L = mc.n_layers;
+    dense_layout_ = layout_subset(layout_, 0, L + 2);
+    expert_layout_ = layout_subset(layout_, L + 2, static_cast<int>(layout_.groups.size()));
+    dp_ = std::make_unique<DataParallel>(dense_layout_, *ops_, groups_.data_parallel(),
+                                         par.zero_stage, static_cast<size_t>(par.bucket_mb) << 20,
+                                         adamw, compute, overlap);
+    edp_ = std::make_unique<DataParallel>(expert_layout_, *ops_, *groups_.expert_dp,
+                                          par.zero_stage,
+                                          static_cast<size_t>(par.bucket_mb) << 20, adamw,
+                                          compute, overlap);
+    split_store_ = std::make_unique<SplitParamStore>(dp_->store(), edp_->store(), L + 2);
+    store = split_store_.get();
+  } else {
+    dp_ = std::make_unique<DataParallel>(layout_, *ops_, groups_.data_parallel(), par.zero_stage,
+                                         static_cast<size_t>(par.bucket_mb) << 20, adamw, compute,
+                                         overlap);
+    store = &dp_->store();
+  }
   const PipeSchedule schedule = par.pipeline_schedule;
   const int v = par.virtual_stages;
   const int slots =
       PipelineExecutor::required_slots(schedule, par.pp, groups_.coords.pp_rank, accum, v);
   for (const ModelPartition& chunk : chunks_) {
     models_.push_back(std::make_unique<Transformer>(mc, *ops_, chunk, groups_.tp.get(),
-                                                    &dp_->store(), par.micro_batch_size, slots,
+                                                    store, par.micro_batch_size, slots,
                                                     compute, config_.training.recompute,
-                                                    groups_.cp.get()));
+                                                    groups_.cp.get(), groups_.ep.get()));
     models_.back()->set_moe_loss_coefs(config_.training.moe_aux_loss_coef,
                                        config_.training.moe_z_loss_coef);
   }
@@ -358,16 +378,16 @@ Status Trainer::load_initial_weights(const InitWeights& init) {
                                      " does not fit the model");
       }
       const std::vector<float> local = local_part(p, values->data());
-      dp_->load_param(static_cast<int>(i), local);
+      dp_of(i).load_param(static_cast<int>(i), local);
     }
   } else {
     for (size_t i = 0; i < layout_.params.size(); ++i) {
       const std::vector<float> local =
           Transformer::initial_value(config_.model, layout_.params[i], config_.training.seed);
-      dp_->load_param(static_cast<int>(i), local);
+      dp_of(i).load_param(static_cast<int>(i), local);
     }
   }
-  dp_->zero_grad();
+  for_each_dp([](DataParallel& dp) { dp.zero_grad(); });
   return Status::ok();
 }
 
@@ -435,8 +455,12 @@ void Trainer::print_banner() const {
   } else {
     stages = std::to_string(m.n_layers / (c.parallel.pp * v));
   }
+  // Expert parallelism folds into dp: shown inside it ("dp 4 (ep 2)").
+  const std::string dp_text =
+      std::to_string(c.parallel.dp) +
+      (c.parallel.ep > 1 ? " (ep " + std::to_string(c.parallel.ep) + ")" : std::string());
   log::info("layout: world {} = dp {}{} x tp {}{} x pp {} | zero_stage {} | pipeline {}{} (layers per {} {}) | recompute {}",
-            world_->size(), c.parallel.dp,
+            world_->size(), dp_text,
             c.parallel.cp > 1 ? " x cp " + std::to_string(c.parallel.cp) : "", c.parallel.tp,
             c.parallel.sequence_parallel ? " (sequence parallel)" : "", c.parallel.pp,
             c.parallel.zero_stage, pipe_schedule_name(c.parallel.pipeline_schedule),
@@ -473,7 +497,7 @@ void Trainer::print_banner() const {
 void Trainer::reset_traffic() {
   for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
                           groups_.embedding.get(), groups_.cp.get(), groups_.dp_cp.get(),
-                          world_}) {
+                          groups_.ep.get(), groups_.expert_dp.get(), world_}) {
     if (c) c->reset_traffic();
   }
 }
@@ -510,8 +534,10 @@ void Trainer::collect_traffic() {
   stats_.comm_async_ms = times(&CommTimes::async_s);
   stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
   stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
-  stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
-  const DataParallel::Memory mem = dp_->memory();
+  // Under expert parallelism the dp group reduces the dense engine's groups only (the
+  // experts' reductions run over expert_dp, which the summary does not show yet).
+  stats_.analytic = analytic_traffic(config_, chunks_.front(), edp_ ? dense_layout_ : layout_);
+  const DataParallel::Memory mem = data_parallel_memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.master_bytes = static_cast<double>(mem.master);
   stats_.grad_bytes = static_cast<double>(mem.grads);
@@ -520,6 +546,21 @@ void Trainer::collect_traffic() {
   for (const auto& model : models_) {
     stats_.activation_bytes += static_cast<double>(model->activation_bytes());
   }
+}
+
+DataParallel::Memory Trainer::data_parallel_memory() const {
+  DataParallel::Memory mem = dp_->memory();
+  if (edp_) {
+    const DataParallel::Memory e = edp_->memory();
+    mem.params += e.params;
+    mem.master += e.master;
+    mem.grads += e.grads;
+    mem.optimizer += e.optimizer;
+    mem.comm_scratch += e.comm_scratch;
+    mem.params_peak += e.params_peak;
+    mem.grads_peak += e.grads_peak;
+  }
+  return mem;
 }
 
 nlohmann::json Trainer::trainer_state() {
@@ -644,7 +685,7 @@ Status Trainer::resume() {
     st = parsed.status();
     if (st.is_ok()) {
       state = std::move(parsed).value();
-      st = load_checkpoint_state(ckpt.value(), layout_, *dp_, *ops_);
+      st = load_checkpoint_state(ckpt.value(), layout_, *dp_, *ops_, expert_engine());
     }
   } else {
     st = ckpt.status();
@@ -655,7 +696,7 @@ Status Trainer::resume() {
   }
   step_ = static_cast<int>(state->step);
   consumed_samples_ = state->consumed_samples;
-  dp_->set_steps_taken(static_cast<int>(state->optimizer_steps));
+  for_each_dp([&](DataParallel& dp) { dp.set_steps_taken(static_cast<int>(state->optimizer_steps)); });
   // The loss-spike guard's window (absent in older checkpoints; ignored when malformed).
   if (auto it = state->extra.find("recent_losses"); it != state->extra.end() && it->is_array()) {
     std::vector<double> window;
@@ -674,7 +715,7 @@ Status Trainer::resume() {
                 loss_guard_.min_count());
     }
   }
-  dp_->zero_grad();
+  for_each_dp([](DataParallel& dp) { dp.zero_grad(); });
   resumed_from_ = chosen;
   if (!state->checkpoint_uid.empty()) {
     ancestors_ = state->ancestors;
@@ -693,7 +734,7 @@ Status Trainer::resume() {
 
 Status Trainer::save_checkpoint(bool async) {
   const std::vector<BoxRef> boxes =
-      checkpoint_boxes(layout_, *dp_, groups_.coords, config_.parallel.zero_stage);
+      checkpoint_boxes(layout_, *dp_, groups_.coords, config_.parallel.zero_stage, expert_engine());
   Status st = writer_->save(step_, boxes, trainer_state(), *world_, async);
   if (!st.is_ok()) return st.with_context("checkpoint step " + std::to_string(step_));
   const SaveStats& stats = writer_->last_stats();
@@ -710,7 +751,7 @@ Result<StepMetrics> Trainer::train_step() {
   const int accum = c.grad_accum_steps();
   Timer timer;
   reset_traffic();
-  dp_->zero_grad();
+  for_each_dp([](DataParallel& dp) { dp.zero_grad(); });
   if (computes_loss()) last_model().reset_loss_sum();  // clean even after a failed step
   for (const auto& r : runners_) r->reset_status();
   for (const auto& model : models_) model->take_moe_stats();  // drop what evaluation recorded
@@ -720,7 +761,10 @@ Result<StepMetrics> Trainer::train_step() {
     if (data_status.is_ok()) data_status = r->status();
   }
   // Before the step can stop on a data error: what backward issued must complete.
-  dp_->reduce_gradients();
+  for_each_dp([](DataParallel& dp) { dp.reduce_gradients(); });
+  // Expert parallelism: an expert's gradient sums its ep group's tokens, then the expert dp
+  // group's, and that engine divides by its size dp / ep; the mean over dp takes 1 / ep more.
+  if (edp_) edp_->scale_gradients(1.0f / static_cast<float>(c.parallel.ep));
 
   // A data error on any rank stops every rank with the same step.
   const double failed = all_reduce_scalar(data_status.is_ok() ? 0.0 : 1.0, "step data status");
@@ -739,12 +783,16 @@ Result<StepMetrics> Trainer::train_step() {
     groups_.embedding->all_reduce(CommBuf::device(grad.data, grad.floats), ReduceOp::kSum, opts);
   }
   const double norm =
-      std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0), "grad norm"));
+      std::sqrt(all_reduce_scalar(dp_->owned_grad_square_sum(groups_.coords.tp_rank == 0) +
+                                      (edp_ ? edp_->owned_grad_square_sum(groups_.coords.tp_rank == 0) : 0.0),
+                                  "grad norm"));
   if (c.training.grad_clip > 0 && norm > c.training.grad_clip) {
-    dp_->scale_gradients(static_cast<float>(c.training.grad_clip / norm));
+    for_each_dp([&](DataParallel& dp) {
+      dp.scale_gradients(static_cast<float>(c.training.grad_clip / norm));
+    });
   }
   const float lr = learning_rate_at(c.training, step_);
-  dp_->step(lr);
+  for_each_dp([&](DataParallel& dp) { dp.step(lr); });
   // The step's second (and last) device -> host read: the accumulated loss, on the
   // reporting ranks; the other last-stage ranks (tp > 0) only reset theirs.
   const bool reports_loss = computes_loss() && groups_.coords.tp_rank == 0;
@@ -925,22 +973,23 @@ std::map<std::string, std::vector<float>> Trainer::gather_parameters() {
   // every part's layout from describe_params and assembles the global tensors.
   std::vector<float> mine;
   for (size_t i = 0; i < layout_.params.size(); ++i) {
-    std::vector<float> v = dp_->gather_param(static_cast<int>(i));
+    std::vector<float> v = dp_of(i).gather_param(static_cast<int>(i));
     if (!layout_.params[i].tied_copy) mine.insert(mine.end(), v.begin(), v.end());
   }
   std::map<std::string, std::vector<float>> out;
   const Topology& topo = groups_.topology;
   if (world_->rank() != 0) {
-    if (groups_.coords.dp_rank == 0 && groups_.coords.cp_rank == 0) {
+    // Under expert parallelism the first ep ranks of dp together hold every expert.
+    if (groups_.coords.dp_rank < config_.parallel.ep && groups_.coords.cp_rank == 0) {
       world_->send(CommBuf::host(std::span<const float>(mine)), 0, 7001);
     }
     return out;
   }
   for (int r = 0; r < world_->size(); ++r) {
     const RankCoords rc = topo.coords_of(r);
-    if (rc.dp_rank != 0 || rc.cp_rank != 0) continue;
-    const ParamLayout layout =
-        describe_params(config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank));
+    if (rc.dp_rank >= config_.parallel.ep || rc.cp_rank != 0) continue;
+    const ParamLayout layout = describe_params(
+        config_.model, rank_chunks(config_, rc.tp_rank, rc.pp_rank, rc.dp_rank));
     std::vector<float> blob;
     if (r == 0) {
       blob = mine;

@@ -32,8 +32,10 @@
 #include "kernels/ops.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
 #include "plan/traffic_model.h"
+#include "trainer/checkpointing.h"
 #include "trainer/loss_guard.h"
 #include "trainer/metrics.h"
 #include "trainer/resume_compat.h"
@@ -126,6 +128,9 @@ class Trainer {
   // This rank's compute backend (tests: Ops::transfer_counts, the host-sync budget).
   Ops& ops() { return *ops_; }
   DataParallel& data_parallel() { return *dp_; }
+  // What the data-parallel engines allocate together (under expert parallelism the dense
+  // one's and the experts' one's; DataParallel::Memory).
+  DataParallel::Memory data_parallel_memory() const;
 
  private:
   class StageRunner;
@@ -194,6 +199,25 @@ class Trainer {
   std::vector<ModelPartition> chunks_;  // this rank's model chunks, in layer order
   ParamLayout layout_;
   std::unique_ptr<DataParallel> dp_;
+  // Expert parallelism (parallel.ep > 1; parallel/expert_parallel.h): dp_ runs over
+  // dense_layout_ (groups 0 .. L + 1), edp_ over expert_layout_ (the routed experts'
+  // groups) on the expert-data-parallel group; the models read both through split_store_.
+  // Null at ep 1, where dp_ runs over layout_.
+  ParamLayout dense_layout_, expert_layout_;
+  std::unique_ptr<DataParallel> edp_;
+  std::unique_ptr<SplitParamStore> split_store_;
+  // The engine of parameter i (an index of layout_), and every engine in turn.
+  DataParallel& dp_of(size_t i) {
+    return edp_ && layout_.params[i].group >= config_.model.n_layers + 2 ? *edp_ : *dp_;
+  }
+  template <class F>
+  void for_each_dp(F&& f) {
+    f(*dp_);
+    if (edp_) f(*edp_);
+  }
+  ExpertEngine expert_engine() const {
+    return {edp_.get(), config_.model.n_layers + 2, groups_.expert_dp_rank};
+  }
   std::vector<std::unique_ptr<Transformer>> models_;  // one per chunk
   // The model of the last chunk, and whether it computes the loss (the model's last stage).
   Transformer& last_model() { return *models_.back(); }

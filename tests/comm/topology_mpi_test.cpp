@@ -215,17 +215,20 @@ TEST(RankGenerator, FollowsTheOrderItIsGiven) {
   EXPECT_EQ(g.group(ParallelDim::kTp, 0), (std::vector<int>{0, 8, 16}));
 }
 
-TEST(Topology, ValidateLayoutTakesCpAndRefusesEpUntilItIsImplemented) {
+TEST(Topology, ValidateLayoutTakesCpAndEpDividingDp) {
   EXPECT_TRUE(validate_layout(ParallelLayout{.dp = 1, .tp = 2, .pp = 1, .cp = 2}, 4).is_ok());
   const Status cp = validate_layout(ParallelLayout{.dp = 2, .tp = 2, .pp = 1, .cp = 2}, 4);
   EXPECT_EQ(cp.code(), StatusCode::kInvalidConfig);
   EXPECT_EQ(cp.message(),
             "parallel: dp*cp*tp*pp = 8 but the world size is 4 (parallel.dp=2, parallel.cp=2, "
             "parallel.tp=2, parallel.pp=1; launch dp*cp*tp*pp processes)");
-  const Status ep = validate_layout(ParallelLayout{.ep = 4}, 4);
+  // ep folds into dp: the world is dp*cp*tp*pp, and ep must divide dp.
+  EXPECT_TRUE(validate_layout(ParallelLayout{.dp = 4, .ep = 2}, 4).is_ok());
+  const Status ep = validate_layout(ParallelLayout{.dp = 2, .ep = 4}, 2);
   EXPECT_EQ(ep.exit_code(), 2);
   EXPECT_EQ(ep.message(),
-            "parallel.ep: expert parallelism is not implemented yet; must be 1, got 4");
+            "parallel.ep: 4 must divide parallel.dp=2 (expert parallelism splits the "
+            "data-parallel ranks)");
   EXPECT_EQ(validate_degrees(ParallelLayout{.cp = 0}).message(),
             "parallel.cp: must be >= 1, got 0");
 }
@@ -252,3 +255,47 @@ TEST(Topology, DpCpGroupOf2x2x2x2) {
 
 }  // namespace
 }  // namespace trident::test
+
+namespace trident {
+namespace {
+
+// Expert parallelism folds into dp (comm/topology.h "ep", "expert_dp"): spelled out from
+// dp_rank = edp_rank * ep + ep_rank, the ep group of a rank is the ep adjacent dp ranks of
+// its block, the expert dp group the dp ranks with its dp_rank % ep; both in the dp
+// group's order of world ranks, and the world generator's ranks are those of ep 1.
+TEST(Topology, ExpertGroupsFoldIntoDp) {
+  Communicator& world = test::world();
+  const int n = world.size();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even world";
+  for (const int pp : {1, 2}) {
+    if (n % (2 * pp) != 0) continue;
+    const int dp = n / pp, ep = 2;
+    const ParallelLayout layout{.dp = dp, .tp = 1, .pp = pp, .ep = ep};
+    SCOPED_TRACE("dp " + std::to_string(dp) + " pp " + std::to_string(pp));
+    auto groups = make_process_groups(world, layout, false);
+    ASSERT_TRUE(groups.is_ok()) << groups.status().message();
+    const Topology& t = groups->topology;
+    EXPECT_EQ(t.world_size(), n);
+    const RankCoords c = groups->coords;
+    EXPECT_EQ(t.rank_of(c), world.rank());
+    EXPECT_EQ(world.rank(), c.pp_rank * dp + c.dp_rank);  // tp = cp = 1: ep adds no stride
+    EXPECT_EQ(c.ep_rank, 0);  // the world generator's coordinates: ep folds into dp
+    EXPECT_EQ(groups->ep_rank, c.dp_rank % ep);
+    EXPECT_EQ(groups->expert_dp_rank, c.dp_rank / ep);
+    std::vector<int> want_ep, want_edp;
+    for (int j = 0; j < ep; ++j) want_ep.push_back(c.pp_rank * dp + c.dp_rank / ep * ep + j);
+    for (int k = 0; k < dp / ep; ++k) want_edp.push_back(c.pp_rank * dp + k * ep + c.dp_rank % ep);
+    ASSERT_TRUE(groups->ep && groups->expert_dp);
+    EXPECT_EQ(groups->ep->size(), ep);
+    EXPECT_EQ(groups->ep->rank(), groups->ep_rank);
+    EXPECT_EQ(groups->expert_dp->size(), dp / ep);
+    EXPECT_EQ(groups->expert_dp->rank(), c.dp_rank / ep);
+    const std::vector<int> ep_members = groups->ep->world_ranks();
+    if (!ep_members.empty()) EXPECT_EQ(ep_members, want_ep);
+    const std::vector<int> edp_members = groups->expert_dp->world_ranks();
+    if (!edp_members.empty()) EXPECT_EQ(edp_members, want_edp);
+  }
+}
+
+}  // namespace
+}  // namespace trident

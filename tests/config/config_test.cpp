@@ -208,8 +208,9 @@ TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   expect_error(moe, {"model.moe_top_k=9"}, {"model.moe_top_k", "[1, model.moe_experts=8]"});
   expect_error(moe, {"model.moe_top_k=0"}, {"model.moe_top_k"});
   expect_error(moe, {"model.moe_experts=-1"}, {"model.moe_experts", ">= 0"});
-  expect_error(moe, {"model.moe_first_dense_layers=1"},
-               {"model.moe_first_dense_layers", "not supported yet"});
+  EXPECT_EQ(parse_ok(moe, {"model.moe_first_dense_layers=1"}).model.moe_first_dense_layers, 1);
+  expect_error(moe, {"model.moe_first_dense_layers=4"},
+               {"model.moe_first_dense_layers", "[0, model.n_layers=4)"});
   EXPECT_EQ(parse_ok(moe, {"model.moe_shared_experts=2"}).model.moe_shared_experts, 2);
   expect_error(moe, {"model.moe_shared_experts=-1"}, {"model.moe_shared_experts", ">= 0"});
   expect_error(moe, {"model.init_from=gpt2_124M.bin"}, {"model.init_from", "not supported yet"});
@@ -474,6 +475,29 @@ TEST(Config, ContextParallelKeyAndItsRefusals) {
   parse_ok(kMinimal + "model: {seq_len: 32}\nparallel: {cp: 2, tp: 2, sequence_parallel: true}\n");
   parse_ok(kMinimal + "model: {seq_len: 32}\nparallel: {cp: 2, pp: 2, virtual_stages: 2, "
                       "micro_batch_size: 2}\n");
+}
+
+// Expert parallelism (parallel.ep) folds into dp: the world stays dp * cp * tp * pp; ep
+// must divide dp and model.moe_experts, and a dense model refuses it, each with exit 2
+// naming the key.
+TEST(Config, ExpertParallelKeyAndItsRefusals) {
+  const std::string moe = kMinimal +
+                          "model: {arch: llama, moe_experts: 8}\n"
+                          "parallel: {micro_batch_size: 1}\ntraining: {global_batch_size: 12}\n";
+  Config c = parse_ok(moe, {"parallel.dp=4", "parallel.ep=2", "training.global_batch_size=8"});
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.world_size(), 4);
+  EXPECT_EQ(c.grad_accum_steps(), 2);  // 8 / (1 * 4): ep does not split the batch further
+  expect_config_eq(parse_ok(config_to_yaml(c)), c);
+  EXPECT_EQ(parse_ok(kMinimal).parallel.ep, 1);
+  expect_error(moe, {"parallel.dp=2", "parallel.ep=4"},
+               {"parallel.ep: 4 must divide parallel.dp=2"});
+  expect_error(moe, {"parallel.dp=6", "parallel.ep=3"},
+               {"parallel.ep: 3 does not divide model.moe_experts=8"});
+  expect_error(kMinimal, {"parallel.dp=2", "parallel.ep=2", "parallel.micro_batch_size=1"},
+               {"parallel.ep: 2 needs a mixture-of-experts model", "dense"});
+  expect_error(moe, {"parallel.ep=0"}, {"parallel.ep: must be >= 1, got 0"});
+  parse_ok(moe, {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "parallel.zero_stage=3"});
 }
 
 // A "factor and window" pair of keys (the loss-spike guard, the straggler warning): the

@@ -1,7 +1,7 @@
 // ParallelLayout::world_size_wide (comm/parallel_layout.h), the one product of the degrees
 // that the config's size check, `trident plan` and validate_layout read: every dimension
-// of kDimensions counts (cp and ep too, which have no key yet), it equals world_size()
-// wherever that fits an int, and past 64 bits it saturates instead of wrapping.
+// of kDimensions counts but ep (which folds into dp: its ranks are dp ranks), it equals
+// world_size() wherever that fits an int, and past 64 bits it saturates instead of wrapping.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -13,15 +13,15 @@ namespace trident {
 namespace {
 
 TEST(LayoutSize, EveryDimensionCounts) {
-  const ParallelLayout l{.dp = 2, .tp = 3, .pp = 5, .cp = 7, .ep = 11};
-  EXPECT_EQ(l.world_size_wide(), int64_t{2} * 3 * 5 * 7 * 11);
+  const ParallelLayout l{.dp = 22, .tp = 3, .pp = 5, .cp = 7, .ep = 11};
+  EXPECT_EQ(l.world_size_wide(), int64_t{22} * 3 * 5 * 7);
   EXPECT_EQ(l.world_size_wide(), l.world_size());
-  // Each degree alone.
+  // Each degree alone (ep alone spans no ranks).
   for (const DimensionInfo& d : kDimensions) {
     SCOPED_TRACE(d.name);
     ParallelLayout one;
     one.*d.degree = 13;
-    EXPECT_EQ(one.world_size_wide(), 13);
+    EXPECT_EQ(one.world_size_wide(), d.dim == ParallelDim::kEp ? 1 : 13);
   }
 }
 

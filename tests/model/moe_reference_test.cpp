@@ -45,6 +45,7 @@ struct Case {
   int tie_layers;  // the leading layers whose router is zero: all their logits tie
   int shared;      // shared experts
   std::string name;
+  int first_dense = 0;  // model.moe_first_dense_layers: leading layers with the dense MLP
 };
 
 // Runs the reference on `args` (pairs of input and output files).
@@ -79,7 +80,10 @@ const std::vector<Case>& cases() {
       {Arch::kGpt2, DType::kF32, 0.0f, 1, 0, "gpt2_f32"},
       {Arch::kLlama, DType::kF32, 0.01f, 1, 2, "llama_f32_zloss_shared2"},
       {Arch::kGpt2, DType::kBF16, 0.01f, 0, 1, "gpt2_bf16_zloss_shared1"},
-      {Arch::kLlama, DType::kBF16, 0.0f, 2, 0, "llama_bf16_ties"}};
+      {Arch::kLlama, DType::kBF16, 0.0f, 2, 0, "llama_bf16_ties"},
+      // DeepSeek's leading dense layer: layer 0 the family's MLP, layers 1-2 the experts.
+      {Arch::kLlama, DType::kF32, 0.01f, 0, 1, "llama_f32_first_dense1", 1},
+      {Arch::kGpt2, DType::kF32, 0.0f, 0, 0, "gpt2_f32_first_dense2", 2}};
   return all;
 }
 
@@ -100,12 +104,14 @@ struct Outcome {
 Outcome trident_run(const Case& k, const std::string& in_path) {
   Outcome o;
   TransformerConfig& c = o.config;
-  c = testing::tiny_model(k.arch, {.vocab_size = 64, .seq_len = 8, .n_heads = 2,
+  c = testing::tiny_model(k.arch, {.vocab_size = 64, .seq_len = 8,
+                                   .n_layers = k.first_dense > 0 ? 3 : 2, .n_heads = 2,
                                    .n_kv_heads = k.arch == Arch::kLlama ? 1 : -1,
                                    .d_model = 16, .d_ff = 24});
   c.moe_experts = 4;
   c.moe_top_k = 2;
   c.moe_shared_experts = k.shared;
+  c.moe_first_dense_layers = k.first_dense;
   c.finalize();
   EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
   std::unique_ptr<Ops> ops = make_cpu_ops(2);
@@ -139,7 +145,8 @@ Outcome trident_run(const Case& k, const std::string& in_path) {
         {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"d_model", c.d_model},
         {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta}, {"tied", c.tied()},
         {"moe_experts", c.moe_experts}, {"moe_top_k", c.moe_top_k},
-        {"moe_shared_experts", c.moe_shared_experts}}},
+        {"moe_shared_experts", c.moe_shared_experts},
+        {"moe_first_dense_layers", c.moe_first_dense_layers}}},
       {"aux_coef", kAux}, {"z_coef", k.z_coef}, {"B", kBatch}, {"T", c.seq_len},
       {"tokens", tokens}, {"targets", targets}, {"params", params}};
   std::ofstream(in_path) << in.dump();
@@ -191,9 +198,15 @@ void check_case(const Case& k) {
   // Per layer, the assignments each expert received are the reference's choices.
   const int N = kBatch * c.seq_len;
   ASSERT_EQ(stats.counts.size(), static_cast<size_t>(c.n_layers));
+  // (The reference records its MoE layers only: a leading dense layer routes nothing.)
+  ASSERT_EQ(ref["experts"].size(), static_cast<size_t>(c.n_layers - c.moe_first_dense_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     std::vector<int64_t> want(static_cast<size_t>(c.moe_experts), 0);
-    for (int e : ref["experts"][static_cast<size_t>(l)]) want[static_cast<size_t>(e)]++;
+    if (l >= c.moe_first_dense_layers) {
+      for (int e : ref["experts"][static_cast<size_t>(l - c.moe_first_dense_layers)]) {
+        want[static_cast<size_t>(e)]++;
+      }
+    }
     if (l < k.tie_layers) {
       // The tie rule: every token to experts 0 and 1.
       EXPECT_EQ(want, (std::vector<int64_t>{N, N, 0, 0})) << "the reference's tie rule";

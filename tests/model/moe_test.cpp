@@ -216,7 +216,7 @@ TEST(Moe, ExportsAsMixtralAndRefusesWhatMixtralCannotHold) {
     const char* key;
   };
   TransformerConfig dense_first = c;
-  dense_first.moe_first_dense_layers = 1;  // not yet a valid model; the export still names it
+  dense_first.moe_first_dense_layers = 1;  // a valid model that Mixtral cannot hold
   for (const Refused& bad : {Refused{moe_model(Arch::kGpt2), "gpt2 family"},
                              Refused{moe_model(Arch::kLlama, 1), "model.moe_shared_experts=1"},
                              Refused{dense_first, "model.moe_first_dense_layers=1"}}) {

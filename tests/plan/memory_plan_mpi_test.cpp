@@ -30,14 +30,15 @@ std::vector<ParallelLayout> layouts_for_world(int n) {
 // memory and every model chunk's activation arenas and backward scratch.
 void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
                        const std::string& extra, int n_layers, const Ops& ops,
-                       int seq_len = 12) {
+                       int seq_len = 12, const std::string& model_extra = "") {
   SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.
   const Arch family = std::string(arch) == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
   const std::string yaml =
       testing::tiny_model_yaml(family, {.vocab_size = 200, .seq_len = seq_len,
-                                        .n_layers = n_layers, .d_model = 40}) +
+                                        .n_layers = n_layers, .d_model = 40},
+                               model_extra) +
       test::parallel_yaml(l, zero, ", bucket_mb: 1" + extra) +
       "data: {train: " + memory_data_file() + "}\n"
       "training: {global_batch_size: 4, max_steps: 1}\n"
@@ -52,7 +53,8 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
   ASSERT_NE(trainer, nullptr);
   Trainer& t = *trainer;
   ASSERT_TRUE(t.train_step().is_ok());
-  const DataParallel::Memory real = t.data_parallel().memory();
+  if (extra.find("ep: ") != std::string::npos) EXPECT_GT(t.partition().ep_size, 1);
+  const DataParallel::Memory real = t.data_parallel_memory();
   const RankCoords& rc = t.coords();
   const RankMemory m =
       estimate_rank_memory(t.config(), t.partition(), rc.dp_rank * l.cp + rc.cp_rank, ops);
@@ -130,6 +132,28 @@ TEST(MemoryPlanMpi, ContextParallelRanksHoldWhatThePlanSays) {
       check_rank_memory(arch, layout(1, 4, 1, 1), 1, "", 3, *ops, 16);
       check_rank_memory(arch, layout(1, 2, 2, 1), 0, ", sequence_parallel: true", 3, *ops);
       check_rank_memory(arch, layout(1, 2, 1, 2), 0, ", virtual_stages: 2", 4, *ops);
+    }
+  }
+}
+
+// Expert parallelism: each rank holds E / ep experts per layer in groups of their own,
+// reduced and sharded over the dp / ep ranks holding the same experts (a second
+// DataParallel), and receives up to ep * N * K expert rows (the activations and scratch).
+TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
+  const int n = test::world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  const std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  const std::string moe = ", moe_experts: 4, moe_top_k: 2, moe_d_ff: 24, moe_shared_experts: 1";
+  for (const char* arch : {"gpt2", "llama"}) {
+    if (n == 2) {
+      for (int zero = 0; zero <= 3; ++zero) {
+        check_rank_memory(arch, {2, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
+      }
+    }
+    if (n == 4) {
+      for (int zero : {0, 1, 3}) check_rank_memory(arch, {4, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
+      check_rank_memory(arch, {4, 1, 1}, 2, ", ep: 4", 2, *ops, 12, moe);
+      check_rank_memory(arch, {2, 1, 2}, 1, ", ep: 2", 2, *ops, 12, moe);
     }
   }
 }

@@ -22,10 +22,12 @@ the experts' MLP are make_fixtures.py's, the reference of the dense model.
 
 usage: moe_reference.py IN.json OUT.json [IN.json OUT.json ...]  (one torch start-up for all)
   IN: {"config": {arch, vocab_size, n_layers, n_heads, n_kv_heads, d_model, norm_eps,
-       rope_theta, tied, moe_experts, moe_top_k, moe_shared_experts}, "aux_coef", "z_coef", "B", "T",
+       rope_theta, tied, moe_experts, moe_top_k, moe_shared_experts, moe_first_dense_layers
+       (optional: leading layers with the family's dense MLP, as DeepSeek)}, "aux_coef",
+       "z_coef", "B", "T",
        "tokens": [B*T], "targets": [B*T], "params": {name: {"shape": [...], "data": [...]}}}
   OUT: {"loss" (the LM loss), "aux_loss", "z_loss" (each summed over layers, before its
-       coefficient), "experts": per layer the chosen experts [B*T*k], "grads": {name:
+       coefficient), "experts": per MoE layer the chosen experts [B*T*k], "grads": {name:
        [...]}: the gradient of loss + aux_coef * aux_loss + z_coef * z_loss}
 Exit 0 on success, 1 on any error (the message on stderr).
 """
@@ -88,8 +90,15 @@ def run(in_path, out_path):
     P = {n: torch.tensor(t["data"], dtype=torch.float64).view(t["shape"]).requires_grad_(True)
          for n, t in inp["params"].items()}
     record = []
-    _, loss = forward(cfg, P, tokens, targets,
-                      mlp=lambda cfg, P, p, h: moe_mlp(cfg, P, p, h, record))
+    dense = cfg.get("moe_first_dense_layers", 0)
+
+    def mlp(cfg, P, p, h):
+        # p is "layers.{i}.": the leading `dense` layers keep the dense MLP (DeepSeek).
+        if int(p.split(".")[1]) < dense:
+            return family_mlp(cfg, P, p + "mlp.", h)
+        return moe_mlp(cfg, P, p, h, record)
+
+    _, loss = forward(cfg, P, tokens, targets, mlp=mlp)
     aux = sum(r[0] for r in record)
     z = sum(r[1] for r in record)
     experts = [r[2] for r in record]
