@@ -14,6 +14,7 @@
 // scope; an updating output is widened first). Inputs are widened before any output is
 // stored, so outputs that alias inputs (add, cross-entropy backward) stay correct. The
 // scratch is grow-only and owned by the object: no allocation per call once warm.
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -199,6 +200,13 @@ class CpuOps final : public Ops {
     omp_set_num_threads(threads_);
   }
   const char* name() const override { return "cpu"; }
+  // The GEMM kernels OpenBLAS picked for this CPU (a DYNAMIC_ARCH build chooses per CPU
+  // model): fp32 results differ in their last bits between kernel sets, so a bitwise
+  // comparison with a run elsewhere holds only on the same kernels.
+  std::string description() const override {
+    return std::string("cpu (OpenBLAS ") + openblas_get_corename() + " kernels, " +
+           std::to_string(threads_) + " threads)";
+  }
   double peak_flops() const override {
     if (peak_flops_ == 0) {  // measured once, at this object's thread count
       omp_set_num_threads(threads_);

@@ -2,19 +2,30 @@
 //
 // tests/reference/fixtures/resume/<case>/ holds a checkpoint at step 4 written by the
 // commit named in its commit.txt (tests/reference/make_resume_fixtures.sh made them), the
-// config and byte corpus it trained on, and that run's own metrics of steps 5-8 trained
-// straight through. Each case is copied to a scratch directory, resumed from its step_4
-// with today's binary in the layout it was written in, and steps 5-8 must reproduce the
-// loss, gradient norm and learning rate of the old binary's straight run bit for bit
-// (both sides are parsed as doubles from round-trip decimal text). A change to the
-// parameter names or order, the flat layout, the shard files, the trainer state, the RNG
-// streams or the numerics of a step fails here.
+// config and byte corpus it trained on, and per CPU vendor (/proc/cpuinfo's vendor_id)
+// the old binary's own metrics of steps 5-8 from that checkpoint on such a CPU,
+// expected.<vendor>.jsonl (GenuineIntel: the straight run that wrote the checkpoint;
+// AuthenticAMD: that commit's binary resuming it there). Each case is copied to a scratch
+// directory, resumed from its step_4 with today's binary in the layout it was written in,
+// and steps 5-8 must reproduce the loss, gradient norm and learning rate of this vendor's
+// file bit for bit (both sides are parsed as doubles from round-trip decimal text). A
+// change to the parameter names or order, the flat layout, the shard files, the trainer
+// state, the RNG streams or the numerics of a step fails here.
+//
+// Why per vendor: OpenBLAS picks its GEMM kernels per CPU, and the old binary itself gives
+// other last bits of fp32 on the other kind (measured: relative 1e-8 on the loss). On a
+// CPU with no file of its own the records are compared within 1e-6 relative (a layout or
+// state change moves them far more), and the test says that it did so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +58,20 @@ std::map<int, Record> read_steps(const std::string& path) {
   return out;
 }
 
+// This machine's CPU vendor ("GenuineIntel", "AuthenticAMD"), or "unknown".
+std::string cpu_vendor() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("vendor_id", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown" : line.substr(start);
+  }
+  return "unknown";
+}
+
 void check_case(const std::string& name, int ranks) {
   SCOPED_TRACE(name);
   const fs::path fixture = fs::path(TRIDENT_SOURCE_DIR) / "tests/reference/fixtures/resume" / name;
@@ -66,16 +91,40 @@ void check_case(const std::string& name, int ranks) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from ckpt/step_4 (step 4"), std::string::npos) << r.output;
 
-  const std::map<int, Record> want = read_steps((fixture / "expected.jsonl").string());
+  const std::string vendor = cpu_vendor();
+  fs::path expected = fixture / ("expected." + vendor + ".jsonl");
+  const bool bitwise = fs::exists(expected);
+  if (!bitwise) {  // another vendor's file: the first in name order
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(fixture)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("expected.", 0) == 0 && e.path().extension() == ".jsonl") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    ASSERT_FALSE(files.empty()) << fixture << " has no expected.<vendor>.jsonl";
+    expected = files.front();
+    std::printf("note: no %s for CPU vendor %s: compared with %s within 1e-6 relative, not "
+                "bit for bit (tests/reference/make_resume_fixtures.sh --expected-here writes "
+                "this vendor's file)\n",
+                ("expected." + vendor + ".jsonl").c_str(), vendor.c_str(),
+                expected.filename().c_str());
+  }
+  const std::map<int, Record> want = read_steps(expected.string());
   const std::map<int, Record> got = read_steps(dir.file("metrics.jsonl"));
-  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(want.size(), 4u) << expected;
   ASSERT_EQ(got.size(), 4u) << r.output;
   for (const auto& [step, w] : want) {
     ASSERT_TRUE(got.count(step)) << "step " << step;
     const Record& g = got.at(step);
-    EXPECT_EQ(g.loss, w.loss) << "step " << step;
-    EXPECT_EQ(g.grad_norm, w.grad_norm) << "step " << step;
-    EXPECT_EQ(g.lr, w.lr) << "step " << step;
+    if (bitwise) {
+      EXPECT_EQ(g.loss, w.loss) << "step " << step << ", " << expected;
+      EXPECT_EQ(g.grad_norm, w.grad_norm) << "step " << step << ", " << expected;
+      EXPECT_EQ(g.lr, w.lr) << "step " << step << ", " << expected;
+    } else {
+      EXPECT_NEAR(g.loss, w.loss, 1e-6 * std::fabs(w.loss)) << "step " << step;
+      EXPECT_NEAR(g.grad_norm, w.grad_norm, 1e-6 * std::fabs(w.grad_norm)) << "step " << step;
+      EXPECT_EQ(g.lr, w.lr) << "step " << step;
+    }
   }
   EXPECT_NE(got.at(5).loss, got.at(8).loss);  // it trained on
   EXPECT_TRUE(fs::exists(dir.file("ckpt/step_8/manifest.json")));
