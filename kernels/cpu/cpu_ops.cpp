@@ -205,7 +205,7 @@ class CpuOps final : public Ops {
   // comparison with a run elsewhere holds only on the same kernels.
   std::string description() const override {
     return std::string("cpu (OpenBLAS ") + openblas_get_corename() + " kernels, " +
-           std::to_string(threads_) + " threads)";
+           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
   }
   double peak_flops() const override {
     if (peak_flops_ == 0) {  // measured once, at this object's thread count

@@ -415,7 +415,10 @@ TEST(CudaBackend, WithoutADeviceCudaIsAConfigErrorAndAutoIsCpu) {
   auto autos = make_ops(DeviceKind::kAuto, 1, 1);
   ASSERT_TRUE(autos.is_ok()) << autos.status().message();
   EXPECT_STREQ((*autos)->name(), "cpu");
-  EXPECT_EQ((*autos)->description(), "cpu");  // the default description is the name
+  // The CPU backend's line: its name, then the BLAS kernels and threads it runs.
+  EXPECT_EQ((*autos)->description().rfind("cpu (OpenBLAS ", 0), 0u) << (*autos)->description();
+  EXPECT_NE((*autos)->description().find(" kernels, 1 thread)"), std::string::npos)
+      << (*autos)->description();
 }
 
 }  // namespace
