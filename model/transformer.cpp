@@ -662,45 +662,42 @@ void Transformer::moe_forward(const LayerParams& p, const LayerActs& a, DevPtr l
     moe_stats_.z_loss += host[static_cast<size_t>(2 * E)] / N;
   }
   ops_.moe_dispatch(a.moe_order, a.moe_position, a.moe_experts, N, K, E);
+  // The local experts' rows are in moe_x, expert-major; their outputs go to `out`.
+  DevPtr out = a.moe_y;
+  // Expert parallelism: the dispatched rows (in a scratch: backward's dmoe_x is free now)
+  // go to their experts' ranks, are reordered expert-major into moe_x, run there, and
+  // their outputs come back in dispatch order into moe_y.
+  DevPtr sent;
+  std::vector<size_t> send_n, recv_n;
+  size_t total = 0, sent_total = 0;
   if (ep_) {
-    // Expert parallelism: the dispatched rows (in a scratch: backward's dmoe_x is free
-    // now) go to their experts' ranks, are reordered expert-major into moe_x, run there,
-    // and their outputs come back in dispatch order into moe_y.
-    DevPtr sent = work(kDMoeX), recv = work(kDMoeY);
+    sent = work(kDMoeX);
+    out = work(kDMoeY);
     ops_.moe_gather_forward(sent, ln2, a.moe_order, N, K, C);
     ep_exchange_counts(counts);
-    std::vector<size_t> send_n, recv_n;
     ep_row_counts(counts, static_cast<size_t>(C), &send_n, &recv_n);
-    const size_t total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
-    const size_t sent_total = std::accumulate(send_n.begin(), send_n.end(), size_t{0});
-    ep_->all_to_all(CommBuf::device(sent, sent_total), send_n, CommBuf::device(recv, total),
+    total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
+    sent_total = std::accumulate(send_n.begin(), send_n.end(), size_t{0});
+    ep_->all_to_all(CommBuf::device(sent, sent_total), send_n, CommBuf::device(out, total),
                     recv_n, {.label = "moe dispatch"});
-    ep_reorder(a.moe_x, recv, counts, static_cast<size_t>(C), /*to_experts=*/true);
-    size_t row = 0;
-    for (int le = 0; le < local_experts_; ++le) {
-      const int rows = ep_expert_rows(counts, le);
-      if (rows > 0) {
-        expert_forward(p.experts[static_cast<size_t>(first_expert_ + le)], a.moe_x + row * C,
-                       a.moe_h1 + row * Fe, a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(),
-                       a.moe_h_act + row * Fe, recv + row * C, rows);
-      }
-      row += static_cast<size_t>(rows);
-    }
-    ep_reorder(sent, recv, counts, static_cast<size_t>(C), /*to_experts=*/false);
-    ep_->all_to_all(CommBuf::device(sent, total), recv_n,
-                    CommBuf::device(a.moe_y, sent_total), send_n, {.label = "moe combine"});
+    ep_reorder(a.moe_x, out, counts, static_cast<size_t>(C), /*to_experts=*/true);
   } else {
     ops_.moe_gather_forward(a.moe_x, ln2, a.moe_order, N, K, C);
-    size_t row = 0;  // the expert's first dispatched row
-    for (int e = 0; e < E; ++e) {
-      const int rows = counts[static_cast<size_t>(e)];
-      if (rows > 0) {
-        expert_forward(p.experts[static_cast<size_t>(e)], a.moe_x + row * C, a.moe_h1 + row * Fe,
-                       a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(), a.moe_h_act + row * Fe,
-                       a.moe_y + row * C, rows);
-      }
-      row += static_cast<size_t>(rows);
+  }
+  size_t row = 0;  // the expert's first row
+  for (int le = 0; le < local_experts_; ++le) {
+    const int rows = local_expert_rows(counts, le);
+    if (rows > 0) {
+      expert_forward(p.experts[static_cast<size_t>(first_expert_ + le)], a.moe_x + row * C,
+                     a.moe_h1 + row * Fe, a.moe_h2 ? a.moe_h2 + row * Fe : DevPtr(),
+                     a.moe_h_act + row * Fe, out + row * C, rows);
     }
+    row += static_cast<size_t>(rows);
+  }
+  if (ep_) {
+    ep_reorder(sent, out, counts, static_cast<size_t>(C), /*to_experts=*/false);
+    ep_->all_to_all(CommBuf::device(sent, total), recv_n,
+                    CommBuf::device(a.moe_y, sent_total), send_n, {.label = "moe combine"});
   }
   ops_.moe_combine_forward(x_out, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
   // The shared experts on every token, each added to the output (the backward scratch of
@@ -728,7 +725,8 @@ void Transformer::ep_exchange_counts(std::vector<int>& counts) {
                 static_cast<size_t>(E) * sizeof(int32_t));
 }
 
-int Transformer::ep_expert_rows(const std::vector<int>& counts, int local_expert) const {
+int Transformer::local_expert_rows(const std::vector<int>& counts, int local_expert) const {
+  if (!ep_) return counts[static_cast<size_t>(local_expert)];
   int rows = 0;
   for (int src = 0; src < part_.ep_size; ++src) {
     rows += counts[static_cast<size_t>(config_.moe_experts + src * local_experts_ + local_expert)];
@@ -817,53 +815,40 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   zero_elements(dw, NK);
   ops_.moe_combine_backward(dy, dw, dx, a.moe_y, a.moe_weights, a.moe_position, N, K, C);
   auto at = [](DevPtr p, size_t offset) { return p ? p + offset : DevPtr(); };
+  // Expert parallelism: the outputs' gradients (dispatch order) go to the experts' ranks
+  // (into dxs, source-major), are reordered expert-major into dy, run through the local
+  // experts' backward into dxs, and the inputs' gradients come back (via dy) into dxs in
+  // dispatch order. The experts' rows are those forward received (the same counts).
+  size_t R = NK;  // the local experts' rows
+  std::vector<size_t> send_n, recv_n;
+  size_t total = 0;
   if (ep_) {
-    // Expert parallelism: the outputs' gradients (dispatch order) go to the experts' ranks
-    // (into dxs, source-major), are reordered expert-major into dy, run through the local
-    // experts' backward into dxs, and the inputs' gradients come back (via dy) into dxs in
-    // dispatch order. The experts' rows are those forward received (the same counts).
-    std::vector<size_t> send_n, recv_n;
     ep_row_counts(counts, static_cast<size_t>(C), &send_n, &recv_n);
-    const size_t total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
+    total = std::accumulate(recv_n.begin(), recv_n.end(), size_t{0});
     ep_->all_to_all(CommBuf::device(dy, NK * C), send_n, CommBuf::device(dxs, total), recv_n,
                     {.label = "moe combine backward"});
     ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/true);
-    const size_t R = total / static_cast<size_t>(C);
-    zero_elements(dxs, R * C);
-    zero_elements(dh1, R * Fe);
-    zero_elements(dact, R * Fe);
-    if (dh2) zero_elements(dh2, R * Fe);
-    size_t row = 0;
-    for (int le = 0; le < local_experts_; ++le) {
-      const int rows = ep_expert_rows(counts, le);
-      if (rows > 0) {
-        const size_t xo = row * C, ho = row * Fe;
-        const size_t e = static_cast<size_t>(first_expert_ + le);
-        expert_backward(p.experts[e], g.experts[e], dxs + xo, dy + xo, a.moe_x + xo,
-                        a.moe_h1 + ho, at(a.moe_h2, ho), a.moe_h_act + ho, dh1 + ho, at(dh2, ho),
-                        dact + ho, rows);
-      }
-      row += static_cast<size_t>(rows);
+    R = total / static_cast<size_t>(C);
+  }
+  zero_elements(dxs, R * C);
+  zero_elements(dh1, R * Fe);
+  zero_elements(dact, R * Fe);
+  if (dh2) zero_elements(dh2, R * Fe);
+  size_t row = 0;
+  for (int le = 0; le < local_experts_; ++le) {
+    const int rows = local_expert_rows(counts, le);
+    if (rows > 0) {
+      const size_t xo = row * C, ho = row * Fe;
+      const size_t e = static_cast<size_t>(first_expert_ + le);
+      expert_backward(p.experts[e], g.experts[e], dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho,
+                      at(a.moe_h2, ho), a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
     }
+    row += static_cast<size_t>(rows);
+  }
+  if (ep_) {
     ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/false);
     ep_->all_to_all(CommBuf::device(dy, total), recv_n, CommBuf::device(dxs, NK * C), send_n,
                     {.label = "moe dispatch backward"});
-  } else {
-    zero_elements(dxs, NK * C);
-    zero_elements(dh1, NK * Fe);
-    zero_elements(dact, NK * Fe);
-    if (dh2) zero_elements(dh2, NK * Fe);
-    size_t row = 0;
-    for (int e = 0; e < E; ++e) {
-      const int rows = counts[static_cast<size_t>(e)];
-      if (rows > 0) {
-        const size_t xo = row * C, ho = row * Fe;
-        expert_backward(p.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
-                        dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho, at(a.moe_h2, ho),
-                        a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
-      }
-      row += static_cast<size_t>(rows);
-    }
   }
   ops_.moe_gather_backward(dln, dxs, a.moe_position, N, K, C);
   // The shared experts (their [N, Fe] gradients in the same scratch, K * N rows >= N).

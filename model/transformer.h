@@ -320,8 +320,10 @@ class Transformer {
   void ep_exchange_counts(std::vector<int>& counts);
   void ep_row_counts(const std::vector<int>& counts, size_t width, std::vector<size_t>* send,
                      std::vector<size_t>* recv) const;
-  // The rows local expert `local_expert` received from every source rank together.
-  int ep_expert_rows(const std::vector<int>& counts, int local_expert) const;
+  // The rows local expert `local_expert` (expert first_expert_ + local_expert) runs: its
+  // dispatched rows without expert parallelism, else those it received from every source
+  // rank together (counts after ep_exchange_counts).
+  int local_expert_rows(const std::vector<int>& counts, int local_expert) const;
   // Reorders received rows between source-major (as all_to_all delivers them: per source
   // rank, its rows of each local expert) and expert-major (per local expert, its rows from
   // each source rank in rank order: what the expert's GEMM reads); `to_experts` picks the
