@@ -109,20 +109,23 @@ class ProfilingOps : public testing::ForwardingOps {
                 bytes_of(oc, {bias}));
     inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
   }
+  using ForwardingOps::matmul_backward;
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                       DevPtr weight, int N, int IC, int OC) override {
+                       DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) override {
     const double one = 2.0 * N * IC * OC;
     const size_t n = static_cast<size_t>(N), ic = static_cast<size_t>(IC),
                  oc = static_cast<size_t>(OC);
-    // Each operand once; an accumulated gradient (beta = 1) is read and written.
+    // Each operand once; an accumulated gradient (beta = 1) is read and written, a set
+    // input gradient (beta = 0) only written.
+    const double dinp_passes = dinp_write == GradWrite::kSet ? 1 : 2;
     const double bytes = bytes_of(n * oc, {dout}) + bytes_of(oc * ic, {dweight, dweight}) +
                          bytes_of(oc, {dbias, dbias}) +
                          (dinp.is_null() ? 0 : bytes_of(oc * ic, {weight}) +
-                                                   bytes_of(n * ic, {dinp, dinp})) +
+                                                   dinp_passes * bytes_of(n * ic, {dinp})) +
                          (dweight.is_null() ? 0 : bytes_of(n * ic, {inp}));
     Scope s(this, OC == named_oc_ ? named_backward_.c_str() : "matmul_backward",
             (dinp.is_null() ? 0 : one) + (dweight.is_null() ? 0 : one), bytes);
-    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, dinp_write);
   }
   void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {
     Scope s(this, "rope_forward", 0, bytes_of(static_cast<size_t>(B) * T * H * HD, {x, x}));

@@ -59,9 +59,10 @@ class ForwardingOps : public Ops {
                       int OC) override {
     inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
   }
+  using Ops::matmul_backward;
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                       DevPtr weight, int N, int IC, int OC) override {
-    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+                       DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) override {
+    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, dinp_write);
   }
 
   void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {

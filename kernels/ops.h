@@ -26,7 +26,7 @@
 // - Backward functions ACCUMULATE (+=) into every gradient they produce, inputs and
 //   parameters alike; a null gradient pointer means "not needed". The exceptions are
 //   cross_entropy_backward and xent_local_backward, which overwrite (so dlogits may
-//   alias logits).
+//   alias logits), and matmul_backward's input gradient when asked to set it (GradWrite).
 // - Functions are synchronous with respect to later calls on the same Ops object.
 // - Thread safety: one Ops object per thread of control (it owns scratch memory).
 // - Host synchronisation: only download() reads device memory back to the host (a sync on
@@ -57,6 +57,11 @@ struct AdamWParams {
   float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
   int step = 1;               // 1-based, for bias correction
 };
+
+// How matmul_backward writes its input gradient: kAdd accumulates (dinp += ...), kSet
+// overwrites (dinp = ..., beta = 0), for the first writer of a gradient, which then needs
+// no zero-fill before it.
+enum class GradWrite { kAdd, kSet };
 
 // Host <-> device transfers made through one Ops object since it was created.
 struct TransferCounts {
@@ -148,8 +153,15 @@ class Ops {
   virtual void matmul_forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N, int IC,
                               int OC) = 0;
   // dinp[N, IC] += dout @ weight; dweight[OC, IC] += dout^T @ inp; dbias[OC] += sum_n dout.
+  // With GradWrite::kSet, dinp = dout @ weight instead (beta = 0: dinp is written, never
+  // read, so it need not be zeroed first): for the first writer of an input gradient.
+  // The weight and bias gradients always accumulate.
   virtual void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                               DevPtr weight, int N, int IC, int OC) = 0;
+                               DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) = 0;
+  void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
+                       DevPtr weight, int N, int IC, int OC) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, GradWrite::kAdd);
+  }
 
   // ---- attention ----------------------------------------------------------------
   // Rotary embedding in place on x[B, T, H, HD], GPT-NeoX / HF "rotate half" pairing:

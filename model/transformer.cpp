@@ -1216,9 +1216,8 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   const char* head_name = c.tied() ? "wte" : "lm_head.weight";
   const int group = head_in_embeddings ? 0 : head_group;
   DevPtr dln_full = scratch(kDln);
-  zero_elements(dln_full, NC);
   head_.backward(dln_full, group_grad(group, head_name), DevPtr(), logits, act(slot, kLnf),
-                 group_param(group, head_name), N);
+                 group_param(group, head_name), N, GradWrite::kSet);
   DevPtr dln = tp_.reduce_column_input_grad(dln_full, scratch(kDlnLocal), N, C, "head dinput");
   DevPtr dx = scratch(kDx);
   zero_elements(dx, static_cast<size_t>(n) * C);
@@ -1285,19 +1284,18 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
       ops_.rmsnorm_backward(dx, into[0], dln_full, a.res2, p.ln2_w, a.ln2_rstd, n, C);
     }
   } else {
-  zero_elements(dh_act, nF);
-  proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, work);
+  // The first writer of each input gradient sets it (GradWrite::kSet: no zero-fill first).
+  proj_.backward(dh_act, g.proj_w, g.proj_b, dx, a.h_act, p.proj_w, N, work, GradWrite::kSet);
   zero_elements(dh1, nF);
-  zero_elements(dln_full, NC);
   // The MLP's input, gathered again for the weight gradients (sequence parallelism).
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input (backward)");
   if (!arch.swiglu()) {
     ops_.gelu_backward(dh1, dh_act, a.h1, nF);
-    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N);
+    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N, GradWrite::kSet);
   } else {
     zero_elements(dh2, nF);
     ops_.swiglu_backward(dh1, dh2, dh_act, a.h1, a.h2, nF);
-    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N);
+    fc_.backward(dln_full, g.fc_w, g.fc_b, dh1, ln2, p.fc_w, N, GradWrite::kSet);
     up_.backward(dln_full, g.up_w, DevPtr(), dh2, ln2, p.up_w, N);
   }
   DevPtr dln = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "mlp dinput");
@@ -1311,8 +1309,7 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
 
   // Attention: res2 = x_in + o(attn(q, k, v)), q/k/v = linear(ln1(x_in))
   const size_t nq = static_cast<size_t>(N) * q_dim, nkv = static_cast<size_t>(N) * kv_dim;
-  zero_elements(datty, nq);
-  o_.backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N, work);
+  o_.backward(datty, g.o_w, g.o_b, dx, a.atty, p.o_w, N, work, GradWrite::kSet);
   zero_elements(dq, nq);
   zero_elements(dk, nkv);
   zero_elements(dv, nkv);
@@ -1333,9 +1330,8 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
     rope(dq, B, T, heads_, 0, true);
     rope(dk, B, T, kv_heads_, 0, true);
   }
-  zero_elements(dln_full, NC);
   DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input (backward)");
-  q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N);
+  q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N, GradWrite::kSet);
   k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
   v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
   DevPtr dln_attn = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");

@@ -110,8 +110,10 @@ void ColumnParallelLinear::forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr
 }
 
 void ColumnParallelLinear::backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout,
-                                    DevPtr inp, DevPtr weight, int N) const {
-  tp_->ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, in_, out_local_);
+                                    DevPtr inp, DevPtr weight, int N,
+                                    GradWrite dinp_write) const {
+  tp_->ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, in_, out_local_,
+                             dinp_write);
 }
 
 // ---- row-parallel linear ------------------------------------------------------------------
@@ -131,9 +133,11 @@ void RowParallelLinear::forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bi
 }
 
 void RowParallelLinear::backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout,
-                                 DevPtr inp, DevPtr weight, int N, DevPtr dout_full) const {
+                                 DevPtr inp, DevPtr weight, int N, DevPtr dout_full,
+                                 GradWrite dinp_write) const {
   DevPtr full = tp_->gather_rows(dout, dout_full, N, out_, label_);
-  tp_->ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, N, in_local_, out_);
+  tp_->ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, N, in_local_, out_,
+                             dinp_write);
 }
 
 // ---- vocab-parallel embedding -------------------------------------------------------------

@@ -140,9 +140,10 @@ class ColumnParallelLinear {
   // be null). No communication (column input, forward: identity).
   void forward(DevPtr out, DevPtr inp, DevPtr weight, DevPtr bias, int N) const;
   // dinp[N, in] += this rank's partial input gradient (complete only after
-  // TensorParallel::reduce_column_input_grad); dweight, dbias += their local gradients.
+  // TensorParallel::reduce_column_input_grad; = with GradWrite::kSet); dweight, dbias +=
+  // their local gradients.
   void backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                DevPtr weight, int N) const;
+                DevPtr weight, int N, GradWrite dinp_write = GradWrite::kAdd) const;
 
  private:
   const TensorParallel* tp_ = nullptr;
@@ -171,11 +172,12 @@ class RowParallelLinear {
                DevPtr partial = DevPtr()) const;
   // dout is this rank's rows of the output gradient: all of them (row output, backward:
   // identity), or with sequence parallelism local_rows(N) of them, gathered into the
-  // [N, out] workspace `dout_full`. dinp[N, in_local], dweight += local gradients; dbias
-  // += sum over all N rows of dout on every rank (the bias is replicated, so each rank
-  // holds its full gradient).
+  // [N, out] workspace `dout_full`. dinp[N, in_local] (+= or, GradWrite::kSet, =), dweight
+  // += local gradients; dbias += sum over all N rows of dout on every rank (the bias is
+  // replicated, so each rank holds its full gradient).
   void backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                DevPtr weight, int N, DevPtr dout_full = DevPtr()) const;
+                DevPtr weight, int N, DevPtr dout_full = DevPtr(),
+                GradWrite dinp_write = GradWrite::kAdd) const;
 
  private:
   const TensorParallel* tp_ = nullptr;

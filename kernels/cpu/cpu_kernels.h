@@ -52,8 +52,11 @@ void sgemm_on_grid(SgemmGrid grid, bool trans_a, bool trans_b, int M, int N, int
                    int ldc);
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int IC, int OC);
+// dinp += dout @ weight (dinp = ... when set_dinp: beta 0, dinp not read); dweight and dbias
+// accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC);
+                     const float* inp, const float* weight, int N, int IC, int OC,
+                     bool set_dinp = false);
 // dst[C] += sum over the N rows of src[N, C]; rows summed in order (deterministic).
 void column_sum_accumulate(float* dst, const float* src, int N, int C);
 

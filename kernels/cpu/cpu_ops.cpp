@@ -312,15 +312,17 @@ class CpuOps final : public Ops {
     F32Out out_f(c, out, elems(N, OC), "out", Store::kOverwrite);
     cpu::matmul_forward(out_f, inp_f, weight_f, bias_f, N, IC, OC);
   }
+  using Ops::matmul_backward;
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                       DevPtr weight, int N, int IC, int OC) override {
+                       DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) override {
     Call c = call("matmul_backward");
     F32In dout_f(c, dout, elems(N, OC), "dout");
     F32In inp_f(c, inp, elems(N, IC), "inp");
     F32In weight_f(c, weight, elems(OC, IC), "weight");
-    F32Out dinp_f(c, dinp, elems(N, IC), "dinp", Store::kUpdate);
+    const bool set = dinp_write == GradWrite::kSet;
+    F32Out dinp_f(c, dinp, elems(N, IC), "dinp", set ? Store::kOverwrite : Store::kUpdate);
     cpu::matmul_backward(dinp_f, c.f32(dweight, "dweight"), c.f32(dbias, "dbias"), dout_f, inp_f,
-                         weight_f, N, IC, OC);
+                         weight_f, N, IC, OC, set);
   }
 
   void rope_forward(DevPtr x, int B, int T, int H, int HD, float theta, int pos_offset) override {

@@ -145,9 +145,11 @@ void column_sum_accumulate(float* dst, const float* src, int N, int C) {
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC) {
-  if (dinp != nullptr) {  // dinp[N, IC] += dout[N, OC] @ weight[OC, IC]
-    sgemm_tiled(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+                     const float* inp, const float* weight, int N, int IC, int OC,
+                     bool set_dinp) {
+  if (dinp != nullptr) {  // dinp[N, IC] (+)= dout[N, OC] @ weight[OC, IC]
+    sgemm_tiled(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, set_dinp ? 0.0f : 1.0f, dinp,
+                IC);
   }
   if (dweight != nullptr) {  // dweight[OC, IC] += dout^T @ inp
     sgemm_tiled(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);

@@ -134,10 +134,11 @@ GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC) {
       d.trans_b = true;
       break;
     case LinearGemm::kDinp:
+    case LinearGemm::kDinpSet:
       d.M = N;
       d.N = IC;
       d.K = OC;
-      d.accumulate = true;
+      d.accumulate = which == LinearGemm::kDinp;
       break;
     case LinearGemm::kDweight:
       d.M = OC;
@@ -331,8 +332,9 @@ class CudaOps final : public Ops {
                                                        std::to_string(OC));
     gemm(linear_gemm_desc(LinearGemm::kForward, N, IC, OC), inp, weight, out, bias);
   }
+  using Ops::matmul_backward;
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                       DevPtr weight, int N, int IC, int OC) override {
+                       DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) override {
     Op op(*this, "matmul_backward");
     f(op, dinp, "dinp");
     f32(op, dweight, "dweight");
@@ -340,8 +342,11 @@ class CudaOps final : public Ops {
     f(op, dout, "dout");
     f(op, inp, "inp");
     f(op, weight, "weight");
-    if (!dinp.is_null())  // dinp[N, IC] += dout[N, OC] @ weight[OC, IC]
-      gemm(linear_gemm_desc(LinearGemm::kDinp, N, IC, OC), dout, weight, dinp, DevPtr());
+    if (!dinp.is_null()) {  // dinp[N, IC] (+)= dout[N, OC] @ weight[OC, IC]
+      const LinearGemm which =
+          dinp_write == GradWrite::kSet ? LinearGemm::kDinpSet : LinearGemm::kDinp;
+      gemm(linear_gemm_desc(which, N, IC, OC), dout, weight, dinp, DevPtr());
+    }
     if (!dweight.is_null())  // dweight[OC, IC] += dout^T @ inp (K = the N rows)
       gemm(linear_gemm_desc(LinearGemm::kDweight, N, IC, OC), dout, inp, dweight, DevPtr());
     if (!dbias.is_null()) {

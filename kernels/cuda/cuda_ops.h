@@ -98,9 +98,11 @@ class AttentionPlanner {
 // fields set (dtypes, bias: by the caller from the buffers):
 // - kForward: out[N, OC] = inp[N, IC] @ weight[OC, IC]^T  -> M=N, N=OC, K=IC, trans_b;
 // - kDinp:    dinp[N, IC] += dout[N, OC] @ weight[OC, IC] -> M=N, N=IC, K=OC, accumulate;
+// - kDinpSet: dinp[N, IC] = dout[N, OC] @ weight[OC, IC]  -> the same, beta = 0
+//             (GradWrite::kSet);
 // - kDweight: dweight[OC, IC] += dout^T @ inp[N, IC]      -> M=OC, N=IC, K=N, trans_a,
 //             accumulate.
-enum class LinearGemm { kForward, kDinp, kDweight };
+enum class LinearGemm { kForward, kDinp, kDinpSet, kDweight };
 GemmDesc linear_gemm_desc(LinearGemm which, int N, int IC, int OC);
 
 // The CUDA Ops on `device` (an index < the visible device count). Errors (invalid_config,

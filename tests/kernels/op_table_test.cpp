@@ -274,16 +274,22 @@ Def rmsnorm(DType F, int N, int C) {
 }
 
 // ---- linear ---------------------------------------------------------------------
-// F: the activations (inp, out, dout, dinp); W: the weights (weight, bias).
-Def matmul(DType F, DType W, int N, int IC, int OC, bool bias) {
+// F: the activations (inp, out, dout, dinp); W: the weights (weight, bias). write kSet:
+// dinp is set, not accumulated (the first writer of a gradient); it starts as NaN, so a
+// backend that reads it (beta 1) gives NaN. The weight and bias gradients accumulate.
+Def matmul(DType F, DType W, int N, int IC, int OC, bool bias,
+           GradWrite write = GradWrite::kAdd) {
   const std::string tag =
       F == W ? dtype_name(F) : std::string("mixed_act") + dtype_name(F) + "_w" + dtype_name(W);
-  auto d = make("matmul", tag, dims({{"N", N}, {"IC", IC}, {"OC", OC}}) + (bias ? "" : "_nobias"));
+  const bool set = write == GradWrite::kSet;
+  auto d = make("matmul", tag,
+                dims({{"N", N}, {"IC", IC}, {"OC", OC}}) + (bias ? "" : "_nobias") +
+                    (set ? "_setdinp" : ""));
   d->args = {arg("out", F, sz(N) * OC, Role::kOut), arg("inp", F, sz(N) * IC, Role::kIn),
              arg("weight", W, sz(OC) * IC, Role::kIn)};
   if (bias) d->args.push_back(arg("bias", W, sz(OC), Role::kIn));
   d->args.push_back(arg("dout", F, sz(N) * OC, Role::kGradIn));
-  d->args.push_back(arg("dinp", F, sz(N) * IC, Role::kGradOut));
+  d->args.push_back(arg("dinp", F, sz(N) * IC, set ? Role::kGradSet : Role::kGradOut));
   d->args.push_back(arg("dweight", kF32, sz(OC) * IC, Role::kGradOut));
   if (bias) d->args.push_back(arg("dbias", kF32, sz(OC), Role::kGradOut));
   d->reduction = sz(std::max({N, IC, OC}));
@@ -292,7 +298,7 @@ Def matmul(DType F, DType W, int N, int IC, int OC, bool bias) {
   };
   d->backward = [=](Ops& ops, const Bufs& b) {
     ops.matmul_backward(b["dinp"], b["dweight"], bias ? b["dbias"] : DevPtr(), b["dout"], b["inp"],
-                        b["weight"], N, IC, OC);
+                        b["weight"], N, IC, OC, write);
   };
   d->ref_forward = [=](Host& h) {
     const VecD &x = h.at("inp"), &w = h.at("weight");
@@ -305,6 +311,7 @@ Def matmul(DType F, DType W, int N, int IC, int OC, bool bias) {
   };
   d->ref_backward = [=](Host& h) {
     const VecD &x = h.at("inp"), &w = h.at("weight"), &g = h.at("dout");
+    if (set) std::fill(h.at("dinp").begin(), h.at("dinp").end(), 0.0);
     for (int n = 0; n < N; ++n)
       for (int o = 0; o < OC; ++o) {
         const double go = g[sz(n) * OC + o];
@@ -1478,6 +1485,8 @@ std::vector<Def> table_defs() {
     // Rows of 8-element multiples: the CUDA backend runs these through cuBLASLt (the odd
     // shapes above take its simple kernel), and dbias over 40 rows takes two column chunks.
     defs.push_back(matmul(F, F, 40, 32, 24, true));
+    defs.push_back(matmul(F, F, 7, 13, 5, true, GradWrite::kSet));
+    defs.push_back(matmul(F, F, 40, 32, 24, true, GradWrite::kSet));
     defs.push_back(rope(F, 2, 5, 3, 6, 0));
     defs.push_back(rope(F, 1, 3, 2, 8, 7));
     defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
@@ -1551,6 +1560,7 @@ std::vector<Def> table_defs() {
   // bf16 output (and bias) rounded once.
   defs.push_back(matmul(kBF16, kF32, 16, 32, 24, true));
   defs.push_back(matmul(kF32, kBF16, 16, 32, 24, true));
+  defs.push_back(matmul(kBF16, kF32, 16, 32, 24, true, GradWrite::kSet));
   defs.push_back(accumulate(kF32, kBF16, 31));
   defs.push_back(accumulate(kBF16, kF32, 31));
   defs.push_back(xent_finish(7));
@@ -1740,9 +1750,10 @@ class PerturbedMatmulOps : public ForwardingOps {
     inner_.matmul_forward(out, inp, weight, bias, N, IC, OC);
     if (forward_) bump(out);
   }
+  using ForwardingOps::matmul_backward;
   void matmul_backward(DevPtr dinp, DevPtr dweight, DevPtr dbias, DevPtr dout, DevPtr inp,
-                       DevPtr weight, int N, int IC, int OC) override {
-    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+                       DevPtr weight, int N, int IC, int OC, GradWrite dinp_write) override {
+    inner_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, dinp_write);
     if (backward_) bump(dinp);
   }
 

@@ -122,28 +122,24 @@ TEST(CudaLaunch, GemmLayoutRuleSendsOddShapesToTheSimpleKernel) {
   EXPECT_FALSE(gemm_layout_ok(false, true, 16, 16, 16, {0, 8, 1024}));   // a pointer off by 8
 }
 
+void expect_gemm_shape(const GemmDesc& d, int M, int N, int K, bool trans_a, bool trans_b,
+                       bool accumulate) {
+  EXPECT_EQ(d.M, M);
+  EXPECT_EQ(d.N, N);
+  EXPECT_EQ(d.K, K);
+  EXPECT_EQ(d.trans_a, trans_a);
+  EXPECT_EQ(d.trans_b, trans_b);
+  EXPECT_EQ(d.accumulate, accumulate);
+}
+
 TEST(CudaLinearGemm, ShapesOfTheThreeGemms) {
-  const GemmDesc f = linear_gemm_desc(LinearGemm::kForward, 7, 13, 5);
-  EXPECT_EQ(f.M, 7);
-  EXPECT_EQ(f.N, 5);
-  EXPECT_EQ(f.K, 13);
-  EXPECT_FALSE(f.trans_a);
-  EXPECT_TRUE(f.trans_b);
-  EXPECT_FALSE(f.accumulate);
-  const GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, 7, 13, 5);
-  EXPECT_EQ(di.M, 7);
-  EXPECT_EQ(di.N, 13);
-  EXPECT_EQ(di.K, 5);
-  EXPECT_FALSE(di.trans_a);
-  EXPECT_FALSE(di.trans_b);
-  EXPECT_TRUE(di.accumulate);
-  const GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, 7, 13, 5);
-  EXPECT_EQ(dw.M, 5);
-  EXPECT_EQ(dw.N, 13);
-  EXPECT_EQ(dw.K, 7);
-  EXPECT_TRUE(dw.trans_a);
-  EXPECT_FALSE(dw.trans_b);
-  EXPECT_TRUE(dw.accumulate);
+  expect_gemm_shape(linear_gemm_desc(LinearGemm::kForward, 7, 13, 5), 7, 5, 13, false, true,
+                    false);
+  expect_gemm_shape(linear_gemm_desc(LinearGemm::kDinp, 7, 13, 5), 7, 13, 5, false, false, true);
+  // The first writer's input gradient (GradWrite::kSet): the same GEMM with beta = 0.
+  expect_gemm_shape(linear_gemm_desc(LinearGemm::kDinpSet, 7, 13, 5), 7, 13, 5, false, false,
+                    false);
+  expect_gemm_shape(linear_gemm_desc(LinearGemm::kDweight, 7, 13, 5), 5, 13, 7, true, false, true);
 }
 
 // Every linear GEMM of the tiny test model and of GPT-2 124M, in the dtypes CudaOps gives
@@ -165,10 +161,12 @@ TEST(CudaLinearGemm, TinyAnd124MShapesDescribe) {
       f.bias = l.bias;
       GemmDesc di = linear_gemm_desc(LinearGemm::kDinp, l.N, l.IC, l.OC);
       di.ab_dtype = di.d_dtype = dt;
+      GemmDesc ds = linear_gemm_desc(LinearGemm::kDinpSet, l.N, l.IC, l.OC);
+      ds.ab_dtype = ds.d_dtype = dt;
       GemmDesc dw = linear_gemm_desc(LinearGemm::kDweight, l.N, l.IC, l.OC);
       dw.ab_dtype = dt;
       dw.d_dtype = DType::kF32;  // parameter gradients are f32
-      for (const GemmDesc& d : {f, di, dw}) {
+      for (const GemmDesc& d : {f, di, ds, dw}) {
         EXPECT_TRUE(gemm_layout_ok(d.trans_a, d.trans_b, d.M, d.N, d.K, {0}));
         const Status s = GemmEngine::describe(d);
         EXPECT_TRUE(s.is_ok()) << d.str() << ": " << s.message();
