@@ -90,8 +90,9 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   const char* in = a.swiglu() ? "gate" : "fc";
   const char* out = a.swiglu() ? "down" : "proj";
   if (c.moe()) {
-    // The router and the experts, replicated (tensor parallelism with experts is refused
-    // by the config). Expert e's MLP is the dense one's, named moe.experts.{e}.*.
+    // The router and the experts, replicated over tp (every tp rank routes and runs them
+    // on the same rows; sequence parallelism with experts is refused by the config).
+    // Expert e's MLP is the dense one's, named moe.experts.{e}.*.
     t.push_back({"moe.router.weight", P::kRouterW, Dim::kE, Dim::kC, -1});
     // Shared expert s is expert E + s, named moe.shared_experts.{s}.*.
     for (int e = 0; e < c.moe_experts + c.moe_shared_experts; ++e) {
@@ -534,9 +535,9 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   return f;
 }
 
-LayerCollectives describe_collectives(const TransformerConfig& c) {
+LayerCollectives describe_collectives(const TransformerConfig& c, int layer) {
   LayerCollectives out;
-  const BlockDescription block = describe_block(c);
+  const BlockDescription block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
   const DimSizes g = global_sizes(c);
   std::vector<BufferRole> inputs;
   for (const LayerTensor& t : block.tensors) {

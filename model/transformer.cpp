@@ -228,6 +228,14 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
+  // Tensor parallelism of a MoE model: the router and the experts are replicated over
+  // the tp group and every tp rank runs the whole MoE block on the same full rows (ln2
+  // is replicated without sequence parallelism), so each computes the complete gradient
+  // of its replicated weights and of ln2 (no tp collective, none reduced twice), and
+  // the ep exchanges go within each tp rank's own ep group. Sequence parallelism would
+  // split those rows: refused (config/config.cpp).
+  TRIDENT_CHECK_MSG(!c.moe() || !tp_.sequence_parallel(),
+                    "mixture of experts: sequence parallelism is not supported");
   local_experts_ = c.moe() ? c.moe_experts / part_.ep_size : 0;
   first_expert_ = part_.ep_rank * local_experts_;
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));

@@ -5,7 +5,8 @@
 //
 // Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats); the
 // per-layer counts are the model description's (model/model_description.h
-// describe_collectives: 2 column-parallel inputs and 2 row-parallel outputs per layer):
+// describe_collectives: 2 column-parallel inputs and 2 row-parallel outputs per layer;
+// 1 and 1 per MoE layer, whose router and experts are replicated over tp):
 // - tp (tp > 1): forward 2 all-reduces of N*C per layer, the vocab-parallel embedding
 //   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
 //   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C); with
