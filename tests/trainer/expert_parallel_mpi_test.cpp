@@ -254,7 +254,8 @@ TEST(ExpertParallel, OtherBlocksRecomputationAndBf16MatchSingleProcess) {
 
 // Tensor parallelism with experts: tp 2 (2 ranks), ep 2 x tp 2 (4 ranks, with the
 // all-to-all bytes of the routing), llama's SwiGLU and gpt2's GELU experts, a leading
-// dense layer (its MLP split over tp) with ZeRO-1, and bf16 against single-process bf16.
+// dense layer (its MLP split over tp) with ZeRO-1, tp 2 x pp 2 (4 ranks), and bf16
+// against single-process bf16.
 TEST(ExpertParallel, TensorParallelMatchesSingleProcess) {
   if (!two_or_four()) GTEST_SKIP() << "runs at 2 and 4 ranks";
   Communicator& world = test::world();
@@ -274,6 +275,13 @@ TEST(ExpertParallel, TensorParallelMatchesSingleProcess) {
     l.zero = 1;
     SCOPED_TRACE(l.name());
     const EpRun ref = train({.first_dense = 1}, nullptr, 3);
+    expect_match(train(l, &world, 3), ref, false);
+  }
+  if (n == 4) {
+    // Pipeline stages with it: tp 2 x pp 2 (each stage's layers' experts on its tp ranks).
+    const Layout l{.dp = 1, .pp = 2, .tp = 2};
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train({}, nullptr, 3);
     expect_match(train(l, &world, 3), ref, false);
   }
   {
