@@ -671,16 +671,6 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.comm_timeout_s", p.comm_timeout_s, 1));
   TRIDENT_RETURN_IF_ERROR(validate_layout_sizes(p));
   // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
-  // Mixture of experts under tp: the router and the experts are replicated over the tp
-  // group, whose ranks route and run them on the same full token rows; sequence
-  // parallelism would split those rows.
-  if (m.moe() && p.tp > 1 && p.sequence_parallel) {
-    return Status::invalid_config(
-        "parallel.sequence_parallel: true with model.moe_experts=" +
-        std::to_string(m.moe_experts) + " and parallel.tp=" + std::to_string(p.tp) +
-        ": sequence parallelism of mixture-of-experts models is not supported (the experts "
-        "run on every token row of the tp group; use parallel.sequence_parallel false)");
-  }
   TRIDENT_RETURN_IF_ERROR(validate_expert_parallel(p, m));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));

@@ -91,7 +91,7 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   const char* out = a.swiglu() ? "down" : "proj";
   if (c.moe()) {
     // The router and the experts, replicated over tp (every tp rank routes and runs them
-    // on the same rows; sequence parallelism with experts is refused by the config).
+    // on the same N rows, gathered under sequence parallelism).
     // Expert e's MLP is the dense one's, named moe.experts.{e}.*.
     t.push_back({"moe.router.weight", P::kRouterW, Dim::kE, Dim::kC, -1});
     // Shared expert s is expert E + s, named moe.shared_experts.{s}.*.
@@ -397,7 +397,8 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dh1", dense_mlp ? N * F : 0, cd, false),
                buffer("dh2", swiglu && dense_mlp ? N * F : 0, cd, false),
                buffer("dh_act", dense_mlp ? N * F : 0, cd, false),
-               buffer("gather", sp ? N * C : 0, cd, false),
+               // a MoE block's second half: its output's (or output gradient's) N rows
+               buffer("gather", sp ? (moe ? 2 : 1) * N * C : 0, cd, false),
                buffer("dln_local", sp ? n * C : 0, cd, false),
                buffer("norm_grads", sp ? 4 * C : 0, f32, false),
                buffer("router_logits", N * E, f32, false),  // the router runs in fp32

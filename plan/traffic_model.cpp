@@ -22,7 +22,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   // reduced in forward, the column-parallel inputs gathered in forward and their
   // gradients reduced in backward (the model description's blocks: 2 and 2 for gpt2 and
   // llama; 1 and 1 for a MoE layer, whose experts are replicated over tp).
-  double layers = 0, col = 0, row = 0;
+  double layers = 0, col = 0, row = 0, moe_layers = 0;
   bool first = false, last = false;
   for (const ModelPartition& chunk : chunks) {
     const int end = chunk.layer_end < 0 ? config.model.n_layers : chunk.layer_end;
@@ -31,6 +31,7 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
       const LayerCollectives layer = describe_collectives(config.model, l);
       col += layer.column_inputs;
       row += layer.row_outputs;
+      moe_layers += config.model.moe_layer(l) ? 1 : 0;
     }
     first = first || chunk.first_stage();
     last = last || chunk.last_stage();
@@ -68,7 +69,10 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     // norm-weight gradients (fp32) all-reduced. Full recomputation adds the forward's
     // gathers and reduce-scatters.
     const double passes = forward_passes(config.training.recompute);
-    double gather = N * C * (col * passes + row + col);
+    // A MoE layer's block runs on all N rows: its input gathered in forward (and in a
+    // rerun) and again in backward, and its output gradient gathered (no reduce-scatter:
+    // each rank keeps its rows of the full output).
+    double gather = N * C * (col * passes + row + col + moe_layers * (passes + 2));
     double scatter = N * C * (row * passes + col);
     double norm_grads = layers * block.norm_floats;
     double xent_stats = 0;

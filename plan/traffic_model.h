@@ -19,7 +19,9 @@
 //   backward (first stage); the head gathers its input and reduce-scatters its input
 //   gradient (N*C each), all-reduces lnf's gradients (2C gpt2, C llama) and the
 //   cross-entropy statistics (last stage); full recomputation adds the forward's
-//   gathers and reduce-scatters per layer.
+//   gathers and reduce-scatters per layer. A MoE layer (its router and experts replicated
+//   over tp) adds 2 all-gathers of N*C backward (its input again, its output gradient)
+//   and 1 forward (its input, counted per pass); its output needs no reduce-scatter.
 // - pp: one activation (N*C; N/tp*C with sequence parallelism) sent forward per
 //   micro-batch by every stage but the last, one gradient of the same size sent back by
 //   every stage but the first; with parallel.virtual_stages, the same per model chunk

@@ -44,9 +44,10 @@ struct Layout {
   const char* recompute = "none";  // training.recompute
   int first_dense = 0;             // model.moe_first_dense_layers
   int tp = 1;
+  bool sp = false;  // parallel.sequence_parallel
   std::string name() const {
     return "dp " + std::to_string(dp) + " ep " + std::to_string(ep) + " pp " + std::to_string(pp) +
-           " tp " + std::to_string(tp) +
+           " tp " + std::to_string(tp) + (sp ? " sp" : "") +
            " zero " + std::to_string(zero) + (shared ? " shared" : "") + (bf16 ? " bf16" : "") +
            (gpt2 ? " gpt2" : "") + " recompute " + recompute +
            (first_dense ? " first_dense " + std::to_string(first_dense) : "");
@@ -64,7 +65,8 @@ Config make_config(const Layout& l, int steps, const std::string& ckpt_dir, bool
                                    std::to_string(l.shared) + ", moe_first_dense_layers: " +
                                    std::to_string(l.first_dense)) +
       "parallel: {dp: " + std::to_string(l.dp) + ", ep: " + std::to_string(l.ep) +
-      ", pp: " + std::to_string(l.pp) + ", tp: " + std::to_string(l.tp) + ", zero_stage: " + std::to_string(l.zero) +
+      ", pp: " + std::to_string(l.pp) + ", tp: " + std::to_string(l.tp) +
+      ", sequence_parallel: " + (l.sp ? "true" : "false") + ", zero_stage: " + std::to_string(l.zero) +
       ", micro_batch_size: 1}\n"
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: " + std::to_string(kGlobalBatch) +
@@ -89,11 +91,15 @@ struct EpRun {
 // The all-to-all bytes a rank of an ep group sends in one step: per micro-batch and
 // layer, forward the counts (E i32) and its N * K dispatched rows, then back the rows it
 // received; backward the same rows again (the outputs' gradients out, the inputs' back).
-// `received`: the rows its experts received in the step, over every layer.
-int64_t analytic_all_to_all_bytes(int micro_batches, int64_t received, size_t elem) {
+// `received`: the rows its experts received in the step, over every layer. `passes`: 2
+// under full recomputation (backward reruns the forward's exchanges), else 1.
+int64_t analytic_all_to_all_bytes(int micro_batches, int64_t received, size_t elem,
+                                  int passes) {
   const int64_t N = kSeqLen;  // micro-batch 1
-  const int64_t per_layer = kExperts * 4 + 2 * N * kTopK * kDModel * static_cast<int64_t>(elem);
-  return micro_batches * kLayers * per_layer + 2 * received * kDModel * static_cast<int64_t>(elem);
+  const int64_t row = kDModel * static_cast<int64_t>(elem);
+  const int64_t forward = micro_batches * kLayers * (kExperts * 4 + N * kTopK * row) + received * row;
+  const int64_t backward = micro_batches * kLayers * N * kTopK * row + received * row;
+  return passes * forward + backward;
 }
 
 EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traffic = false) {
@@ -121,17 +127,23 @@ EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traf
       }
       const int micro_batches = kGlobalBatch / l.dp;
       const size_t elem = l.bf16 ? 2 : 4;
+      const int passes = std::string(l.recompute) == "full" ? 2 : 1;
       EXPECT_EQ(ep->traffic().bytes_of(CollectiveKind::kAllToAll),
-                analytic_all_to_all_bytes(micro_batches, received, elem))
+                analytic_all_to_all_bytes(micro_batches, received, elem, passes))
           << "step " << s + 1;
-      EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll), micro_batches * kLayers * 5);
+      EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll),
+                micro_batches * kLayers * (3 * passes + 2));
     }
     if (l.tp > 1) {
-      // The tp group all-reduces attention's (and a dense MLP's) activations only: a MoE
-      // layer's router and experts are replicated over tp.
+      // The tp group exchanges attention's (and a dense MLP's) activations, and with
+      // sequence parallelism a MoE block's input and output gradient rows: its router
+      // and experts are replicated over tp.
       const RankStats& st = trainer->last_step_stats();
       EXPECT_EQ(st.traffic.tp.all_reduce, st.analytic.tp.all_reduce) << "step " << s + 1;
+      EXPECT_EQ(st.traffic.tp.all_gather, st.analytic.tp.all_gather) << "step " << s + 1;
+      EXPECT_EQ(st.traffic.tp.reduce_scatter, st.analytic.tp.reduce_scatter) << "step " << s + 1;
       EXPECT_GT(st.traffic.tp.all_reduce, 0.0);
+      if (l.sp) EXPECT_GT(st.traffic.tp.all_gather, 0.0);
     }
     if (l.zero == 0 && l.dp > 1) {
       // The dp group all-reduces the dense engine's buffer, as the traffic model says.
@@ -254,8 +266,8 @@ TEST(ExpertParallel, OtherBlocksRecomputationAndBf16MatchSingleProcess) {
 
 // Tensor parallelism with experts: tp 2 (2 ranks), ep 2 x tp 2 (4 ranks, with the
 // all-to-all bytes of the routing), llama's SwiGLU and gpt2's GELU experts, a leading
-// dense layer (its MLP split over tp) with ZeRO-1, tp 2 x pp 2 (4 ranks), and bf16
-// against single-process bf16.
+// dense layer (its MLP split over tp) with ZeRO-1, sequence parallelism, tp 2 x pp 2
+// (4 ranks), and bf16 against single-process bf16.
 TEST(ExpertParallel, TensorParallelMatchesSingleProcess) {
   if (!two_or_four()) GTEST_SKIP() << "runs at 2 and 4 ranks";
   Communicator& world = test::world();
@@ -269,10 +281,22 @@ TEST(ExpertParallel, TensorParallelMatchesSingleProcess) {
     const EpRun ref = train(ref_layout, nullptr, 3);
     expect_match(train(l, &world, 3, one_ep_group), ref, false);
   }
+  for (const bool gpt2 : {false, true}) {
+    // Sequence parallelism: the block runs on the gathered rows; gpt2 with full
+    // recomputation (backward reruns the gathers).
+    Layout ref_layout, l = base;
+    ref_layout.gpt2 = l.gpt2 = gpt2;
+    l.sp = true;
+    if (gpt2) ref_layout.recompute = l.recompute = "full";
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train(ref_layout, nullptr, 3);
+    expect_match(train(l, &world, 3, one_ep_group), ref, false);
+  }
   {
     Layout l = base;
     l.first_dense = 1;
     l.zero = 1;
+    l.sp = true;
     SCOPED_TRACE(l.name());
     const EpRun ref = train({.first_dense = 1}, nullptr, 3);
     expect_match(train(l, &world, 3), ref, false);
