@@ -671,12 +671,6 @@ Status validate_parallel(const Config& config, const TransformerConfig& m) {
   TRIDENT_RETURN_IF_ERROR(at_least("parallel.comm_timeout_s", p.comm_timeout_s, 1));
   TRIDENT_RETURN_IF_ERROR(validate_layout_sizes(p));
   // Megatron-style TP splits heads, kv heads, FFN columns and vocabulary rows evenly.
-  if (m.moe() && p.tp > 1) {
-    return Status::invalid_config("parallel.tp: " + std::to_string(p.tp) +
-                                  " with model.moe_experts=" + std::to_string(m.moe_experts) +
-                                  ": tensor parallelism of mixture-of-experts models is not "
-                                  "supported yet (use parallel.tp 1)");
-  }
   TRIDENT_RETURN_IF_ERROR(validate_expert_parallel(p, m));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_heads", m.n_heads));
   TRIDENT_RETURN_IF_ERROR(tp_divides(p.tp, "model.n_kv_heads", m.n_kv_heads));

@@ -90,8 +90,9 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   const char* in = a.swiglu() ? "gate" : "fc";
   const char* out = a.swiglu() ? "down" : "proj";
   if (c.moe()) {
-    // The router and the experts, replicated (tensor parallelism with experts is refused
-    // by the config). Expert e's MLP is the dense one's, named moe.experts.{e}.*.
+    // The router and the experts, replicated over tp (every tp rank routes and runs them
+    // on the same N rows, gathered under sequence parallelism).
+    // Expert e's MLP is the dense one's, named moe.experts.{e}.*.
     t.push_back({"moe.router.weight", P::kRouterW, Dim::kE, Dim::kC, -1});
     // Shared expert s is expert E + s, named moe.shared_experts.{s}.*.
     for (int e = 0; e < c.moe_experts + c.moe_shared_experts; ++e) {
@@ -396,7 +397,8 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("dh1", dense_mlp ? N * F : 0, cd, false),
                buffer("dh2", swiglu && dense_mlp ? N * F : 0, cd, false),
                buffer("dh_act", dense_mlp ? N * F : 0, cd, false),
-               buffer("gather", sp ? N * C : 0, cd, false),
+               // a MoE block's second half: its output's (or output gradient's) N rows
+               buffer("gather", sp ? (moe ? 2 : 1) * N * C : 0, cd, false),
                buffer("dln_local", sp ? n * C : 0, cd, false),
                buffer("norm_grads", sp ? 4 * C : 0, f32, false),
                buffer("router_logits", N * E, f32, false),  // the router runs in fp32
@@ -534,9 +536,9 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   return f;
 }
 
-LayerCollectives describe_collectives(const TransformerConfig& c) {
+LayerCollectives describe_collectives(const TransformerConfig& c, int layer) {
   LayerCollectives out;
-  const BlockDescription block = describe_block(c);
+  const BlockDescription block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
   const DimSizes g = global_sizes(c);
   std::vector<BufferRole> inputs;
   for (const LayerTensor& t : block.tensors) {

@@ -312,7 +312,10 @@ struct LayerCollectives {
   double norm_floats = 0;       // per layer
   double head_norm_floats = 0;  // the head group's (the final norm)
 };
-LayerCollectives describe_collectives(const TransformerConfig& config);
+// `layer`: that layer's block (describe_layer_block: a MoE model's leading dense layer has
+// the dense MLP's collectives, a MoE layer only attention's, its experts being replicated
+// over tp); -1: describe_block's.
+LayerCollectives describe_collectives(const TransformerConfig& config, int layer = -1);
 // The forwards of each layer per micro-batch: 2 under full recomputation (backward reruns
 // it, its tp collectives included), else 1.
 inline double forward_passes(Recompute r) { return r == Recompute::kFull ? 2 : 1; }

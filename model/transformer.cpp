@@ -228,6 +228,14 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   TRIDENT_CHECK_MSG(is_float_dtype(compute_dtype_) && store_->compute_dtype() == compute_dtype_,
                     std::string("model compute dtype ") + dtype_name(compute_dtype_) +
                         ", parameter store " + dtype_name(store_->compute_dtype()));
+  // Tensor parallelism of a MoE model: the router and the experts are replicated over
+  // the tp group and every tp rank runs the whole MoE block on the same full N rows (ln2
+  // is replicated without sequence parallelism, gathered with it), so each computes the
+  // complete gradient of its replicated weights and of ln2 (no reduction over tp, none
+  // counted twice), and the ep exchanges go within each tp rank's own ep group. With
+  // sequence parallelism the block's output is computed for all N rows, of which the
+  // rank keeps its own (no reduce-scatter: every rank has the full sum), and backward
+  // gathers the output gradient's rows and passes on its own rows of ln2's gradient.
   local_experts_ = c.moe() ? c.moe_experts / part_.ep_size : 0;
   first_expert_ = part_.ep_rank * local_experts_;
   layer_param_index_.assign(static_cast<size_t>(c.n_layers), std::vector<int>(kParamRoles, -1));
@@ -962,8 +970,12 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
   DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "mlp input");
   if (c.moe_layer(layer)) {
     TRIDENT_CHECK_MSG(moe != nullptr, "a mixture-of-experts layer needs its MoeStep");
-    moe_forward(p, a, ln2, x_out, N, *moe);
-    ops_.add(x_out, x_out, a.res2, static_cast<size_t>(n) * C);
+    // Sequence parallelism: all N rows into the workspace's second half (its first holds
+    // the gathered ln2), then this rank's rows.
+    const DevPtr out = work ? work + static_cast<size_t>(N) * C : x_out;
+    moe_forward(p, a, ln2, out, N, *moe);
+    ops_.add(x_out, out + (work ? static_cast<size_t>(tp_.rank()) * n * C : 0), a.res2,
+             static_cast<size_t>(n) * C);
     return;
   }
   if (!arch.swiglu()) {
@@ -1256,7 +1268,8 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   const int q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
   const size_t nF = static_cast<size_t>(N) * F, NC = static_cast<size_t>(N) * C;
   const Architecture& arch = c.family();
-  DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace, else null
+  DevPtr work = scratch(kGather);  // sequence parallelism's [N, C] workspace ([2N, C] with
+                                   // experts), else null
   DevPtr dln_local = scratch(kDlnLocal);
   DevPtr dln_full = scratch(kDln);
   // Norm-weight gradients: ln2 then ln1 (summed over tp at the end with sequence
@@ -1275,13 +1288,20 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
   if (c.moe_layer(layer)) {
     zero_elements(dln_full, NC);
     const int local = layer - part_.layer_begin;
-    moe_backward(p, g, a, a.ln2, dx, dln_full, N,
+    // Sequence parallelism: the block's input gathered again and its output gradient's
+    // rows gathered (the workspace's two halves); of ln2's gradient, complete for all N
+    // rows on every rank, this rank's rows go on.
+    const bool sp = tp_.sequence_parallel();
+    DevPtr ln2 = tp_.gather_rows(a.ln2, work, N, C, "moe input (backward)");
+    DevPtr dout = tp_.gather_rows(dx, sp ? work + NC : DevPtr(), N, C, "moe output grad");
+    moe_backward(p, g, a, ln2, dout, dln_full, N,
                  moe_counts_[static_cast<size_t>(slot * n_local_layers_ + local)], loss_scale);
+    DevPtr dln = dln_full + (sp ? static_cast<size_t>(tp_.rank()) * n * C : 0);
     if (arch.layer_norm()) {
-      ops_.layernorm_backward(dx, into[0], into[1], dln_full, a.res2, p.ln2_w, a.ln2_mean,
+      ops_.layernorm_backward(dx, into[0], into[1], dln, a.res2, p.ln2_w, a.ln2_mean,
                               a.ln2_rstd, n, C);
     } else {
-      ops_.rmsnorm_backward(dx, into[0], dln_full, a.res2, p.ln2_w, a.ln2_rstd, n, C);
+      ops_.rmsnorm_backward(dx, into[0], dln, a.res2, p.ln2_w, a.ln2_rstd, n, C);
     }
   } else {
   // The first writer of each input gradient sets it (GradWrite::kSet: no zero-fill first).

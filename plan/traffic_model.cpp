@@ -18,10 +18,21 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   const std::vector<ModelPartition> chunks =
       par.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
                              : std::vector<ModelPartition>{part};
-  double layers = 0;
+  // Per micro-batch, of N*C each, summed over this rank's layers: the row-parallel outputs
+  // reduced in forward, the column-parallel inputs gathered in forward and their
+  // gradients reduced in backward (the model description's blocks: 2 and 2 for gpt2 and
+  // llama; 1 and 1 for a MoE layer, whose experts are replicated over tp).
+  double layers = 0, col = 0, row = 0, moe_layers = 0;
   bool first = false, last = false;
   for (const ModelPartition& chunk : chunks) {
-    layers += (chunk.layer_end < 0 ? config.model.n_layers : chunk.layer_end) - chunk.layer_begin;
+    const int end = chunk.layer_end < 0 ? config.model.n_layers : chunk.layer_end;
+    layers += end - chunk.layer_begin;
+    for (int l = chunk.layer_begin; l < end; ++l) {
+      const LayerCollectives layer = describe_collectives(config.model, l);
+      col += layer.column_inputs;
+      row += layer.row_outputs;
+      moe_layers += config.model.moe_layer(l) ? 1 : 0;
+    }
     first = first || chunk.first_stage();
     last = last || chunk.last_stage();
   }
@@ -36,17 +47,13 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   // N/tp under sequence parallelism (the pipeline boundary too).
   const bool sp = par.sequence_parallel && par.tp > 1;
   const double rows = sp ? N / par.tp : N;
-  // Per layer, of N*C each: the row-parallel outputs reduced in forward, the
-  // column-parallel inputs gathered in forward and their gradients reduced in backward
-  // (the model description's block: 2 and 2 for gpt2 and llama).
-  const LayerCollectives block = describe_collectives(config.model);
-  const double col = block.column_inputs, row = block.row_outputs;
+  const LayerCollectives block = describe_collectives(config.model);  // its norm floats
   if (par.tp > 1 && !sp) {
     // Forward all-reduces the row outputs, backward the column input gradients.
-    double per_micro = (row + col) * layers * N * C;
+    double per_micro = (row + col) * N * C;
     // Full recomputation reruns each layer's forward, all-reduces included, in backward.
     const double reruns = forward_passes(config.training.recompute) - 1;
-    if (reruns > 0) per_micro += reruns * row * layers * N * C;
+    if (reruns > 0) per_micro += reruns * row * N * C;
     if (first) per_micro += N * C;
     double xent_stats = 0;  // row max, sum of exponentials, target logit: fp32
     if (last) {
@@ -62,8 +69,11 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     // norm-weight gradients (fp32) all-reduced. Full recomputation adds the forward's
     // gathers and reduce-scatters.
     const double passes = forward_passes(config.training.recompute);
-    double gather = layers * N * C * (col * passes + row + col);
-    double scatter = layers * N * C * (row * passes + col);
+    // A MoE layer's block runs on all N rows: its input gathered in forward (and in a
+    // rerun) and again in backward, and its output gradient gathered (no reduce-scatter:
+    // each rank keeps its rows of the full output).
+    double gather = N * C * (col * passes + row + col + moe_layers * (passes + 2));
+    double scatter = N * C * (row * passes + col);
     double norm_grads = layers * block.norm_floats;
     double xent_stats = 0;
     if (first) {  // the embedding: reduce-scattered, its gradient gathered

@@ -5,7 +5,8 @@
 //
 // Per micro-batch of N = micro_batch_size * seq_len tokens and width C (floats); the
 // per-layer counts are the model description's (model/model_description.h
-// describe_collectives: 2 column-parallel inputs and 2 row-parallel outputs per layer):
+// describe_collectives: 2 column-parallel inputs and 2 row-parallel outputs per layer;
+// 1 and 1 per MoE layer, whose router and experts are replicated over tp):
 // - tp (tp > 1): forward 2 all-reduces of N*C per layer, the vocab-parallel embedding
 //   (N*C, first stage), the cross-entropy's row max (N) and sums (2N, last stage);
 //   backward 2 all-reduces of N*C per layer and the head's input gradient (N*C); with
@@ -18,7 +19,9 @@
 //   backward (first stage); the head gathers its input and reduce-scatters its input
 //   gradient (N*C each), all-reduces lnf's gradients (2C gpt2, C llama) and the
 //   cross-entropy statistics (last stage); full recomputation adds the forward's
-//   gathers and reduce-scatters per layer.
+//   gathers and reduce-scatters per layer. A MoE layer (its router and experts replicated
+//   over tp) adds 2 all-gathers of N*C backward (its input again, its output gradient)
+//   and 1 forward (its input, counted per pass); its output needs no reduce-scatter.
 // - pp: one activation (N*C; N/tp*C with sequence parallelism) sent forward per
 //   micro-batch by every stage but the last, one gradient of the same size sent back by
 //   every stage but the first; with parallel.virtual_stages, the same per model chunk

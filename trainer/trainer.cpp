@@ -886,11 +886,12 @@ void Trainer::find_same_host_groups() {
 void Trainer::collect_moe_metrics(StepMetrics& m) {
   const auto& c = config_;
   const size_t L = static_cast<size_t>(c.model.n_layers), E = static_cast<size_t>(c.model.moe_experts);
-  // [aux, z, counts per global layer and expert], summed over every rank: each dp rank's
-  // stages hold every layer once (tp is 1 with experts).
+  // [aux, z, counts per global layer and expert], summed over the tp rank 0s: each dp
+  // rank's stages hold every layer once, and its tp ranks route the same rows alike.
   std::vector<double> sums(2 + L * E, 0.0);
   for (size_t k = 0; k < models_.size(); ++k) {
     const Transformer::MoeStats s = models_[k]->take_moe_stats();
+    if (groups_.coords.tp_rank != 0) continue;
     sums[0] += s.aux_loss;
     sums[1] += s.z_loss;
     for (size_t l = 0; l < s.counts.size(); ++l) {

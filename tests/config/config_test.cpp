@@ -187,8 +187,7 @@ TEST(Config, EveryKeyParsesAndRoundTrips) {
   EXPECT_EQ(config_to_yaml(back), yaml);
 }
 
-// The mixture-of-experts keys of a dense kFull cannot all leave their defaults (tensor
-// parallelism refuses experts; leading dense layers are refused until implemented): a
+// The mixture-of-experts keys of a dense kFull cannot all leave their defaults: a
 // model of experts round-trips here, and each refusal names its key.
 TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   const std::string moe = kMinimal +
@@ -203,8 +202,11 @@ TEST(Config, MixtureOfExpertsKeysParseRoundTripAndRefuse) {
   // moe_d_ff defaults to d_ff.
   EXPECT_EQ(parse_ok(kMinimal + "model: {moe_experts: 4}\n").model.moe_d_ff, 512);
 
-  expect_error(moe, {"parallel.tp=2", "parallel.dp=1"},
-               {"parallel.tp", "model.moe_experts", "not supported yet"});
+  // Tensor parallelism (with sequence parallelism too) replicates the experts over tp.
+  EXPECT_EQ(parse_ok(moe, {"parallel.tp=2", "parallel.dp=1"}).parallel.tp, 2);
+  EXPECT_TRUE(
+      parse_ok(moe, {"parallel.tp=2", "parallel.dp=1", "parallel.sequence_parallel=true"})
+          .parallel.sequence_parallel);
   expect_error(moe, {"model.moe_top_k=9"}, {"model.moe_top_k", "[1, model.moe_experts=8]"});
   expect_error(moe, {"model.moe_top_k=0"}, {"model.moe_top_k"});
   expect_error(moe, {"model.moe_experts=-1"}, {"model.moe_experts", ">= 0"});

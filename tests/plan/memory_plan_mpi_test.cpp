@@ -139,6 +139,8 @@ TEST(MemoryPlanMpi, ContextParallelRanksHoldWhatThePlanSays) {
 // Expert parallelism: each rank holds E / ep experts per layer in groups of their own,
 // reduced and sharded over the dp / ep ranks holding the same experts (a second
 // DataParallel), and receives up to ep * N * K expert rows (the activations and scratch).
+// Under tp 2 (alone, and with ep 2; with and without sequence parallelism) the router and
+// the experts are replicated over tp and their buffers hold every token row.
 TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
   const int n = test::world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
@@ -149,11 +151,16 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
       for (int zero = 0; zero <= 3; ++zero) {
         check_rank_memory(arch, {2, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
       }
+      for (int zero : {0, 3}) check_rank_memory(arch, {1, 2, 1}, zero, "", 2, *ops, 12, moe);
+      check_rank_memory(arch, {1, 2, 1}, 0, ", sequence_parallel: true", 2, *ops, 12, moe);
     }
     if (n == 4) {
       for (int zero : {0, 1, 3}) check_rank_memory(arch, {4, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
       check_rank_memory(arch, {4, 1, 1}, 2, ", ep: 4", 2, *ops, 12, moe);
       check_rank_memory(arch, {2, 1, 2}, 1, ", ep: 2", 2, *ops, 12, moe);
+      check_rank_memory(arch, {2, 2, 1}, 1, ", ep: 2", 2, *ops, 12, moe);
+      check_rank_memory(arch, {2, 2, 1}, 0, ", ep: 2, sequence_parallel: true", 2, *ops, 12,
+                        moe);
     }
   }
 }

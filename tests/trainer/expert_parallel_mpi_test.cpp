@@ -6,6 +6,8 @@
 // tests/trainer/equivalence_mpi_test.cpp. The all-to-all bytes each rank sends equal the
 // analytic volume given the step's routing (its expert loads, from the step's metrics),
 // and a checkpoint written at one ep resumes at another (each expert is stored once).
+// Tensor parallelism combines with it (the router and the experts replicated over tp, the
+// attention and any dense MLP split): tp 2, and ep 2 x tp 2, against the same runs.
 // Runs at 2 and 4 ranks (the global batch of 8 splits over dp 2 and 4).
 #include <gtest/gtest.h>
 
@@ -41,8 +43,11 @@ struct Layout {
   bool gpt2 = false;              // GELU experts with biases (else llama's SwiGLU)
   const char* recompute = "none";  // training.recompute
   int first_dense = 0;             // model.moe_first_dense_layers
+  int tp = 1;
+  bool sp = false;  // parallel.sequence_parallel
   std::string name() const {
     return "dp " + std::to_string(dp) + " ep " + std::to_string(ep) + " pp " + std::to_string(pp) +
+           " tp " + std::to_string(tp) + (sp ? " sp" : "") +
            " zero " + std::to_string(zero) + (shared ? " shared" : "") + (bf16 ? " bf16" : "") +
            (gpt2 ? " gpt2" : "") + " recompute " + recompute +
            (first_dense ? " first_dense " + std::to_string(first_dense) : "");
@@ -60,7 +65,8 @@ Config make_config(const Layout& l, int steps, const std::string& ckpt_dir, bool
                                    std::to_string(l.shared) + ", moe_first_dense_layers: " +
                                    std::to_string(l.first_dense)) +
       "parallel: {dp: " + std::to_string(l.dp) + ", ep: " + std::to_string(l.ep) +
-      ", pp: " + std::to_string(l.pp) + ", zero_stage: " + std::to_string(l.zero) +
+      ", pp: " + std::to_string(l.pp) + ", tp: " + std::to_string(l.tp) +
+      ", sequence_parallel: " + (l.sp ? "true" : "false") + ", zero_stage: " + std::to_string(l.zero) +
       ", micro_batch_size: 1}\n"
       "data: {train: " + data_file() + "}\n"
       "training: {global_batch_size: " + std::to_string(kGlobalBatch) +
@@ -78,17 +84,22 @@ Config make_config(const Layout& l, int steps, const std::string& ckpt_dir, bool
 
 struct EpRun {
   std::vector<double> losses;
+  std::vector<double> aux_losses;  // the steps' load-balancing losses (train() only)
   std::map<std::string, std::vector<float>> params;  // world rank 0 only
 };
 
 // The all-to-all bytes a rank of an ep group sends in one step: per micro-batch and
 // layer, forward the counts (E i32) and its N * K dispatched rows, then back the rows it
 // received; backward the same rows again (the outputs' gradients out, the inputs' back).
-// `received`: the rows its experts received in the step, over every layer.
-int64_t analytic_all_to_all_bytes(int micro_batches, int64_t received, size_t elem) {
+// `received`: the rows its experts received in the step, over every layer. `passes`: 2
+// under full recomputation (backward reruns the forward's exchanges), else 1.
+int64_t analytic_all_to_all_bytes(int micro_batches, int64_t received, size_t elem,
+                                  int passes) {
   const int64_t N = kSeqLen;  // micro-batch 1
-  const int64_t per_layer = kExperts * 4 + 2 * N * kTopK * kDModel * static_cast<int64_t>(elem);
-  return micro_batches * kLayers * per_layer + 2 * received * kDModel * static_cast<int64_t>(elem);
+  const int64_t row = kDModel * static_cast<int64_t>(elem);
+  const int64_t forward = micro_batches * kLayers * (kExperts * 4 + N * kTopK * row) + received * row;
+  const int64_t backward = micro_batches * kLayers * N * kTopK * row + received * row;
+  return passes * forward + backward;
 }
 
 EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traffic = false) {
@@ -116,10 +127,23 @@ EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traf
       }
       const int micro_batches = kGlobalBatch / l.dp;
       const size_t elem = l.bf16 ? 2 : 4;
+      const int passes = std::string(l.recompute) == "full" ? 2 : 1;
       EXPECT_EQ(ep->traffic().bytes_of(CollectiveKind::kAllToAll),
-                analytic_all_to_all_bytes(micro_batches, received, elem))
+                analytic_all_to_all_bytes(micro_batches, received, elem, passes))
           << "step " << s + 1;
-      EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll), micro_batches * kLayers * 5);
+      EXPECT_EQ(ep->traffic().calls_of(CollectiveKind::kAllToAll),
+                micro_batches * kLayers * (3 * passes + 2));
+    }
+    if (l.tp > 1) {
+      // The tp group exchanges attention's (and a dense MLP's) activations, and with
+      // sequence parallelism a MoE block's input and output gradient rows: its router
+      // and experts are replicated over tp.
+      const RankStats& st = trainer->last_step_stats();
+      EXPECT_EQ(st.traffic.tp.all_reduce, st.analytic.tp.all_reduce) << "step " << s + 1;
+      EXPECT_EQ(st.traffic.tp.all_gather, st.analytic.tp.all_gather) << "step " << s + 1;
+      EXPECT_EQ(st.traffic.tp.reduce_scatter, st.analytic.tp.reduce_scatter) << "step " << s + 1;
+      EXPECT_GT(st.traffic.tp.all_reduce, 0.0);
+      if (l.sp) EXPECT_GT(st.traffic.tp.all_gather, 0.0);
     }
     if (l.zero == 0 && l.dp > 1) {
       // The dp group all-reduces the dense engine's buffer, as the traffic model says.
@@ -128,6 +152,7 @@ EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traf
       EXPECT_GT(st.traffic.dp.all_reduce, 0.0);
     }
     out.losses.push_back(m.value().loss);
+    out.aux_losses.push_back(m.value().moe_aux_loss);
   }
   out.params = trainer->gather_parameters();
   return out;
@@ -139,6 +164,14 @@ void expect_match(const EpRun& got, const EpRun& ref, bool bf16, size_t first_st
   for (size_t s = 0; s < got.losses.size(); ++s) {
     const double want = ref.losses[s + first_step];
     EXPECT_NEAR(got.losses[s], want, loss_tol * std::fabs(want)) << "step " << s + first_step + 1;
+  }
+  if (!got.aux_losses.empty()) {
+    ASSERT_EQ(got.aux_losses.size(), ref.aux_losses.size());
+    for (size_t s = 0; s < got.aux_losses.size(); ++s) {
+      const double want = ref.aux_losses[s];
+      EXPECT_GT(want, 0.0);
+      EXPECT_NEAR(got.aux_losses[s], want, loss_tol * want) << "aux loss, step " << s + 1;
+    }
   }
   if (test::world().rank() != 0) return;
   ASSERT_EQ(got.params.size(), ref.params.size());
@@ -231,6 +264,59 @@ TEST(ExpertParallel, OtherBlocksRecomputationAndBf16MatchSingleProcess) {
   }
 }
 
+// Tensor parallelism with experts: tp 2 (2 ranks), ep 2 x tp 2 (4 ranks, with the
+// all-to-all bytes of the routing), llama's SwiGLU and gpt2's GELU experts, a leading
+// dense layer (its MLP split over tp) with ZeRO-1, sequence parallelism, tp 2 x pp 2
+// (4 ranks), and bf16 against single-process bf16.
+TEST(ExpertParallel, TensorParallelMatchesSingleProcess) {
+  if (!two_or_four()) GTEST_SKIP() << "runs at 2 and 4 ranks";
+  Communicator& world = test::world();
+  const int n = world.size();
+  const Layout base = n == 2 ? Layout{.dp = 1, .tp = 2} : Layout{.dp = 2, .ep = 2, .tp = 2};
+  const bool one_ep_group = base.ep > 1;  // dp == ep: the bytes are checked
+  for (const bool gpt2 : {false, true}) {
+    Layout ref_layout, l = base;
+    ref_layout.gpt2 = l.gpt2 = gpt2;
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train(ref_layout, nullptr, 3);
+    expect_match(train(l, &world, 3, one_ep_group), ref, false);
+  }
+  for (const bool gpt2 : {false, true}) {
+    // Sequence parallelism: the block runs on the gathered rows; gpt2 with full
+    // recomputation (backward reruns the gathers).
+    Layout ref_layout, l = base;
+    ref_layout.gpt2 = l.gpt2 = gpt2;
+    l.sp = true;
+    if (gpt2) ref_layout.recompute = l.recompute = "full";
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train(ref_layout, nullptr, 3);
+    expect_match(train(l, &world, 3, one_ep_group), ref, false);
+  }
+  {
+    Layout l = base;
+    l.first_dense = 1;
+    l.zero = 1;
+    l.sp = true;
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train({.first_dense = 1}, nullptr, 3);
+    expect_match(train(l, &world, 3), ref, false);
+  }
+  if (n == 4) {
+    // Pipeline stages with it: tp 2 x pp 2 (each stage's layers' experts on its tp ranks).
+    const Layout l{.dp = 1, .pp = 2, .tp = 2};
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train({}, nullptr, 3);
+    expect_match(train(l, &world, 3), ref, false);
+  }
+  {
+    Layout l = base;
+    l.bf16 = true;
+    SCOPED_TRACE(l.name());
+    const EpRun ref = train({.bf16 = true}, nullptr, 3);
+    expect_match(train(l, &world, 3, one_ep_group), ref, true);
+  }
+}
+
 // The checkpoint directory, the same path on every rank (rank 0 makes it).
 std::string shared_dir(const testing::ScratchDir& mine) {
   Communicator& world = test::world();
@@ -261,7 +347,7 @@ void expect_resume(const Layout& from, const Layout& to, const EpRun& ref) {
   ASSERT_TRUE(second);
   ASSERT_EQ(second->step(), 3);
   ASSERT_TRUE(second->run().is_ok());
-  EpRun got{second->losses(), second->gather_parameters()};
+  EpRun got{second->losses(), {}, second->gather_parameters()};
   expect_match(got, ref, false, 3);
   world.barrier();  // rank 0's scratch directory outlives every rank's use of it
 }
@@ -272,7 +358,9 @@ TEST(ExpertParallel, ResumesAcrossExpertParallelism) {
   const EpRun ref = train({}, nullptr, 6);
   if (n == 2) {
     expect_resume({.dp = 2, .ep = 2}, {.dp = 2, .ep = 1}, ref);
+    expect_resume({.dp = 1, .tp = 2}, {.dp = 2}, ref);
   } else {
+    expect_resume({.dp = 2, .ep = 2, .tp = 2}, {.dp = 4, .ep = 1}, ref);
     expect_resume({.dp = 4, .ep = 1}, {.dp = 4, .ep = 4, .zero = 1}, ref);
     expect_resume({.dp = 4, .ep = 2, .zero = 3}, {.dp = 4, .ep = 1}, ref);
   }
