@@ -38,8 +38,9 @@ std::optional<int64_t> add(std::optional<int64_t> a, std::optional<int64_t> b) {
 
 // Parameters of one layer and of the whole model (exactly the tensors of the model
 // description, model/model_description.h; the tied head counted once), or nullopt when
-// a count overflows 64 bits. `c` is finalized.
-std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
+// a count overflows 64 bits. `c` is finalized. layer_parameters: a MoE layer's in a
+// mixture of experts (`layer` >= 0: that layer's, the leading dense layers' dense).
+std::optional<int64_t> layer_parameters(const TransformerConfig& c, int layer = -1) {
   const int64_t q = int64_t{c.n_heads} * c.head_dim;
   const int64_t kv = int64_t{c.n_kv_heads} * c.head_dim;
   auto size = [&](Dim d) -> int64_t {
@@ -58,15 +59,17 @@ std::optional<int64_t> layer_parameters(const TransformerConfig& c) {
     }
     return 0;
   };
-  std::optional<int64_t> layer = 0;
-  for (const LayerTensor& t : describe_block(c).tensors) {
-    layer = add(layer, mul(size(t.rows), size(t.cols)));
-  }
-  return layer;
+  std::optional<int64_t> count = 0;
+  const BlockDescription block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
+  for (const LayerTensor& t : block.tensors) count = add(count, mul(size(t.rows), size(t.cols)));
+  return count;
 }
 
 std::optional<int64_t> model_parameters(const TransformerConfig& c) {
-  std::optional<int64_t> total = mul(c.n_layers, layer_parameters(c));
+  // A mixture of experts' leading moe_first_dense_layers have the dense MLP.
+  const int dense = c.moe() ? c.moe_first_dense_layers : 0;
+  std::optional<int64_t> total = mul(c.n_layers - dense, layer_parameters(c));
+  if (dense > 0) total = add(total, mul(dense, layer_parameters(c, 0)));
   for (GroupKind g : {GroupKind::kEmbedding, GroupKind::kHead}) {
     for (const TensorDesc& t : describe_group(c, g, 1, true)) total = add(total, t.shape.numel());
   }
@@ -244,13 +247,13 @@ int64_t TransformerConfig::active_parameters() const {
   c.finalize();
   int64_t n = c.num_parameters();
   if (c.moe()) {
-    // A token runs through top_k of the experts: the other experts' parameters are not
-    // active for it.
+    // A token runs through top_k of the experts of each MoE layer (the leading dense
+    // layers' MLP is all active): the other experts' parameters are not active for it.
     int64_t expert = 0;
     for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, 1, false)) {
       if (t.expert == 0) expert += t.shape.numel();
     }
-    n -= int64_t{c.n_layers} * (c.moe_experts - c.moe_top_k) * expert;
+    n -= int64_t{c.n_layers - c.moe_first_dense_layers} * (c.moe_experts - c.moe_top_k) * expert;
   }
   return n;
 }

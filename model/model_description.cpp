@@ -498,13 +498,25 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   double layer_matrix = 0, head_matrix = 0;
   // An expert's matrices are active for top_k / experts of the tokens on average (exactly:
   // the dispatch sends every token to top_k experts).
+  // A mixture of experts' leading dense layers (moe_first_dense_layers) among the part's
+  // run the dense MLP: `layer` is the mean of the part's layers.
   const double expert_share = c.moe() ? double(c.moe_top_k) / c.moe_experts : 1.0;
-  for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, tpi, false)) {
-    if (t.local_shape.rank() == 2) {
-      const bool routed = t.expert >= 0 && t.expert < c.moe_experts;
-      layer_matrix += numel(t.local_shape) * (routed ? expert_share : 1.0);
+  const int end = part.layer_end < 0 ? c.n_layers : part.layer_end;
+  const double dense_share =
+      c.moe() && f.layers > 0
+          ? std::max(0, std::min(end, c.moe_first_dense_layers) - part.layer_begin) / f.layers
+          : 0.0;
+  auto matrix = [&](int layer) {
+    double m = 0;
+    for (const TensorDesc& t : describe_group(c, GroupKind::kLayer, tpi, false, layer)) {
+      if (t.local_shape.rank() == 2) {
+        const bool routed = t.expert >= 0 && t.expert < c.moe_experts;
+        m += numel(t.local_shape) * (routed ? expert_share : 1.0);
+      }
     }
-  }
+    return m;
+  };
+  layer_matrix = (1 - dense_share) * matrix(-1) + (dense_share > 0 ? dense_share * matrix(0) : 0.0);
   const bool first = part.first_stage(), last = part.last_stage();
   if (first) {
     for (const TensorDesc& t : describe_group(c, GroupKind::kEmbedding, tpi, true)) {
@@ -529,7 +541,9 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
   const double kA = static_cast<double>(dtype_size(compute));
   const double c_stream = sequence_parallel ? c.d_model / tp : c.d_model;
   const double hidden =
-      c.moe() ? double(c.moe_top_k + c.moe_shared_experts) * c.moe_d_ff : c.d_ff / tp;
+      c.moe() ? (1 - dense_share) * double(c.moe_top_k + c.moe_shared_experts) * c.moe_d_ff +
+                    dense_share * c.d_ff / tp
+              : c.d_ff / tp;
   f.layer.elementwise_bytes = kA * N * (12 * c_stream + 4 * hidden + 4 * q_local);
   // The head's softmax / cross-entropy over the local vocabulary: ~4 passes.
   f.head.elementwise_bytes = last ? 4 * N * c.padded_vocab / tp * kA : 0;

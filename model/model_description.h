@@ -289,7 +289,7 @@ struct Work {
 // Backward costs twice the forward's work (the input and the weight gradients).
 inline constexpr double kBackwardPerForward = 2;
 struct StageFlops {
-  Work layer;  // one layer's forward
+  Work layer;  // one layer's forward (the mean of the part's: leading dense layers differ)
   Work head;   // the embedding and head (the head's GEMM, softmax, cross-entropy)
   double layers = 0;
   // The stage's forward (backward: kBackwardPerForward times it).

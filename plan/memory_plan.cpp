@@ -93,17 +93,28 @@ struct StageGroups {
   // their own (L + 2 + i) reduced and sharded over the expert-data-parallel group; the
   // layer group then holds the router and the shared experts only.
   GroupTensors experts;
+  // A mixture of experts' leading dense layers (model.moe_first_dense_layers) held here,
+  // each alike: their group has the dense MLP (`layer` and `experts` are the MoE layers').
+  GroupTensors dense;
   double local_layers = 0;
+  double dense_layers = 0;
+  double moe_layers() const { return local_layers - dense_layers; }
+  // Every local layer's floats (the experts' groups included).
+  double layers_floats() const {
+    return moe_layers() * (layer.floats() + experts.floats()) + dense_layers * dense.floats();
+  }
   double num_tensors() const {
     return static_cast<double>(embedding.tensors.size() + head.tensors.size()) +
-           local_layers * static_cast<double>(layer.tensors.size());
+           moe_layers() * static_cast<double>(layer.tensors.size()) +
+           dense_layers * static_cast<double>(dense.tensors.size());
   }
 };
 
 // A group's tensors as RowSplit rows.
-GroupTensors group_tensors(const TransformerConfig& c, GroupKind kind, int tp, bool first) {
+GroupTensors group_tensors(const TransformerConfig& c, GroupKind kind, int tp, bool first,
+                           int layer = -1) {
   GroupTensors g;
-  for (const TensorDesc& t : describe_group(c, kind, tp, first)) {
+  for (const TensorDesc& t : describe_group(c, kind, tp, first, layer)) {
     const double rows = static_cast<double>(t.local_shape[0]);
     g.tensors.push_back({rows, static_cast<double>(t.local_shape.numel()) / rows});
   }
@@ -115,11 +126,16 @@ StageGroups stage_groups(const TransformerConfig& c, const std::vector<ModelPart
   const ModelPartition& part = chunks.front();
   const int tp = part.tp_size;
   StageGroups s;
-  for (const ModelPartition& chunk : chunks) s.local_layers += chunk.local_layers(c.n_layers);
+  for (const ModelPartition& chunk : chunks) {
+    s.local_layers += chunk.local_layers(c.n_layers);
+    const int end = chunk.layer_end < 0 ? c.n_layers : chunk.layer_end;
+    for (int l = chunk.layer_begin; l < end; ++l) s.dense_layers += c.moe() && !c.moe_layer(l);
+  }
   const bool first = part.first_stage(), last = chunks.back().last_stage();
   if (first) s.embedding = group_tensors(c, GroupKind::kEmbedding, tp, true);
-  if (s.local_layers > 0) s.layer = group_tensors(c, GroupKind::kLayer, tp, first);
-  if (s.local_layers > 0 && part.ep_size > 1) {
+  if (s.dense_layers > 0) s.dense = group_tensors(c, GroupKind::kLayer, tp, first, 0);
+  if (s.moe_layers() > 0) s.layer = group_tensors(c, GroupKind::kLayer, tp, first);
+  if (s.moe_layers() > 0 && part.ep_size > 1) {
     const std::vector<TensorDesc> tensors = describe_group(c, GroupKind::kLayer, tp, first);
     GroupTensors layer;
     const int local = c.moe_experts / part.ep_size;  // every ep rank's experts are alike
@@ -372,17 +388,16 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const StageGroups g = stage_groups(c, chunks);
   // Expert parallelism: the experts' engine runs over dp / ep ranks (parallel/expert_parallel.h).
   const int edp = par.dp / std::max(1, par.ep);
-  const double total_floats = g.embedding.floats() +
-                              g.local_layers * (g.layer.floats() + g.experts.floats()) +
-                              g.head.floats();
+  const double total_floats = g.embedding.floats() + g.layers_floats() + g.head.floats();
   const double shard_floats =
-      g.embedding.shard_floats(dp) + g.local_layers * g.layer.shard_floats(dp) +
-      g.head.shard_floats(dp) + g.local_layers * g.experts.shard_floats(edp);
+      g.embedding.shard_floats(dp) + g.moe_layers() * g.layer.shard_floats(dp) +
+      g.dense_layers * g.dense.shard_floats(dp) + g.head.shard_floats(dp) +
+      g.moe_layers() * g.experts.shard_floats(edp);
   // The group buffers a ZeRO-2/3 store's pools hold at once (max_held_group_floats): one
   // group, or the head together with the embeddings when a one-stage model's head is tied
   // to wte.
   double held = std::max(
-      {g.embedding.floats(), g.local_layers > 0 ? g.layer.floats() : 0.0, g.head.floats()});
+      {g.embedding.floats(), g.layer.floats(), g.dense.floats(), g.head.floats()});
   if (c.tied() && chunks.front().first_stage() && chunks.back().last_stage()) {
     held = std::max(held, g.embedding.floats() + g.head.floats());
   }
@@ -416,9 +431,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
       std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));
   const double bucket_chunk =
       std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
+                g.dense.max_chunk_floats(dp, bucket),
                 g.head.max_chunk_floats(dp, bucket)});
   const double group_chunk =
-      std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.head.shard_floats(dp)});
+      std::max({g.embedding.shard_floats(dp), g.layer.shard_floats(dp), g.dense.shard_floats(dp),
+                g.head.shard_floats(dp)});
   if (stage == 1 || stage == 2) {
     // DataParallel's pack (dp chunks) and segment (one chunk) of the largest bucket.
     // They gather compute weights; stage 1 reduce-scatters f32 gradients through them too.
@@ -452,13 +469,14 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   }
   // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =
-      std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.head.largest_tensor()}) *
+      std::max({g.embedding.largest_tensor(), g.layer.largest_tensor(), g.dense.largest_tensor(),
+                g.head.largest_tensor()}) *
       kF;
   // A checkpoint copies the saved rows (parameter, two moments) to host memory: ZeRO-0
   // state is saved by dp rank 0 alone, sharded state by every rank.
   // Under expert parallelism the experts are saved by each ep rank's edp replica 0.
-  const double ckpt0 = (dp_rank == 0 ? total_floats - g.local_layers * g.experts.floats() : 0.0) +
-                       (dp_rank < par.ep ? g.local_layers * g.experts.floats() : 0.0);
+  const double ckpt0 = (dp_rank == 0 ? total_floats - g.moe_layers() * g.experts.floats() : 0.0) +
+                       (dp_rank < par.ep ? g.moe_layers() * g.experts.floats() : 0.0);
   m.checkpoint = 3 * (stage == 0 ? ckpt0 : shard_floats) * kF;
   // Tables: ~512 bytes per local tensor (ParamInfo in the trainer's and the model's
   // layout, ShardPlan entries), ~256 per global layer (group tables, the model's

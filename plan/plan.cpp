@@ -73,6 +73,7 @@ struct StageTime {
   double compute = 0, recompute = 0, tp = 0, pp = 0;  // seconds per micro-batch (compute
                                                      // includes recompute)
   double cp = 0;  // the cp ring's exposed seconds per micro-batch (cp_ring_seconds)
+  double ep = 0;  // the ep all-to-all's exposed seconds per micro-batch (ep_all_to_all_seconds)
   double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
   RankTraffic traffic;
 };
@@ -86,29 +87,46 @@ struct Links {
   // nodes the network bandwidth times the group's members per node (rails), at most the
   // NVLink figure (below).
   PerDim<LinkSpec> spec;
+  // Expert parallelism: the ep groups and the expert-data-parallel groups (dp / ep ranks
+  // holding the same experts) are the expert generator's (comm/parallel_layout.h): ep
+  // inside dp, so the index kEp above is the ep group's and these are expert_dp's.
+  const LinkSpec* expert_dp_link = nullptr;
+  bool expert_dp_cross = false;
+  LinkSpec expert_dp_spec;
+  int ep_per_node = 1;  // an ep group's members in one node
 };
+
+// The link of dimension d's groups in `ranks` (see Links).
+void group_link(const RankGenerator& ranks, ParallelDim d, const PlanOptions& o, bool* cross,
+                const LinkSpec** link, LinkSpec* spec) {
+  *cross = ranks.span(d) > o.gpus_per_node;
+  *link = *cross ? &o.hardware.inter_node : &o.hardware.intra_node;
+  *spec = **link;
+  if (!*cross) return;
+  // A group with r members in each node (stride s < gpus per node: r = gpus per node /
+  // s) runs NCCL's rings on r rails at once: each member's own NIC carries the ring
+  // that leaves the node through it, 1/r of the data, and NVLink the hops inside the
+  // node. Its bus bandwidth is r NICs' (DGX A100 / H100: 8 x 25 / 8 x 50 GB/s for a
+  // dp group of 8 per node), bounded by NVLink's; with one member per node (tp 8
+  // inside the node) it is one NIC's. (pp's sends are one GPU's to one GPU, over one
+  // NIC: stage_time uses `link` for them.)
+  const int rails = std::max(1, std::min(ranks.degree(d), o.gpus_per_node / ranks.stride(d)));
+  const LinkSpec& nvlink = o.hardware.intra_node;
+  spec->bytes_per_s = std::min(spec->bytes_per_s * rails,
+                               nvlink.bytes_per_s * nvlink.efficiency / spec->efficiency);
+}
 
 Links links_for(const PlanCandidate& l, const PlanOptions& o) {
   const RankGenerator ranks(world_generator_layout(l));  // ep folds into dp: no stride
   Links k;
   for (const DimensionInfo& d : kDimensions) {
-    k.cross[d.dim] = ranks.span(d.dim) > o.gpus_per_node;
-    k.link[d.dim] = k.cross[d.dim] ? &o.hardware.inter_node : &o.hardware.intra_node;
-    k.spec[d.dim] = *k.link[d.dim];
-    if (!k.cross[d.dim]) continue;
-    // A group with r members in each node (stride s < gpus per node: r = gpus per node /
-    // s) runs NCCL's rings on r rails at once: each member's own NIC carries the ring
-    // that leaves the node through it, 1/r of the data, and NVLink the hops inside the
-    // node. Its bus bandwidth is r NICs' (DGX A100 / H100: 8 x 25 / 8 x 50 GB/s for a
-    // dp group of 8 per node), bounded by NVLink's; with one member per node (tp 8
-    // inside the node) it is one NIC's. (pp's sends are one GPU's to one GPU, over one
-    // NIC: stage_time uses `link` for them.)
-    const int rails = std::max(1, std::min(ranks.degree(d.dim), o.gpus_per_node / ranks.stride(d.dim)));
-    LinkSpec& s = k.spec[d.dim];
-    const LinkSpec& nvlink = o.hardware.intra_node;
-    s.bytes_per_s = std::min(s.bytes_per_s * rails,
-                             nvlink.bytes_per_s * nvlink.efficiency / s.efficiency);
+    group_link(ranks, d.dim, o, &k.cross[d.dim], &k.link[d.dim], &k.spec[d.dim]);
   }
+  const RankGenerator experts(expert_generator_layout(l));
+  group_link(experts, ParallelDim::kEp, o, &k.cross[ParallelDim::kEp], &k.link[ParallelDim::kEp],
+             &k.spec[ParallelDim::kEp]);
+  group_link(experts, ParallelDim::kDp, o, &k.expert_dp_cross, &k.expert_dp_link, &k.expert_dp_spec);
+  k.ep_per_node = std::max(1, std::min(l.ep, o.gpus_per_node / experts.stride(ParallelDim::kEp)));
   return k;
 }
 
@@ -205,6 +223,35 @@ double cp_ring_seconds(const Config& config, const GroupTraffic& cp_traffic, dou
   return cp_traffic.send / micro / (link.bytes_per_s * link.efficiency) + hops * link.latency_s;
 }
 
+// The ep all-to-all's seconds per micro-batch on the stage: of the bytes a rank sends
+// (analytic_traffic's ep, balanced routing) 1/ep goes to each member of its group; those
+// in its node over NVLink, the others through its own NIC, both at once; plus one latency
+// per call (3 per forward, 2 in backward, per MoE layer). All exposed: the trainer's
+// exchanges block between the router and the experts (model/transformer.cpp moe_forward,
+// moe_backward), with no compute to hide them behind.
+double ep_all_to_all_seconds(const Config& config, const GroupTraffic& ep, double moe_layers,
+                             const Links& links, const PlanOptions& o) {
+  const int e = config.parallel.ep;
+  if (e <= 1 || ep.all_to_all <= 0) return 0;
+  const double bytes = ep.all_to_all / config.grad_accum_steps();
+  const double r = links.ep_per_node;
+  const LinkSpec& nvlink = o.hardware.intra_node;
+  const LinkSpec& nic = o.hardware.inter_node;
+  const double inside = bytes * (r - 1) / e / (nvlink.bytes_per_s * nvlink.efficiency);
+  const double outside = bytes * (e - r) / e / (nic.bytes_per_s * nic.efficiency);
+  return std::max(inside, outside) + moe_layers * ep_all_to_all_calls_per_layer(config) *
+                                         links.link[ParallelDim::kEp]->latency_s;
+}
+
+// Expert parallelism: the experts' engine's exposed seconds per step (added to dp's): its
+// collectives (analytic_traffic's expert_dp) over the dp / ep ranks holding the same
+// experts, on their link, simulated like dp's (exposed_dp) over the expert groups, each
+// reduced after its layer's backward; ZeRO-1/2's all-gather after the update exposed.
+// Adds the collectives' whole time to *comm.
+double expert_dp_seconds(const Config& config, const ParamLayout& layout, const GroupTraffic& e,
+                         const Links& links, const PlanOptions& o, double layer_forward,
+                         double layer_recompute, double* comm);
+
 // CPU ranks: the share of its speed a rank's compute keeps while its communication
 // thread runs a collective (comm/communicator.h "Progress (MPI)": a blocking MPI call that
 // polls shared memory, one more busy thread per rank). The ranks on this machine run
@@ -297,6 +344,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     t.pp = t.traffic.pp.send / micro / bw + sends * links.link[ParallelDim::kPp]->latency_s;
   }
   t.cp = cp_ring_seconds(config, t.traffic.cp, w.layers, *links.link[ParallelDim::kCp]);
+  t.ep = ep_all_to_all_seconds(config, t.traffic.ep, moe_local_layers(config, part), links, o);
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
@@ -313,7 +361,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     std::vector<GroupWork> groups;
     const double layer_f = seconds(w.layer);
     const double head_f = seconds(w.head);
-    const int n_groups = static_cast<int>(layout.groups.size());
+    // (At ep > 1 the groups after the head, L + 2 + i, are the experts': below.)
+    const int n_groups = std::min(static_cast<int>(layout.groups.size()), config.model.n_layers + 2);
     for (int g = 0; g < n_groups; ++g) {
       if (layout.groups[static_cast<size_t>(g)].num_floats == 0) continue;
       GroupWork gw;
@@ -343,6 +392,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   } else {
     t.dp = embedding_s;
   }
+  t.dp += expert_dp_seconds(config, layout, t.traffic.expert_dp, links, o,
+                            seconds(w.layer), layer_recompute, &t.dp_comm);
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -350,8 +401,28 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   return t;
 }
 
-// describe_params per distinct stage shape (the layer range matters only by its length).
-using LayoutKey = std::tuple<int, int, int, int>;  // tp, first, last, layers
+double expert_dp_seconds(const Config& config, const ParamLayout& layout, const GroupTraffic& e,
+                         const Links& links, const PlanOptions& o, double layer_forward,
+                         double layer_recompute, double* comm) {
+  const int edp = config.parallel.dp / config.parallel.ep;
+  if (edp <= 1 || e.total() <= 0) return 0;
+  const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
+  const KindSeconds k = kind_s(e, edp, links.expert_dp_spec, std::ceil(e.total() / bucket));
+  *comm += k.total();
+  std::vector<GroupWork> groups;
+  for (const ParamGroup& g : layout.groups) {
+    if (!is_expert_group(config.model.n_layers, g.id) || g.num_floats == 0) continue;
+    groups.push_back({static_cast<double>(g.num_floats), layer_forward,
+                      kBackwardPerForward * layer_forward + layer_recompute});
+  }
+  const int zero = config.parallel.zero_stage;
+  return exposed_dp(config, groups, 0, k, 0, false, cpu_compute_rate_in_flight(config, o)) +
+         (zero == 1 || zero == 2 ? k.all_gather : 0);
+}
+
+// describe_params per distinct stage shape (the layer range matters only by its length
+// and, with leading dense layers, how many of them it holds; its experts by ep).
+using LayoutKey = std::tuple<int, int, int, int, int, int>;  // tp, first, last, layers, dense, ep
 
 std::string recompute_text(Recompute r) { return recompute_name(r); }
 
@@ -361,6 +432,7 @@ std::string layout_name(const PlanCandidate& l) {
   std::string s = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +
                   std::to_string(l.pp);
   if (l.cp > 1) s += " cp" + std::to_string(l.cp);
+  if (l.ep > 1) s += " ep" + std::to_string(l.ep);
   if (l.virtual_stages > 1) s += " v" + std::to_string(l.virtual_stages);
   s += " z" + std::to_string(l.zero_stage);
   if (l.sequence_parallel) s += " sp";
@@ -468,6 +540,14 @@ PlanCandidate config_layout(const Config& config) {
   return l;
 }
 
+std::vector<int> plan_ep_degrees(const Config& base, int dp) {
+  std::vector<int> out;
+  for (int ep : divisors(std::max(1, dp))) {
+    if (ep == 1 || (base.model.moe() && base.model.moe_experts % ep == 0)) out.push_back(ep);
+  }
+  return out;
+}
+
 std::vector<int> plan_cp_degrees(const Config& base, int devices) {
   std::vector<int> out;
   for (int cp : divisors(std::max(1, devices))) {
@@ -515,22 +595,25 @@ bool enumerate_up_to(const Config& base, int devices, int64_t limit,
           }
         }
         for (int v : chunk_counts) {
-          // ZeRO shards over dp x cp (the data-parallel group under cp).
-          for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
-            for (bool sp : {false, true}) {
-              if (sp && tp == 1) continue;
-              for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-                if (++tried > limit) return false;
-                const PlanCandidate l{{.dp = dp,
-                                       .tp = tp,
-                                       .pp = pp,
-                                       .cp = cp,
-                                       .virtual_stages = v,
-                                       .zero_stage = zero,
-                                       .sequence_parallel = sp},
-                                      r,
-                                      mbs};
-                if (validate_config(apply_layout(base, l)).is_ok()) out->push_back(l);
+          for (int ep : plan_ep_degrees(base, dp)) {
+            // ZeRO shards over dp x cp (the data-parallel group under cp).
+            for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                  if (++tried > limit) return false;
+                  const PlanCandidate l{{.dp = dp,
+                                         .tp = tp,
+                                         .pp = pp,
+                                         .cp = cp,
+                                         .ep = ep,
+                                         .virtual_stages = v,
+                                         .zero_stage = zero,
+                                         .sequence_parallel = sp},
+                                        r,
+                                        mbs};
+                  if (validate_config(apply_layout(base, l)).is_ok()) out->push_back(l);
+                }
               }
             }
           }
@@ -581,7 +664,9 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
       r.memory = mem;
       r.peak_stage = s;
     }
-    const LayoutKey key{l.tp, part.first_stage(), part.last_stage(), part.layer_end - part.layer_begin};
+    const int stage_layers = part.layer_end - part.layer_begin;
+    const LayoutKey key{l.tp, part.first_stage(), part.last_stage(), stage_layers,
+                        stage_layers - static_cast<int>(moe_local_layers(config, part)), l.ep};
     auto t = times.find(key);
     if (t == times.end()) {
       auto layout = cache->find(key);
@@ -591,8 +676,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
       t = times.emplace(key, stage_time(config, part, layout->second, mem, o, links)).first;
     }
     const StageTime& st = t->second;
-    if (st.compute + st.tp + st.pp + st.cp > slowest_micro) {
-      slowest_micro = st.compute + st.tp + st.pp + st.cp;
+    if (st.compute + st.tp + st.pp + st.cp + st.ep > slowest_micro) {
+      slowest_micro = st.compute + st.tp + st.pp + st.cp + st.ep;
       slowest = st;
     }
     if (st.dp + st.optimizer > slowest_step) {
@@ -603,8 +688,10 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
         {ParallelDim::kDp, st.traffic.dp.total() + st.traffic.embedding.total()},
         {ParallelDim::kTp, st.traffic.tp.total()},
         {ParallelDim::kPp, st.traffic.pp.total()},
-        {ParallelDim::kCp, st.traffic.cp.total()}};
+        {ParallelDim::kCp, st.traffic.cp.total()},
+        {ParallelDim::kEp, st.traffic.ep.total()}};
     for (const auto& [dim, bytes] : moved) r.comm[dim] = std::max(r.comm[dim], bytes);
+    r.expert_dp_comm = std::max(r.expert_dp_comm, st.traffic.expert_dp.total());
   }
   r.fits = r.memory.total <= r.capacity;
   r.bubble = pipeline_bubble_fraction(l.pp, m, v);
@@ -613,13 +700,15 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.tp_s = m * slowest.tp;
   r.pp_s = m * slowest.pp;
   r.cp_s = m * slowest.cp;
+  r.ep_s = m * slowest.ep;
   // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
   r.bubble_s = (l.pp - 1) * slowest_micro / v;
   r.dp_s = slowest_tail.dp;
   r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;
   r.step_time_s =
-      r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.cp_s + r.bubble_s + r.dp_s + r.optimizer_s;
+      r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.cp_s + r.ep_s + r.bubble_s + r.dp_s +
+      r.optimizer_s;
   const double tokens = static_cast<double>(config.training.global_batch_size) * config.model.seq_len;
   r.tokens_per_s_per_gpu = tokens / r.step_time_s / o.devices;
   r.mfu = config.model.flops_per_token() * r.tokens_per_s_per_gpu / o.hardware.peak_flops;
@@ -684,6 +773,8 @@ std::string slower_text(const PlanResult& l, const PlanResult& best) {
       {l.optimizer_s - best.optimizer_s, "optimizer step on a bigger shard"},
       {l.cp_s - best.cp_s, "cp " + std::to_string(a.cp) + " ring exchanges (not overlapped)" +
                                (l.crosses_nodes[ParallelDim::kCp] ? " across nodes" : "")},
+      {l.ep_s - best.ep_s, "ep " + std::to_string(a.ep) + " all-to-all (not overlapped)" +
+                               (l.crosses_nodes[ParallelDim::kEp] ? " across nodes" : "")},
   };
   const Part* top = &parts[0];
   for (const Part& p : parts) {
@@ -823,6 +914,7 @@ std::string configured_misfit(const Plan& plan) {
   std::string s = "the configured layout (parallel.dp=" + std::to_string(l.dp) +
                   ", parallel.tp=" + std::to_string(l.tp) + ", parallel.pp=" + std::to_string(l.pp) +
                   (l.cp > 1 ? ", parallel.cp=" + std::to_string(l.cp) : std::string()) +
+                  (l.ep > 1 ? ", parallel.ep=" + std::to_string(l.ep) : std::string()) +
                   ", parallel.zero_stage=" + std::to_string(l.zero_stage) +
                   ", parallel.micro_batch_size=" + std::to_string(l.micro_batch_size) +
                   ", parallel.sequence_parallel=" + (l.sequence_parallel ? "true" : "false") +

@@ -60,11 +60,19 @@
 //     (RingAttention::kOverlapsCompute). Under cp a rank computes 1/cp of each
 //     micro-batch (c above divided by cp), selective recomputation reruns nothing (the
 //     ring keeps its state), and dp is the dp x cp group.
+//   per micro-batch ep (parallel.ep > 1) = the all-to-all's bytes (plan/traffic_model.h:
+//     counts, dispatch and combine per forward, twice under full recomputation, and their
+//     gradients in backward, per MoE layer; routing taken balanced), 1/ep of them to each
+//     member of the ep group: those in the node over NVLink, the rest through the rank's
+//     NIC, at once; plus one latency per call; all exposed (the trainer blocks on them).
+//     The experts' gradients are reduced over the dp / ep ranks holding the same experts
+//     (expert_dp, their link) like dp's (its exposed part added to dp), the rest over dp.
 //   optimizer = the AdamW pass over the local shard, memory bound.
-//   step = (m + (p - 1) / v) * (c + tp + pp + cp) + exposed dp + optimizer
+//   step = (m + (p - 1) / v) * (c + tp + pp + cp + ep) + exposed dp + optimizer
 //     (m micro-batches, p stages, v model chunks per stage: the bubble (p-1)/(v*m+p-1));
-//     its parts compute, recompute, bubble, tp, pp, cp, dp, optimizer add up to it.
-// tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token *
+//     its parts compute, recompute, bubble, tp, pp, cp, ep, dp, optimizer add up to it.
+// tokens/s per GPU = global_batch_size * seq_len / step / N; MFU = flops_per_token (a
+// mixture of experts: the active parameters', leading dense layers dense) *
 // tokens/s per GPU / peak (model FLOPs only, the bf16 peak; docs/CONFIG.md "FLOPs per token
 // and MFU").
 //
@@ -101,9 +109,10 @@ inline constexpr int64_t kMaxPlanCandidates = 50000;
 inline constexpr double kMaxPlanStageWork = 3e7;
 
 // The dimensions plan varies and reports (comm_bytes_per_step, the table's columns); ep
-// joins when it can be other than 1.
+// (expert parallelism, folded into dp) is 1 but for mixtures of experts.
 inline constexpr ParallelDim kPlannedDims[] = {ParallelDim::kDp, ParallelDim::kTp,
-                                               ParallelDim::kPp, ParallelDim::kCp};
+                                               ParallelDim::kPp, ParallelDim::kCp,
+                                               ParallelDim::kEp};
 // Context parallelism is tried only where every cp rank keeps at least this many tokens
 // of a sequence (so cp > 1 only for sequences of 2 x 8192 tokens and more): below it the
 // ring's blocks are small next to its hops, long-context training runs it at 32K-128K, and
@@ -190,6 +199,12 @@ struct PlanResult {
   // The cp ring's seconds (parallel.cp > 1), all exposed: the trainer does not overlap it
   // with the block attention (RingAttention::kOverlapsCompute).
   double cp_s = 0;
+  // The ep all-to-all's seconds (parallel.ep > 1), all exposed (the trainer's exchanges
+  // block between the router and the experts).
+  double ep_s = 0;
+  // The experts' reduction over the dp / ep ranks holding them, bytes per step (its
+  // exposed seconds are in dp_s, its whole time in dp_comm_s).
+  double expert_dp_comm = 0;
   double optimizer_s = 0, dp_comm_s = 0;
   // The config's overlap switches the dp time assumed (parallel.overlap_grad_reduce,
   // parallel.overlap_param_gather; plan keeps them as configured).
@@ -208,12 +223,16 @@ PlanCandidate config_layout(const Config& config);
 // model and batch: tp and pp over the divisors, cp over plan_cp_degrees, micro_batch_size over the divisors of
 // global_batch_size / dp, virtual stages 1 and (pp > 1) the divisors of n_layers / pp up
 // to kMaxVirtualStages, zero stages 0-3 (only 0 when dp * cp == 1: the others equal it),
-// recompute none/selective/full, sequence parallelism off and (tp > 1) on.
+// recompute none/selective/full, sequence parallelism off and (tp > 1) on, ep over
+// plan_ep_degrees.
 std::vector<PlanCandidate> enumerate_layouts(const Config& base, int devices);
 // The cp degrees plan tries on `devices` ranks: 1, and each divisor cp > 1 with
 // model.seq_len divisible by 2 cp and seq_len / cp >= kMinCpTokensPerRank (none for a
 // mixture of experts, which validate_config refuses under cp).
 std::vector<int> plan_cp_degrees(const Config& base, int devices);
+// The ep degrees plan tries with `dp` data-parallel ranks: 1, and for a mixture of experts
+// each divisor of dp that divides model.moe_experts (each ep rank holds moe_experts / ep).
+std::vector<int> plan_ep_degrees(const Config& base, int dp);
 
 // Memory, traffic and time of one layout (`config` has it applied and is valid). Leaves
 // reason empty (make_plan ranks).

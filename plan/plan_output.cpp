@@ -23,10 +23,12 @@ nlohmann::json layout_json(const PlanResult& r) {
   const PlanCandidate& l = r.candidate;
   nlohmann::json comm = nlohmann::json::object();
   for (const ParallelDim d : kPlannedDims) comm[dim_name(d)] = r.comm[d];
+  comm["expert_dp"] = r.expert_dp_comm;
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
+          {"ep", l.ep},
           {"virtual_stages", l.virtual_stages},
           {"zero_stage", l.zero_stage},
           {"sequence_parallel", l.sequence_parallel},
@@ -53,6 +55,7 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"tp", r.tp_s},
             {"pp", r.pp_s},
             {"cp", r.cp_s},
+            {"ep", r.ep_s},
             {"dp", r.dp_s},
             {"optimizer", r.optimizer_s}}},
           {"dp_comm_s", r.dp_comm_s},
@@ -89,24 +92,26 @@ std::string plan_table(const Plan& plan, int rows) {
   std::string out;
   char line[768];
   std::snprintf(line, sizeof(line),
-                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %8s %8s %8s %8s "
-                "%8s %8s %8s %8s %9s %6s  %s\n",
+                "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %8s %8s %8s %8s "
+                "%8s %8s %8s %8s %8s %9s %6s  %s\n",
                 "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
-                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "bubble", "step s", "comp s",
-                "recomp s", "bubl s", "tp s", "pp s", "cp s", "dp s", "opt s", "tok/s/gpu", "MFU",
+                "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "ep GB", "bubble", "step s", "comp s",
+                "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "opt s",
+                "tok/s/gpu", "MFU",
                 "reason");
   out += line;
   auto row = [&](const std::string& rank, const PlanResult& r) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
-                  "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f "
-                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %5.1f%%  %s\n",
+                  "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f %8.2f "
+                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
+                  "%5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
                   m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
                   r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
-                  r.comm[ParallelDim::kPp] / 1e9, 100 * r.bubble, r.step_time_s, r.compute_s,
-                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s, r.dp_s, r.optimizer_s,
+                  r.comm[ParallelDim::kPp] / 1e9, r.comm[ParallelDim::kEp] / 1e9, 100 * r.bubble, r.step_time_s, r.compute_s,
+                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s, r.ep_s, r.dp_s, r.optimizer_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -133,6 +138,12 @@ std::string plan_table(const Plan& plan, int rows) {
     out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, all exposed (") +
            (RingAttention::kOverlapsCompute ? "overlapped" : "the trainer does not overlap them") +
            " with the block attention)\n";
+  }
+  bool any_ep = plan.configured_error.empty() && plan.configured.candidate.ep > 1;
+  for (const PlanResult& l : plan.layouts) any_ep = any_ep || l.candidate.ep > 1;
+  if (any_ep) {
+    out += "# ep GB, ep s: the all-to-all of tokens to their experts and back (balanced "
+           "routing), all exposed; dp s includes the experts' reduction over dp / ep ranks\n";
   }
   out += fmt("# model: %.2fB parameters", plan.parameters / 1e9) +
          fmt(", %.2fB active per token", plan.active_parameters / 1e9) +

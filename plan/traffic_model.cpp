@@ -5,6 +5,37 @@
 #include "plan/partition.h"
 
 namespace trident {
+namespace {
+
+// A data-parallel engine's bytes per step over `ranks` ranks for `floats` of parameters
+// (group0_extra: a tied one-stage head's second use of group 0), by ZeRO stage.
+GroupTraffic zero_traffic(int zero_stage, double ranks, double floats, double group0_extra,
+                          double micro, double kA) {
+  constexpr double kF = 4.0;
+  GroupTraffic t;
+  switch (ranks > 1 ? zero_stage : -1) {
+    case -1:  // one data-parallel rank: nothing crosses ranks
+      break;
+    case 0:
+      t.all_reduce = floats * kF;
+      break;
+    case 1:
+      t.reduce_scatter = floats * kF;
+      t.all_gather = floats * kA;
+      break;
+    case 2:
+      t.reduce_scatter = (floats + group0_extra) * micro * kF;
+      t.all_gather = floats * kA;
+      break;
+    default:
+      t.all_gather = (2 * floats + 2 * group0_extra) * micro * kA;
+      t.reduce_scatter = (floats + group0_extra) * micro * kF;
+      break;
+  }
+  return t;
+}
+
+}  // namespace
 
 RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
                              const ParamLayout& layout) {
@@ -101,7 +132,13 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
 
   if (par.cp > 1) t.cp.send = cp_ring_bytes_per_layer(config) * layers * micro;
 
-  const double total = static_cast<double>(layout.total_floats());
+  // Expert parallelism: the routed experts' groups are reduced over expert_dp, the rest
+  // over dp.
+  double expert_floats = 0;
+  for (const ParamGroup& g : layout.groups) {
+    if (is_expert_group(config.model.n_layers, g.id)) expert_floats += static_cast<double>(g.num_floats);
+  }
+  const double total = static_cast<double>(layout.total_floats()) - expert_floats;
   // The data-parallel machinery's group: dp x cp (cp ranks hold the same parameters).
   const double dp = static_cast<double>(par.dp) * par.cp;
   // A tied head in a one-stage model uses group 0 (wte) a second time: ZeRO-3 gathers
@@ -111,24 +148,14 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   if (config.model.tied() && first && last) {
     group0_extra = static_cast<double>(layout.groups[0].num_floats);
   }
-  switch (dp > 1 ? par.zero_stage : -1) {
-    case -1:  // one data-parallel rank: nothing crosses ranks
-      break;
-    case 0:
-      t.dp.all_reduce = total * kF;
-      break;
-    case 1:
-      t.dp.reduce_scatter = total * kF;
-      t.dp.all_gather = total * kA;
-      break;
-    case 2:
-      t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
-      t.dp.all_gather = total * kA;
-      break;
-    default:
-      t.dp.all_gather = (2 * total + 2 * group0_extra) * micro * kA;
-      t.dp.reduce_scatter = (total + group0_extra) * micro * kF;
-      break;
+  t.dp = zero_traffic(par.zero_stage, dp, total, group0_extra, micro, kA);
+  if (par.ep > 1) {
+    t.expert_dp = zero_traffic(par.zero_stage, static_cast<double>(par.dp) / par.ep, expert_floats,
+                               0, micro, kA);
+    const double moe_layers = moe_local_layers(config, part);
+    // Balanced: the N*K rows of every rank of the group, spread over its ranks.
+    const double received = micro * moe_layers * N * config.model.moe_top_k;
+    t.ep.all_to_all = ep_all_to_all_bytes(config, moe_layers, received);
   }
   if (config.model.tied() && par.pp > 1 && (first || last)) {
     const ParamInfo* wte = layout.find("wte");
@@ -153,6 +180,39 @@ double cp_ring_bytes_per_layer(const Config& config) {
   const double kv_hops = 2 * (cp - 1) * K * kA;  // k and v to the next rank, cp - 1 times
   const double dkv_hops = 2 * cp * K * 4.0;      // the f32 dK/dV accumulators, cp hops
   return forward_passes(config.training.recompute) * kv_hops + kv_hops + dkv_hops;
+}
+
+
+double moe_local_layers(const Config& config, const ModelPartition& part) {
+  const std::vector<ModelPartition> chunks =
+      config.parallel.virtual_stages > 1 ? rank_chunks(config, part.tp_rank, part.pp_rank)
+                                         : std::vector<ModelPartition>{part};
+  double layers = 0;
+  for (const ModelPartition& chunk : chunks) {
+    const int end = chunk.layer_end < 0 ? config.model.n_layers : chunk.layer_end;
+    for (int l = chunk.layer_begin; l < end; ++l) layers += config.model.moe_layer(l);
+  }
+  return layers;
+}
+
+double ep_all_to_all_calls_per_layer(const Config& config) {
+  return config.parallel.ep > 1 ? 3 * forward_passes(config.training.recompute) + 2 : 0;
+}
+
+double ep_all_to_all_bytes(const Config& config, double moe_layers, double received_rows) {
+  const auto& par = config.parallel;
+  if (par.ep <= 1) return 0;
+  const auto& m = config.model;
+  const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
+  const double N = static_cast<double>(par.micro_batch_size) * m.seq_len / par.cp;
+  const double row = static_cast<double>(m.d_model) * kA;
+  const double passes = forward_passes(config.training.recompute);
+  // Per forward: the counts and the dispatched rows out, the received rows back; backward:
+  // the dispatched rows' gradients out, the received rows' back.
+  const double dispatched = config.grad_accum_steps() * moe_layers * N * m.moe_top_k;
+  return passes * (config.grad_accum_steps() * moe_layers * m.moe_experts * 4.0 +
+                   dispatched * row + received_rows * row) +
+         dispatched * row + received_rows * row;
 }
 
 }  // namespace trident

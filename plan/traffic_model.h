@@ -41,6 +41,17 @@
 //   hops of the dK/dV accumulators, 2 cp K fp32; full recomputation reruns the forward's
 //   hops (selective does not: the ring keeps its log-sum-exp per layer). Point-to-point,
 //   so `send` only.
+// - ep (parallel.ep > 1; model/transformer.cpp's moe_forward / moe_backward): per MoE
+//   layer (the leading moe_first_dense_layers have none) and micro-batch an ep rank sends
+//   by all-to-all the expert counts (E i32), its N*K dispatched rows and back the rows its
+//   experts received; backward the N*K rows' output gradients and back the received rows'
+//   input gradients (rows of C compute-dtype elements); full recomputation reruns the
+//   forward's three. ep_all_to_all_bytes with the rows received; analytic_traffic takes
+//   them balanced (N*K per rank and layer: over an ep group the received rows sum to the
+//   dispatched ones, so the group's total is exact whatever the routing).
+// - expert_dp (ep > 1): the routed experts' parameter groups (model/model_description.h
+//   is_expert_group) are reduced over the dp / ep ranks holding the same experts with the
+//   ZeRO stage's collectives as dp's above; dp then counts the other groups only.
 // Element sizes (training.precision): activations, pipeline boundary tensors and the
 // parameter all-gathers move compute-dtype elements (4 bytes in fp32, 2 in bf16); the
 // cross-entropy statistics and every gradient reduction stay fp32 (4 bytes).
@@ -57,14 +68,17 @@ namespace trident {
 
 struct GroupTraffic {
   double all_reduce = 0, reduce_scatter = 0, all_gather = 0, send = 0;  // bytes per step
-  double total() const { return all_reduce + reduce_scatter + all_gather + send; }
+  double all_to_all = 0;  // the bytes this rank sends (expert parallelism's exchanges)
+  double total() const { return all_reduce + reduce_scatter + all_gather + send + all_to_all; }
 };
 
 struct RankTraffic {
   GroupTraffic tp, dp, pp, embedding;
   GroupTraffic cp;  // the ring of ring attention (parallel.cp > 1)
+  GroupTraffic ep, expert_dp;  // expert parallelism's all-to-all and experts' reduction
   double total() const {
-    return tp.total() + dp.total() + pp.total() + embedding.total() + cp.total();
+    return tp.total() + dp.total() + pp.total() + embedding.total() + cp.total() + ep.total() +
+           expert_dp.total();
   }
 };
 
@@ -76,5 +90,16 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
 // The cp ring's bytes sent per layer and micro-batch by one rank (the cp part above;
 // 0 at cp 1): forward and backward, with training.recompute's reruns.
 double cp_ring_bytes_per_layer(const Config& config);
+
+// The all-to-all bytes one ep rank sends in a step (the ep part above; 0 at ep 1) over
+// `moe_layers` local MoE layers, its experts having received `received_rows` rows over
+// the step's micro-batches and those layers (one forward's worth).
+double ep_all_to_all_bytes(const Config& config, double moe_layers, double received_rows);
+// The MoE layers (TransformerConfig::moe_layer) of the rank holding `part` (all its
+// chunks under parallel.virtual_stages > 1).
+double moe_local_layers(const Config& config, const ModelPartition& part);
+// The all-to-all calls of one micro-batch per MoE layer: the counts, the dispatch and the
+// combine per forward (twice under full recomputation), two in backward.
+double ep_all_to_all_calls_per_layer(const Config& config);
 
 }  // namespace trident

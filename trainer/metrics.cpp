@@ -98,7 +98,8 @@ void MetricsWriter::write_line(const std::string& line) {
 }
 
 void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g) {
-  j = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}, {"cp", g.cp}};
+  j = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}, {"embedding", g.embedding}, {"cp", g.cp},
+       {"ep", g.ep}, {"expert_dp", g.expert_dp}};
 }
 
 void MetricsWriter::write_step(const StepMetrics& m) {

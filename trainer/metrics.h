@@ -43,12 +43,16 @@ struct StepMetrics {
   struct GroupMs {
     double tp = 0, dp = 0, pp = 0, embedding = 0;
     double cp = 0;  // the ring of ring attention (parallel.cp > 1; else 0)
+    // Expert parallelism (parallel.ep > 1; else 0): the all-to-all, the experts' reduction.
+    double ep = 0, expert_dp = 0;
     GroupMs& operator+=(const GroupMs& o) {
       tp += o.tp;
       dp += o.dp;
       pp += o.pp;
       embedding += o.embedding;
       cp += o.cp;
+      ep += o.ep;
+      expert_dp += o.expert_dp;
       return *this;
     }
   };
@@ -73,7 +77,7 @@ struct StepMetrics {
   std::vector<std::vector<double>> moe_fractions;  // [layer][expert]
 };
 
-// {"tp", "dp", "pp", "embedding", "cp"}: the metrics file's and the summary's form of GroupMs.
+// {"tp", "dp", "pp", "embedding", "cp", "ep", "expert_dp"}: the metrics file's and the summary's form of GroupMs.
 void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g);
 
 // "step 12/300 | loss 2.4817 | norm 0.8123 | lr 1.00e-03 | 153.2 ms | 13371 tok/s | MFU 41.2%"

@@ -513,6 +513,7 @@ void Trainer::collect_traffic() {
     g.reduce_scatter = static_cast<double>(t.bytes_of(CollectiveKind::kReduceScatter));
     g.all_gather = static_cast<double>(t.bytes_of(CollectiveKind::kAllGather));
     g.send = static_cast<double>(t.bytes_of(CollectiveKind::kSend));
+    g.all_to_all = static_cast<double>(t.bytes_of(CollectiveKind::kAllToAll));
     return g;
   };
   stats_.traffic.tp = measure(groups_.tp.get());
@@ -521,22 +522,26 @@ void Trainer::collect_traffic() {
   stats_.traffic.pp = measure(groups_.pp.get());
   stats_.traffic.embedding = measure(groups_.embedding.get());
   stats_.traffic.cp = measure(groups_.cp.get());  // the ring's sends (null at cp 1)
+  // Expert parallelism (null at ep 1): the tokens' all-to-all, the experts' reduction.
+  stats_.traffic.ep = measure(groups_.ep.get());
+  stats_.traffic.expert_dp = measure(groups_.expert_dp.get());
   // Where the communication time went (a one-rank group's calls are local copies).
   auto times = [&](double CommTimes::*field) {
     auto ms = [&](const Communicator* c) {
       return c == nullptr || c->size() == 1 ? 0.0 : c->times().*field * 1e3;
     };
     return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(&groups_.data_parallel()), ms(groups_.pp.get()),
-                                ms(groups_.embedding.get()), ms(groups_.cp.get())};
+                                ms(groups_.embedding.get()), ms(groups_.cp.get()),
+                                ms(groups_.ep.get()),        ms(groups_.expert_dp.get())};
   };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
   stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
   stats_.comm_async_ms = times(&CommTimes::async_s);
   stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
   stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
-  // Under expert parallelism the dp group reduces the dense engine's groups only (the
-  // experts' reductions run over expert_dp, which the summary does not show yet).
-  stats_.analytic = analytic_traffic(config_, chunks_.front(), edp_ ? dense_layout_ : layout_);
+  // Under expert parallelism the dp group reduces the dense engine's groups, expert_dp the
+  // experts' (analytic_traffic tells them apart in the whole table).
+  stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
   const DataParallel::Memory mem = data_parallel_memory();
   stats_.param_bytes = static_cast<double>(mem.params);
   stats_.master_bytes = static_cast<double>(mem.master);
@@ -846,7 +851,8 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
   const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
   const double exposed_ms = (same_host_[0] ? 0 : e.tp) + (same_host_[1] ? 0 : e.dp) +
                             (same_host_[2] ? 0 : e.pp) + (same_host_[3] ? 0 : e.embedding) +
-                            (same_host_[4] ? 0 : e.cp) + world_->times().exposed_s * 1e3;
+                            (same_host_[4] ? 0 : e.cp) + (same_host_[5] ? 0 : e.ep) +
+                            (same_host_[6] ? 0 : e.expert_dp) + world_->times().exposed_s * 1e3;
   const double busy = std::max(0.0, m.step_ms - exposed_ms);
   step_busy_ms_.assign(static_cast<size_t>(world_->size()), 0.0);
   world_->all_gather(CommBuf::host(std::span<const double>(&busy, 1)),
@@ -870,10 +876,13 @@ void Trainer::find_same_host_groups() {
     return;  // no host names, or one host: every rank is its own unit
   }
   // In the order of same_host_: the dp slot is the data-parallel group whose waits
-  // comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring.
-  const Communicator* groups[5] = {groups_.tp.get(), &groups_.data_parallel(), groups_.pp.get(),
-                                   groups_.embedding.get(), groups_.cp.get()};
-  for (size_t g = 0; g < 5; ++g) {
+  // comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring, then
+  // expert parallelism's ep and expert_dp groups.
+  const Communicator* groups[7] = {groups_.tp.get(),        &groups_.data_parallel(),
+                                   groups_.pp.get(),        groups_.embedding.get(),
+                                   groups_.cp.get(),        groups_.ep.get(),
+                                   groups_.expert_dp.get()};
+  for (size_t g = 0; g < 7; ++g) {
     // Members' world ranks: the MPI groups know them; a backend that does not (NCCL)
     // leaves the group counted as spanning hosts.
     const std::vector<int> members = groups[g] ? groups[g]->world_ranks() : std::vector<int>{};
@@ -1023,7 +1032,9 @@ std::string summary_json(const RankStats* stats, int n, const Topology& topo) {
                                   {"dp", t.dp.total()},
                                   {"pp", t.pp.total()},
                                   {"embedding", t.embedding.total()},
-                                  {"cp", t.cp.total()}};
+                                  {"cp", t.cp.total()},
+                                  {"ep", t.ep.total()},
+                                  {"expert_dp", t.expert_dp.total()}};
   };
   for (int r = 0; r < n; ++r) {
     const RankStats& x = stats[r];
@@ -1105,6 +1116,19 @@ void Trainer::print_summary() {
     for (int r = 0; r < n; ++r) {
       log::info("{:>5} {:>17} {:>10.1f}", r, pair(s[r].traffic.cp.total(), s[r].analytic.cp.total()),
                 s[r].total_comm_exposed_ms.cp);
+    }
+  }
+  if (config_.parallel.ep > 1) {  // the all-to-all: synchronous, so all exposed
+    log::info("ep all-to-all and expert_dp: MiB sent in the last step (measured / analytic), ms "
+              "exposed over the run:");
+    log::info("{:>5} {:>17} {:>10} {:>17} {:>10}", "rank", "ep", "ep ms", "expert_dp",
+              "expert ms");
+    for (int r = 0; r < n; ++r) {
+      log::info("{:>5} {:>17} {:>10.1f} {:>17} {:>10.1f}", r,
+                pair(s[r].traffic.ep.total(), s[r].analytic.ep.total()),
+                s[r].total_comm_exposed_ms.ep,
+                pair(s[r].traffic.expert_dp.total(), s[r].analytic.expert_dp.total()),
+                s[r].total_comm_exposed_ms.expert_dp);
     }
   }
 }

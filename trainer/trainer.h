@@ -255,7 +255,7 @@ class Trainer {
   // tp, dp (dp x cp), pp, embedding, cp: the group lies inside this rank's host, in a
   // world of several hosts (its waits are the host's own time, not waiting for a slower
   // one).
-  std::array<bool, 5> same_host_{};
+  std::array<bool, 7> same_host_{};
   RankStats stats_;
   int step_ = 0;
   uint64_t consumed_samples_ = 0;

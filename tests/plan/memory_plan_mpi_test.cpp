@@ -141,11 +141,13 @@ TEST(MemoryPlanMpi, ContextParallelRanksHoldWhatThePlanSays) {
 // DataParallel), and receives up to ep * N * K expert rows (the activations and scratch).
 // Under tp 2 (alone, and with ep 2; with and without sequence parallelism) the router and
 // the experts are replicated over tp and their buffers hold every token row.
+// A leading dense layer (model.moe_first_dense_layers) holds the dense MLP, no experts.
 TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
   const int n = test::world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
   const std::unique_ptr<Ops> ops = make_cpu_ops(1);
   const std::string moe = ", moe_experts: 4, moe_top_k: 2, moe_d_ff: 24, moe_shared_experts: 1";
+  const std::string dense1 = moe + ", moe_first_dense_layers: 1";
   for (const char* arch : {"gpt2", "llama"}) {
     if (n == 2) {
       for (int zero = 0; zero <= 3; ++zero) {
@@ -153,6 +155,8 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
       }
       for (int zero : {0, 3}) check_rank_memory(arch, {1, 2, 1}, zero, "", 2, *ops, 12, moe);
       check_rank_memory(arch, {1, 2, 1}, 0, ", sequence_parallel: true", 2, *ops, 12, moe);
+      for (int zero : {0, 2, 3}) check_rank_memory(arch, {2, 1, 1}, zero, ", ep: 2", 3, *ops, 12, dense1);
+      check_rank_memory(arch, {2, 1, 1}, 1, "", 3, *ops, 12, dense1);
     }
     if (n == 4) {
       for (int zero : {0, 1, 3}) check_rank_memory(arch, {4, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
@@ -161,6 +165,7 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
       check_rank_memory(arch, {2, 2, 1}, 1, ", ep: 2", 2, *ops, 12, moe);
       check_rank_memory(arch, {2, 2, 1}, 0, ", ep: 2, sequence_parallel: true", 2, *ops, 12,
                         moe);
+      check_rank_memory(arch, {2, 1, 2}, 1, ", ep: 2", 3, *ops, 12, dense1);
     }
   }
 }

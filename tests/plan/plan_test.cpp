@@ -438,14 +438,16 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
       // the overlap switches assumed
       "time_s", "dp_comm_s", "overlap_grad_reduce", "overlap_param_gather",
       // added by context parallelism: the cp degree, and that its ring is not overlapped
-      "cp", "cp_ring_overlapped"};
+      "cp", "cp_ring_overlapped",
+      // added by expert parallelism: the ep degree
+      "ep"};
   for (const nlohmann::json& l : {j["configured"], j["recommended"], j["layouts"][0], j["layouts"][155]}) {
     EXPECT_EQ(keys(l), layout_keys);
     EXPECT_EQ(keys(l["memory_bytes"]),
               (std::set<std::string>{"params", "grads", "optimizer", "activations", "buffers",
                                      "workspace", "fragmentation", "total"}));
     EXPECT_EQ(keys(l["time_s"]), (std::set<std::string>{"compute", "recompute", "bubble", "tp",
-                                                        "pp", "cp", "dp", "optimizer"}));
+                                                        "pp", "cp", "ep", "dp", "optimizer"}));
     double parts = 0;
     for (const auto& [k, v] : l["time_s"].items()) parts += v.get<double>();
     EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-12 * parts);
@@ -455,7 +457,8 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
                     mem["buffers"].get<double>() + mem["fragmentation"].get<double>(),
                 mem["total"].get<double>(), 1e-9 * mem["total"].get<double>());
     EXPECT_TRUE(l["overlap_grad_reduce"].get<bool>());
-    EXPECT_EQ(keys(l["comm_bytes_per_step"]), (std::set<std::string>{"dp", "tp", "pp", "cp"}));
+    EXPECT_EQ(keys(l["comm_bytes_per_step"]),
+              (std::set<std::string>{"dp", "tp", "pp", "cp", "ep", "expert_dp"}));
     EXPECT_EQ(l["virtual_stages"], 1);
   }
   EXPECT_EQ(j["recommended"], j["layouts"][0]);
@@ -711,7 +714,8 @@ TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   EXPECT_FALSE(plan->layouts[0].overlap_param_gather);
   const std::string table = plan_table(plan.value(), 3);
-  for (const char* column : {"comp s", "recomp s", "bubl s", "tp s", "pp s", "cp s", "dp s", "opt s"}) {
+  for (const char* column :
+       {"comp s", "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "opt s"}) {
     EXPECT_NE(table.find(column), std::string::npos) << column;
   }
   EXPECT_NE(table.find("parallel.overlap_grad_reduce=true and parallel.overlap_param_gather=false"),
@@ -719,10 +723,10 @@ TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
       << table;
   // The configured row's parts, as printed (%.3f), in the order of the header.
   const PlanResult& r = plan->configured;
-  char parts[128];
-  std::snprintf(parts, sizeof(parts), "%8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f",
+  char parts[160];
+  std::snprintf(parts, sizeof(parts), "%8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f",
                 r.step_time_s, r.compute_s, r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s,
-                r.dp_s, r.optimizer_s);
+                r.ep_s, r.dp_s, r.optimizer_s);
   EXPECT_NE(table.find(parts), std::string::npos) << parts << "\n" << table;
 }
 
