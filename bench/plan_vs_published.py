@@ -20,9 +20,11 @@ def option(flag, default):
     return default
 T = option("--trident", "build/trident")
 HW = option("--hardware", None)
-def plan(config, devices, gpu, sets, extra=(), attention=None):
+def plan(config, devices, gpu, sets, extra=(), attention=None, selective_reruns=None):
     cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json", *extra]
     if HW: cmd += ["--hardware", HW]
+    # A run whose selective recomputation is another trainer's policy (torchtitan's "op").
+    if selective_reruns: cmd += ["--selective-reruns", selective_reruns]
     for s in sets: cmd += ["--set", s]
     # A run of the data file with "attention": "plain" (scores materialized, pre-flash
     # Megatron-LM) is planned as the CUDA backend's plain path: TRIDENT_ATTENTION=plain.
@@ -104,7 +106,7 @@ if mode == "calibrated":
         for r in runs:
             if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
             j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"],
-                          attention=r.get("attention"))
+                          attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
             c = j["configured"]
             pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
             print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
@@ -124,7 +126,7 @@ if mode in ("errors", "table"):
     for r in runs:
         cmd_sets = r["set"]
         j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"],
-                      attention=r.get("attention"))
+                      attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
         if j is None or j["configured"] is None:
             print(f"{r['name']:52s} plan ERR ({(err or '').strip()[:80]})"); continue
         c = j["configured"]
