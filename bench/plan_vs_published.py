@@ -76,8 +76,10 @@ if mode == "llama3":
 if mode == "titan":
     # torchtitan: Llama 3 8B / 70B on 64 A100 80GB, FSDP (ZeRO-3) 64, local batch 1, seq 8192
     for cfg, rc, pub_wps, pub_mfu in [("llama-8b", "selective", 2973, 58.2), ("llama-70b", "full", 323, 50.5)]:
-        sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3","parallel.micro_batch_size=1","training.global_batch_size=64",f"training.recompute={rc}"]
-        j, err = plan(f"configs/{cfg}.yaml", 64, "a100", sets)
+        sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3","parallel.micro_batch_size=1","parallel.sequence_parallel=false","training.global_batch_size=64",f"training.recompute={rc}"]
+        # torchtitan's "selective" here is its op-level policy.
+        j, err = plan(f"configs/{cfg}.yaml", 64, "a100", sets,
+                      selective_reruns="torchtitan-op" if rc == "selective" else None)
         if j is None: print("ERR", err); continue
         c = j["configured"]
         print(f"{cfg} 64 x A100 FSDP lbs1 {rc}: published {pub_wps} tok/s/GPU {pub_mfu}% | plan {show(c)} dp comm {c['comm_bytes_per_step']['dp']/1e9:.1f} GB | rec {show(j['recommended'])}")

@@ -38,7 +38,7 @@ TEST(PlanCli, Llama70bOn1024H100sIsFastAndSensible) {
   EXPECT_LT(seconds, 5.0);
   EXPECT_NE(r.output.find("# rank  layout"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n  1     dp"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\n  conf  dp16 tp8 pp8 z1 none mbs1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  conf  dp16 tp8 pp8 z1 sp none mbs1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("on 1024 it is evaluated with dp=16"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid layouts on 1024 x h100 (8 per node)"), std::string::npos);
   EXPECT_NE(r.output.find("\nrecommended: dp"), std::string::npos) << r.output;
