@@ -1,4 +1,4 @@
-// `trident plan --config FILE --devices N [--gpu NAME] [--gpus-per-node K] [--json]
+// `trident plan --config FILE --devices N [--gpu NAME] [--gpus-per-node K] [--cores N] [--json]
 //  [--rows R] [--hardware FILE] [--selective-reruns WHAT] [--set section.key=value ...]`: the memory, traffic and
 // time of every layout of the config's model and batch on N devices (plan/plan.h;
 // docs/PLAN.md). Prints the ranked table and the recommendation, or with --json the one
@@ -38,6 +38,8 @@ void print_plan_usage(std::FILE* to) {
       "  --gpu NAME               a GPU of the hardware file (h100, h200, a100, b200) or cpu\n"
       "                           (this machine: its measured sgemm peak); default h100\n"
       "  --gpus-per-node K        GPUs per node (default 8; cpu: N, one machine)\n"
+      "  --cores N                with --gpu cpu: the cores the ranks share (default: this\n"
+      "                           machine's), so that the plan does not depend on the machine\n"
       "  --json                   print one JSON object instead of the table\n"
       "  --rows R                 table rows besides the configured layout (default 20)\n"
       "  --hardware FILE          the hardware table (default configs/hardware.yaml)\n"
@@ -140,7 +142,7 @@ int calibrate_and_write(const Config& config, const PlanOptions& options, Hardwa
 
 int cmd_plan(const std::vector<std::string>& args) {
   std::string config_path, gpu = "h100", hardware_path, devices_text, per_node_text;
-  std::string calibrate_path, write_hardware_path, selective_text;
+  std::string calibrate_path, write_hardware_path, selective_text, cores_text;
   std::vector<std::string> overrides;
   bool json = false, configured_only = false;
   int rows = 20;
@@ -161,6 +163,8 @@ int cmd_plan(const std::vector<std::string>& args) {
       if (!value(&devices_text)) return usage_error("--devices needs a number of devices (>= 1)");
     } else if (flag == "--gpu") {
       if (!value(&gpu)) return usage_error("--gpu needs a name");
+    } else if (flag == "--cores") {
+      if (!value(&cores_text)) return usage_error("--cores needs a number of cores (>= 1)");
     } else if (flag == "--gpus-per-node") {
       if (!value(&per_node_text)) return usage_error("--gpus-per-node needs a number (>= 1)");
     } else if (flag == "--hardware") {
@@ -262,6 +266,12 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (attention != nullptr && std::string(attention) == "plain") {
       options.plain_attention = true;
       options.attention_state_bytes = gpu_plain_attention_state_bytes;
+    }
+  }
+  if (!cores_text.empty()) {
+    if (gpu != "cpu") return usage_error("--cores goes with --gpu cpu (a GPU's plan has no cores)");
+    if (!parse_positive(cores_text, &options.cpu_cores)) {
+      return usage_error("--cores: expected a number >= 1, got '" + cores_text + "'");
     }
   }
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {

@@ -213,7 +213,8 @@ double cp_ring_seconds(const Config& config, const GroupTraffic& cp_traffic, dou
 // core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
 double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
   if (!o.hardware.is_cpu) return 1.0;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores =
+      o.cpu_cores > 0 ? o.cpu_cores : std::max(1u, std::thread::hardware_concurrency());
   const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
   const double threads =
       ranks * (config.runtime.threads > 0 ? config.runtime.threads

@@ -169,6 +169,10 @@ struct PlanOptions {
   bool plain_attention = false;
   // What selective recomputation reruns (SelectiveReruns).
   SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore;
+  // --gpu cpu: the cores the ranks share (`trident plan --cores N`), which set the compute
+  // threads' share of a core while a collective is in flight; 0: this machine's
+  // (std::thread::hardware_concurrency()).
+  int cpu_cores = 0;
 };
 
 // The CUDA backend's attention state for a compute dtype: bf16 (with a head dim cuDNN

@@ -306,6 +306,27 @@ TEST(Plan, CpuCountsHostMemoryAndSharesTheMachine) {
   EXPECT_DOUBLE_EQ(p.capacity, 32.0 * 1073741824.0);  // two ranks share the machine
 }
 
+// The cores the CPU ranks share are an option (`--cores`), not only this machine's: with
+// them given the plan is the same on any machine; 2 ranks of one compute thread each on 2
+// cores run at half speed while a collective is in flight (one more busy thread per rank),
+// so more of the dp time is exposed than on 64 cores, where they keep full speed.
+TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
+  Config c = apply_layout(small_config(), PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1});
+  c.runtime.threads = 1;
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  PlanOptions o = gpu_options(2);
+  o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  o.gpus_per_node = 2;
+  o.cpu_cores = 2;
+  const PlanResult two = evaluate_layout(c, o);
+  EXPECT_EQ(evaluate_layout(c, o).step_time_s, two.step_time_s);
+  o.cpu_cores = 64;
+  const PlanResult many = evaluate_layout(c, o);
+  EXPECT_GT(two.dp_s, many.dp_s);
+  EXPECT_EQ(two.compute_s, many.compute_s);
+  EXPECT_EQ(two.dp_comm_s, many.dp_comm_s);
+}
+
 TEST(Plan, TensorParallelAcrossNodesCostsTheNetwork) {
   Config base = small_config();
   base.model.n_kv_heads = 4;
