@@ -37,8 +37,9 @@
 //                             + elementwise bytes / (memory bandwidth * memory_efficiency)
 //     (the Hardware's efficiencies: plan/hardware.h's defaults, or calibrated)
 //     forward once, backward twice, plus the forward recompute reruns (full: the layer,
-//     selective: the attention core, or what PlanOptions::selective_reruns says). GPU fp32 runs at TF32 = half the bf16 peak. On the
-//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate by default.
+//     selective: the attention core, or what PlanOptions::selective_reruns says). GPU
+//     fp32 runs at TF32 = half the bf16 peak. On the cpu GEMMs and attention run at
+//     kCpuEfficiency of the measured sgemm rate by default.
 //   per micro-batch tp = tp payload * bus_factor / (link bandwidth * link efficiency)
 //     + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
@@ -138,11 +139,12 @@ struct PlanMemory {
 //   kTorchtitanOp   torchtitan's op-level policy (selective_ac_option "op",
 //                   torchtitan/parallelisms/parallelize_llama.py): per checkpointed block it
 //                   saves the outputs of the attention (SDPA) and of every odd-numbered
-//                   matmul in forward order (q, v, the MLP gate, the MLP down projection)
-//                   and reruns the rest: the even-numbered matmuls (k, o, the MLP up
-//                   projection; a GELU MLP's down projection) and every elementwise pass.
-//                   For planning a run of that trainer; Trident has no such setting, and
-//                   its memory is planned as kAttentionCore's (which keeps more).
+//                   matmul in forward order (q, v and the MLP's first, and SwiGLU's down
+//                   projection) and reruns the rest: the even-numbered matmuls (k, o, and
+//                   SwiGLU's up or GELU's down projection) and every elementwise pass.
+//                   For planning a run of that trainer on a dense model (the CLI refuses
+//                   a mixture of experts); Trident has no such setting, and its memory is
+//                   planned as kAttentionCore's (which keeps more).
 enum class SelectiveReruns { kAttentionCore, kTorchtitanOp };
 const char* selective_reruns_name(SelectiveReruns s);  // "attention-core", "torchtitan-op"
 bool parse_selective_reruns(const std::string& name, SelectiveReruns* out);  // false: unknown
