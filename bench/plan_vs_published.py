@@ -20,9 +20,11 @@ def option(flag, default):
     return default
 T = option("--trident", "build/trident")
 HW = option("--hardware", None)
-def plan(config, devices, gpu, sets, extra=(), attention=None):
+def plan(config, devices, gpu, sets, extra=(), attention=None, selective_reruns=None):
     cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json", *extra]
     if HW: cmd += ["--hardware", HW]
+    # A run whose selective recomputation is another trainer's policy (torchtitan's "op").
+    if selective_reruns: cmd += ["--selective-reruns", selective_reruns]
     for s in sets: cmd += ["--set", s]
     # A run of the data file with "attention": "plain" (scores materialized, pre-flash
     # Megatron-LM) is planned as the CUDA backend's plain path: TRIDENT_ATTENTION=plain.
@@ -74,8 +76,10 @@ if mode == "llama3":
 if mode == "titan":
     # torchtitan: Llama 3 8B / 70B on 64 A100 80GB, FSDP (ZeRO-3) 64, local batch 1, seq 8192
     for cfg, rc, pub_wps, pub_mfu in [("llama-8b", "selective", 2973, 58.2), ("llama-70b", "full", 323, 50.5)]:
-        sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3","parallel.micro_batch_size=1","training.global_batch_size=64",f"training.recompute={rc}"]
-        j, err = plan(f"configs/{cfg}.yaml", 64, "a100", sets)
+        sets = ["parallel.dp=64","parallel.tp=1","parallel.pp=1","parallel.stage_layers=[]","parallel.zero_stage=3","parallel.micro_batch_size=1","parallel.sequence_parallel=false","training.global_batch_size=64",f"training.recompute={rc}"]
+        # torchtitan's "selective" here is its op-level policy.
+        j, err = plan(f"configs/{cfg}.yaml", 64, "a100", sets,
+                      selective_reruns="torchtitan-op" if rc == "selective" else None)
         if j is None: print("ERR", err); continue
         c = j["configured"]
         print(f"{cfg} 64 x A100 FSDP lbs1 {rc}: published {pub_wps} tok/s/GPU {pub_mfu}% | plan {show(c)} dp comm {c['comm_bytes_per_step']['dp']/1e9:.1f} GB | rec {show(j['recommended'])}")
@@ -104,7 +108,7 @@ if mode == "calibrated":
         for r in runs:
             if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
             j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"],
-                          attention=r.get("attention"))
+                          attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
             c = j["configured"]
             pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
             print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
@@ -124,7 +128,7 @@ if mode in ("errors", "table"):
     for r in runs:
         cmd_sets = r["set"]
         j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"],
-                      attention=r.get("attention"))
+                      attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
         if j is None or j["configured"] is None:
             print(f"{r['name']:52s} plan ERR ({(err or '').strip()[:80]})"); continue
         c = j["configured"]

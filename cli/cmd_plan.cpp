@@ -1,5 +1,5 @@
-// `trident plan --config FILE --devices N [--gpu NAME] [--gpus-per-node K] [--json]
-//  [--rows R] [--hardware FILE] [--set section.key=value ...]`: the memory, traffic and
+// `trident plan --config FILE --devices N [--gpu NAME] [--gpus-per-node K] [--cores N] [--json]
+//  [--rows R] [--hardware FILE] [--selective-reruns WHAT] [--set section.key=value ...]`: the memory, traffic and
 // time of every layout of the config's model and batch on N devices (plan/plan.h;
 // docs/PLAN.md). Prints the ranked table and the recommendation, or with --json the one
 // object of docs/PLAN.md "JSON". Exit 0; 2 for bad usage, a config that does not load, an unknown
@@ -38,11 +38,16 @@ void print_plan_usage(std::FILE* to) {
       "  --gpu NAME               a GPU of the hardware file (h100, h200, a100, b200) or cpu\n"
       "                           (this machine: its measured sgemm peak); default h100\n"
       "  --gpus-per-node K        GPUs per node (default 8; cpu: N, one machine)\n"
+      "  --cores N                with --gpu cpu: the cores the ranks share (default: this\n"
+      "                           machine's), so that the plan does not depend on the machine\n"
       "  --json                   print one JSON object instead of the table\n"
       "  --rows R                 table rows besides the configured layout (default 20)\n"
       "  --hardware FILE          the hardware table (default configs/hardware.yaml)\n"
       "  --set section.key=value  overrides one config key, as for train\n"
       "  --configured-only        evaluate the config's layout only (no search, no ranking)\n"
+      "  --selective-reruns WHAT  what training.recompute selective reruns: attention-core\n"
+      "                           (Trident's, the default) or torchtitan-op (torchtitan's\n"
+      "                           op-level policy: every other matmul and the elementwise ops)\n"
       "calibration: trident plan --calibrate METRICS.jsonl --config FILE --write-hardware OUT\n"
       "             [--gpu NAME] [--hardware IN] [--devices N] [--set ...]\n"
       "  --calibrate METRICS      fit the hardware table's compute efficiencies and the tp/dp\n"
@@ -137,7 +142,7 @@ int calibrate_and_write(const Config& config, const PlanOptions& options, Hardwa
 
 int cmd_plan(const std::vector<std::string>& args) {
   std::string config_path, gpu = "h100", hardware_path, devices_text, per_node_text;
-  std::string calibrate_path, write_hardware_path;
+  std::string calibrate_path, write_hardware_path, selective_text, cores_text;
   std::vector<std::string> overrides;
   bool json = false, configured_only = false;
   int rows = 20;
@@ -158,6 +163,8 @@ int cmd_plan(const std::vector<std::string>& args) {
       if (!value(&devices_text)) return usage_error("--devices needs a number of devices (>= 1)");
     } else if (flag == "--gpu") {
       if (!value(&gpu)) return usage_error("--gpu needs a name");
+    } else if (flag == "--cores") {
+      if (!value(&cores_text)) return usage_error("--cores needs a number of cores (>= 1)");
     } else if (flag == "--gpus-per-node") {
       if (!value(&per_node_text)) return usage_error("--gpus-per-node needs a number (>= 1)");
     } else if (flag == "--hardware") {
@@ -175,6 +182,8 @@ int cmd_plan(const std::vector<std::string>& args) {
       json = true;
     } else if (flag == "--configured-only") {
       configured_only = true;
+    } else if (flag == "--selective-reruns") {
+      if (!value(&selective_text)) return usage_error("--selective-reruns needs attention-core or torchtitan-op");
     } else {
       return usage_error("unknown option '" + flag + "'");
     }
@@ -191,8 +200,16 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (!devices_text.empty() && !parse_positive(devices_text, &options.devices)) {
     return usage_error("--devices: expected a number >= 1, got '" + devices_text + "'");
   }
+  if (!selective_text.empty() && !parse_selective_reruns(selective_text, &options.selective_reruns)) {
+    return usage_error("--selective-reruns: expected attention-core or torchtitan-op, got '" +
+                       selective_text + "'");
+  }
   auto config = load_config(config_path, overrides);
   if (!config.is_ok()) return fail(config.status());
+  if (options.selective_reruns == SelectiveReruns::kTorchtitanOp && config->model.moe()) {
+    return usage_error("--selective-reruns torchtitan-op: dense models only (" + config_path +
+                       " has model.moe_experts > 0)");
+  }
   const bool dp_auto = config->parallel.dp == kDpAuto;
   Status auto_error;
   if (dp_auto) {
@@ -249,6 +266,12 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (attention != nullptr && std::string(attention) == "plain") {
       options.plain_attention = true;
       options.attention_state_bytes = gpu_plain_attention_state_bytes;
+    }
+  }
+  if (!cores_text.empty()) {
+    if (gpu != "cpu") return usage_error("--cores goes with --gpu cpu (a GPU's plan has no cores)");
+    if (!parse_positive(cores_text, &options.cpu_cores)) {
+      return usage_error("--cores: expected a number >= 1, got '" + cores_text + "'");
     }
   }
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {

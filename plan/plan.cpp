@@ -260,7 +260,8 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
 // core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
 double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
   if (!o.hardware.is_cpu) return 1.0;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores =
+      o.cpu_cores > 0 ? o.cpu_cores : std::max(1u, std::thread::hardware_concurrency());
   const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
   const double threads =
       ranks * (config.runtime.threads > 0 ? config.runtime.threads
@@ -316,11 +317,19 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   // it reruns nothing: ring attention keeps its state per layer.)
   const bool ring_keeps_state =
       config.parallel.cp > 1 && config.training.recompute == Recompute::kSelective;
+  // (torchtitan's op-level policy saves the core: its rerun elementwise passes, the
+  // layer's, leave the plain path's score passes out.)
+  double core_rerun_bytes = 0;
+  if (config.training.recompute == Recompute::kSelective) {
+    core_rerun_bytes =
+        o.selective_reruns == SelectiveReruns::kAttentionCore ? core_bytes : -core_bytes;
+  }
   const double layer_recompute =
       ring_keeps_state
           ? 0.0
-          : seconds(w.recompute(config.training.recompute)) +
-                (config.training.recompute == Recompute::kSelective ? core_bytes / mem_rate : 0.0);
+          : seconds(layer_reruns(config.model, part, w, config.parallel.micro_batch_size,
+                                 config.training.recompute, o.selective_reruns)) +
+                core_rerun_bytes / mem_rate;
   StageTime t;
   t.recompute = w.layers * layer_recompute;
   t.compute = (1 + kBackwardPerForward) * forward + t.recompute;
@@ -427,6 +436,43 @@ using LayoutKey = std::tuple<int, int, int, int, int, int>;  // tp, first, last,
 std::string recompute_text(Recompute r) { return recompute_name(r); }
 
 }  // namespace
+
+const char* selective_reruns_name(SelectiveReruns s) {
+  return s == SelectiveReruns::kTorchtitanOp ? "torchtitan-op" : "attention-core";
+}
+
+bool parse_selective_reruns(const std::string& name, SelectiveReruns* out) {
+  for (SelectiveReruns s : {SelectiveReruns::kAttentionCore, SelectiveReruns::kTorchtitanOp}) {
+    if (name == selective_reruns_name(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+Work layer_reruns(const TransformerConfig& model, const ModelPartition& part, const StageFlops& w,
+                  int micro_batch_size, Recompute r, SelectiveReruns s) {
+  if (r != Recompute::kSelective || s == SelectiveReruns::kAttentionCore) return w.recompute(r);
+  // torchtitan's op-level policy: the block's matmuls in the order its forward runs them
+  // (attention q, k, v, o; MLP gate, up, down), every second one rerun; the attention
+  // core saved; every elementwise pass rerun.
+  static constexpr ParamRole kForwardOrder[] = {ParamRole::kQW,     ParamRole::kKW,
+                                                ParamRole::kVW,     ParamRole::kOW,
+                                                ParamRole::kMlpInW, ParamRole::kMlpUpW,
+                                                ParamRole::kMlpOutW};
+  const std::vector<TensorDesc> tensors = describe_group(model, GroupKind::kLayer, part.tp_size, false);
+  double rerun_matrix = 0;
+  int mm = 0;
+  for (ParamRole role : kForwardOrder) {
+    for (const TensorDesc& t : tensors) {
+      if (t.role != role || t.local_shape.rank() != 2) continue;
+      if (++mm % 2 == 0) rerun_matrix += static_cast<double>(t.local_shape.numel());
+    }
+  }
+  const double tokens = static_cast<double>(micro_batch_size) * model.seq_len;
+  return {2 * tokens * rerun_matrix, 0, w.layer.elementwise_bytes};
+}
 
 std::string layout_name(const PlanCandidate& l) {
   std::string s = "dp" + std::to_string(l.dp) + " tp" + std::to_string(l.tp) + " pp" +

@@ -37,8 +37,9 @@
 //                             + elementwise bytes / (memory bandwidth * memory_efficiency)
 //     (the Hardware's efficiencies: plan/hardware.h's defaults, or calibrated)
 //     forward once, backward twice, plus the forward recompute reruns (full: the layer,
-//     selective: the attention core). GPU fp32 runs at TF32 = half the bf16 peak. On the
-//     cpu GEMMs and attention run at kCpuEfficiency of the measured sgemm rate by default.
+//     selective: the attention core, or what PlanOptions::selective_reruns says). GPU
+//     fp32 runs at TF32 = half the bf16 peak. On the cpu GEMMs and attention run at
+//     kCpuEfficiency of the measured sgemm rate by default.
 //   per micro-batch tp = tp payload * bus_factor / (link bandwidth * link efficiency)
 //     + calls * latency, on
 //     NVLink when the tp group sits in one node (tp <= gpus_per_node), else the network;
@@ -86,6 +87,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "model/model_description.h"
 #include "model/transformer.h"
 #include "config/config.h"
 #include "plan/hardware.h"
@@ -139,6 +141,28 @@ struct PlanMemory {
   double total = 0;
 };
 
+// What training.recompute selective reruns in backward, per layer (PlanOptions::
+// selective_reruns; `trident plan --selective-reruns`):
+//   kAttentionCore  Trident's (Megatron-LM's, Korthikanti et al. 2022): the attention core,
+//                   its passes over the scores included; every other layer buffer is kept.
+//   kTorchtitanOp   torchtitan's op-level policy (selective_ac_option "op",
+//                   torchtitan/parallelisms/parallelize_llama.py): per checkpointed block it
+//                   saves the outputs of the attention (SDPA) and of every odd-numbered
+//                   matmul in forward order (q, v and the MLP's first, and SwiGLU's down
+//                   projection) and reruns the rest: the even-numbered matmuls (k, o, and
+//                   SwiGLU's up or GELU's down projection) and every elementwise pass.
+//                   For planning a run of that trainer on a dense model (the CLI refuses
+//                   a mixture of experts); Trident has no such setting, and its memory is
+//                   planned as kAttentionCore's (which keeps more).
+enum class SelectiveReruns { kAttentionCore, kTorchtitanOp };
+const char* selective_reruns_name(SelectiveReruns s);  // "attention-core", "torchtitan-op"
+bool parse_selective_reruns(const std::string& name, SelectiveReruns* out);  // false: unknown
+// One layer's forward work that backward reruns under training.recompute `r` (StageFlops::
+// recompute, but for kSelective as `s` says). `w`: describe_flops of the same config, part
+// and micro-batch (its layer's work, sequence parallelism included).
+Work layer_reruns(const TransformerConfig& model, const ModelPartition& part, const StageFlops& w,
+                  int micro_batch_size, Recompute r, SelectiveReruns s);
+
 struct PlanOptions {
   int devices = 1;
   int gpus_per_node = 8;
@@ -154,6 +178,12 @@ struct PlanOptions {
   // rate and their passes through memory. Without it the path is the dtype's (bf16:
   // fused where cuDNN takes the head dim; f32: plain).
   bool plain_attention = false;
+  // What selective recomputation reruns (SelectiveReruns).
+  SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore;
+  // --gpu cpu: the cores the ranks share (`trident plan --cores N`), which set the compute
+  // threads' share of a core while a collective is in flight; 0: this machine's
+  // (std::thread::hardware_concurrency()).
+  int cpu_cores = 0;
 };
 
 // The CUDA backend's attention state for a compute dtype: bf16 (with a head dim cuDNN

@@ -38,7 +38,7 @@ TEST(PlanCli, Llama70bOn1024H100sIsFastAndSensible) {
   EXPECT_LT(seconds, 5.0);
   EXPECT_NE(r.output.find("# rank  layout"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n  1     dp"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\n  conf  dp16 tp8 pp8 z1 none mbs1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  conf  dp16 tp8 pp8 z1 sp none mbs1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("on 1024 it is evaluated with dp=16"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid layouts on 1024 x h100 (8 per node)"), std::string::npos);
   EXPECT_NE(r.output.find("\nrecommended: dp"), std::string::npos) << r.output;
@@ -145,6 +145,26 @@ TEST(PlanCli, GpuCpuPlansForThisMachine) {
   EXPECT_NE(r.output.find("valid layouts on 2 x cpu (2 per node)"), std::string::npos) << r.output;
 }
 
+// --cores fixes the machine's share: with it and runtime.peak_tflops a cpu plan is the
+// same on any machine (the host memory aside, which the capacity column shows).
+TEST(PlanCli, GpuCpuWithCoresGivenDoesNotReadTheMachinesCores) {
+  ScratchDir dir;
+  const std::string args = "--config " + small_config(dir) +
+                           " --devices 2 --gpu cpu --json --set runtime.peak_tflops=0.1 --cores ";
+  const CommandResult two = run_command(plan_cmd(args + "2")), many = run_command(plan_cmd(args + "512"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  ASSERT_EQ(many.exit_code, 0) << many.output;
+  const nlohmann::json a = nlohmann::json::parse(two.output), b = nlohmann::json::parse(many.output);
+  // 2 ranks of 1 thread each on 2 cores share them with their communication threads; on 512
+  // they do not, so the exposed dp time of a dp 2 layout is larger on 2.
+  double dp_two = 0, dp_many = 0;
+  for (size_t i = 0; i < a["layouts"].size(); ++i) {
+    dp_two += a["layouts"][i]["time_s"]["dp"].get<double>();
+    dp_many += b["layouts"][i]["time_s"]["dp"].get<double>();
+  }
+  EXPECT_GT(dp_two, dp_many);
+}
+
 TEST(PlanCli, UnknownGpuNamesTheFlagAndTheKnownOnes) {
   ScratchDir dir;
   const CommandResult r =
@@ -177,6 +197,12 @@ TEST(PlanCli, BadDevicesAndMissingFlagsExit2) {
        "trident plan: parallel.tp * parallel.pp = 2 * 2 does not divide --devices 6"},
       {"--config " + config + " --devices 8 --hardware " + dir.file("none.yaml"),
        "none.yaml: cannot open hardware file"},
+      {"--config " + config + " --devices 2 --gpu cpu --cores 0",
+       "trident plan: --cores: expected a number >= 1, got '0'"},
+      {"--config " + config + " --devices 8 --cores 4",
+       "trident plan: --cores goes with --gpu cpu"},
+      {"--config " + config + " --devices 8 --selective-reruns op",
+       "trident plan: --selective-reruns: expected attention-core or torchtitan-op, got 'op'"},
   };
   for (const Case& c : cases) {
     const CommandResult r = run_command(plan_cmd(c.args));

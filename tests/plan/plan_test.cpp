@@ -118,6 +118,61 @@ TEST(Plan, PlainAttentionCostsTheWholeScoresAtTheGemmRateAndTheirBytes) {
   EXPECT_GT(p.memory.workspace, f.memory.workspace);      // the T x T scratch
 }
 
+// torchtitan's op-level selective checkpointing (SelectiveReruns::kTorchtitanOp): of the
+// block's matmuls in forward order (q, k, v, o, then the MLP's) the even-numbered ones
+// rerun, k, o and the MLP's second (SwiGLU's up, GELU's down projection; either way one
+// F x C matrix), with every elementwise pass and no attention core; Trident's own
+// selective reruns the attention core alone, and full and none are the same for both.
+TEST(Plan, TorchtitanOpSelectiveRerunsEveryOtherMatmulAndTheElementwisePasses) {
+  for (Arch arch : {Arch::kLlama, Arch::kGpt2}) {
+    for (int tp : {1, 2}) {
+      const TransformerConfig m = testing::tiny_model(arch, {.d_ff = 128});
+      ModelPartition part;
+      part.tp_size = tp;
+      part.pp_size = 1;
+      part.layer_end = m.n_layers;
+      const int B = 3;
+      const StageFlops w = describe_flops(m, part, B, DType::kBF16, false);
+      const double C = m.d_model, q = double(m.n_heads) * m.head_dim,
+                   kv = double(m.n_kv_heads) * m.head_dim, F = m.d_ff, N = double(B) * m.seq_len;
+      const Work op = layer_reruns(m, part, w, B, Recompute::kSelective, SelectiveReruns::kTorchtitanOp);
+      EXPECT_DOUBLE_EQ(op.gemm_flops, 2 * N * (kv * C + C * q + F * C) / tp) << arch_name(arch) << " tp" << tp;
+      EXPECT_EQ(op.attention_flops, 0);
+      EXPECT_EQ(op.elementwise_bytes, w.layer.elementwise_bytes);
+      const Work core = layer_reruns(m, part, w, B, Recompute::kSelective, SelectiveReruns::kAttentionCore);
+      EXPECT_EQ(core.gemm_flops, 0);
+      EXPECT_EQ(core.attention_flops, w.layer.attention_flops);
+      for (SelectiveReruns s : {SelectiveReruns::kAttentionCore, SelectiveReruns::kTorchtitanOp}) {
+        EXPECT_EQ(layer_reruns(m, part, w, B, Recompute::kFull, s).gemm_flops, w.layer.gemm_flops);
+        EXPECT_EQ(layer_reruns(m, part, w, B, Recompute::kNone, s).gemm_flops, 0);
+      }
+    }
+  }
+  // The step: each layer of every micro-batch reruns that work at the table's rates.
+  Config base = small_config();
+  base.model.seq_len = 256;
+  base.model.finalize();
+  Config c = apply_layout(base, PlanCandidate{{.dp = 1}, Recompute::kSelective, 2});
+  c.training.precision = Precision::kBf16;
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  PlanOptions titan = gpu_options(1);
+  titan.selective_reruns = SelectiveReruns::kTorchtitanOp;
+  const PlanResult r = evaluate_layout(c, titan);
+  ModelPartition part;
+  part.pp_size = 1;
+  part.layer_end = c.model.n_layers;
+  const StageFlops w = describe_flops(c.model, part, 2, DType::kBF16, false);
+  const Work op = layer_reruns(c.model, part, w, 2, Recompute::kSelective, SelectiveReruns::kTorchtitanOp);
+  const Hardware& hw = titan.hardware;
+  const double per_layer = op.gemm_flops / (hw.peak_flops * hw.gemm_efficiency) +
+                           op.elementwise_bytes / (hw.memory_bandwidth * hw.memory_efficiency);
+  EXPECT_NEAR(r.recompute_s, c.grad_accum_steps() * c.model.n_layers * per_layer, 1e-12 * r.step_time_s);
+  SelectiveReruns parsed = SelectiveReruns::kAttentionCore;
+  EXPECT_TRUE(parse_selective_reruns("torchtitan-op", &parsed));
+  EXPECT_EQ(parsed, SelectiveReruns::kTorchtitanOp);
+  EXPECT_FALSE(parse_selective_reruns("op", &parsed));
+}
+
 TEST(Plan, EnumeratesEveryValidLayoutAndNoOther) {
   const Config base = small_config();
   const std::vector<PlanCandidate> layouts = enumerate_layouts(base, 8);
@@ -249,6 +304,27 @@ TEST(Plan, CpuCountsHostMemoryAndSharesTheMachine) {
   EXPECT_GT(p.memory.host, 0);
   EXPECT_DOUBLE_EQ(p.memory.total, p.memory.device() + p.memory.host);
   EXPECT_DOUBLE_EQ(p.capacity, 32.0 * 1073741824.0);  // two ranks share the machine
+}
+
+// The cores the CPU ranks share are an option (`--cores`), not only this machine's: with
+// them given the plan is the same on any machine; 2 ranks of one compute thread each on 2
+// cores run at half speed while a collective is in flight (one more busy thread per rank),
+// so more of the dp time is exposed than on 64 cores, where they keep full speed.
+TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
+  Config c = apply_layout(small_config(), PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1});
+  c.runtime.threads = 1;
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  PlanOptions o = gpu_options(2);
+  o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  o.gpus_per_node = 2;
+  o.cpu_cores = 2;
+  const PlanResult two = evaluate_layout(c, o);
+  EXPECT_EQ(evaluate_layout(c, o).step_time_s, two.step_time_s);
+  o.cpu_cores = 64;
+  const PlanResult many = evaluate_layout(c, o);
+  EXPECT_GT(two.dp_s, many.dp_s);
+  EXPECT_EQ(two.compute_s, many.compute_s);
+  EXPECT_EQ(two.dp_comm_s, many.dp_comm_s);
 }
 
 TEST(Plan, TensorParallelAcrossNodesCostsTheNetwork) {

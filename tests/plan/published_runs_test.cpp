@@ -24,22 +24,24 @@ namespace trident {
 namespace {
 
 // The bounds, on the relative error of the predicted MFU (predicted / published - 1).
-// The issue's target is ±15% on at least 90% of the rows; the model reaches it on 28 of
-// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: torchtitan's
-// op-level checkpointing, which Trident has no setting for, and Llama 3's interleaved
-// pipeline on uneven stages and FSDP, which Trident runs otherwise). The a100 and h100
-// efficiencies of configs/hardware.yaml were fitted to one row each (LLM Foundry's MPT-7B
-// on 8 GPUs); on the other 32, held out, 26 are within ±15%. The test holds what the
-// model reaches, less one row, so that a change of the model cannot make the fit worse
-// unnoticed:
+// The issue's target is ±15% on at least 90% of the rows; the model reaches it on 30 of
+// the 34 (docs/PERFORMANCE.md gives every row and why the others are off: Llama 3's
+// interleaved pipeline on uneven stages, which Trident cannot lay out, torchtitan's Llama 2
+// 70B at local batch 1, and MPT-13B on 8 H100 at +15.4%). torchtitan's "selective op"
+// rows are planned with its op-level policy (selective_reruns, plan/plan.h). The a100 and
+// h100 efficiencies of configs/hardware.yaml were fitted to one row each (LLM Foundry's
+// MPT-7B on 8 GPUs); on the other 32, held out, 28 are within ±15%. The test holds what
+// the model reaches, so that a change of the model cannot make the fit worse unnoticed:
 constexpr double kNearBound = 0.15;         // "near": within ±15%
-constexpr double kNearShareAtLeast = 0.79;  // share of the rows that are near (28/34 = 0.82)
-constexpr double kHardCap = 0.55;           // no row further off (the worst is 0.48)
+constexpr double kNearShareAtLeast = 0.88;  // share of the rows that are near (30/34 = 0.882)
+constexpr double kHardCap = 0.50;           // no row further off (the worst is 0.479)
+// The rows not marked "fitted" (the two MPT-7B are): 28 of the 32 are near.
+constexpr double kHeldOutNearShareAtLeast = 0.87;  // 28/32 = 0.875
 
 struct Row {
   std::string name, family;
   double published_mfu = 0, predicted_mfu = 0, error = 0;
-  bool fsdp = false, fits = false, fit_exempt = false;
+  bool fsdp = false, fits = false, fit_exempt = false, fitted = false;
   double memory_gib = 0;
 };
 
@@ -57,6 +59,7 @@ std::vector<Row> plan_published_runs() {
     r.family = run["family"];
     r.fsdp = run["fsdp"];
     r.fit_exempt = run.contains("fit_exempt");
+    r.fitted = run.contains("fitted");
     auto config = load_config(root + "/" + run["config"].get<std::string>(),
                               run["set"].get<std::vector<std::string>>());
     EXPECT_TRUE(config.is_ok()) << r.name << ": " << config.status().message();
@@ -75,6 +78,12 @@ std::vector<Row> plan_published_runs() {
     if (run.value("attention", "") == "plain") {
       o.plain_attention = true;
       o.attention_state_bytes = gpu_plain_attention_state_bytes;
+    }
+    // A run whose selective recomputation is another trainer's policy, as its source
+    // states it (torchtitan's op-level "selective op").
+    if (run.contains("selective_reruns")) {
+      EXPECT_TRUE(parse_selective_reruns(run["selective_reruns"], &o.selective_reruns)) << r.name;
+      EXPECT_EQ(config->training.recompute, Recompute::kSelective) << r.name;
     }
     const PlanResult p = evaluate_layout(config.value(), o);
     // A throughput is converted with Trident's own FLOPs per token; an MFU is taken as
@@ -95,13 +104,17 @@ std::vector<Row> plan_published_runs() {
 TEST(PublishedRuns, PredictedMfuWithinTheStatedBounds) {
   const std::vector<Row> rows = plan_published_runs();
   ASSERT_GE(rows.size(), 20u) << "the issue asks for at least 20 published runs";
-  int near = 0;
+  int near = 0, held_out = 0, held_out_near = 0;
   std::vector<double> abs_errors;
   for (const Row& r : rows) {
-    std::printf("%-52s published %5.1f%%  plan %5.1f%%  error %+6.1f%%  %s %.1f GiB\n", r.name.c_str(),
+    std::printf("%-52s published %5.1f%%  plan %5.1f%%  error %+6.1f%%  %s %.1f GiB%s\n", r.name.c_str(),
                 100 * r.published_mfu, 100 * r.predicted_mfu, 100 * r.error,
-                r.fits ? "fits" : "does not fit", r.memory_gib);
+                r.fits ? "fits" : "does not fit", r.memory_gib, r.fitted ? "  (fitted)" : "");
     near += std::abs(r.error) <= kNearBound;
+    if (!r.fitted) {
+      ++held_out;
+      held_out_near += std::abs(r.error) <= kNearBound;
+    }
     abs_errors.push_back(std::abs(r.error));
     EXPECT_LE(std::abs(r.error), kHardCap) << r.name << ": predicted MFU " << r.predicted_mfu
                                            << " vs published " << r.published_mfu;
@@ -109,7 +122,10 @@ TEST(PublishedRuns, PredictedMfuWithinTheStatedBounds) {
   std::sort(abs_errors.begin(), abs_errors.end());
   std::printf("%zu runs: %d within ±15%%, median |error| %.1f%%, max %.1f%%\n", rows.size(), near,
               100 * abs_errors[abs_errors.size() / 2], 100 * abs_errors.back());
+  std::printf("%d held out (not fitted): %d within ±15%%\n", held_out, held_out_near);
   EXPECT_GE(near, kNearShareAtLeast * static_cast<double>(rows.size()));
+  EXPECT_EQ(held_out, static_cast<int>(rows.size()) - 2) << "the two MPT-7B rows are the fit";
+  EXPECT_GE(held_out_near, kHeldOutNearShareAtLeast * held_out);
 }
 
 // Every published FSDP run ran on its GPUs, so its configuration must be predicted to
