@@ -130,9 +130,12 @@ std::string plan_table(const Plan& plan, int rows) {
   bool any_cp = plan.configured_error.empty() && plan.configured.candidate.cp > 1;
   for (const PlanResult& l : plan.layouts) any_cp = any_cp || l.candidate.cp > 1;
   if (any_cp) {
-    out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, all exposed (") +
-           (RingAttention::kOverlapsCompute ? "overlapped" : "the trainer does not overlap them") +
-           " with the block attention)\n";
+    out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, ") +
+           (RingAttention::kOverlapsCompute
+                ? "the part the block attention they overlap does not hide (and the last "
+                  "dK/dV hop)"
+                : "all exposed (not overlapped with the block attention)") +
+           "\n";
   }
   out += fmt("# model: %.2fB parameters", plan.parameters / 1e9) +
          fmt(", %.2fB active per token", plan.active_parameters / 1e9) +
