@@ -199,9 +199,12 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
 //     step's dK/dV (one after the other on the communication stream/thread), step cp-1
 //     the last dK/dV; the final dK/dV hop home hides behind nothing:
 //     max(0, kv - b) + (cp-2) max(0, kv + dkv - b) + max(0, dkv - b) + dkv.
-// With no attention to hide behind this is the whole ring's time.
+// With no attention to hide behind this is the whole ring's time. `rate`: the share of
+// its speed a block's compute keeps while an exchange is in flight (a CPU rank's
+// communication thread polls beside it: cpu_compute_rate_in_flight; a GPU: 1): a step
+// then takes max(comm, compute + (1 - rate) comm), of which compute counts as compute.
 double cp_ring_seconds(const Config& config, double layers, double block_attention_s,
-                       const LinkSpec& link) {
+                       double rate, const LinkSpec& link) {
   const int cp = config.parallel.cp;
   if (cp <= 1 || layers <= 0) return 0;
   static_assert(RingAttention::kOverlapsCompute, "the ring is blocking: count all of it");
@@ -209,7 +212,9 @@ double cp_ring_seconds(const Config& config, double layers, double block_attenti
   const double bw = link.bytes_per_s * link.efficiency;
   const double kv = hop.kv / bw + link.latency_s, dkv = hop.dkv / bw + link.latency_s;
   const double f = block_attention_s, b = kBackwardPerForward * f;
-  auto over = [](double comm, double compute) { return std::max(0.0, comm - compute); };
+  auto over = [rate](double comm, double compute) {
+    return std::max(comm - compute, (1 - rate) * comm);
+  };
   const double forward = (cp - 1) * over(kv, f);
   const double backward = over(kv, b) + (cp - 2) * over(kv + dkv, b) + over(dkv, b) + dkv;
   return layers * (forward_passes(config.training.recompute) * forward + backward);
@@ -309,8 +314,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   // One block of the ring: the rank's attention of a layer over cp equal steps.
   const double block_attention_s =
       cp_share * w.layer.attention_flops / attention_rate / config.parallel.cp;
-  t.cp = cp_ring_seconds(config, w.layers, block_attention_s, *links.link[ParallelDim::kCp]);
-  t.cp_comm = cp_ring_seconds(config, w.layers, 0, *links.link[ParallelDim::kCp]);
+  t.cp = cp_ring_seconds(config, w.layers, block_attention_s, cpu_compute_rate_in_flight(config, o),
+                         *links.link[ParallelDim::kCp]);
+  t.cp_comm = cp_ring_seconds(config, w.layers, 0, 1, *links.link[ParallelDim::kCp]);
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];

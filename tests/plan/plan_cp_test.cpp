@@ -4,8 +4,10 @@
 // what the block attention it overlaps hides, and the JSON carries the cp degree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "config/config.h"
 #include "kernels/ops.h"
@@ -176,6 +178,37 @@ TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
   const PlanResult flat = evaluate_layout(c, o);
   EXPECT_EQ(flat.cp_s, 0);
   EXPECT_EQ(flat.comm[ParallelDim::kCp], 0);
+}
+
+// CPU ranks: each rank's communication thread polls beside its compute while an exchange
+// is in flight, so a block's compute keeps only `rate` of its speed meanwhile
+// (cpu_compute_rate_in_flight: runtime.threads = the cores per rank, 2 ranks, then rate =
+// cores / (cores + 1)); a hidden exchange still costs (1 - rate) of its time. Here the
+// blocks hide every hop in flight: the exposed ring is (1 - rate) x those hops + the last
+// dK/dV hop of each layer, between that bound and the whole ring.
+TEST(PlanCp, CpuRingInFlightSlowsTheBlockCompute) {
+  auto loaded = load_config(std::string(TRIDENT_SOURCE_DIR) + "/configs/tiny_llama.yaml",
+                            {"model.seq_len=16384", "parallel.micro_batch_size=1",
+                             "training.global_batch_size=1", "parallel.dp=1", "parallel.cp=2"});
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  Config c = loaded.value();
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  c.runtime.threads = static_cast<int>(cores);
+  PlanOptions o;
+  o.devices = 2;
+  o.gpus_per_node = 2;
+  o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  const PlanResult r = evaluate_layout(c, o);
+  const double rate = cores / (cores + 1);
+  const double layers = c.model.n_layers, micro = c.grad_accum_steps();
+  const LinkSpec& link = o.hardware.intra_node;
+  auto hop_s = [&](double bytes) { return bytes / (link.bytes_per_s * link.efficiency) + link.latency_s; };
+  const CpRingHop hop = cp_ring_hop_bytes(c);
+  // forward 1 k/v hop, backward 1 k/v and 1 dK/dV hop in flight, 1 dK/dV hop home.
+  const double in_flight = layers * micro * (2 * hop_s(hop.kv) + hop_s(hop.dkv));
+  const double last = layers * micro * hop_s(hop.dkv);
+  EXPECT_NEAR(r.cp_comm_s, in_flight + last, 1e-9 * r.cp_comm_s);
+  EXPECT_NEAR(r.cp_s, (1 - rate) * in_flight + last, 1e-9 * r.cp_s);
 }
 
 // A configured cp layout that cannot be placed on N devices names parallel.cp too.
