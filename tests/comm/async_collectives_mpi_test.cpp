@@ -299,10 +299,12 @@ TEST(AsyncCollectives, CheckedDeviceMemoryIsCorrectSelf) {
 
 // ---- the watchdog sees a blocking wait ------------------------------------------------
 
-// A 2-rank fake whose async all_reduce never completes until released (5 s safety net).
+// A 2-rank fake (rank 1) whose async all_reduce and batch never complete until released
+// (5 s safety net).
 class StuckAsyncCommunicator final : public testing::FakeCommunicator {
  public:
-  StuckAsyncCommunicator() : FakeCommunicator("dp", 1, 2, "stuck") {}
+  explicit StuckAsyncCommunicator(const char* group = "dp")
+      : FakeCommunicator(group, 1, 2, "stuck") {}
   ~StuckAsyncCommunicator() override { check_no_outstanding_work(); }
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -328,6 +330,10 @@ class StuckAsyncCommunicator final : public testing::FakeCommunicator {
   };
   std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf&, ReduceOp,
                                                   const CollectiveOptions&) override {
+    return std::make_unique<Work>(*this);
+  }
+  std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp>,
+                                                 const CollectiveOptions&) override {
     return std::make_unique<Work>(*this);
   }
 
@@ -434,46 +440,8 @@ TEST(AsyncBatchP2P, CheckedDeviceMemoryIsStaged) {
   EXPECT_TRUE(bitwise_equal(device.download<float>(recv, n), seeded_f32((r + p - 1) % p, n, 83)));
 }
 
-// A 2-rank fake whose async batch never completes until released (5 s safety net).
-class StuckBatchCommunicator final : public testing::FakeCommunicator {
- public:
-  StuckBatchCommunicator() : FakeCommunicator("cp", 1, 2, "stuck") {}
-  ~StuckBatchCommunicator() override { check_no_outstanding_work(); }
-  void release() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- protected:
-  class Work final : public AsyncCollective {
-   public:
-    explicit Work(StuckBatchCommunicator& c) : c_(c) {}
-    bool test() override {
-      std::lock_guard<std::mutex> lock(c_.mutex_);
-      return c_.released_;
-    }
-    void wait() override {
-      std::unique_lock<std::mutex> lock(c_.mutex_);
-      c_.cv_.wait_for(lock, std::chrono::seconds(5), [this] { return c_.released_; });
-    }
-
-   private:
-    StuckBatchCommunicator& c_;
-  };
-  std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp>,
-                                                 const CollectiveOptions&) override {
-    return std::make_unique<Work>(*this);
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool released_ = false;
-};
-
 TEST(AsyncBatchP2P, HungWaitIsReportedToTheWatchdogWithItsPeer) {
-  StuckBatchCommunicator comm;
+  StuckAsyncCommunicator comm("cp");
   std::mutex mutex;
   std::vector<HangReport> reports;
   Watchdog watchdog({.poll_interval = milliseconds(20), .on_hang = [&](const HangReport& r) {
