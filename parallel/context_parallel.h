@@ -42,9 +42,9 @@
 // for the default) every exchange is waited right after it is posted: the same arithmetic
 // in the same order, bitwise the same results (tests/parallel/ring_attention_mpi_test.cpp).
 //
-// Precision: the running out, the dK/dV accumulators (and a block's share) and dq are f32 whatever the
-// dtype of q, k, v (a bf16 running out would be rounded at every merge, a bf16 dK/dV at
-// every hop); keys and values travel in their own dtype. Traffic per rank and call
+// Precision: the running out, the dK/dV accumulators (and a block's share) and dq are
+// f32 whatever the dtype of q, k, v (a bf16 running out would be rounded at every merge, a
+// bf16 dK/dV at every hop); keys and values travel in their own dtype. Traffic per rank and call
 // (counted in traffic(), equal to the communicator's send counters): forward (cp−1) blocks
 // of k and v, 2·(cp−1)·B·2c·NKV·HD elements of the dtype; backward the same again plus cp
 // hops of dK/dV in f32, 2·cp·B·2c·NKV·HD·4 bytes (none when cp = 1).
