@@ -6,14 +6,19 @@
 #   2. the step time at one length every cp can run, measured by training a few steps
 #      (one sequence per step, so cp is the only thing that splits the work), with the
 #      largest activation bytes a rank held (the metrics summary) beside the plan's.
+#   3. the step time at cp 2 with the ring overlapped (the default) and blocking
+#      (TRIDENT_RING_OVERLAP=0), `pairs` pairs of runs (which runs first alternates), with the metrics'
+#      comm_exposed_ms.cp and comm_hidden_ms.cp (medians over the steps after the first).
 # All ranks share this machine's cores (cp ranks get cores / cp threads each; cp 4 on a
 # 2-core machine is oversubscribed), so the step times compare cp's overheads, not scaling.
-#   bench/long_context_bench.sh [budget_mib [seq_len [steps]]]  (defaults 512, 2048, 4)
+#   bench/long_context_bench.sh [budget_mib [seq_len [steps [pairs]]]]  (defaults 512, 2048,
+#   4, 3); LONG_CONTEXT_TABLES=overlap runs the third table alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget_mib=${1:-512}
 run_len=${2:-2048}
 steps=${3:-4}
+pairs=${4:-3}
 source bench/medium_run_setup.sh
 
 # A small llama (RoPE, GQA 4/2 heads) with byte tokens: attention's share of the step grows
@@ -29,6 +34,42 @@ plan_bytes() {  # cp seq_len kind -> the configured layout's planned bytes per r
 }
 plan_total() { plan_bytes "$1" "$2" total; }
 budget=$((budget_mib * 1024 * 1024))
+# The median step and cp ring times of a metrics file (the steps after the first).
+medians() {
+  python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in rows if "loss" in r]
+later = steps[1:] or steps
+med = lambda v: sorted(v)[len(v) // 2]
+print(f'{med([r["step_ms"] for r in later]):.1f}',
+      f'{med([r["comm_exposed_ms"]["cp"] for r in later]):.1f}',
+      f'{med([r["comm_hidden_ms"]["cp"] for r in later]):.1f}')
+PY
+}
+overlap_table() {
+  echo "# cp 2 at seq_len $run_len ($steps steps, the first excluded): ring overlapped vs blocking, $pairs pairs of runs"
+  printf "# %4s %8s %10s %16s %15s\n" run overlap "ms/step" "cp exposed ms" "cp hidden ms"
+  for pair in $(seq "$pairs"); do
+    order="1 0"; ((pair % 2)) || order="0 1"  # alternate which runs first
+    for overlap in $order; do
+      metrics="$work/metrics_overlap$overlap.jsonl"
+      rm -f "$metrics"
+      mpirun "${root_flag[@]}" --oversubscribe --mca btl self,vader -np 2 -x TRIDENT_RING_OVERLAP="$overlap" \
+        build/trident train --config bench/medium.yaml "${model[@]}" \
+        --set model.seq_len="$run_len" --set parallel.cp=2 --set runtime.threads=1 \
+        --set training.max_steps="$steps" --set logging.metrics="$metrics" \
+        --set checkpoint.save_final=false > "$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+      read -r ms exposed hidden < <(medians "$metrics")
+      printf "  %4d %8s %10s %16s %15s\n" "$pair" "$( ((overlap)) && echo on || echo off)" "$ms" "$exposed" "$hidden"
+    done
+  done
+}
+if [[ "${LONG_CONTEXT_TABLES:-}" == overlap ]]; then
+  echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  overlap_table
+  exit 0
+fi
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# model: llama L4 H4 KV2 C128 byte vocabulary, micro-batch 1; budget ${budget_mib} MiB per rank"
 printf "# %3s %12s %16s %14s\n" cp "max seq_len" "planned MiB/rank" "vs cp 1"
@@ -82,3 +123,4 @@ PY
   printf "  %3d %5d %8d %10s %8.2fx %22s %21.1f\n" "$cp" "$cp" "$threads" "$ms" \
     "$(python3 -c "print($ms / $base)")" "$mib" "$(python3 -c "print($planned / 2**20)")"
 done
+overlap_table

@@ -294,27 +294,30 @@ void Communicator::wait_sends(const CollectiveOptions& opts) {
   do_wait_sends(opts);
 }
 
-void Communicator::batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) {
-  if (ops.empty()) return;
-  bool device = false;
+int Communicator::check_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts,
+                                  bool* device) {
+  *device = false;
   for (const P2POp& op : ops) {
     const CollectiveKind kind =
         op.kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
     check_space(op.buf, kind, opts);
     check_peer(op.peer, op.tag, kind, opts);
     count(kind, op.buf.bytes());
-    device = device || op.buf.space == MemSpace::kDevice;
+    *device = *device || op.buf.space == MemSpace::kDevice;
   }
   // The watchdog names one peer: the first receive's when there is one (what a dead peer
   // blocks: the sends are buffered), else the first send's. A batch is one pipeline
   // exchange with neighbours.
-  int peer = ops.front().peer;
   for (const P2POp& op : ops) {
-    if (op.kind == P2POp::kRecv) {
-      peer = op.peer;
-      break;
-    }
+    if (op.kind == P2POp::kRecv) return op.peer;
   }
+  return ops.front().peer;
+}
+
+void Communicator::batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) {
+  if (ops.empty()) return;
+  bool device = false;
+  const int peer = check_batch_p2p(ops, opts, &device);
   WatchedCall watched(*this, "batch_p2p", peer, opts);
   DeviceWork work(device ? MemSpace::kDevice : MemSpace::kHost);
   do_batch_p2p(ops, opts);
@@ -366,6 +369,9 @@ const char* wait_name(CollectiveKind kind) {
       return "reduce_scatter (wait)";
     case CollectiveKind::kAllGather:
       return "all_gather (wait)";
+    case CollectiveKind::kSend:  // ibatch_p2p's works (their kind: the first operation's)
+    case CollectiveKind::kRecv:
+      return "batch_p2p (wait)";
     default:
       return "? (wait)";
   }
@@ -378,9 +384,8 @@ CommWork::CommWork(CommWork&& other) noexcept
       opts_(std::move(other.opts_)),
       backend_(std::move(other.backend_)),
       staging_(std::move(other.staging_)),
-      copy_out_src_(other.copy_out_src_),
-      copy_out_dst_(other.copy_out_dst_),
-      copy_out_bytes_(other.copy_out_bytes_),
+      copy_outs_(std::move(other.copy_outs_)),
+      peer_(other.peer_),
       waited_s_(other.waited_s_) {}
 
 CommWork& CommWork::operator=(CommWork&& other) {
@@ -394,9 +399,8 @@ CommWork& CommWork::operator=(CommWork&& other) {
   opts_ = std::move(other.opts_);
   backend_ = std::move(other.backend_);
   staging_ = std::move(other.staging_);
-  copy_out_src_ = other.copy_out_src_;
-  copy_out_dst_ = other.copy_out_dst_;
-  copy_out_bytes_ = other.copy_out_bytes_;
+  copy_outs_ = std::move(other.copy_outs_);
+  peer_ = other.peer_;
   waited_s_ = other.waited_s_;
   return *this;
 }
@@ -412,7 +416,7 @@ CommWork::~CommWork() {
 void CommWork::wait() {
   if (finished()) return;
   if (backend_) {
-    WatchedCall watched(*comm_, wait_name(kind_), -1, opts_, &waited_s_);
+    WatchedCall watched(*comm_, wait_name(kind_), peer_, opts_, &waited_s_);
     backend_->wait();
   }
   finish();
@@ -431,12 +435,13 @@ void CommWork::finish() {
     comm_->times_.async_s += ran;
     comm_->times_.hidden_s += std::max(0.0, ran - waited_s_);
   }
-  if (copy_out_bytes_ > 0) {
-    DeviceAccessScope scope;  // the caller's buffer is device memory under a hook
-    std::memcpy(copy_out_dst_, copy_out_src_, copy_out_bytes_);
+  if (!copy_outs_.empty()) {
+    DeviceAccessScope scope;  // the caller's buffers are device memory under a hook
+    for (const CopyOut& c : copy_outs_) std::memcpy(c.dst, c.src, c.bytes);
   }
   backend_.reset();
   staging_.reset();
+  copy_outs_.clear();
   --comm_->outstanding_work_;
   comm_ = nullptr;
 }
@@ -467,9 +472,7 @@ CommWork Communicator::issue_async(CollectiveKind kind, const CommBuf& input,
     }
     in.data = work.staging_.get();
     out.data = in_place ? in.data : work.staging_.get() + copy_in_bytes;
-    work.copy_out_src_ = static_cast<const std::byte*>(out.data);
-    work.copy_out_dst_ = output.data;
-    work.copy_out_bytes_ = copy_out_bytes;
+    work.copy_outs_.push_back({static_cast<const std::byte*>(out.data), output.data, copy_out_bytes});
   }
   WatchedCall watched(*this, collective_name(kind), -1, opts);
   DeviceWork device(staged ? MemSpace::kHost : input.space);
@@ -502,6 +505,50 @@ CommWork Communicator::iall_gather(CommBuf input, CommBuf output, const Collecti
                      opts, [&](const CommBuf& in, const CommBuf& out) {
                        return do_iall_gather(in, out, opts);
                      });
+}
+
+CommWork Communicator::ibatch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) {
+  CommWork work;
+  work.comm_ = this;
+  work.opts_ = opts;
+  ++outstanding_work_;
+  if (ops.empty()) return work;
+  work.kind_ = ops.front().kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+  bool device = false;
+  work.peer_ = check_batch_p2p(ops, opts, &device);
+  // Staging (as issue_async): every device buffer gets a host copy owned by the work, the
+  // sends' filled now, the receives' copied back at completion.
+  const bool staged = device && device_access_hook() != nullptr && stages_async_device_buffers();
+  std::vector<P2POp> staged_ops;
+  if (staged) {
+    std::size_t total = 0;
+    for (const P2POp& op : ops) total += op.buf.bytes();
+    work.staging_ = std::make_unique_for_overwrite<std::byte[]>(total);
+    staged_ops.assign(ops.begin(), ops.end());
+    std::byte* at = work.staging_.get();
+    DeviceAccessScope scope;
+    for (P2POp& op : staged_ops) {
+      if (op.kind == P2POp::kSend) {
+        std::memcpy(at, op.buf.data, op.buf.bytes());
+      } else {
+        work.copy_outs_.push_back({at, op.buf.data, op.buf.bytes()});
+      }
+      op.buf.data = at;
+      op.buf.space = MemSpace::kHost;
+      at += op.buf.bytes();
+    }
+    ops = staged_ops;
+  }
+  WatchedCall watched(*this, "batch_p2p", work.peer_, opts);
+  DeviceWork scope(device && !staged ? MemSpace::kDevice : MemSpace::kHost);
+  work.backend_ = do_ibatch_p2p(ops, opts);
+  return work;
+}
+
+std::unique_ptr<AsyncCollective> Communicator::do_ibatch_p2p(std::span<const P2POp> ops,
+                                                             const CollectiveOptions& opts) {
+  do_batch_p2p(ops, opts);
+  return nullptr;
 }
 
 std::unique_ptr<AsyncCollective> Communicator::do_iall_reduce(const CommBuf& data, ReduceOp op,

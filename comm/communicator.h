@@ -267,9 +267,13 @@ class CommWork {
   // Staging (device buffers under a DeviceAccessHook): the backend's host copy and where
   // its result goes back to.
   std::unique_ptr<std::byte[]> staging_;
-  const std::byte* copy_out_src_ = nullptr;
-  void* copy_out_dst_ = nullptr;
-  std::size_t copy_out_bytes_ = 0;
+  struct CopyOut {
+    const std::byte* src;  // in staging_
+    void* dst;
+    std::size_t bytes;
+  };
+  std::vector<CopyOut> copy_outs_;  // one per output buffer (ibatch_p2p: per receive)
+  int peer_ = -1;        // the watchdog's peer of a blocking wait (ibatch_p2p)
   double waited_s_ = 0;  // time wait() blocked, for CommTimes::hidden_s
 };
 
@@ -374,6 +378,19 @@ class Communicator {
   // (MPI, self) copies the sends out as isends, then receives in order; a backend whose
   // isend blocks must override it.
   void batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts = {});
+  // Asynchronous batch_p2p (ring attention's exchanges, overlapped with the block's
+  // attention): the same operations, checks, counting (at issue) and NCCL-safe grouping,
+  // and bitwise the same received data; the rules of "Asynchronous collectives" above,
+  // with one relaxation: the caller may READ a send's buffer while the work runs (never
+  // write it), and neither reads nor writes a receive's. Under a protecting hook the
+  // sends are staged at issue and the receives copied back at completion. The watchdog
+  // sees the issue as "batch_p2p" and a blocking wait as "batch_p2p (wait)", both naming
+  // the peer batch_p2p names. MPI: the batch (MPI_Isend/MPI_Irecv of every operation,
+  // then MPI_Waitall) runs on the communication thread; NCCL: the group on the
+  // communicator's own stream between events; self and host-synchronous NCCL: complete at
+  // issue (the blocking batch).
+  [[nodiscard]] CommWork ibatch_p2p(std::span<const P2POp> ops,
+                                    const CollectiveOptions& opts = {});
   // isends not yet known to be complete (completed ones are reaped on the next isend).
   virtual std::size_t pending_sends() const { return 0; }
   // Bytes held by isend staging buffers: grow-only, so constant once the sizes and the
@@ -443,6 +460,10 @@ class Communicator {
   }
   virtual void do_wait_sends(const CollectiveOptions& opts) {}
   virtual void do_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts);
+  // ibatch_p2p's hook: ops already checked and counted (staged buffers in place of device
+  // ones under a hook). Default: do_batch_p2p, then nullptr (completed at issue).
+  virtual std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp> ops,
+                                                         const CollectiveOptions& opts);
   virtual void do_barrier(const CollectiveOptions& opts) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name,
                                                  MemSpace space,
@@ -487,6 +508,9 @@ class Communicator {
                        std::size_t copy_in_bytes, std::size_t copy_out_bytes,
                        const CollectiveOptions& opts, Issue&& issue);
 
+  // batch_p2p's and ibatch_p2p's checks and counting; returns the watchdog's peer and
+  // whether any buffer is device memory.
+  int check_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts, bool* device);
   void count(CollectiveKind kind, std::size_t bytes);
   // Aborts unless buf is in space() (and, with a hook installed, really is).
   void check_space(const CommBuf& buf, CollectiveKind kind, const CollectiveOptions& opts) const;

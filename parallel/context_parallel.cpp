@@ -10,6 +10,7 @@
 // - higher rank: rows c..2c-1 over key rows 0..2c-1 with q_pos - k_pos = 2c (full).
 #include "parallel/context_parallel.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,26 @@ CpChunks cp_chunks(int T, int cp, int rank) {
   return c;
 }
 
+bool RingAttention::overlap_from_env() {
+  const char* env = std::getenv("TRIDENT_RING_OVERLAP");
+  if (env == nullptr || *env == 0) return true;
+  const std::string value = env;
+  TRIDENT_CHECK_MSG(value == "0" || value == "1",
+                    "TRIDENT_RING_OVERLAP='" + value + "': must be 1 (overlap, the default) or 0");
+  return value == "1";
+}
+
 RingAttention::RingAttention(Ops& ops, Communicator& cp_group, int B, int chunk, int NH, int NKV,
-                             int HD, DType dtype)
-    : ops_(ops), comm_(cp_group), B_(B), c_(chunk), NH_(NH), NKV_(NKV), HD_(HD), dtype_(dtype) {
+                             int HD, DType dtype, bool overlap)
+    : ops_(ops),
+      comm_(cp_group),
+      B_(B),
+      c_(chunk),
+      NH_(NH),
+      NKV_(NKV),
+      HD_(HD),
+      dtype_(dtype),
+      overlap_(overlap) {
   TRIDENT_CHECK_MSG(B > 0 && chunk > 0 && NH > 0 && NKV > 0 && NH % NKV == 0 && HD > 0 &&
                         is_float_dtype(dtype),
                     "ring attention: B=" + std::to_string(B) + " chunk=" + std::to_string(chunk) +
@@ -51,6 +69,8 @@ RingAttention::RingAttention(Ops& ops, Communicator& cp_group, int B, int chunk,
     }
     blk_ = DeviceBuffer(ops, q_elems() * f32);
     blk_lse_ = DeviceBuffer(ops, lse_elems() * f32);
+    blk_dk_ = DeviceBuffer(ops, kv_elems() * f32);
+    blk_dv_ = DeviceBuffer(ops, kv_elems() * f32);
   } else {  // one rank: its own block only, no exchange
     dk_[0] = DeviceBuffer(ops, kv_elems() * f32);
     dv_[0] = DeviceBuffer(ops, kv_elems() * f32);
@@ -68,7 +88,8 @@ size_t RingAttention::kv_elems() const {
 size_t RingAttention::lse_elems() const { return static_cast<size_t>(B_) * NH_ * 2 * c_; }
 
 size_t RingAttention::bytes() const {
-  size_t n = acc_.bytes() + blk_.bytes() + blk_lse_.bytes() + dq_.bytes();
+  size_t n = acc_.bytes() + blk_.bytes() + blk_lse_.bytes() + dq_.bytes() + blk_dk_.bytes() +
+             blk_dv_.bytes();
   for (int i = 0; i < 2; ++i) n += k_[i].bytes() + v_[i].bytes() + dk_[i].bytes() + dv_[i].bytes();
   return n;
 }
@@ -77,14 +98,15 @@ size_t RingAttention::buffer_bytes(int B, int chunk, int NH, int NKV, int HD, DT
                                    int cp) {
   // The constructor's buffers: the running out and dq (f32, q-sized) always; with more
   // than one rank two received blocks of k and v (dtype), one block's out and lse (f32),
-  // and two dK/dV accumulators (f32), else one accumulator pair.
+  // two travelling dK/dV accumulators and one block's dK/dV (f32), else one accumulator
+  // pair.
   const size_t q = static_cast<size_t>(B) * 2 * chunk * NH * HD;
   const size_t kv = static_cast<size_t>(B) * 2 * chunk * NKV * HD;
   const size_t lse = static_cast<size_t>(B) * NH * 2 * chunk;
   const size_t f32 = sizeof(float);
   size_t n = 2 * q * f32;
   if (cp > 1) {
-    n += 2 * 2 * kv * dtype_size(dtype) + 2 * 2 * kv * f32 + q * f32 + lse * f32;
+    n += 2 * 2 * kv * dtype_size(dtype) + 3 * 2 * kv * f32 + q * f32 + lse * f32;
   } else {
     n += 2 * kv * f32;
   }
@@ -99,7 +121,7 @@ Ops::AttentionBlock RingAttention::block(int Tq, int Tk, int q_pos) const {
   return s;
 }
 
-void RingAttention::exchange(std::initializer_list<Pass> passes, const char* what, int step) {
+CommWork RingAttention::post(std::initializer_list<Pass> passes, const char* what, int step) {
   const int p = comm_.size(), r = comm_.rank();
   std::vector<P2POp> ops;
   for (const Pass& x : passes) {
@@ -110,8 +132,10 @@ void RingAttention::exchange(std::initializer_list<Pass> passes, const char* wha
     traffic_.bytes_received += bytes;
   }
   ++traffic_.exchanges;
-  comm_.batch_p2p(ops, {.label = std::string("ring attention ") + what + " step " +
-                                 std::to_string(step)});
+  CommWork work = comm_.ibatch_p2p(
+      ops, {.label = std::string("ring attention ") + what + " step " + std::to_string(step)});
+  if (!overlap_) work.wait();  // the blocking ring: the exchange ends before the compute
+  return work;
 }
 
 void RingAttention::forward_step(int src, DevPtr out, DevPtr lse, DevPtr q, DevPtr k,
@@ -162,13 +186,15 @@ void RingAttention::forward(DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v
   DevPtr cur_k = k, cur_v = v;
   for (int s = 0; s < p; ++s) {
     DevPtr next_k, next_v;
-    if (s + 1 < p) {  // the next block's transfer, issued before this block's compute
+    CommWork kv;
+    if (s + 1 < p) {  // the next block's transfer, in flight during this block's compute
       next_k = k_[s % 2].as(dtype_);
       next_v = v_[s % 2].as(dtype_);
-      exchange({{cur_k, next_k, kv_elems(), kTagK}, {cur_v, next_v, kv_elems(), kTagV}},
-               "forward k/v", s);
+      kv = post({{cur_k, next_k, kv_elems(), kTagK}, {cur_v, next_v, kv_elems(), kTagV}},
+                "forward k/v", s);
     }
     forward_step((r - s + p) % p, acc, lse, q, cur_k, cur_v);
+    kv.wait();
     cur_k = next_k;
     cur_v = next_v;
   }
@@ -185,34 +211,48 @@ void RingAttention::backward(DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPt
   const DevPtr dq_acc = dq_.as(DType::kF32);
   ops_.zero(dq_acc, q_elems() * sizeof(float));
   DevPtr cur_k = k, cur_v = v;
-  DevPtr cur_dk = dk_[0].as(DType::kF32), cur_dv = dv_[0].as(DType::kF32);
-  ops_.zero(cur_dk, kv_bytes_f32);
-  ops_.zero(cur_dv, kv_bytes_f32);
+  CommWork hop;  // the travelling dK/dV of the previous step, in flight during this one
   for (int s = 0; s < p; ++s) {
     DevPtr next_k, next_v;
+    CommWork kv;
     if (s + 1 < p) {  // as in forward
       next_k = k_[s % 2].as(dtype_);
       next_v = v_[s % 2].as(dtype_);
-      exchange({{cur_k, next_k, kv_elems(), kTagK}, {cur_v, next_v, kv_elems(), kTagV}},
-               "backward k/v", s);
+      kv = post({{cur_k, next_k, kv_elems(), kTagK}, {cur_v, next_v, kv_elems(), kTagV}},
+                "backward k/v", s);
     }
-    backward_step((r - s + p) % p, dq_acc, cur_dk, cur_dv, dout, out, lse, q, cur_k, cur_v);
+    // The accumulator of the block in hand: this rank's own at step 0, else the one the
+    // previous hop brings. Step 0 computes straight into it; later steps into the block
+    // buffers, added to the accumulator once it has arrived.
+    const DevPtr acc_dk = dk_[s % 2].as(DType::kF32), acc_dv = dv_[s % 2].as(DType::kF32);
+    const DevPtr into_dk = s == 0 ? acc_dk : blk_dk_.as(DType::kF32);
+    const DevPtr into_dv = s == 0 ? acc_dv : blk_dv_.as(DType::kF32);
+    ops_.zero(into_dk, kv_bytes_f32);
+    ops_.zero(into_dv, kv_bytes_f32);
+    backward_step((r - s + p) % p, dq_acc, into_dk, into_dv, dout, out, lse, q, cur_k, cur_v);
+    if (s > 0) {
+      hop.wait();
+      ops_.accumulate(acc_dk, into_dk, kv_elems());
+      ops_.accumulate(acc_dv, into_dv, kv_elems());
+    }
+    kv.wait();
     if (p > 1) {  // the block's dK/dV on to the next rank, which holds that block next
       // (after the last step: home to its owner); this rank's next accumulator arrives.
       const DevPtr next_dk = dk_[(s + 1) % 2].as(DType::kF32);
       const DevPtr next_dv = dv_[(s + 1) % 2].as(DType::kF32);
-      exchange({{cur_dk, next_dk, kv_elems(), kTagDk}, {cur_dv, next_dv, kv_elems(), kTagDv}},
-               "backward dk/dv", s);
-      cur_dk = next_dk;
-      cur_dv = next_dv;
+      hop = post({{acc_dk, next_dk, kv_elems(), kTagDk}, {acc_dv, next_dv, kv_elems(), kTagDv}},
+                 "backward dk/dv", s);
     }
     cur_k = next_k;
     cur_v = next_v;
   }
-  // cur_dk / cur_dv: the gradients of this rank's own keys and values, complete.
+  hop.wait();
+  // The gradients of this rank's own keys and values, complete (p hops after step 0).
+  const DevPtr own_dk = dk_[p > 1 ? p % 2 : 0].as(DType::kF32);
+  const DevPtr own_dv = dv_[p > 1 ? p % 2 : 0].as(DType::kF32);
   if (!dq.is_null()) ops_.accumulate(dq, dq_acc, q_elems());
-  if (!dk.is_null()) ops_.accumulate(dk, cur_dk, kv_elems());
-  if (!dv.is_null()) ops_.accumulate(dv, cur_dv, kv_elems());
+  if (!dk.is_null()) ops_.accumulate(dk, own_dk, kv_elems());
+  if (!dv.is_null()) ops_.accumulate(dv, own_dv, kv_elems());
 }
 
 }  // namespace trident

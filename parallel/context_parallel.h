@@ -26,21 +26,25 @@
 // adds its queries' share (Ops::attention_block_backward, from the final out and lse), and
 // one last hop brings it home, so each rank ends with the gradients of its own k and v.
 //
-// Communication (comm/communicator.h): every exchange is one batch_p2p holding the send to
-// the next rank and the receive from the previous one, the NCCL-safe grouping of the
-// pipeline (parallel/pipeline.h): neighbours that send to each other at once cannot
-// deadlock. The exchange of the next block is issued BEFORE the current block's compute, so
-// a communicator whose point-to-point runs beside the compute overlaps the two. Neither
-// backend does today: MPI's batch_p2p copies the sends out (isend) and then blocks in its
-// receives, so the compute starts once the next block has arrived (the transfer overlaps
-// only the neighbours' own work); NCCL enqueues the batch on the compute stream, so the
-// kernels run after it in stream order. Overlap needs a receive that returns a CommWork
-// (MPI_Irecv, or NCCL p2p on a communication stream with events), which the communicator
-// does not offer yet. The dK/dV exchange of backward waits for its block by nature.
+// Communication (comm/communicator.h): every exchange is one ibatch_p2p holding the send
+// to the next rank and the receive from the previous one, the NCCL-safe grouping of the
+// pipeline's batch_p2p (parallel/pipeline.h): neighbours that send to each other at once
+// cannot deadlock. It is posted BEFORE the compute it overlaps and waited after it, into
+// double buffers: forward, the next block's k and v travel while the block in hand's
+// attention computes (cp − 1 exchanges, each behind one block; the last block computes
+// with nothing in flight). Backward, the next k/v block travels likewise, and the dK/dV
+// accumulator finished at step s travels during step s + 1: that step computes its block's
+// contribution into a block buffer of its own, then waits for the arriving accumulator
+// and adds the contribution to it (step 0 computes straight into this rank's own
+// accumulator); the hop of the last step, home to the owner, has nothing left to hide
+// behind. MPI runs the batches on the communicator's communication thread, NCCL on its own
+// stream between events. With overlap off (the constructor's flag; TRIDENT_RING_OVERLAP=0
+// for the default) every exchange is waited right after it is posted: the same arithmetic
+// in the same order, bitwise the same results (tests/parallel/ring_attention_mpi_test.cpp).
 //
-// Precision: the running out, the received dK/dV accumulators and dq are f32 whatever the
-// dtype of q, k, v (a bf16 running out would be rounded at every merge, a bf16 dK/dV at
-// every hop); keys and values travel in their own dtype. Traffic per rank and call
+// Precision: the running out, the dK/dV accumulators (and a block's share) and dq are
+// f32 whatever the dtype of q, k, v (a bf16 running out would be rounded at every merge, a
+// bf16 dK/dV at every hop); keys and values travel in their own dtype. Traffic per rank and call
 // (counted in traffic(), equal to the communicator's send counters): forward (cp−1) blocks
 // of k and v, 2·(cp−1)·B·2c·NKV·HD elements of the dtype; backward the same again plus cp
 // hops of dK/dV in f32, 2·cp·B·2c·NKV·HD·4 bytes (none when cp = 1).
@@ -98,17 +102,23 @@ void put_cp_rows(const E* local, E* global, int B, int T, int width, const CpChu
 // Ring attention over a cp group (device space) for one shape: B sequences of 2c local
 // rows, NH query heads and NKV kv heads of HD, q/k/v of `dtype`. Allocates its buffers
 // once, here (two blocks of received keys and values, the f32 running out, one block's
-// out and lse, dq and two dK/dV accumulators); nothing per call. Every rank of the group
-// calls forward and backward in the same order with the same shape.
+// out and lse, dq, two travelling dK/dV accumulators and one block's dK/dV); nothing per
+// call. Every rank of the group calls forward and backward in the same order with the
+// same shape and the same overlap setting.
 class RingAttention {
  public:
-  // Whether a block's exchange runs while the previous block's attention computes. Not
-  // today (see "Communication" above): trident plan reads this and counts the ring as
-  // exposed.
-  static constexpr bool kOverlapsCompute = false;
+  // Whether a block's exchange runs while a block's attention computes (see
+  // "Communication" above): trident plan reads this and counts only the part of each
+  // exchange that outlasts the block compute it hides behind.
+  static constexpr bool kOverlapsCompute = true;
 
+  // overlap false: every exchange is waited right after it is posted (the blocking ring,
+  // for comparisons). The default: TRIDENT_RING_OVERLAP (unset or 1: overlapped, 0: not;
+  // any other value CHECK-fails naming the variable).
   RingAttention(Ops& ops, Communicator& cp_group, int B, int chunk, int NH, int NKV, int HD,
-                DType dtype);
+                DType dtype, bool overlap = overlap_from_env());
+  static bool overlap_from_env();
+  bool overlaps() const { return overlap_; }
 
   // out[B, 2c, NH, HD] (overwritten) and lse[B, NH, 2c] (f32, overwritten: the row
   // log-sum-exp over the whole sequence, the state backward reads) of causal attention of
@@ -123,7 +133,7 @@ class RingAttention {
   // Point-to-point payload of this rank since construction or reset_traffic().
   struct Traffic {
     int64_t bytes_sent = 0, bytes_received = 0;
-    int64_t exchanges = 0;  // batch_p2p calls
+    int64_t exchanges = 0;  // ibatch_p2p calls
   };
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = {}; }
@@ -142,14 +152,15 @@ class RingAttention {
   void forward_step(int src, DevPtr out, DevPtr lse, DevPtr q, DevPtr k, DevPtr v);
   void backward_step(int src, DevPtr dq, DevPtr dk, DevPtr dv, DevPtr dout, DevPtr out,
                      DevPtr lse, DevPtr q, DevPtr k, DevPtr v);
-  // One batch_p2p: each (send, receive) pair of buffers of n elements goes to rank + 1 and
-  // comes from rank - 1.
+  // One ibatch_p2p: each (send, receive) pair of buffers of n elements goes to rank + 1
+  // and comes from rank - 1. Returns the work in flight (already finished without
+  // overlap).
   struct Pass {
     DevPtr send, recv;
     size_t n;
     int tag;
   };
-  void exchange(std::initializer_list<Pass> passes, const char* what, int step);
+  CommWork post(std::initializer_list<Pass> passes, const char* what, int step);
   Ops::AttentionBlock block(int Tq, int Tk, int q_pos) const;
 
   Ops& ops_;
@@ -161,6 +172,8 @@ class RingAttention {
   DeviceBuffer blk_, blk_lse_;  // one block's out and lse (f32)
   DeviceBuffer dq_;             // dq over the ring (f32)
   DeviceBuffer dk_[2], dv_[2];  // the travelling dK/dV accumulators (f32)
+  DeviceBuffer blk_dk_, blk_dv_;  // one block's dK/dV share (f32)
+  bool overlap_;
   Traffic traffic_;
 };
 

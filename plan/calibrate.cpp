@@ -117,11 +117,12 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
   if (steps.size() > 1) steps.erase(steps.begin());  // start-up work
   run.steps_used = static_cast<int>(steps.size());
   std::vector<double> step_s;
-  std::vector<double> e[4], h[4];
-  const char* groups[4] = {"tp", "dp", "pp", "embedding"};
+  constexpr int kGroups = 5;
+  std::vector<double> e[kGroups], h[kGroups];
+  const char* groups[kGroups] = {"tp", "dp", "pp", "embedding", "cp"};
   for (const nlohmann::json& s : steps) {
     step_s.push_back(s["step_ms"].get<double>() / 1e3);
-    for (int g = 0; g < 4; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       auto ms = [&](const char* key) {
         return s.contains(key) && s[key].is_object() ? s[key].value(groups[g], 0.0) / 1e3 : 0.0;
       };
@@ -130,8 +131,8 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
     }
   }
   run.step_s = median(step_s);
-  run.exposed = {median(e[0]), median(e[1]), median(e[2]), median(e[3])};
-  run.hidden = {median(h[0]), median(h[1]), median(h[2]), median(h[3])};
+  run.exposed = {median(e[0]), median(e[1]), median(e[2]), median(e[3]), median(e[4])};
+  run.hidden = {median(h[0]), median(h[1]), median(h[2]), median(h[3]), median(h[4])};
   return run;
 }
 
@@ -157,7 +158,10 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   const Group groups[] = {
       {"tp", ParallelDim::kTp, c.before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
       {"dp", ParallelDim::kDp, c.before.dp_comm_s, fast.dp_comm_s,
-       run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding}};
+       run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
+      // The ring's whole time (the plan's exposed part is what the block attention does
+      // not hide; the metrics' exposed + hidden is all of it).
+      {"cp", ParallelDim::kCp, c.before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
   for (const Group& g : groups) {
     if (g.predicted <= 0 || g.measured <= 0) continue;
     const double bytes_s = 2 * (g.predicted - g.predicted_fast);
@@ -193,6 +197,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   }
   c.tp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
   c.dp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
+  c.cp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kCp] && !hw.is_cpu ? 1 : 0];
   const Hardware linked = scale_links(hw, factor[0], factor[1]);
   // Compute: the one factor whose predicted step is the measured one (the step falls as
   // the factor grows; bisection in log space).

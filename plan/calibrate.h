@@ -4,14 +4,14 @@
 //
 // The metrics file is the trainer's JSONL (trainer/metrics.h): the last segment header
 // {"segment": {..., "world_size"}}, the step records after it {"step", "step_ms",
-// "comm_exposed_ms": {"tp", "dp", "pp", "embedding"}, "comm_hidden_ms": {...}} (rank 0's
+// "comm_exposed_ms": {"tp", "dp", "pp", "embedding", "cp"}, "comm_hidden_ms": {...}} (rank 0's
 // communication), and, when the run ended, {"summary": {"ranks": [{"rank", "pp", "dp",
 // "tp", ...}]}} with every rank's coordinates. The figures taken are medians over the
 // segment's steps after its first (which includes start-up work: arenas, the prefetch
 // learning its order).
 //
 // What one run identifies, and so what is fitted (the rest keeps the table's figures):
-//   - each link the run's tp and dp groups use: its effective bandwidth (a GPU link's
+//   - each link the run's tp, dp and cp groups use: its effective bandwidth (a GPU link's
 //     `efficiency`, the cpu's `link_gbytes_per_s`), from the group's measured
 //     communication, exposed + hidden, against the plan's bytes over the link (the
 //     latency term kept; a link whose latency explains 90% of the time keeps its
@@ -32,9 +32,10 @@
 
 namespace trident {
 
-// Seconds per step, per group (the metrics' {"tp", "dp", "pp", "embedding"}).
+// Seconds per step, per group (the metrics' {"tp", "dp", "pp", "embedding", "cp"}; cp:
+// the ring attention's exchanges; 0 when a file has no such key).
 struct GroupSeconds {
-  double tp = 0, dp = 0, pp = 0, embedding = 0;
+  double tp = 0, dp = 0, pp = 0, embedding = 0, cp = 0;
 };
 
 struct MeasuredRun {
@@ -56,7 +57,7 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
 struct Calibration {
   Hardware hardware;            // fitted
   double compute_factor = 1;    // on the three compute efficiencies
-  double tp_link_factor = 1, dp_link_factor = 1;  // on the links' effective bandwidth
+  double tp_link_factor = 1, dp_link_factor = 1, cp_link_factor = 1;  // on the links' bandwidth
   PlanResult before, after;     // the run's layout with the input and the fitted table
   std::string notes;            // what was fitted from what, one line each
 };

@@ -74,6 +74,7 @@ struct StageTime {
                                                      // includes recompute)
   double cp = 0;  // the cp ring's exposed seconds per micro-batch (cp_ring_seconds)
   double ep = 0;  // the ep all-to-all's exposed seconds per micro-batch (ep_all_to_all_seconds)
+  double cp_comm = 0;  // and its whole time (nothing hidden)
   double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
   RankTraffic traffic;
 };
@@ -204,23 +205,37 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   return e + (m - n) * std::max(0.0, e - simulate(n - 1));
 }
 
-// The cp ring's seconds per micro-batch on the stage: its bytes (analytic_traffic's cp
-// send) over the cp group's link, both directions at once (each rank sends one block and
-// receives one per hop), plus one latency per hop: per layer cp - 1 k/v hops forward
-// (twice under full recomputation) and cp - 1 k/v hops and cp dK/dV hops backward. All of
-// it exposed: RingAttention::kOverlapsCompute is false (the trainer's exchanges block
-// before the block's compute; parallel/context_parallel.h). Were it true, the hidden part
-// would be at most the block attention compute of the hops.
-double cp_ring_seconds(const Config& config, const GroupTraffic& cp_traffic, double layers,
-                       const LinkSpec& link) {
+// The cp ring's exposed seconds per micro-batch on the stage. A hop (each rank sends one
+// block and receives one, both directions at once) takes its bytes (cp_ring_hop_bytes) over
+// the cp group's link plus one latency. RingAttention overlaps (kOverlapsCompute;
+// parallel/context_parallel.h "Communication"), so per layer only what outlasts the block
+// attention it hides behind is exposed (f: one block's forward attention, cp steps of
+// equal work; b = kBackwardPerForward f):
+//   forward (twice under full recomputation): cp-1 k/v hops, each behind a block,
+//     (cp-1) max(0, kv - f); the last block computes with nothing in flight;
+//   backward: step 0 hides the next k/v, steps 1..cp-2 the next k/v and the previous
+//     step's dK/dV (one after the other on the communication stream/thread), step cp-1
+//     the last dK/dV; the final dK/dV hop home hides behind nothing:
+//     max(0, kv - b) + (cp-2) max(0, kv + dkv - b) + max(0, dkv - b) + dkv.
+// With no attention to hide behind this is the whole ring's time. `rate`: the share of
+// its speed a block's compute keeps while an exchange is in flight (a CPU rank's
+// communication thread polls beside it: cpu_compute_rate_in_flight; a GPU: 1): a step
+// then takes max(comm, compute + (1 - rate) comm), of which compute counts as compute.
+double cp_ring_seconds(const Config& config, double layers, double block_attention_s,
+                       double rate, const LinkSpec& link) {
   const int cp = config.parallel.cp;
-  if (cp <= 1 || cp_traffic.send <= 0) return 0;
-  static_assert(!RingAttention::kOverlapsCompute,
-                "the ring overlaps its compute now: model the hidden part here");
-  const double micro = config.grad_accum_steps();
-  const double hops =
-      layers * (forward_passes(config.training.recompute) * (cp - 1) + (cp - 1) + cp);
-  return cp_traffic.send / micro / (link.bytes_per_s * link.efficiency) + hops * link.latency_s;
+  if (cp <= 1 || layers <= 0) return 0;
+  static_assert(RingAttention::kOverlapsCompute, "the ring is blocking: count all of it");
+  const CpRingHop hop = cp_ring_hop_bytes(config);
+  const double bw = link.bytes_per_s * link.efficiency;
+  const double kv = hop.kv / bw + link.latency_s, dkv = hop.dkv / bw + link.latency_s;
+  const double f = block_attention_s, b = kBackwardPerForward * f;
+  auto over = [rate](double comm, double compute) {
+    return std::max(comm - compute, (1 - rate) * comm);
+  };
+  const double forward = (cp - 1) * over(kv, f);
+  const double backward = over(kv, b) + (cp - 2) * over(kv + dkv, b) + over(dkv, b) + dkv;
+  return layers * (forward_passes(config.training.recompute) * forward + backward);
 }
 
 // The ep all-to-all's seconds per micro-batch on the stage: of the bytes a rank sends
@@ -352,8 +367,13 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const double sends = 2.0 * v - (part.first_stage() ? 1 : 0) - (part.last_stage() ? 1 : 0);
     t.pp = t.traffic.pp.send / micro / bw + sends * links.link[ParallelDim::kPp]->latency_s;
   }
-  t.cp = cp_ring_seconds(config, t.traffic.cp, w.layers, *links.link[ParallelDim::kCp]);
   t.ep = ep_all_to_all_seconds(config, t.traffic.ep, moe_local_layers(config, part), links, o);
+  // One block of the ring: the rank's attention of a layer over cp equal steps.
+  const double block_attention_s =
+      cp_share * w.layer.attention_flops / attention_rate / config.parallel.cp;
+  t.cp = cp_ring_seconds(config, w.layers, block_attention_s, cpu_compute_rate_in_flight(config, o),
+                         *links.link[ParallelDim::kCp]);
+  t.cp_comm = cp_ring_seconds(config, w.layers, 0, 1, *links.link[ParallelDim::kCp]);
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
@@ -747,6 +767,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.pp_s = m * slowest.pp;
   r.cp_s = m * slowest.cp;
   r.ep_s = m * slowest.ep;
+  r.cp_comm_s = m * slowest.cp_comm;
   // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
   r.bubble_s = (l.pp - 1) * slowest_micro / v;
   r.dp_s = slowest_tail.dp;
@@ -817,7 +838,7 @@ std::string slower_text(const PlanResult& l, const PlanResult& best) {
                                (a.zero_stage == 3 ? " (ZeRO-3 gathers per micro-batch)" : "") +
                                (l.crosses_nodes[ParallelDim::kDp] ? " across nodes" : "")},
       {l.optimizer_s - best.optimizer_s, "optimizer step on a bigger shard"},
-      {l.cp_s - best.cp_s, "cp " + std::to_string(a.cp) + " ring exchanges (not overlapped)" +
+      {l.cp_s - best.cp_s, "cp " + std::to_string(a.cp) + " ring exchanges (the part the block attention does not hide)" +
                                (l.crosses_nodes[ParallelDim::kCp] ? " across nodes" : "")},
       {l.ep_s - best.ep_s, "ep " + std::to_string(a.ep) + " all-to-all (not overlapped)" +
                                (l.crosses_nodes[ParallelDim::kEp] ? " across nodes" : "")},

@@ -54,11 +54,12 @@
 //     the compute that follows them when parallel.overlap_grad_reduce /
 //     overlap_param_gather are on, all exposed when off. ZeRO-1/2's parameter all-gather
 //     after the update and the tied-embedding all-reduce are always exposed.
-//   per micro-batch cp (parallel.cp > 1) = the ring's bytes (plan/traffic_model.h) /
-//     (link bandwidth * link efficiency) + one latency per hop, on NVLink when the cp
-//     group (with the tp inside it) sits in one node, else the network; all exposed, as
-//     in the trainer, whose ring does not overlap its exchanges with the block attention
-//     (RingAttention::kOverlapsCompute). Under cp a rank computes 1/cp of each
+//   per micro-batch cp (parallel.cp > 1) = the exposed part of the ring: each hop's
+//     bytes (plan/traffic_model.h) / (link bandwidth * link efficiency) + one latency, on
+//     NVLink when the cp group (with the tp inside it) sits in one node, else the
+//     network, less the block attention it overlaps (RingAttention::kOverlapsCompute):
+//     per layer max(0, hop - block compute) for the hops in flight during a block, and
+//     the last dK/dV hop whole (plan.cpp cp_ring_seconds). Under cp a rank computes 1/cp of each
 //     micro-batch (c above divided by cp), selective recomputation reruns nothing (the
 //     ring keeps its state), and dp is the dp x cp group.
 //   per micro-batch ep (parallel.ep > 1) = the all-to-all's bytes (plan/traffic_model.h:
@@ -226,9 +227,9 @@ struct PlanResult {
   // recomputed forward work (recompute_s); dp_s is the exposed dp communication, of
   // dp_comm_s in all.
   double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
-  // The cp ring's seconds (parallel.cp > 1), all exposed: the trainer does not overlap it
-  // with the block attention (RingAttention::kOverlapsCompute).
-  double cp_s = 0;
+  // The cp ring's exposed seconds (parallel.cp > 1): what its exchanges take beyond the
+  // block attention they overlap (RingAttention::kOverlapsCompute), of cp_comm_s in all.
+  double cp_s = 0, cp_comm_s = 0;
   // The ep all-to-all's seconds (parallel.ep > 1), all exposed (the trainer's exchanges
   // block between the router and the experts).
   double ep_s = 0;

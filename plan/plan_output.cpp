@@ -135,9 +135,12 @@ std::string plan_table(const Plan& plan, int rows) {
   bool any_cp = plan.configured_error.empty() && plan.configured.candidate.cp > 1;
   for (const PlanResult& l : plan.layouts) any_cp = any_cp || l.candidate.cp > 1;
   if (any_cp) {
-    out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, all exposed (") +
-           (RingAttention::kOverlapsCompute ? "overlapped" : "the trainer does not overlap them") +
-           " with the block attention)\n";
+    out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, ") +
+           (RingAttention::kOverlapsCompute
+                ? "the part the block attention they overlap does not hide (and the last "
+                  "dK/dV hop)"
+                : "all exposed (not overlapped with the block attention)") +
+           "\n";
   }
   bool any_ep = plan.configured_error.empty() && plan.configured.candidate.ep > 1;
   for (const PlanResult& l : plan.layouts) any_ep = any_ep || l.candidate.ep > 1;

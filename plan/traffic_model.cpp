@@ -166,9 +166,9 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   return t;
 }
 
-double cp_ring_bytes_per_layer(const Config& config) {
+CpRingHop cp_ring_hop_bytes(const Config& config) {
   const auto& par = config.parallel;
-  if (par.cp <= 1) return 0;
+  if (par.cp <= 1) return {};
   const auto& m = config.model;
   const double cp = par.cp;
   const int kv_heads = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
@@ -177,8 +177,15 @@ double cp_ring_bytes_per_layer(const Config& config) {
   const double K = static_cast<double>(par.micro_batch_size) * m.seq_len / cp *
                    (static_cast<double>(kv_heads) / par.tp) * head_dim;
   const double kA = config.training.precision == Precision::kBf16 ? 2.0 : 4.0;
-  const double kv_hops = 2 * (cp - 1) * K * kA;  // k and v to the next rank, cp - 1 times
-  const double dkv_hops = 2 * cp * K * 4.0;      // the f32 dK/dV accumulators, cp hops
+  return {2 * K * kA, 2 * K * 4.0};  // k and v; the f32 dK and dV accumulators
+}
+
+double cp_ring_bytes_per_layer(const Config& config) {
+  const double cp = config.parallel.cp;
+  if (cp <= 1) return 0;
+  const CpRingHop hop = cp_ring_hop_bytes(config);
+  const double kv_hops = (cp - 1) * hop.kv;  // k and v to the next rank, cp - 1 times
+  const double dkv_hops = cp * hop.dkv;      // the dK/dV accumulators, cp hops
   return forward_passes(config.training.recompute) * kv_hops + kv_hops + dkv_hops;
 }
 

@@ -90,6 +90,13 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
 // The cp ring's bytes sent per layer and micro-batch by one rank (the cp part above;
 // 0 at cp 1): forward and backward, with training.recompute's reruns.
 double cp_ring_bytes_per_layer(const Config& config);
+// What one rank sends in one hop of that ring: its k and v block (the compute dtype) and,
+// backward, its dK/dV accumulator (f32); 0 when cp = 1. cp_ring_bytes_per_layer is
+// forward_passes x (cp-1) kv hops, (cp-1) more kv hops and cp dkv hops.
+struct CpRingHop {
+  double kv = 0, dkv = 0;
+};
+CpRingHop cp_ring_hop_bytes(const Config& config);
 
 // The all-to-all bytes one ep rank sends in a step (the ep part above; 0 at ep 1) over
 // `moe_layers` local MoE layers, its experts having received `received_rows` rows over

@@ -402,6 +402,55 @@ class MpiCommunicator final : public Communicator {
                   all_gather_call(input, output, opts, async_comm(kind, opts)));
   }
 
+  // Async batch: every operation as MPI_Isend / MPI_Irecv on async_comm_, then
+  // MPI_Waitall, as one task of the communication thread (the sends read the caller's
+  // buffers directly, so they complete in the task, unlike isend's staged copies). A
+  // receive shorter than its buffer is a broken pairing: MPI_ERR_COUNT.
+  std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp> ops,
+                                                 const CollectiveOptions& opts) override {
+    const CollectiveKind kind =
+        ops.front().kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+    if (!runtime_->thread_multiple()) return Communicator::do_ibatch_p2p(ops, opts);
+    struct Op {
+      bool send;
+      void* data;
+      int n;
+      MPI_Datatype type;
+      int peer, tag;
+    };
+    std::vector<Op> list;
+    list.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      list.push_back({op.kind == P2POp::kSend, op.buf.data, to_int(op.buf.count, kind, opts),
+                      runtime_->type_of(op.buf.dtype), op.peer, op.tag});
+    }
+    const MPI_Comm comm = async_comm(kind, opts);
+    return submit("MPI_Isend/MPI_Irecv/MPI_Waitall (async batch_p2p)", kind, opts,
+                  [list = std::move(list), comm] {
+                    std::vector<MPI_Request> requests(list.size(), MPI_REQUEST_NULL);
+                    std::vector<MPI_Status> statuses(list.size());
+                    for (std::size_t i = 0; i < list.size(); ++i) {
+                      const Op& o = list[i];
+                      const int rc =
+                          o.send ? MPI_Isend(o.data, o.n, o.type, o.peer, o.tag, comm, &requests[i])
+                                 : MPI_Irecv(o.data, o.n, o.type, o.peer, o.tag, comm, &requests[i]);
+                      if (rc != MPI_SUCCESS) {
+                        MPI_Waitall(static_cast<int>(i), requests.data(), MPI_STATUSES_IGNORE);
+                        return rc;
+                      }
+                    }
+                    int rc = MPI_Waitall(static_cast<int>(list.size()), requests.data(),
+                                         statuses.data());
+                    for (std::size_t i = 0; rc == MPI_SUCCESS && i < list.size(); ++i) {
+                      int received = 0;
+                      if (list[i].send) continue;
+                      MPI_Get_count(&statuses[i], list[i].type, &received);
+                      if (received != list[i].n) rc = MPI_ERR_COUNT;
+                    }
+                    return rc;
+                  });
+  }
+
   void do_barrier(const CollectiveOptions& opts) override {
     TRIDENT_MPI_CHECK(*this, MPI_Barrier(comm_), CollectiveKind::kBarrier, opts);
   }

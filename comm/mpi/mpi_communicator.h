@@ -18,7 +18,9 @@
 //   Below MPI_THREAD_MULTIPLE the async calls complete at issue (the base default). The
 //   destructor joins the thread and frees the duplicate after check_no_outstanding_work().
 //   Cost: the thread busy-polls inside MPI while a collective is in flight (Open MPI's
-//   blocking progress), i.e. one core per communicator with work in flight.
+//   blocking progress), i.e. one core per communicator with work in flight. ibatch_p2p
+//   is one task of that thread too: MPI_Isend / MPI_Irecv of every operation on the
+//   duplicate, then MPI_Waitall.
 // - Every communicator (world and split children) shares one runtime handle; the last
 //   one destroyed calls MPI_Finalize when this file did the MPI_Init. Children free their
 //   MPI_Comm on destruction.

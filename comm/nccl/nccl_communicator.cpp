@@ -245,24 +245,44 @@ class NcclCommunicator final : public Communicator {
     return space() == MemSpace::kHost ? host_->isend_staging_bytes() : 0;
   }
 
+  // The batch as one NCCL group on stream s, the operations in their posting order (NCCL
+  // matches a pair's operations in the order they are issued); returns ncclGroupEnd's.
+  ncclResult_t enqueue_batch(std::span<const P2POp> ops, CollectiveKind kind,
+                             const CollectiveOptions& opts, ncclComm_t c, cudaStream_t s) {
+    check_nccl(ncclGroupStart(), "ncclGroupStart", kind, opts);
+    for (const P2POp& op : ops) {
+      const ncclResult_t r =
+          op.kind == P2POp::kSend
+              ? ncclSend(op.buf.data, op.buf.count, to_nccl(op.buf.dtype), op.peer, c, s)
+              : ncclRecv(op.buf.data, op.buf.count, to_nccl(op.buf.dtype), op.peer, c, s);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        ncclGroupEnd();  // close the group before failing
+        check_nccl(r, op.kind == P2POp::kSend ? "ncclSend" : "ncclRecv", kind, opts);
+      }
+    }
+    return ncclGroupEnd();
+  }
+
   void do_batch_p2p(std::span<const P2POp> ops, const CollectiveOptions& opts) override {
     if (space() == MemSpace::kHost) return host_->batch_p2p(ops, timed(opts));
     const CollectiveKind kind =
         ops.front().kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
     run(kind, "ncclGroupEnd (batch_p2p)", opts, [&](ncclComm_t c, cudaStream_t s) {
-      check_nccl(ncclGroupStart(), "ncclGroupStart", kind, opts);
-      // Posting order kept: NCCL matches a pair's operations in the order they are issued.
-      for (const P2POp& op : ops) {
-        const ncclResult_t r =
-            op.kind == P2POp::kSend
-                ? ncclSend(op.buf.data, op.buf.count, to_nccl(op.buf.dtype), op.peer, c, s)
-                : ncclRecv(op.buf.data, op.buf.count, to_nccl(op.buf.dtype), op.peer, c, s);
-        if (r != ncclSuccess && r != ncclInProgress) {
-          ncclGroupEnd();  // close the group before failing
-          check_nccl(r, op.kind == P2POp::kSend ? "ncclSend" : "ncclRecv", kind, opts);
-        }
-      }
-      return ncclGroupEnd();
+      return enqueue_batch(ops, kind, opts, c, s);
+    });
+  }
+
+  // Async batch (stream-ordered mode): the group on the communicator's own stream between
+  // events, like the async collectives (launch); otherwise completes at issue.
+  std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp> ops,
+                                                 const CollectiveOptions& opts) override {
+    if (space() == MemSpace::kHost || host_synchronous()) {
+      return Communicator::do_ibatch_p2p(ops, opts);
+    }
+    const CollectiveKind kind =
+        ops.front().kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+    return launch(kind, "ncclGroupEnd (ibatch_p2p)", opts, [&](ncclComm_t c, cudaStream_t s) {
+      return enqueue_batch(ops, kind, opts, c, s);
     });
   }
 

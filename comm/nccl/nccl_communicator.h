@@ -52,7 +52,8 @@
 //   the blocking send (stream-ordered: a later kernel writing the buffer runs after the
 //   send has read it, so "copy semantics" hold in stream order). batch_p2p is one
 //   ncclGroupStart/End with the operations in their posting order, so ranks that send
-//   to each other at once cannot deadlock.
+//   to each other at once cannot deadlock; ibatch_p2p enqueues the same group on the
+//   communicator's own stream between events, as the async collectives do.
 // - Reductions: f32, bf16 (ncclBfloat16), f64, i64; sum and max. A bf16 sum is NCCL's:
 //   NCCL combines in its own order and precision (ring or tree, chosen by size and
 //   topology), NOT the MPI backend's fp32-add-then-round per step of communicator.h

@@ -3,7 +3,8 @@
 // to the synchronous call's and counts the same traffic; several may be outstanding,
 // mixed with synchronous calls; test() completes; device buffers under a protecting hook
 // (the checked backend's behaviour) are staged; a blocking wait is reported to the
-// watchdog; misuse CHECK-fails. AsyncOverlap prints how much of a collective a busy
+// watchdog; misuse CHECK-fails. ibatch_p2p (the async batched point-to-point) receives
+// what batch_p2p does, stages protected device memory and is watched the same way. AsyncOverlap prints how much of a collective a busy
 // compute loop hides (timings are printed, not asserted).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -298,10 +299,12 @@ TEST(AsyncCollectives, CheckedDeviceMemoryIsCorrectSelf) {
 
 // ---- the watchdog sees a blocking wait ------------------------------------------------
 
-// A 2-rank fake whose async all_reduce never completes until released (5 s safety net).
+// A 2-rank fake (rank 1) whose async all_reduce and batch never complete until released
+// (5 s safety net).
 class StuckAsyncCommunicator final : public testing::FakeCommunicator {
  public:
-  StuckAsyncCommunicator() : FakeCommunicator("dp", 1, 2, "stuck") {}
+  explicit StuckAsyncCommunicator(const char* group = "dp")
+      : FakeCommunicator(group, 1, 2, "stuck") {}
   ~StuckAsyncCommunicator() override { check_no_outstanding_work(); }
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -327,6 +330,10 @@ class StuckAsyncCommunicator final : public testing::FakeCommunicator {
   };
   std::unique_ptr<AsyncCollective> do_iall_reduce(const CommBuf&, ReduceOp,
                                                   const CollectiveOptions&) override {
+    return std::make_unique<Work>(*this);
+  }
+  std::unique_ptr<AsyncCollective> do_ibatch_p2p(std::span<const P2POp>,
+                                                 const CollectiveOptions&) override {
     return std::make_unique<Work>(*this);
   }
 
@@ -369,6 +376,98 @@ TEST(AsyncCollectives, HungWaitIsReportedToTheWatchdog) {
   EXPECT_NE(reports[0].message.find("all_reduce (wait) 'grad bucket 3' in group 'dp'"),
             std::string::npos)
       << reports[0].message;
+}
+
+// ---- asynchronous batched point-to-point (ibatch_p2p) ---------------------------------
+
+// One ring exchange (send to rank + 1, receive from rank - 1) of an f32 and a bf16 block,
+// as ring attention posts it: ibatch_p2p receives bitwise what batch_p2p does (the
+// sender's seeded values) and counts the same traffic; two batches may be in flight at
+// once and be waited in either order.
+TEST(AsyncBatchP2P, RingExchangeMatchesBatchP2P) {
+  Communicator& w = world();
+  const int p = w.size(), r = w.rank();
+  if (p < 2) GTEST_SKIP() << "needs 2 ranks or more";
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  const std::size_t n = 40000;  // past Open MPI's eager limit: a rendezvous transfer
+  std::vector<float> a = seeded_f32(r, n, 81);
+  std::vector<bf16_t> b = seeded_bf16(r, n / 2, 82);
+  auto ring_ops = [&](std::vector<float>& fin, std::vector<bf16_t>& bin) {
+    return std::vector<P2POp>{{P2POp::kSend, buf(w, a), next, 1},
+                              {P2POp::kRecv, buf(w, fin), prev, 1},
+                              {P2POp::kSend, buf(w, b), next, 2},
+                              {P2POp::kRecv, buf(w, bin), prev, 2}};
+  };
+  std::vector<float> sync_f(n), async_f(n), second_f(n);
+  std::vector<bf16_t> sync_b(n / 2), async_b(n / 2), second_b(n / 2);
+  w.reset_traffic();
+  w.batch_p2p(ring_ops(sync_f, sync_b), {.label = "sync ring"});
+  w.wait_sends();
+  const TrafficCounters sync_traffic = w.traffic();
+  w.reset_traffic();
+  CommWork first = w.ibatch_p2p(ring_ops(async_f, async_b), {.label = "async ring"});
+  EXPECT_EQ(w.traffic().bytes, sync_traffic.bytes) << "counted at issue";
+  EXPECT_EQ(w.traffic().calls, sync_traffic.calls);
+  CommWork second = w.ibatch_p2p(ring_ops(second_f, second_b), {.label = "async ring 2"});
+  EXPECT_EQ(w.outstanding_work(), 2u);
+  second.wait();
+  first.wait();
+  EXPECT_EQ(w.outstanding_work(), 0u);
+  EXPECT_TRUE(bitwise_equal(sync_f, seeded_f32(prev, n, 81)));
+  EXPECT_TRUE(bitwise_equal(sync_b, seeded_bf16(prev, n / 2, 82)));
+  EXPECT_TRUE(bitwise_equal(async_f, sync_f));
+  EXPECT_TRUE(bitwise_equal(async_b, sync_b));
+  EXPECT_TRUE(bitwise_equal(second_f, sync_f));
+  EXPECT_TRUE(bitwise_equal(second_b, sync_b));
+}
+
+// On protected device memory the MPI backend works on staged copies: the issue leaves no
+// scope open, the sends' payload is read at issue, the receives land at wait.
+TEST(AsyncBatchP2P, CheckedDeviceMemoryIsStaged) {
+  Communicator& dev = device_world();
+  const int p = dev.size(), r = dev.rank();
+  if (p < 2) GTEST_SKIP() << "needs 2 ranks or more";
+  const std::size_t n = 20000, bytes = n * sizeof(float);
+  ProtectedDeviceMemory device(2 * bytes);
+  const DevPtr send = device.at(0, DType::kF32), recv = device.at(bytes, DType::kF32);
+  device.upload(send, seeded_f32(r, n, 83));
+  const std::vector<P2POp> ops{{P2POp::kSend, CommBuf::device(send, n), (r + 1) % p, 5},
+                               {P2POp::kRecv, CommBuf::device(recv, n), (r + p - 1) % p, 5}};
+  CommWork work = dev.ibatch_p2p(ops, {.label = "staged ring"});
+  EXPECT_FALSE(device.is_open()) << "issue must not leave device memory open";
+  work.wait();
+  EXPECT_FALSE(device.is_open());
+  EXPECT_TRUE(bitwise_equal(device.download<float>(recv, n), seeded_f32((r + p - 1) % p, n, 83)));
+}
+
+TEST(AsyncBatchP2P, HungWaitIsReportedToTheWatchdogWithItsPeer) {
+  StuckAsyncCommunicator comm("cp");
+  std::mutex mutex;
+  std::vector<HangReport> reports;
+  Watchdog watchdog({.poll_interval = milliseconds(20), .on_hang = [&](const HangReport& r) {
+                       {
+                         std::lock_guard<std::mutex> lock(mutex);
+                         reports.push_back(r);
+                       }
+                       comm.release();
+                     }});
+  std::vector<float> out(16, 1.0f), in(16);
+  const std::vector<P2POp> ops{{P2POp::kSend, CommBuf::host(std::span(out)), 0, 1},
+                               {P2POp::kRecv, CommBuf::host(std::span(in)), 0, 1}};
+  CommWork work =
+      comm.ibatch_p2p(ops, {.timeout = milliseconds(200), .label = "ring attention step 2"});
+  std::this_thread::sleep_for(milliseconds(300));  // computing is not a hang
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(reports.empty());
+  }
+  work.wait();
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].call, "batch_p2p (wait)");
+  EXPECT_EQ(reports[0].label, "ring attention step 2");
+  EXPECT_EQ(reports[0].group, "cp");
+  EXPECT_EQ(reports[0].peer, 0);
 }
 
 // ---- misuse ----------------------------------------------------------------------------

@@ -3,13 +3,15 @@
 // attention_forward / attention_backward over the whole sequence (and a float64 log-sum-
 // exp), for gpt2-like heads (NH = NKV) and llama-like grouped-query heads, and the bytes
 // each rank sends must be the analytic ring volume. The cp group is the whole world, and at
-// 4 and 8 ranks also groups of 2 and 4 inside it. (The checked backend, which would make
+// 4 and 8 ranks also groups of 2 and 4 inside it. Overlapped and blocking rings must
+// agree bitwise. (The checked backend, which would make
 // device memory inaccessible for the rest of this binary's tests, checks the bounds of the
 // ring's blocks in the op table, tests/kernels/op_table_test.cpp; the chunk map alone is
 // context_parallel_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -196,6 +198,64 @@ TEST(RingAttention, WholeWorldMatchesOneProcessLlama) {
 }
 TEST(RingAttention, WholeWorldMatchesOneProcessLlamaBf16) {
   check_ring(test::device_world(), kLlama, DType::kBF16, kTolBf16);
+}
+
+// What one rank's ring gives for fixed local inputs: out, lse and the gradients (added to
+// zero), downloaded as floats (exact for bf16), and the ring's traffic.
+struct RingResult {
+  std::vector<float> out, lse, dq, dk, dv;
+  RingAttention::Traffic traffic;
+};
+RingResult run_ring(Communicator& cp, const Heads& h, DType dtype, bool overlap) {
+  const int B = 2, c = 5;
+  auto ops = make_cpu_ops(1);
+  RingAttention ring(*ops, cp, B, c, h.NH, h.NKV, h.HD, dtype, overlap);
+  EXPECT_EQ(ring.overlaps(), overlap);
+  const size_t lq = ring.q_elems(), lkv = ring.kv_elems(), nl = ring.lse_elems();
+  const uint64_t seed = 100 + 10 * static_cast<uint64_t>(cp.rank());
+  DeviceBuffer q = upload(*ops, random_floats(lq, seed, 2.0f), dtype),
+               k = upload(*ops, random_floats(lkv, seed + 1, 2.0f), dtype),
+               v = upload(*ops, random_floats(lkv, seed + 2, 1.0f), dtype),
+               dout = upload(*ops, random_floats(lq, seed + 3, 1.0f), dtype);
+  DeviceBuffer out(*ops, lq * dtype_size(dtype)), lse(*ops, nl * 4);
+  DeviceBuffer dq = upload(*ops, std::vector<float>(lq, 0.0f), dtype),
+               dk = upload(*ops, std::vector<float>(lkv, 0.0f), dtype),
+               dv = upload(*ops, std::vector<float>(lkv, 0.0f), dtype);
+  ring.forward(out.as(dtype), lse.as(DType::kF32), q.as(dtype), k.as(dtype), v.as(dtype));
+  ring.backward(dq.as(dtype), dk.as(dtype), dv.as(dtype), dout.as(dtype), out.as(dtype),
+                lse.as(DType::kF32), q.as(dtype), k.as(dtype), v.as(dtype));
+  return {download(*ops, out, dtype, lq), download(*ops, lse, DType::kF32, nl),
+          download(*ops, dq, dtype, lq),  download(*ops, dk, dtype, lkv),
+          download(*ops, dv, dtype, lkv), ring.traffic()};
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Overlap changes when the ring waits, never what it computes: with every exchange in
+// flight during the block compute (the default) and with each waited at once (the
+// blocking ring), every output is bitwise the same, and so is the traffic.
+TEST(RingAttention, OverlapOnAndOffAreBitwiseEqual) {
+  Communicator& cp = test::device_world();
+  for (const Heads& h : {kGpt2, kLlama}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::string where = std::string(h.name) + " " + dtype_name(dtype) + " cp " +
+                                std::to_string(cp.size()) + " rank " + std::to_string(cp.rank());
+      const RingResult on = run_ring(cp, h, dtype, true), off = run_ring(cp, h, dtype, false);
+      EXPECT_TRUE(bitwise_equal(on.out, off.out)) << where << " out";
+      EXPECT_TRUE(bitwise_equal(on.lse, off.lse)) << where << " lse";
+      EXPECT_TRUE(bitwise_equal(on.dq, off.dq)) << where << " dq";
+      EXPECT_TRUE(bitwise_equal(on.dk, off.dk)) << where << " dk";
+      EXPECT_TRUE(bitwise_equal(on.dv, off.dv)) << where << " dv";
+      EXPECT_EQ(on.traffic.bytes_sent, off.traffic.bytes_sent) << where;
+      EXPECT_EQ(on.traffic.exchanges, off.traffic.exchanges) << where;
+      // Not vacuous: the gradients are there (a ring that dropped them would agree too).
+      double sum = 0;
+      for (float x : on.dk) sum += std::abs(x);
+      EXPECT_GT(sum, 0) << where << " dk is all zero";
+    }
+  }
 }
 
 // cp groups of 2 (and 4 at 8 ranks) inside the world, as a cp dimension inside dp or pp

@@ -40,7 +40,7 @@ PlanOptions cpu_options(int devices, const Hardware& hw) {
 }
 
 // What the trainer would have measured on `truth`: the plan's step and its communication
-// per group (the plan's dp_comm_s, split exposed / hidden as it predicts).
+// per group (the plan's dp_comm_s and cp_comm_s, split exposed / hidden as it predicts).
 MeasuredRun measured_on(const Config& c, const PlanOptions& truth) {
   const PlanResult r = evaluate_layout(c, truth);
   MeasuredRun m;
@@ -51,6 +51,8 @@ MeasuredRun measured_on(const Config& c, const PlanOptions& truth) {
   m.exposed.tp = r.tp_s;
   m.exposed.dp = r.dp_s;
   m.hidden.dp = r.dp_comm_s - r.dp_s;
+  m.exposed.cp = r.cp_s;
+  m.hidden.cp = r.cp_comm_s - r.cp_s;
   return m;
 }
 
@@ -99,6 +101,38 @@ TEST(Calibrate, AGpuLinkIsFittedThroughItsEfficiency) {
   EXPECT_NEAR(fit->hardware.inter_node.efficiency, 0.5, 1e-6);
   EXPECT_NEAR(fit->hardware.intra_node.efficiency, 0.6, 1e-6);
   EXPECT_EQ(fit->hardware.inter_node.bytes_per_s, start.inter_node.bytes_per_s);  // datasheet kept
+}
+
+// A cp run on two nodes of two GPUs: the cp ring inside each node (NVLink), dp across the
+// nodes (the network), no tp. Only the ring's measured time (comm_exposed_ms.cp +
+// comm_hidden_ms.cp) identifies NVLink; unread, NVLink would keep the table's figure and
+// the ring's extra time would be fitted as compute.
+TEST(Calibrate, TheCpRingFitsItsLink) {
+  Result<HardwareTable> table =
+      load_hardware_table(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware.yaml");
+  ASSERT_TRUE(table.is_ok());
+  const Hardware start = find_gpu(table.value(), "a100").value();
+  Hardware truth = start;
+  truth.gemm_efficiency *= 0.8;
+  truth.attention_efficiency *= 0.8;
+  truth.memory_efficiency *= 0.8;
+  truth.intra_node.efficiency = 0.3;  // the cp ring's link
+  truth.inter_node.efficiency = 0.5;
+  const Config c = config_for(
+      PlanCandidate{{.dp = 2, .cp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, 4096);
+  PlanOptions o = cpu_options(4, truth);
+  o.gpus_per_node = 2;
+  const MeasuredRun m = measured_on(c, o);
+  ASSERT_GT(m.hidden.cp + m.exposed.cp, 0);
+  o.hardware = start;
+  auto fit = calibrate(c, o, m);
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_FALSE(fit->before.crosses_nodes[ParallelDim::kCp]);
+  EXPECT_NEAR(fit->hardware.intra_node.efficiency, 0.3, 1e-6) << fit->notes;
+  EXPECT_NEAR(fit->cp_link_factor, 0.3 / start.intra_node.efficiency, 1e-6);
+  EXPECT_NEAR(fit->hardware.inter_node.efficiency, 0.5, 1e-6);
+  EXPECT_NEAR(fit->compute_factor, 0.8, 1e-6);
+  EXPECT_NE(fit->notes.find("cp: measured"), std::string::npos) << fit->notes;
 }
 
 TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
@@ -184,6 +218,14 @@ TEST(Calibrate, AMetricsFileThatIsNotTheConfigsRunIsRefusedNamingIt) {
   EXPECT_DOUBLE_EQ(ok->step_s, 0.4);
   EXPECT_DOUBLE_EQ(ok->exposed.dp, 0.002);
   EXPECT_DOUBLE_EQ(ok->hidden.dp, 0.003);
+  EXPECT_EQ(ok->exposed.cp, 0);  // no "cp" key: no ring
+  // The ring's exposed and hidden times, read like the other groups'.
+  const std::string cp_step =
+      R"({"step":1,"step_ms":100,"comm_exposed_ms":{"tp":0,"dp":1,"pp":0,"embedding":0,"cp":6},"comm_hidden_ms":{"tp":0,"dp":2,"pp":0,"embedding":0,"cp":9}})" "\n";
+  auto cp = read_metrics(write_file("cp.jsonl", seg + cp_step), 2, layout);
+  ASSERT_TRUE(cp.is_ok()) << cp.status().message();
+  EXPECT_DOUBLE_EQ(cp->exposed.cp, 0.006);
+  EXPECT_DOUBLE_EQ(cp->hidden.cp, 0.009);
 }
 
 }  // namespace
