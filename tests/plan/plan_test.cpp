@@ -513,7 +513,7 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
       // added by the overlap model: where the step goes, the dp communication in all, and
       // the overlap switches assumed
       "time_s", "dp_comm_s", "overlap_grad_reduce", "overlap_param_gather",
-      // added by context parallelism: the cp degree, and that its ring is not overlapped
+      // added by context parallelism: the cp degree, and whether its ring overlaps the block attention
       "cp", "cp_ring_overlapped",
       // added by expert parallelism: the ep degree
       "ep"};
