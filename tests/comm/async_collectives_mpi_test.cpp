@@ -343,32 +343,43 @@ class StuckAsyncCommunicator final : public testing::FakeCommunicator {
   bool released_ = false;
 };
 
+// A watchdog that records each hang report and then releases the stuck communicator.
+class HangRecorder {
+ public:
+  explicit HangRecorder(StuckAsyncCommunicator& comm)
+      : watchdog_({.poll_interval = milliseconds(20), .on_hang = [this, &comm](const HangReport& r) {
+                     {
+                       std::lock_guard<std::mutex> lock(mutex_);
+                       reports_.push_back(r);
+                     }
+                     comm.release();
+                   }}) {}
+  std::vector<HangReport> reports() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reports_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<HangReport> reports_;
+  Watchdog watchdog_;  // last: destroyed first, so no callback outlives the members
+};
+
 TEST(AsyncCollectives, HungWaitIsReportedToTheWatchdog) {
   StuckAsyncCommunicator comm;
-  std::mutex mutex;
-  std::vector<HangReport> reports;
-  Watchdog watchdog({.poll_interval = milliseconds(20), .on_hang = [&](const HangReport& r) {
-                       {
-                         std::lock_guard<std::mutex> lock(mutex);
-                         reports.push_back(r);
-                       }
-                       comm.release();
-                     }});
+  HangRecorder recorder(comm);
   std::vector<float> grads(16, 1.0f);
   CommWork work = comm.iall_reduce(CommBuf::host(std::span(grads)), ReduceOp::kSum,
                                    {.timeout = milliseconds(200), .label = "grad bucket 3"});
   // The issue returned at once; a slow compute phase is not a hang.
   std::this_thread::sleep_for(milliseconds(300));
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    EXPECT_TRUE(reports.empty());
-  }
+  EXPECT_TRUE(recorder.reports().empty());
   const auto start = Clock::now();
   work.wait();
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_GE(waited, 0.2);
   EXPECT_LT(waited, 0.2 + 0.5);  // released by the watchdog, not the 5 s safety net
-  std::lock_guard<std::mutex> lock(mutex);
+  const std::vector<HangReport> reports = recorder.reports();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].call, "all_reduce (wait)");
   EXPECT_EQ(reports[0].label, "grad bucket 3");
@@ -442,27 +453,16 @@ TEST(AsyncBatchP2P, CheckedDeviceMemoryIsStaged) {
 
 TEST(AsyncBatchP2P, HungWaitIsReportedToTheWatchdogWithItsPeer) {
   StuckAsyncCommunicator comm("cp");
-  std::mutex mutex;
-  std::vector<HangReport> reports;
-  Watchdog watchdog({.poll_interval = milliseconds(20), .on_hang = [&](const HangReport& r) {
-                       {
-                         std::lock_guard<std::mutex> lock(mutex);
-                         reports.push_back(r);
-                       }
-                       comm.release();
-                     }});
+  HangRecorder recorder(comm);
   std::vector<float> out(16, 1.0f), in(16);
   const std::vector<P2POp> ops{{P2POp::kSend, CommBuf::host(std::span(out)), 0, 1},
                                {P2POp::kRecv, CommBuf::host(std::span(in)), 0, 1}};
   CommWork work =
       comm.ibatch_p2p(ops, {.timeout = milliseconds(200), .label = "ring attention step 2"});
   std::this_thread::sleep_for(milliseconds(300));  // computing is not a hang
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    EXPECT_TRUE(reports.empty());
-  }
+  EXPECT_TRUE(recorder.reports().empty());
   work.wait();
-  std::lock_guard<std::mutex> lock(mutex);
+  const std::vector<HangReport> reports = recorder.reports();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].call, "batch_p2p (wait)");
   EXPECT_EQ(reports[0].label, "ring attention step 2");

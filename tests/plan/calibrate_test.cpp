@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "tests/model/tiny_config.h"
 
@@ -77,17 +78,25 @@ TEST(Calibrate, RecoversTheComputeFactorAndTheLinkOfAKnownMachine) {
   }
 }
 
-TEST(Calibrate, AGpuLinkIsFittedThroughItsEfficiency) {
+// The hardware table's a100 and a "true" one whose compute runs at 0.8 of it, with the
+// given link efficiencies (NVLink inside a node, the network across nodes).
+std::pair<Hardware, Hardware> a100_and_truth(double intra_efficiency, double inter_efficiency) {
   Result<HardwareTable> table =
       load_hardware_table(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware.yaml");
-  ASSERT_TRUE(table.is_ok());
+  EXPECT_TRUE(table.is_ok());
   const Hardware start = find_gpu(table.value(), "a100").value();
   Hardware truth = start;
   truth.gemm_efficiency *= 0.8;
   truth.attention_efficiency *= 0.8;
   truth.memory_efficiency *= 0.8;
-  truth.intra_node.efficiency = 0.6;  // tp 2 inside a node of 2: NVLink
-  truth.inter_node.efficiency = 0.5;  // dp 2 across the two nodes: the network
+  truth.intra_node.efficiency = intra_efficiency;
+  truth.inter_node.efficiency = inter_efficiency;
+  return {start, truth};
+}
+
+TEST(Calibrate, AGpuLinkIsFittedThroughItsEfficiency) {
+  // tp 2 inside a node of 2: NVLink 0.6; dp 2 across the two nodes: the network 0.5.
+  const auto [start, truth] = a100_and_truth(0.6, 0.5);
   // Wide and long enough that bandwidth, not NCCL's per-call latency, decides the tp time.
   const Config c =
       config_for(PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, 1024);
@@ -108,16 +117,7 @@ TEST(Calibrate, AGpuLinkIsFittedThroughItsEfficiency) {
 // comm_hidden_ms.cp) identifies NVLink; unread, NVLink would keep the table's figure and
 // the ring's extra time would be fitted as compute.
 TEST(Calibrate, TheCpRingFitsItsLink) {
-  Result<HardwareTable> table =
-      load_hardware_table(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware.yaml");
-  ASSERT_TRUE(table.is_ok());
-  const Hardware start = find_gpu(table.value(), "a100").value();
-  Hardware truth = start;
-  truth.gemm_efficiency *= 0.8;
-  truth.attention_efficiency *= 0.8;
-  truth.memory_efficiency *= 0.8;
-  truth.intra_node.efficiency = 0.3;  // the cp ring's link
-  truth.inter_node.efficiency = 0.5;
+  const auto [start, truth] = a100_and_truth(0.3, 0.5);  // 0.3: the cp ring's link
   const Config c = config_for(
       PlanCandidate{{.dp = 2, .cp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, 4096);
   PlanOptions o = cpu_options(4, truth);
