@@ -31,7 +31,7 @@
 #           (dp 3 on 3 nodes): node 2 crashes after step CUT_AT, no spare; train.sbatch
 #           asks `trident plan` and continues on nodes 1 and 3 with dp 2 (more
 #           micro-batches per rank) without a requeue; the layout change is logged and
-#           every loss after the resume is within 1e-5 of the uninterrupted run's.
+#           every loss after the resume is within 1e-5 relative of the uninterrupted run's.
 #   shrink-requeue  the same with TRIDENT_MEMORY_LIMIT_BYTES between what 2 ranks need at
 #           dp 3 and at dp 2: after the crash the memory plan says 2 nodes cannot hold
 #           the model, and the script requeues (Restarts=1, PENDING), saying why; with
@@ -457,7 +457,9 @@ crash2="\"\$CLUSTER_SH\" crash \"\$CLUSTER\" 2 >/dev/null 2>&1"
 # and fits, and the step continues on nodes 1 and 3 without a requeue: dp 2, 3
 # micro-batches per rank, the same global batch, ZeRO-1's shards resharded from 3 to 2
 # (the trainer logs the old and the new layout). Every loss after the resume is within
-# 1e-5 of the uninterrupted 3-node run's (reduction order only); checkpoints verify.
+# 1e-5 relative of the uninterrupted 3-node run's (reduction order only: the fp32 bound
+# of the equivalence tests; the differences grow over the 45 steps, and with what they
+# grow depends on the corpus, which is the repository's docs); checkpoints verify.
 t=$SECONDS
 write_tiny_config "$SCRATCH/elastic.yaml" 2 "dp: auto, tp: 2, zero_stage: 1, micro_batch_size: 2" "$STEPS"
 sed -i 's/global_batch_size: 8,/global_batch_size: 12,/' "$SCRATCH/elastic.yaml"
@@ -477,7 +479,7 @@ read -r n_cmp max_diff n_equal < <(python3 -c '
 import sys
 ref = dict(l.split() for l in open(sys.argv[1]))
 got = dict(l.split() for l in open(sys.argv[2]))
-d = [abs(float(got[s]) - float(ref[s])) for s in map(str, range(int(sys.argv[3]) + 1, int(sys.argv[4]) + 1))
+d = [abs(float(got[s]) - float(ref[s])) / abs(float(ref[s])) for s in map(str, range(int(sys.argv[3]) + 1, int(sys.argv[4]) + 1))
      if s in got and s in ref]
 print(len(d), "%.2e" % max(d) if d else "none", sum(x == 0 for x in d))' \
   <(metric_losses "$SCRATCH/runs/shrink-ref/metrics.jsonl") \
@@ -492,11 +494,11 @@ if [[ $eref_state == COMPLETED && $state == COMPLETED && ${restarts:-1} -eq 0 &&
    grep -q "batch: micro_batch 2 x 2 micro-batches x dp 3 = global batch 12 " "$out" &&
    awk '/retrying in/ { seen = 1 } seen' "$out" |
      grep -q "batch: micro_batch 2 x 3 micro-batches x dp 2 = global batch 12 " &&
-   awk -v d="$max_diff" 'BEGIN { exit !(d + 0 <= 1e-5) }'; then
-  result shrink OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step continued on ${PREFIX}n1 and ${PREFIX}n3 with dp 2 (micro-batches per rank 2 -> 3, global batch 12 in both, as logged), resumed at step $from and logged '$reshard'; its $n_cmp losses within $max_diff of the uninterrupted dp-3 run ($n_equal equal); $n_ckpt checkpoints verify"
+   awk -v d="$max_diff" 'BEGIN { exit !(d + 0 <= 1e-5) }'; then  # relative
+  result shrink OK "job $job COMPLETED in $((SECONDS - t)) s with 1 retry and no requeue: node 2 left out, the step continued on ${PREFIX}n1 and ${PREFIX}n3 with dp 2 (micro-batches per rank 2 -> 3, global batch 12 in both, as logged), resumed at step $from and logged '$reshard'; its $n_cmp losses within $max_diff relative of the uninterrupted dp-3 run ($n_equal equal); $n_ckpt checkpoints verify"
 else
   show_log "$out"
-  result shrink FAIL "jobs $eref $eref_state, $job $state (restarts '${restarts}'); resumed from '${from}'; reshard line '${reshard}'; ${n_cmp:-0} losses compared, largest difference ${max_diff:-?} (limit 1e-5); checkpoints verify: rc $ckpt_rc"
+  result shrink FAIL "jobs $eref $eref_state, $job $state (restarts '${restarts}'); resumed from '${from}'; reshard line '${reshard}'; ${n_cmp:-0} losses compared, largest relative difference ${max_diff:-?} (limit 1e-5); checkpoints verify: rc $ckpt_rc"
 fi
 "$CLUSTER_SH" boot "$CLUSTER" 2 >/dev/null 2>&1 || say "node 2 did not boot again"
 
