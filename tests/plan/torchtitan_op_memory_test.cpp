@@ -65,7 +65,8 @@ TEST(TorchtitanOpMemory, ActivationsAreWhatThePolicySavesCountedByHand) {
     EXPECT_DOUBLE_EQ(m.activations, L * layer + residual + head) << "tp " << tp << " sp " << sp;
     // Backward reruns one block at a time with all of its tensors: full recomputation's
     // working set, the rest as Trident counts it.
-    const RankMemory full = plan(llama_config(tp, sp, Recompute::kFull), SelectiveReruns::kAttentionCore);
+    const RankMemory full =
+        plan(llama_config(tp, sp, Recompute::kFull), SelectiveReruns::kAttentionCore);
     EXPECT_EQ(m.scratch, full.scratch) << "tp " << tp << " sp " << sp;
     EXPECT_EQ(m.params + m.master + m.grads + m.optimizer + m.comm_buffers,
               full.params + full.master + full.grads + full.optimizer + full.comm_buffers);
