@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/check.h"
 #include "core/log.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
@@ -163,21 +164,63 @@ double arena_slices_bytes(const std::vector<double>& bytes, bool pad_last) {
   return pad_last ? align(total, 64) : total;
 }
 
+// What one layer of a micro-batch keeps for backward under torchtitan's op-level
+// selective checkpointing. A model of another trainer's policy, not of Trident's
+// allocation (Trident has no such setting): torchtitan/parallelisms/parallelize_llama.py
+// at the commits of its published figures (pytorch/torchtitan 395a526, 157a12c; April
+// 2024) wraps every TransformerBlock in a non-reentrant checkpoint whose policy saves the
+// outputs of no_recompute_list = {aten.mm, the flash and efficient SDPA,
+// _c10d_functional.reduce_scatter_tensor} "except every second mm", and reruns every other
+// op (the even matmuls, norms, rope, silu and the product, the residual adds). Kept, per
+// layer, besides the block input (the residual stream's x_l, counted as Trident's):
+//   the odd matmuls' outputs (torchtitan_op_matmuls: q, v, the MLP's first and, SwiGLU,
+//   the down projection), N token rows (tp: the column weights read the gathered input;
+//   a row weight's output is its partial sum over all N rows) of the local width;
+//   under tensor and sequence parallelism the reduce-scatter of each row-parallel output
+//   (attention o and the MLP's down projection), N / tp rows of C;
+//   the SDPA's output (N x the local heads' width) and its log-sum-exp (flash attention,
+//   f32 [B, local heads, T]).
+// All in the compute dtype, N = B x seq_len / cp tokens of the micro-batch.
+double torchtitan_op_layer_bytes(const Config& config, const ModelPartition& part) {
+  const TransformerConfig& c = config.model;
+  const int tp = part.tp_size;
+  const double B = config.parallel.micro_batch_size, T = c.seq_len / part.cp_size, N = B * T;
+  const double heads = c.n_heads / tp;
+  const bool sp = config.parallel.sequence_parallel && tp > 1;
+  double elements = N * heads * c.head_dim;  // the SDPA's output
+  for (const OpPolicyMatmul& mm : torchtitan_op_matmuls(c, tp)) {
+    if (mm.saved) elements += N * mm.out_width;
+    if (mm.row_parallel && sp) elements += N / tp * c.d_model;
+  }
+  return elements * compute_bytes(config) + B * heads * T * kF;
+}
+
 // The model's activation arenas (model/model_description.h's describe_activations,
 // what Transformer allocates), for one slot and for the backward scratch. The attention
 // state is the backend's (Ops::attention_state_bytes, saturating at SIZE_MAX: a size
 // that would wrap still reads as far too big).
+// `reruns` kTorchtitanOp under selective recomputation: torchtitan's op-level policy
+// instead (a model of that trainer, torchtitan_op_layer_bytes): per layer what it saves;
+// the rerun of a block in backward materialises all its tensors at once, one block at a
+// time, which is full recomputation's working set (every layer buffer in the one shared
+// set of the scratch). The head's buffers stay Trident's but for the logits, which
+// torchtitan's Transformer returns as output(h).float() and its cross-entropy keeps in f32
+// (torchtitan/models/llama/model.py, train.py loss_fn at 157a12c).
 void activation_plan(const Config& config, const ModelPartition& part,
                      const AttentionStateBytes& attention_state_bytes, double local_layers,
-                     double* slot_bytes, double* scratch_bytes) {
+                     SelectiveReruns reruns, double* slot_bytes, double* scratch_bytes) {
   const TransformerConfig& c = config.model;
+  const bool op_policy = reruns == SelectiveReruns::kTorchtitanOp &&
+                         config.training.recompute == Recompute::kSelective;
+  TRIDENT_CHECK_MSG(!op_policy || !c.moe(),
+                    "selective reruns torchtitan-op: dense models only (model.moe_experts > 0)");
   ActivationShape shape;
   shape.micro_batch_size = config.parallel.micro_batch_size;
   shape.tp_size = part.tp_size;
   shape.sequence_parallel = config.parallel.sequence_parallel;
   shape.last_stage = part.last_stage();
   shape.compute = compute_dtype(config);
-  shape.recompute = config.training.recompute;
+  shape.recompute = op_policy ? Recompute::kFull : config.training.recompute;
   // Context parallelism: seq_len / cp rows per sequence, ring attention's lse as the
   // attention state (Transformer::allocate_activations), and the ring's own buffers.
   const int B = config.parallel.micro_batch_size, cp = part.cp_size, rows = c.seq_len / cp;
@@ -192,7 +235,11 @@ void activation_plan(const Config& config, const ModelPartition& part,
       cp > 1 ? static_cast<double>(RingAttention::buffer_bytes(B, rows / 2, NH, NKV, c.head_dim,
                                                                shape.compute, cp))
              : 0.0;
-  const ActivationDescription d = describe_activations(c, shape);
+  ActivationDescription d = describe_activations(c, shape);
+  if (op_policy) {
+    BufferDesc& logits = d.globals[buffers::kLogits];
+    logits.bytes = logits.elements * kF;
+  }
   auto bytes = [](const std::vector<BufferDesc>& buffers, bool shared) {
     std::vector<double> out;
     for (const BufferDesc& b : buffers) out.push_back(b.shared == shared ? b.bytes : 0.0);
@@ -201,9 +248,11 @@ void activation_plan(const Config& config, const ModelPartition& part,
   // Globals, then x_0..x_nl, then the per-layer saved tensors. Every layer's list is
   // the same, so an arena of n layers is n times one layer's aligned slices; the
   // buffers recomputation shares are one set in the scratch.
+  const double layer_bytes = op_policy ? torchtitan_op_layer_bytes(config, part)
+                                       : arena_slices_bytes(bytes(d.layer, false), true);
   *slot_bytes = arena_slices_bytes(bytes(d.globals, false), true) +
                 (local_layers + 1) * arena_slices_bytes({d.residual.bytes}, true) +
-                local_layers * arena_slices_bytes(bytes(d.layer, false), true);
+                local_layers * layer_bytes;
   *scratch_bytes = arena_slices_bytes(bytes(d.scratch, false), false) +
                    (local_layers > 0 ? arena_slices_bytes(bytes(d.layer, true), false) : 0) +
                    ring;
@@ -341,6 +390,27 @@ const char* biggest_device_consumer(const RankMemory& m) {
 
 }  // namespace
 
+std::vector<OpPolicyMatmul> torchtitan_op_matmuls(const TransformerConfig& model, int tp) {
+  static constexpr ParamRole kForwardOrder[] = {ParamRole::kQW,     ParamRole::kKW,
+                                                ParamRole::kVW,     ParamRole::kOW,
+                                                ParamRole::kMlpInW, ParamRole::kMlpUpW,
+                                                ParamRole::kMlpOutW};
+  const std::vector<TensorDesc> tensors = describe_group(model, GroupKind::kLayer, tp, false);
+  std::vector<OpPolicyMatmul> out;
+  for (ParamRole role : kForwardOrder) {
+    for (const TensorDesc& t : tensors) {
+      if (t.role != role || t.local_shape.rank() != 2) continue;
+      OpPolicyMatmul mm;
+      mm.weight_elements = static_cast<double>(t.local_shape.numel());
+      mm.out_width = static_cast<double>(t.local_shape[0]);  // [out, in]
+      mm.row_parallel = role == ParamRole::kOW || role == ParamRole::kMlpOutW;
+      mm.saved = out.size() % 2 == 0;  // the policy's counter, from 1: odd ones saved
+      out.push_back(mm);
+    }
+  }
+  return out;
+}
+
 int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro, int virtual_stages) {
   return pipeline_chunk_slots(schedule, pp, stage, num_micro, virtual_stages);
 }
@@ -374,7 +444,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
 }
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
-                                const AttentionStateBytes& attention_state_bytes) {
+                                const AttentionStateBytes& attention_state_bytes,
+                                SelectiveReruns selective_reruns) {
   const TransformerConfig& c = config.model;
   const ParallelConfig& par = config.parallel;
   // The data-parallel machinery runs over dp x cp (the cp ranks hold the same
@@ -422,7 +493,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     const double chunk_layers =
         (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) - chunk.layer_begin;
     double slot_bytes = 0, scratch = 0;
-    activation_plan(config, chunk, attention_state_bytes, chunk_layers, &slot_bytes, &scratch);
+    activation_plan(config, chunk, attention_state_bytes, chunk_layers, selective_reruns,
+                    &slot_bytes, &scratch);
     m.activations += slot_bytes * slots;
     m.scratch += scratch;
   }

@@ -43,6 +43,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "core/status.h"
 #include "model/transformer.h"
@@ -85,6 +86,25 @@ struct RankMemory {
 using AttentionStateBytes =
     std::function<size_t(int B, int T, int NH, int NKV, int HD, DType dtype)>;
 
+// What training.recompute selective reruns in backward, per layer: Trident's own policy
+// (the attention core), or torchtitan's op-level one, for planning a run of that trainer
+// (plan/plan.h describes both; `trident plan --selective-reruns`).
+enum class SelectiveReruns { kAttentionCore, kTorchtitanOp };
+
+// One matmul of a dense block under torchtitan's op-level selective checkpointing
+// (SelectiveReruns::kTorchtitanOp): the block's matmuls in the order its forward runs
+// them (attention q, k, v, o; the MLP's first, SwiGLU's up, the down projection), each
+// saved when odd-numbered and rerun when even (torchtitan/parallelisms/
+// parallelize_llama.py, April 2024: "saves output of all compute ops, except every
+// second mm"). Sizes are this rank's tensor-parallel part.
+struct OpPolicyMatmul {
+  double weight_elements = 0;  // of the local weight
+  double out_width = 0;        // local output elements per token row
+  bool row_parallel = false;   // its output is reduced over tp (attention o, MLP down)
+  bool saved = false;          // the policy keeps its output; else backward reruns it
+};
+std::vector<OpPolicyMatmul> torchtitan_op_matmuls(const TransformerConfig& model, int tp);
+
 // The plan of the rank with this partition and data-parallel rank (its rank in the
 // dp x cp group, Topology::dp_cp_rank: the dp rank at cp 1) (with
 // parallel.virtual_stages > 1, `part` names the rank by its tp and pp rank and the plan
@@ -96,8 +116,12 @@ using AttentionStateBytes =
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                                 const Ops& ops);
 // The same with the attention state size given directly (trident plan, for a GPU).
+// `selective_reruns` kTorchtitanOp (with training.recompute selective, dense models
+// only): the activations are those torchtitan's op-level policy keeps, a model of that
+// trainer's allocations, not Trident's (memory_plan.cpp says what it counts).
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
-                                const AttentionStateBytes& attention_state_bytes);
+                                const AttentionStateBytes& attention_state_bytes,
+                                SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore);
 
 // Activation slots the pipeline schedule keeps live on `stage`, per model chunk: the
 // closed form of PipelineExecutor::required_slots (parallel/pipeline.h

@@ -475,20 +475,11 @@ Work layer_reruns(const TransformerConfig& model, const ModelPartition& part, co
                   int micro_batch_size, Recompute r, SelectiveReruns s) {
   if (r != Recompute::kSelective || s == SelectiveReruns::kAttentionCore) return w.recompute(r);
   // torchtitan's op-level policy: the block's matmuls in the order its forward runs them
-  // (attention q, k, v, o; MLP gate, up, down), every second one rerun; the attention
-  // core saved; every elementwise pass rerun.
-  static constexpr ParamRole kForwardOrder[] = {ParamRole::kQW,     ParamRole::kKW,
-                                                ParamRole::kVW,     ParamRole::kOW,
-                                                ParamRole::kMlpInW, ParamRole::kMlpUpW,
-                                                ParamRole::kMlpOutW};
-  const std::vector<TensorDesc> tensors = describe_group(model, GroupKind::kLayer, part.tp_size, false);
+  // (attention q, k, v, o; MLP gate, up, down), every second one rerun
+  // (torchtitan_op_matmuls); the attention core saved; every elementwise pass rerun.
   double rerun_matrix = 0;
-  int mm = 0;
-  for (ParamRole role : kForwardOrder) {
-    for (const TensorDesc& t : tensors) {
-      if (t.role != role || t.local_shape.rank() != 2) continue;
-      if (++mm % 2 == 0) rerun_matrix += static_cast<double>(t.local_shape.numel());
-    }
+  for (const OpPolicyMatmul& mm : torchtitan_op_matmuls(model, part.tp_size)) {
+    if (!mm.saved) rerun_matrix += mm.weight_elements;
   }
   const double tokens = static_cast<double>(micro_batch_size) * model.seq_len;
   return {2 * tokens * rerun_matrix, 0, w.layer.elementwise_bytes};
@@ -552,7 +543,8 @@ double gpu_ring_attention_workspace_bytes(int B, int chunk, int NH) {
 
 PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
                             const PlanOptions& options) {
-  const RankMemory m = estimate_rank_memory(config, part, dp_rank, options.attention_state_bytes);
+  const RankMemory m = estimate_rank_memory(config, part, dp_rank, options.attention_state_bytes,
+                                            options.selective_reruns);
   PlanMemory p;
   p.params = m.params;
   p.grads = m.grads;

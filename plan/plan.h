@@ -153,9 +153,10 @@ struct PlanMemory {
 //                   projection) and reruns the rest: the even-numbered matmuls (k, o, and
 //                   SwiGLU's up or GELU's down projection) and every elementwise pass.
 //                   For planning a run of that trainer on a dense model (the CLI refuses
-//                   a mixture of experts); Trident has no such setting, and its memory is
-//                   planned as kAttentionCore's (which keeps more).
-enum class SelectiveReruns { kAttentionCore, kTorchtitanOp };
+//                   a mixture of experts); Trident has no such setting. Its memory is
+//                   that policy's too: per layer the block input and the saved outputs,
+//                   plus one block's rerun working set (estimate_rank_memory).
+// (The enum is plan/memory_plan.h's.)
 const char* selective_reruns_name(SelectiveReruns s);  // "attention-core", "torchtitan-op"
 bool parse_selective_reruns(const std::string& name, SelectiveReruns* out);  // false: unknown
 // One layer's forward work that backward reruns under training.recompute `r` (StageFlops::

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,28 +52,46 @@ struct Row {
   double memory_gib = 0;
 };
 
-// A run's configuration, and the options it is planned with: its GPU's entry of the
-// table, the attention path and the selective policy its source states.
+std::string source_dir() { return TRIDENT_SOURCE_DIR; }
+
+nlohmann::json published_runs() {
+  std::ifstream in(source_dir() + "/tests/plan/published_runs.json");
+  EXPECT_TRUE(in.good()) << "tests/plan/published_runs.json";
+  return nlohmann::json::parse(in);
+}
+
+// One run's published configuration, the options it is planned with, its GPU's bf16
+// peak and its plan.
 struct PlannedRun {
   Config config;
   PlanOptions options;
+  double peak_flops = 0;
+  PlanResult plan;
 };
 
-Result<PlannedRun> prepare(const std::string& root, const nlohmann::json& run,
-                           const HardwareTable& table) {
+// The plan of a run's configuration on its GPUs, with `extra` --set overrides after the
+// run's own (nullopt: the config did not load); `hardware`, when given, replaces the
+// table's entry for its GPU (a calibrated one).
+std::optional<PlannedRun> plan_run(const nlohmann::json& run, const HardwareTable& table,
+                                   const std::vector<std::string>& extra = {},
+                                   const Hardware* hardware = nullptr) {
   const std::string name = run["name"];
-  auto config = load_config(root + "/" + run["config"].get<std::string>(),
-                            run["set"].get<std::vector<std::string>>());
-  if (!config.is_ok()) return Status::invalid_input(name + ": " + config.status().message());
+  std::vector<std::string> sets = run["set"].get<std::vector<std::string>>();
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  auto loaded = load_config(source_dir() + "/" + run["config"].get<std::string>(), sets);
+  EXPECT_TRUE(loaded.is_ok()) << name << ": " << loaded.status().message();
+  if (!loaded.is_ok()) return std::nullopt;
+  PlannedRun out;
+  out.config = loaded.value();
   const int devices = run["devices"];
-  EXPECT_EQ(config->parallel.world_size_wide(), devices) << name << ": the layout is for its GPUs";
+  EXPECT_EQ(out.config.parallel.world_size_wide(), devices) << name << ": the layout is for its GPUs";
   auto hw = find_gpu(table, run["gpu"]);
-  if (!hw.is_ok()) return Status::invalid_input(name + ": " + hw.status().message());
-  PlannedRun p{config.value(), PlanOptions{}};
-  PlanOptions& o = p.options;
+  EXPECT_TRUE(hw.is_ok()) << name;
+  if (!hw.is_ok()) return std::nullopt;
+  PlanOptions o;
   o.devices = devices;
   o.gpus_per_node = 8;
-  o.hardware = hw.value();
+  o.hardware = hardware != nullptr ? *hardware : hw.value();
   o.attention_state_bytes = gpu_attention_state_bytes;
   // A run whose attention materialized the scores (pre-flash Megatron-LM): the plain
   // path, as `TRIDENT_ATTENTION=plain trident plan` plans it.
@@ -81,24 +100,27 @@ Result<PlannedRun> prepare(const std::string& root, const nlohmann::json& run,
     o.attention_state_bytes = gpu_plain_attention_state_bytes;
   }
   // A run whose selective recomputation is another trainer's policy, as its source
-  // states it (torchtitan's op-level "selective op").
+  // states it (torchtitan's op-level "selective op"): its time and its memory.
   if (run.contains("selective_reruns")) {
     EXPECT_TRUE(parse_selective_reruns(run["selective_reruns"], &o.selective_reruns)) << name;
-    EXPECT_EQ(p.config.training.recompute, Recompute::kSelective) << name;
+    EXPECT_EQ(out.config.training.recompute, Recompute::kSelective) << name;
   }
-  return p;
+  out.peak_flops = o.hardware.peak_flops;
+  out.plan = evaluate_layout(out.config, o);
+  out.options = o;
+  return out;
 }
 
 // A software stack's own efficiencies ("calibrated_from"): the GPU's entry fitted, as
 // `trident plan --calibrate` fits it, to the source run's published step alone (its tokens
 // per step over the published throughput; no communication figures, so the links keep the
 // table's figures), as bench/plan_vs_published.py's `calibrated` does.
-Result<Hardware> calibrated_from(const std::string& root, const nlohmann::json& source,
-                                 const HardwareTable& table) {
-  auto p = prepare(root, source, table);
-  if (!p.is_ok()) return p.status();
+Result<Hardware> calibrated_from(const nlohmann::json& source, const HardwareTable& table) {
+  const std::string name = source["name"];
+  const std::optional<PlannedRun> p = plan_run(source, table);
+  if (!p) return Status::invalid_input(name + ": not planned");
   MeasuredRun run;
-  run.path = "published run '" + source["name"].get<std::string>() + "'";
+  run.path = "published run '" + name + "'";
   run.world_size = p->options.devices;
   run.steps = 2;
   run.steps_used = 1;
@@ -111,13 +133,15 @@ Result<Hardware> calibrated_from(const std::string& root, const nlohmann::json& 
   return c->hardware;
 }
 
-std::vector<Row> plan_published_runs() {
-  const std::string root = TRIDENT_SOURCE_DIR;
-  std::ifstream in(root + "/tests/plan/published_runs.json");
-  EXPECT_TRUE(in.good()) << "tests/plan/published_runs.json";
-  const nlohmann::json doc = nlohmann::json::parse(in);
-  Result<HardwareTable> table = load_hardware_table(root + "/configs/hardware.yaml");
+HardwareTable hardware_table() {
+  Result<HardwareTable> table = load_hardware_table(source_dir() + "/configs/hardware.yaml");
   EXPECT_TRUE(table.is_ok()) << table.status().message();
+  return table.is_ok() ? table.value() : HardwareTable{};
+}
+
+std::vector<Row> plan_published_runs() {
+  const nlohmann::json doc = published_runs();
+  const HardwareTable table = hardware_table();
   std::map<std::string, Hardware> stacks;  // calibrated_from: the source's name -> its fit
   std::vector<Row> rows;
   for (const nlohmann::json& run : doc["runs"]) {
@@ -127,31 +151,30 @@ std::vector<Row> plan_published_runs() {
     r.fsdp = run["fsdp"];
     r.fit_exempt = run.contains("fit_exempt");
     r.fitted = run.contains("fitted");
-    auto prepared = prepare(root, run, table.value());
-    EXPECT_TRUE(prepared.is_ok()) << prepared.status().message();
-    if (!prepared.is_ok()) continue;
-    PlanOptions& o = prepared->options;
+    const Hardware* hardware = nullptr;
     if (run.contains("calibrated_from")) {
       const std::string from = run["calibrated_from"];
       if (!stacks.count(from)) {
-        auto source = std::find_if(doc["runs"].begin(), doc["runs"].end(),
-                                   [&](const nlohmann::json& x) { return x["name"] == from; });
+        const auto source = std::find_if(doc["runs"].begin(), doc["runs"].end(),
+                                         [&](const nlohmann::json& x) { return x["name"] == from; });
         EXPECT_TRUE(source != doc["runs"].end()) << r.name << ": calibrated_from '" << from << "'";
         if (source == doc["runs"].end()) continue;
         EXPECT_EQ((*source)["gpu"], run["gpu"]) << r.name << ": calibrated from another GPU";
-        auto hw = calibrated_from(root, *source, table.value());
-        EXPECT_TRUE(hw.is_ok()) << r.name << ": " << hw.status().message();
-        if (!hw.is_ok()) continue;
-        stacks.emplace(from, hw.value());
+        Result<Hardware> fit = calibrated_from(*source, table);
+        EXPECT_TRUE(fit.is_ok()) << r.name << ": " << fit.status().message();
+        if (!fit.is_ok()) continue;
+        stacks.emplace(from, fit.value());
       }
-      o.hardware = stacks.at(from);
+      hardware = &stacks.at(from);
     }
-    const PlanResult p = evaluate_layout(prepared->config, o);
+    const std::optional<PlannedRun> planned = plan_run(run, table, {}, hardware);
+    if (!planned) continue;
+    const PlanResult& p = planned->plan;
     // A throughput is converted with Trident's own FLOPs per token; an MFU is taken as
     // the source states it, already in (or converted to) the same convention.
     r.published_mfu = run.contains("published_tokens_per_s_per_gpu")
                           ? run["published_tokens_per_s_per_gpu"].get<double>() *
-                                prepared->config.model.flops_per_token() / o.hardware.peak_flops
+                                planned->config.model.flops_per_token() / planned->peak_flops
                           : run["published_mfu_pct"].get<double>() / 100;
     r.predicted_mfu = p.mfu;
     r.error = p.mfu / r.published_mfu - 1;
@@ -192,7 +215,8 @@ TEST(PublishedRuns, PredictedMfuWithinTheStatedBounds) {
 
 // Every published FSDP run ran on its GPUs, so its configuration must be predicted to
 // fit; a row is exempt only where Trident has no setting equal to the published one (the
-// data file says why).
+// data file says why). torchtitan's "selective op" rows are planned with the memory of
+// its op-level policy (selective_reruns), so they are not exempt.
 TEST(PublishedRuns, EveryPublishedFsdpConfigurationFits) {
   int checked = 0;
   for (const Row& r : plan_published_runs()) {
@@ -201,6 +225,30 @@ TEST(PublishedRuns, EveryPublishedFsdpConfigurationFits) {
     EXPECT_TRUE(r.fits) << r.name << ": predicted " << r.memory_gib << " GiB per GPU";
   }
   EXPECT_GE(checked, 15);
+}
+
+// torchtitan's table (docs/performance.md at 0413364, footnote 1 of its Llama 2 rows):
+// "the 70B training with local batch size 2 will cause an OOM error when selective
+// activation checkpointing is used", so it published local batch 1. The plan of its op
+// policy's memory must say the same of both: batch 1 fits the 80 GB A100, batch 2 does not.
+TEST(PublishedRuns, TorchtitanLlama2_70bSelectiveOpFitsAtLocalBatch1AndNotAt2) {
+  const std::string name = "torchtitan Llama 2 70B lbs1 AC selective op, 64 A100";
+  const nlohmann::json doc = published_runs();
+  const HardwareTable table = hardware_table();
+  const auto run = std::find_if(doc["runs"].begin(), doc["runs"].end(),
+                                [&](const nlohmann::json& r) { return r["name"] == name; });
+  ASSERT_NE(run, doc["runs"].end()) << name;
+  ASSERT_EQ(run->value("selective_reruns", ""), "torchtitan-op");
+  const std::optional<PlannedRun> lbs1 = plan_run(*run, table);
+  const std::optional<PlannedRun> lbs2 =
+      plan_run(*run, table, {"parallel.micro_batch_size=2", "training.global_batch_size=128"});
+  ASSERT_TRUE(lbs1 && lbs2);
+  ASSERT_EQ(lbs2->config.grad_accum_steps(), 1);  // one micro-batch of 2 per GPU, as published
+  std::printf("70B selective op: local batch 1 %.1f GiB, local batch 2 %.1f GiB (of %.1f)\n",
+              lbs1->plan.memory.total / 1073741824.0, lbs2->plan.memory.total / 1073741824.0,
+              find_gpu(table, "a100").value().memory_bytes / 1073741824.0);
+  EXPECT_TRUE(lbs1->plan.fits) << lbs1->plan.memory.total / 1073741824.0 << " GiB";
+  EXPECT_FALSE(lbs2->plan.fits) << lbs2->plan.memory.total / 1073741824.0 << " GiB";
 }
 
 }  // namespace
