@@ -20,9 +20,9 @@ def option(flag, default):
     return default
 T = option("--trident", "build/trident")
 HW = option("--hardware", None)
-def plan(config, devices, gpu, sets, extra=(), attention=None, selective_reruns=None):
+def plan(config, devices, gpu, sets, extra=(), attention=None, selective_reruns=None, hardware=None):
     cmd = [T, "plan", "--config", config, "--devices", str(devices), "--gpu", gpu, "--json", *extra]
-    if HW: cmd += ["--hardware", HW]
+    if hardware or HW: cmd += ["--hardware", hardware or HW]
     # A run whose selective recomputation is another trainer's policy (torchtitan's "op").
     if selective_reruns: cmd += ["--selective-reruns", selective_reruns]
     for s in sets: cmd += ["--set", s]
@@ -83,36 +83,54 @@ if mode == "titan":
         if j is None: print("ERR", err); continue
         c = j["configured"]
         print(f"{cfg} 64 x A100 FSDP lbs1 {rc}: published {pub_wps} tok/s/GPU {pub_mfu}% | plan {show(c)} dp comm {c['comm_bytes_per_step']['dp']/1e9:.1f} GB | rec {show(j['recommended'])}")
-if mode == "calibrated":
-    import tempfile
-    runs = json.load(open("tests/plan/published_runs.json"))["runs"]
-    src = next(r for r in runs if args[1] in r["name"])
-    j, _ = plan(src["config"], src["devices"], src["gpu"], src["set"], extra=["--configured-only"])
+import tempfile
+WORK = tempfile.TemporaryDirectory()
+def calibrate_from(src, hardware=None):
+    """The hardware table calibrated from run `src`'s published throughput alone: a metrics
+    file with its step (tokens per step / published tokens/s), no communication figures
+    (the links keep theirs), through `trident plan --calibrate`. Returns (path, its line)."""
+    j, _ = plan(src["config"], src["devices"], src["gpu"], src["set"], extra=["--configured-only"],
+                attention=src.get("attention"), selective_reruns=src.get("selective_reruns"),
+                hardware=hardware)
     c = j["configured"]
     tokens_per_step = c["tokens_per_s_per_gpu"] * src["devices"] * c["step_time_s"]
     step_ms = 1e3 * tokens_per_step / (src["published_tokens_per_s_per_gpu"] * src["devices"])
-    with tempfile.TemporaryDirectory() as work:
-        m = f"{work}/published.jsonl"
-        with open(m, "w") as f:
-            f.write(json.dumps({"segment": {"run_id": "published", "start_step": 0, "world_size": src["devices"]}}) + "\n")
-            for step in (1, 2):
-                zero = {"tp": 0, "dp": 0, "pp": 0, "embedding": 0}
-                f.write(json.dumps({"step": step, "step_ms": step_ms, "comm_exposed_ms": zero, "comm_hidden_ms": zero}) + "\n")
-        cmd = [T, "plan", "--calibrate", m, "--config", src["config"], "--gpu", src["gpu"],
-               "--write-hardware", f"{work}/hw.yaml"] + [a for x in src["set"] for a in ("--set", x)]
-        if HW: cmd += ["--hardware", HW]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"# calibrated {src['gpu']} from {src['name']}: {step_ms:.1f} ms/step published; " +
-              (r.stdout.strip().splitlines()[-2] if r.returncode == 0 else r.stderr))
-        HW = f"{work}/hw.yaml"
-        for r in runs:
-            if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
-            j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"],
-                          attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
-            c = j["configured"]
-            pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
-            print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
-                  f"error {100 * (100 * c['mfu'] / pub - 1):+6.1f}%{'  (the calibration run)' if r is src else ''}")
+    tag = str(abs(hash(src["name"])))
+    m, hw = f"{WORK.name}/published-{tag}.jsonl", f"{WORK.name}/hw-{tag}.yaml"
+    with open(m, "w") as f:
+        f.write(json.dumps({"segment": {"run_id": "published", "start_step": 0, "world_size": src["devices"]}}) + "\n")
+        for step in (1, 2):
+            zero = {"tp": 0, "dp": 0, "pp": 0, "embedding": 0}
+            f.write(json.dumps({"step": step, "step_ms": step_ms, "comm_exposed_ms": zero, "comm_hidden_ms": zero}) + "\n")
+    cmd = [T, "plan", "--calibrate", m, "--config", src["config"], "--gpu", src["gpu"],
+           "--write-hardware", hw] + [a for x in src["set"] for a in ("--set", x)]
+    if hardware or HW: cmd += ["--hardware", hardware or HW]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0: sys.exit(f"calibrating from {src['name']}: {r.stderr}")
+    return hw, f"{step_ms:.1f} ms/step published; " + r.stdout.strip().splitlines()[-2]
+# A row with "calibrated_from" (a software stack whose per-GPU efficiency differs from the
+# one configs/hardware.yaml was fitted to) is planned with the table calibrated from that
+# row, as tests/plan/published_runs_test.cpp plans it.
+STACKS = {}
+def row_hardware(r, runs):
+    src = r.get("calibrated_from")
+    if not src: return None
+    if src not in STACKS:
+        STACKS[src] = calibrate_from(next(x for x in runs if x["name"] == src))[0]
+    return STACKS[src]
+if mode == "calibrated":
+    runs = json.load(open("tests/plan/published_runs.json"))["runs"]
+    src = next(r for r in runs if args[1] in r["name"])
+    hw, line = calibrate_from(src)
+    print(f"# calibrated {src['gpu']} from {src['name']}: {line}")
+    for r in runs:
+        if r["gpu"] != src["gpu"] or "published_tokens_per_s_per_gpu" not in r: continue
+        j, err = plan(r["config"], r["devices"], r["gpu"], r["set"], extra=["--configured-only"],
+                      attention=r.get("attention"), selective_reruns=r.get("selective_reruns"), hardware=hw)
+        c = j["configured"]
+        pub = 100 * r["published_tokens_per_s_per_gpu"] * c["mfu"] / c["tokens_per_s_per_gpu"]
+        print(f"{r['name']:52s} published {pub:5.1f}%  calibrated plan {100*c['mfu']:5.1f}%  "
+              f"error {100 * (100 * c['mfu'] / pub - 1):+6.1f}%{'  (the calibration run)' if r is src else ''}")
 if mode in ("errors", "table"):
     # Every run of tests/plan/published_runs.json (the data published_runs_test.cpp holds
     # the plan to): the published layout as `configured` (--configured-only: no search
@@ -127,8 +145,9 @@ if mode in ("errors", "table"):
         print("|---|---|---|---|---|---|---|---|")
     for r in runs:
         cmd_sets = r["set"]
+        hw = row_hardware(r, runs)
         j, err = plan(r["config"], r["devices"], r["gpu"], cmd_sets, extra=["--configured-only"],
-                      attention=r.get("attention"), selective_reruns=r.get("selective_reruns"))
+                      attention=r.get("attention"), selective_reruns=r.get("selective_reruns"), hardware=hw)
         if j is None or j["configured"] is None:
             print(f"{r['name']:52s} plan ERR ({(err or '').strip()[:80]})"); continue
         c = j["configured"]
@@ -142,7 +161,7 @@ if mode in ("errors", "table"):
         if mode == "errors":
             print(f"{r['name']:52s} published {pub:5.1f}%  plan {100*c['mfu']:5.1f}%  error {e:+6.1f}%  {mem}")
             continue
-        full, ferr = plan(r["config"], r["devices"], r["gpu"], cmd_sets, attention=r.get("attention"))
+        full, ferr = plan(r["config"], r["devices"], r["gpu"], cmd_sets, attention=r.get("attention"), hardware=hw)
         if full is None or full.get("recommended") is None:
             rec = "refused: " + (ferr or "").strip().split(": ", 1)[-1][:60] if full is None else "none fits"
         else:
