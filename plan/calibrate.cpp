@@ -66,6 +66,46 @@ PlanResult evaluate_on(const Config& config, PlanOptions o, const Hardware& hw) 
   return evaluate_layout(config, o);
 }
 
+// A group whose link is fitted: the plan's communication time at the table's figures and
+// with every link's bandwidth doubled, and what the run measured (exposed + hidden).
+struct Group {
+  const char* name;
+  ParallelDim dim;
+  double predicted, predicted_fast, measured;
+};
+std::vector<Group> fitted_groups(const PlanResult& before, const PlanResult& fast, const MeasuredRun& run) {
+  return {{"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
+          {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s,
+           run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
+          // The ring's whole time (the plan's exposed part is what the block attention does
+          // not hide; the metrics' exposed + hidden is all of it).
+          {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
+}
+
+// Whether a compute factor in [1e-4, 1e4] reaches the run's measured step, given the
+// plan's steps at the two ends (at_hi: at 1e4, the step without compute).
+Status compute_reachable(const MeasuredRun& run, double at_hi, double at_lo) {
+  if (at_hi > run.step_s) {
+    return Status::invalid_input(
+        run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
+        " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
+        "the fitted links (" + fmt("%.4g", at_hi * 1e3) + " ms): nothing to fit compute to");
+  }
+  if (at_lo < run.step_s) {
+    return Status::invalid_input(run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
+                                 " ms) is longer than the plan at 1e-4 of the table's compute "
+                                 "efficiencies: not this config's run?");
+  }
+  return Status::ok();
+}
+
+// "NAME: effective bandwidth x F (A -> B GB/s)" for link `l` scaled by `factor`.
+std::string bandwidth_note(const LinkSpec& l, double factor) {
+  return l.name + ": effective bandwidth x " + fmt("%.4g", factor) + " (" +
+         fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
+         fmt("%.4g", l.bytes_per_s * l.efficiency * factor / 1e9) + " GB/s)";
+}
+
 }  // namespace
 
 Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
@@ -157,19 +197,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   struct Pool {
     double bytes_s = 0, latency_s = 0, measured_s = 0;
   } pools[2];  // intra, inter
-  struct Group {
-    const char* name;
-    ParallelDim dim;
-    double predicted, predicted_fast, measured;
-  };
-  const Group groups[] = {
-      {"tp", ParallelDim::kTp, c.before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
-      {"dp", ParallelDim::kDp, c.before.dp_comm_s, fast.dp_comm_s,
-       run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
-      // The ring's whole time (the plan's exposed part is what the block attention does
-      // not hide; the metrics' exposed + hidden is all of it).
-      {"cp", ParallelDim::kCp, c.before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
-  for (const Group& g : groups) {
+  for (const Group& g : fitted_groups(c.before, fast, run)) {
     if (g.predicted <= 0 || g.measured <= 0) continue;
     const double bytes_s = 2 * (g.predicted - g.predicted_fast);
     Pool& p = pools[c.before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0];
@@ -198,9 +226,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
       continue;
     }
     factor[k] = p.bytes_s / bytes_measured;
-    c.notes += l.name + ": effective bandwidth x " + fmt("%.4g", factor[k]) + " (" +
-               fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
-               fmt("%.4g", l.bytes_per_s * l.efficiency * factor[k] / 1e9) + " GB/s)\n";
+    c.notes += bandwidth_note(l, factor[k]) + "\n";
   }
   c.tp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
   c.dp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
@@ -210,18 +236,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   // the factor grows; bisection in log space).
   auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
   double lo = 1e-4, hi = 1e4;
-  if (step(hi) > run.step_s) {
-    return Status::invalid_input(
-        run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
-        " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
-        "the fitted links (" + fmt("%.4g", step(hi) * 1e3) + " ms): nothing to fit compute to");
-  }
-  if (step(lo) < run.step_s) {
-    return Status::invalid_input(run.path + ": the measured step (" +
-                                 fmt("%.4g", run.step_s * 1e3) +
-                                 " ms) is longer than the plan at 1e-4 of the table's compute "
-                                 "efficiencies: not this config's run?");
-  }
+  TRIDENT_RETURN_IF_ERROR(compute_reachable(run, step(hi), step(lo)));
   for (int i = 0; i < 80; ++i) {
     const double mid = std::sqrt(lo * hi);
     (step(mid) > run.step_s ? lo : hi) = mid;
@@ -277,16 +292,7 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
     const PlanResult fast = evaluate_on(r.config, options, doubled);
     c.runs_before.push_back(before);
     const MeasuredRun& m = r.run;
-    const struct {
-      const char* name;
-      ParallelDim dim;
-      double predicted, predicted_fast, measured;
-    } groups[] = {
-        {"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, m.exposed.tp + m.hidden.tp},
-        {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s,
-         m.exposed.dp + m.hidden.dp + m.exposed.embedding + m.hidden.embedding},
-        {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, m.exposed.cp + m.hidden.cp}};
-    for (const auto& g : groups) {
+    for (const Group& g : fitted_groups(before, fast, m)) {
       if (g.predicted <= 0 || g.measured <= 0) continue;
       const int k = before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0;
       const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
@@ -335,14 +341,11 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
             (a > 0 ? "a per-call latency of " + fmt("%.4g", z * l.latency_s * 1e6) + " us"
                    : "a bandwidth of " + fmt("%.4g", l.bytes_per_s * l.efficiency / a / 1e9) + " GB/s") +
             ": their communication times are not bytes / bandwidth + calls x latency (a noisy or "
-            "loaded run?); rerun them, or calibrate from one run");
+            "loaded run?); rerun them, or calibrate from one run. The groups:\n" + c.notes);
       }
       bandwidth[k] = 1 / a;
       latency[k] = z;
-      c.notes += l.name + ": effective bandwidth x " + fmt("%.4g", bandwidth[k]) + " (" +
-                 fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
-                 fmt("%.4g", l.bytes_per_s * l.efficiency * bandwidth[k] / 1e9) +
-                 " GB/s), per-call latency x " + fmt("%.4g", z) + " (" + fmt("%.4g", l.latency_s * 1e6) +
+      c.notes += bandwidth_note(l, bandwidth[k]) + ", per-call latency x " + fmt("%.4g", z) + " (" + fmt("%.4g", l.latency_s * 1e6) +
                  " -> " + fmt("%.4g", l.latency_s * z * 1e6) + " us), least squares over " + over +
                  " (calls per byte " + fmt("%.3g", spread) + "x apart)\n";
       continue;
@@ -358,9 +361,7 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
       continue;
     }
     bandwidth[k] = sb / bytes_measured;
-    c.notes += l.name + ": effective bandwidth x " + fmt("%.4g", bandwidth[k]) + " (" +
-               fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
-               fmt("%.4g", l.bytes_per_s * l.efficiency * bandwidth[k] / 1e9) + " GB/s), bandwidth only over " +
+    c.notes += bandwidth_note(l, bandwidth[k]) + ", bandwidth only over " +
                over + ": " + why + ", which does not separate a per-call latency (kept at " +
                fmt("%.4g", l.latency_s * 1e6) + " us)\n";
   }
@@ -379,17 +380,7 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
   };
   constexpr double kLo = 1e-4, kHi = 1e4;
   for (const CalibrationRun& r : runs) {
-    if (step(r, kHi) > r.run.step_s) {
-      return Status::invalid_input(
-          r.run.path + ": the measured step (" + fmt("%.4g", r.run.step_s * 1e3) +
-          " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
-          "the fitted links (" + fmt("%.4g", step(r, kHi) * 1e3) + " ms): nothing to fit compute to");
-    }
-    if (step(r, kLo) < r.run.step_s) {
-      return Status::invalid_input(r.run.path + ": the measured step (" + fmt("%.4g", r.run.step_s * 1e3) +
-                                   " ms) is longer than the plan at 1e-4 of the table's compute "
-                                   "efficiencies: not this config's run?");
-    }
+    TRIDENT_RETURN_IF_ERROR(compute_reachable(r.run, step(r, kHi), step(r, kLo)));
   }
   auto cost = [&](double log_f) {
     double sum = 0;
