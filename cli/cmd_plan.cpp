@@ -58,7 +58,7 @@ void print_plan_usage(std::FILE* to) {
       "                           logging.metrics file; --config: the config it trained with).\n"
       "                           Repeat it for several runs on the same devices: with runs\n"
       "                           whose calls per byte on a link differ, the link's per-call\n"
-      "                           latency is fitted too (least squares), else its bandwidth\n"
+      "                           latency is fitted too (least squares), else its bandwidth alone\n"
       "  --calibrate-set k=v      a config override of the preceding --calibrate's run only (its\n"
       "                           layout: parallel.zero_stage=3, ...), applied after every --set\n"
       "  --write-hardware OUT     where the fitted table goes (YAML, for --hardware; with\n"

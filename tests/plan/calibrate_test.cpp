@@ -2,6 +2,8 @@
 // a run "measured" on hardware of known efficiencies and link bandwidths is fitted back
 // to those figures from the table's defaults; the written table reads back to the same
 // figures; a metrics file that is not the config's run is refused naming the file.
+// From several runs (calibrate_runs): a link's bandwidth and per-call latency both, where
+// the runs' calls per byte differ; the bandwidth alone where they do not.
 // The multi-rank run on this machine is tests/plan/calibrate_cpu_test.py.
 #include "plan/calibrate.h"
 
@@ -215,6 +217,33 @@ TEST(Calibrate, TwoLayoutsRecoverTheLinksBandwidthAndPerCallLatency) {
   auto one = calibrate(runs[1].config, cpu_options(2, start), runs[1].run);
   ASSERT_TRUE(one.is_ok());
   EXPECT_GT(std::abs(one->hardware.intra_node.bytes_per_s / 1.5e9 - 1), 0.05);
+}
+
+// A GPU link through its efficiency and latency_us: tp 2 on NVLink (one node of 2) at two
+// sequence lengths, 4x apart in bytes per call; dp 2 across the nodes keeps one group
+// per run on the network with the same calls per byte in both: bandwidth only there.
+TEST(Calibrate, TwoRunsFitANvlinkLatencyAndEfficiency) {
+  auto [start, truth] = a100_and_truth(0.6, 0.5);
+  truth.intra_node.latency_s = 3 * start.intra_node.latency_s;
+  std::vector<CalibrationRun> runs;
+  PlanOptions o = cpu_options(4, truth);
+  o.gpus_per_node = 2;
+  for (int seq : {1024, 256}) {
+    const Config c =
+        config_for(PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, seq);
+    MeasuredRun m = measured_on(c, o);
+    m.path = "seq" + std::to_string(seq) + ".jsonl";
+    runs.push_back({c, m});
+  }
+  o.hardware = start;
+  auto fit = calibrate_runs(runs, o);
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->hardware.intra_node.efficiency / 0.6, 1, 0.01) << fit->notes;
+  EXPECT_NEAR(fit->hardware.intra_node.latency_s / truth.intra_node.latency_s, 1, 0.01) << fit->notes;
+  EXPECT_EQ(fit->hardware.intra_node.bytes_per_s, start.intra_node.bytes_per_s);  // datasheet kept
+  EXPECT_EQ(fit->hardware.inter_node.latency_s, start.inter_node.latency_s);
+  EXPECT_NEAR(fit->hardware.inter_node.efficiency / 0.5, 1, 0.01) << fit->notes;
+  EXPECT_NEAR(fit->compute_factor, 0.8, 0.008);
 }
 
 // One run: calibrate()'s result exactly (the single-file `--calibrate` is unchanged).
