@@ -15,11 +15,24 @@
 # With --paired, each layout's run follows a calibration run of its own (the first layout
 # again), calibrated and used for that layout alone: the load's drift between the two is
 # seconds, not a round's minutes (twice the runs).
-#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired]   (default 6 3; from the repo root)
+# With --two-run, each layout's run follows two calibration runs of its own, dp2 ZeRO-1 and
+# dp2 ZeRO-3 with both overlap switches off, and the table is fitted to both at once
+# (`trident plan --calibrate M1 --calibrate-set ... --calibrate M2 --calibrate-set ...`):
+# where their calls per byte on the link differ enough, the link's per-call latency with
+# its bandwidth, else the bandwidth alone (the output line says which). --two-run=tp2
+# takes tp 2 (many small all-reduces on the same link) as the second run instead. Printed
+# per round: the fitted bandwidth and latency; at the end, each layout's exposed
+# communication error per group (three times the runs).
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=tp2]]
+#   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
-paired = "--paired" in sys.argv
-argv = [a for a in sys.argv[1:] if a != "--paired"]
+two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
+second = two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3"
+if second not in ("z3", "tp2"):
+    sys.exit(f"{two_run}: the second calibration run is z3 (the default) or tp2")
+paired = "--paired" in sys.argv or two_run is not None
+argv = [a for a in sys.argv[1:] if a != "--paired" and a != two_run]
 # --compare BIN: also plan every run with another trident binary from the same calibrated
 # table (a model change's effect on the same measurements).
 compare = None
@@ -44,6 +57,10 @@ LAYOUTS = [
     ("pp2 1f1b", ["parallel.pp=2"]),
     ("pp2 v2 interleaved", ["parallel.pp=2", "parallel.virtual_stages=2"]),
 ]
+
+# --two-run's second calibration run.
+SECOND = {"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
+          "tp2": ("tp2", ["parallel.tp=2"])}[second]
 
 
 def sh(cmd):
@@ -91,16 +108,43 @@ with tempfile.TemporaryDirectory() as work:
     def calibrate(rnd, i, base, metrics, hw):
         out = sh([T, "plan", "--calibrate", metrics, "--config", "bench/medium.yaml"] +
                  sets(base) + ["--gpu", "cpu", "--write-hardware", hw])
-        if rnd == 0 and i == 0:
+        if rnd == 0 and i == 0 and not two_run:
             print(f"# calibration ({'before each layout, from a run of the first layout' if paired else 'each round, from its first run'}): " +
                   " ".join(["trident", "plan", "--calibrate", "METRICS", "--config", "bench/medium.yaml"] +
                            sets(MODEL + LAYOUTS[0][1]) + ["--gpu", "cpu", "--write-hardware", "HW"]))
         print(f"# round {rnd + 1}{f' layout {i}' if paired else ''}: " + "; ".join(out.splitlines()[-4:-1]))
 
+    def calibrate_two(rnd, i, hw):
+        # Both calibration runs right before the layout's, fitted together.
+        runs = [train(rnd, i, LAYOUTS[0][1], "c"), train(rnd, i, SECOND[1], "d")]
+        shared = MODEL + [f"data.train={work}/data/train_*.bin"]
+        per_run = lambda layout, m: ["--calibrate", m] + [a for x in layout for a in ("--calibrate-set", x)]
+        cmd = ([T, "plan"] + per_run(LAYOUTS[0][1], runs[0][1]) + per_run(SECOND[1], runs[1][1]) +
+               ["--config", "bench/medium.yaml"] + sets(shared) + ["--gpu", "cpu", "--write-hardware", hw])
+        if rnd == 0 and i == 0:
+            print(f"# calibration (before each layout, from a {LAYOUTS[0][0]} run and a {SECOND[0]} run): " +
+                  " ".join(["trident", "plan"] + per_run(LAYOUTS[0][1], "M1") + per_run(SECOND[1], "M2") +
+                           ["--config", "bench/medium.yaml"] + sets(MODEL) + ["--gpu", "cpu", "--write-hardware", "HW"]))
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode == 2:
+            # Refused (the two runs' times fit no positive bandwidth and latency): this
+            # layout is planned from the first calibration run alone, and the round says so.
+            print(f"# round {rnd + 1} layout {i}: two-run fit refused ({r.stderr.splitlines()[0]}); "
+                  f"calibrated from the {LAYOUTS[0][0]} run alone")
+            calibrate(rnd, i, runs[0][0], runs[0][1], hw)
+            return
+        if r.returncode != 0:
+            sys.exit(f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+        out = r.stdout
+        fitted = [l for l in out.splitlines() if l.startswith("shared memory:") or l.startswith("compute efficiencies")]
+        print(f"# round {rnd + 1} layout {i} (load {' '.join(load())}): " + "; ".join(fitted))
+
     for rnd in range(rounds):
         for i, (label, layout) in enumerate(LAYOUTS):
             hw = f"{work}/hw{rnd}_{i}.yaml" if paired else f"{work}/hw{rnd}.yaml"
-            if paired and i > 0:
+            if two_run:
+                calibrate_two(rnd, i, hw)
+            elif paired and i > 0:
                 cbase, cm = train(rnd, i, LAYOUTS[0][1], "c")
                 calibrate(rnd, i, cbase, cm, hw)
             base, metrics = train(rnd, i, layout)
@@ -109,7 +153,7 @@ with tempfile.TemporaryDirectory() as work:
             m = {"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
                  "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
                  "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])}
-            if i == 0:
+            if i == 0 and not two_run:
                 calibrate(rnd, i, base, metrics, hw)
             planned = MODEL + layout + [f"data.train={work}/data/train_*.bin"]
             results[label].append((m, plan(planned, ["--hardware", hw]), plan(planned, [])) +
@@ -133,6 +177,16 @@ with tempfile.TemporaryDirectory() as work:
     print(f"# {len(errs)} layouts besides the calibration run (median error over rounds): calibrated |error| mean "
           f"{statistics.mean(errs):.1f}%, max {max(errs):.1f}%, {sum(x <= 20 for x in errs)} within 20%; uncalibrated "
           f"mean {statistics.mean(plain_errs):.1f}%, max {max(plain_errs):.1f}%, {sum(x <= 20 for x in plain_errs)} within 20%")
+    if two_run:
+        # Exposed communication per group, where the run measured at least 1 ms of it: the
+        # calibrated plan's error (median over rounds).
+        print("# exposed communication, calibrated plan against measured (median error over rounds):")
+        for label, _ in LAYOUTS:
+            rs = results[label]
+            cells = [f"{k} {statistics.median(1e3 * r[0][k] for r in rs):.1f} ms "
+                     f"{statistics.median(100 * (r[1][k] / r[0][k] - 1) for r in rs if r[0][k] > 0):+.0f}%"
+                     for k in ("tp", "pp", "dp") if statistics.median(r[0][k] for r in rs) >= 1e-3]
+            print(f"#   {label}: " + ("; ".join(cells) if cells else "none measured"))
     if compare:
         print(f"# the same runs and calibrated tables planned by {compare} (median over rounds):")
         cerrs = []

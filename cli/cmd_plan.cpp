@@ -4,9 +4,10 @@
 // docs/PLAN.md). Prints the ranked table and the recommendation, or with --json the one
 // object of docs/PLAN.md "JSON". Exit 0; 2 for bad usage, a config that does not load, an unknown
 // GPU, or a configured layout that does not fit (the table is printed first).
-// `trident plan --calibrate METRICS --config FILE --write-hardware OUT [--gpu NAME]
-//  [--hardware IN]`: fits the hardware table to a run's metrics file (plan/calibrate.h)
-// and writes the fitted table (docs/PLAN.md "Calibration").
+// `trident plan --calibrate METRICS [--calibrate-set k=v ...] [--calibrate METRICS2 ...]
+//  --config FILE --write-hardware OUT [--gpu NAME] [--hardware IN]`: fits the hardware table
+// to one or more runs' metrics files (plan/calibrate.h; each run's layout: --config, --set,
+// then its own --calibrate-set) and writes the fitted table (docs/PLAN.md "Calibration").
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -48,11 +49,18 @@ void print_plan_usage(std::FILE* to) {
       "  --selective-reruns WHAT  what training.recompute selective reruns: attention-core\n"
       "                           (Trident's, the default) or torchtitan-op (torchtitan's\n"
       "                           op-level policy: every other matmul and the elementwise ops)\n"
-      "calibration: trident plan --calibrate METRICS.jsonl --config FILE --write-hardware OUT\n"
-      "             [--gpu NAME] [--hardware IN] [--devices N] [--set ...]\n"
+      "calibration: trident plan --calibrate METRICS.jsonl [--calibrate-set k=v ...]\n"
+      "             [--calibrate METRICS2.jsonl [--calibrate-set k=v ...] ...]\n"
+      "             --config FILE --write-hardware OUT [--gpu NAME] [--hardware IN]\n"
+      "             [--devices N] [--set ...]\n"
       "  --calibrate METRICS      fit the hardware table's compute efficiencies and the tp/dp\n"
       "                           links' bandwidth to the run that wrote METRICS (trident train's\n"
-      "                           logging.metrics file; --config: the config it trained with)\n"
+      "                           logging.metrics file; --config: the config it trained with).\n"
+      "                           Repeat it for several runs on the same devices: with runs\n"
+      "                           whose calls per byte on a link differ, the link's per-call\n"
+      "                           latency is fitted too (least squares), else its bandwidth alone\n"
+      "  --calibrate-set k=v      a config override of the preceding --calibrate's run only (its\n"
+      "                           layout: parallel.zero_stage=3, ...), applied after every --set\n"
       "  --write-hardware OUT     where the fitted table goes (YAML, for --hardware; with\n"
       "                           --gpu cpu it holds a cpu entry that --gpu cpu then uses)\n"
       "exit codes: 0 done, 2 bad usage/config/input or the configured layout does not fit\n");
@@ -77,30 +85,51 @@ bool parse_positive(const std::string& text, int* out) {
   return true;
 }
 
-// --calibrate: fit, report measured against predicted before and after, write the table
-// with the fitted entry (the GPU's efficiencies and its links', or the cpu entry).
-int calibrate_and_write(const Config& config, const PlanOptions& options, HardwareTable table,
-                        const std::string& metrics_path, const std::string& out_path) {
-  auto run = read_metrics(metrics_path, options.devices, config.parallel);
-  if (!run.is_ok()) return fail(run.status());
-  auto fit = calibrate(config, options, run.value());
-  if (!fit.is_ok()) return fail(fit.status());
-  const Calibration& c = fit.value();
-  const MeasuredRun& m = run.value();
-  std::printf("# calibration of %s from %s (%d steps, %d used), layout %s\n", options.hardware.name.c_str(),
-              metrics_path.c_str(), m.steps, m.steps_used, layout_name(config_layout(config)).c_str());
+// One --calibrate METRICS and the --calibrate-set overrides that follow it.
+struct CalibrateSpec {
+  std::string metrics;
+  std::vector<std::string> overrides;
+};
+
+// The run's measured times against the plan's before and after the fit.
+void print_run_rows(const MeasuredRun& m, const PlanResult& before, const PlanResult& after) {
   std::printf("# %-22s %12s %12s %12s\n", "ms per step", "measured", "plan before", "plan after");
   const struct {
     const char* what;
     double measured, before, after;
-  } rows[] = {{"step", m.step_s, c.before.step_time_s, c.after.step_time_s},
-              {"tp exposed", m.exposed.tp, c.before.tp_s, c.after.tp_s},
-              {"pp exposed", m.exposed.pp, c.before.pp_s + c.before.bubble_s, c.after.pp_s + c.after.bubble_s},
-              {"dp exposed", m.exposed.dp + m.exposed.embedding, c.before.dp_s, c.after.dp_s},
+  } rows[] = {{"step", m.step_s, before.step_time_s, after.step_time_s},
+              {"tp exposed", m.exposed.tp, before.tp_s, after.tp_s},
+              {"pp exposed", m.exposed.pp, before.pp_s + before.bubble_s, after.pp_s + after.bubble_s},
+              {"dp exposed", m.exposed.dp + m.exposed.embedding, before.dp_s, after.dp_s},
               {"dp all (exp + hidden)", m.exposed.dp + m.hidden.dp + m.exposed.embedding + m.hidden.embedding,
-               c.before.dp_comm_s, c.after.dp_comm_s}};
+               before.dp_comm_s, after.dp_comm_s}};
   for (const auto& r : rows) {
     std::printf("  %-22s %12.2f %12.2f %12.2f\n", r.what, 1e3 * r.measured, 1e3 * r.before, 1e3 * r.after);
+  }
+}
+
+// --calibrate: fit, report measured against predicted before and after, write the table
+// with the fitted entry (the GPU's efficiencies and its links', or the cpu entry).
+int calibrate_and_write(const std::vector<CalibrationRun>& runs, const PlanOptions& options,
+                        HardwareTable table, const std::string& out_path) {
+  auto fit = calibrate_runs(runs, options);
+  if (!fit.is_ok()) return fail(fit.status());
+  const Calibration& c = fit.value();
+  std::string sources;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const MeasuredRun& m = runs[i].run;
+    const std::string layout = layout_name(config_layout(runs[i].config));
+    if (runs.size() == 1) {
+      std::printf("# calibration of %s from %s (%d steps, %d used), layout %s\n",
+                  options.hardware.name.c_str(), m.path.c_str(), m.steps, m.steps_used, layout.c_str());
+    } else {
+      std::printf("# calibration of %s, run %zu of %zu: %s (%d steps, %d used), layout %s\n",
+                  options.hardware.name.c_str(), i + 1, runs.size(), m.path.c_str(), m.steps,
+                  m.steps_used, layout.c_str());
+    }
+    print_run_rows(m, c.runs_before[i], c.runs_after[i]);
+    sources += (i ? "\n" : "") + m.path + " --config <the run's config> (layout " + layout + ", " +
+               std::to_string(options.devices) + " x " + c.hardware.name + ")";
   }
   std::printf("%s", c.notes.c_str());
   const Hardware& hw = c.hardware;
@@ -126,8 +155,7 @@ int calibrate_and_write(const Config& config, const PlanOptions& options, Hardwa
   }
   const std::string header =
       "Hardware for `trident plan` (docs/PLAN.md), calibrated by trident plan --calibrate\n" +
-      metrics_path + " --config <the run's config> (layout " + layout_name(config_layout(config)) +
-      ", " + std::to_string(options.devices) + " x " + hw.name + ").\n" + c.notes;
+      sources + ".\n" + c.notes;
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
   out << hardware_table_yaml(table, header);
   out.close();
@@ -142,7 +170,8 @@ int calibrate_and_write(const Config& config, const PlanOptions& options, Hardwa
 
 int cmd_plan(const std::vector<std::string>& args) {
   std::string config_path, gpu = "h100", hardware_path, devices_text, per_node_text;
-  std::string calibrate_path, write_hardware_path, selective_text, cores_text;
+  std::string write_hardware_path, selective_text, cores_text;
+  std::vector<CalibrateSpec> calibrations;
   std::vector<std::string> overrides;
   bool json = false, configured_only = false;
   int rows = 20;
@@ -170,7 +199,17 @@ int cmd_plan(const std::vector<std::string>& args) {
     } else if (flag == "--hardware") {
       if (!value(&hardware_path)) return usage_error("--hardware needs a file");
     } else if (flag == "--calibrate") {
-      if (!value(&calibrate_path)) return usage_error("--calibrate needs a metrics file");
+      if (!value(&v)) return usage_error("--calibrate needs a metrics file");
+      for (const CalibrateSpec& c : calibrations) {
+        if (c.metrics == v) return usage_error("--calibrate " + v + ": given twice");
+      }
+      calibrations.push_back({v, {}});
+    } else if (flag == "--calibrate-set") {
+      if (!value(&v)) return usage_error("--calibrate-set needs section.key=value");
+      if (calibrations.empty()) {
+        return usage_error("--calibrate-set " + v + ": goes after the --calibrate METRICS it applies to");
+      }
+      calibrations.back().overrides.push_back(v);
     } else if (flag == "--write-hardware") {
       if (!value(&write_hardware_path)) return usage_error("--write-hardware needs a file");
     } else if (flag == "--rows") {
@@ -188,7 +227,7 @@ int cmd_plan(const std::vector<std::string>& args) {
       return usage_error("unknown option '" + flag + "'");
     }
   }
-  const bool calibrating = !calibrate_path.empty();
+  const bool calibrating = !calibrations.empty();
   if (calibrating != !write_hardware_path.empty()) {
     return usage_error("--calibrate and --write-hardware go together");
   }
@@ -218,9 +257,26 @@ int cmd_plan(const std::vector<std::string>& args) {
     auto_error = resolve_auto_dp(&config.value(), std::max(options.devices, 1));
     if (!auto_error.is_ok()) config->parallel.dp = 1;
   }
+  // Each run's config: --set, then its own --calibrate-set (dp: auto on --devices).
+  std::vector<Config> run_configs;
+  for (const CalibrateSpec& spec : calibrations) {
+    if (spec.overrides.empty()) {
+      run_configs.push_back(config.value());
+      continue;
+    }
+    std::vector<std::string> all = overrides;
+    all.insert(all.end(), spec.overrides.begin(), spec.overrides.end());
+    auto own = load_config(config_path, all);
+    if (!own.is_ok()) return fail(own.status());
+    if (own->parallel.dp == kDpAuto) {
+      const Status st = resolve_auto_dp(&own.value(), std::max(options.devices, 1));
+      if (!st.is_ok()) return fail(st);
+    }
+    run_configs.push_back(std::move(own.value()));
+  }
   if (calibrating) {
-    // The run's own layout on the devices it ran on.
-    const int64_t world = config->parallel.world_size_wide();
+    // The (first) run's own layout on the devices it ran on.
+    const int64_t world = run_configs[0].parallel.world_size_wide();
     if (devices_text.empty()) options.devices = static_cast<int>(world);
     if (options.devices != world) {
       return usage_error("--calibrate: --devices " + std::to_string(options.devices) +
@@ -277,8 +333,24 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (!per_node_text.empty() && !parse_positive(per_node_text, &options.gpus_per_node)) {
     return usage_error("--gpus-per-node: expected a number >= 1, got '" + per_node_text + "'");
   }
-  if (calibrating) return calibrate_and_write(config.value(), options, table, calibrate_path,
-                                              write_hardware_path);
+  if (calibrating) {
+    std::vector<CalibrationRun> runs;
+    for (size_t i = 0; i < calibrations.size(); ++i) {
+      CalibrationRun r;
+      r.config = run_configs[i];
+      if (r.config.parallel.world_size_wide() != options.devices) {
+        return usage_error("--calibrate " + calibrations[i].metrics + ": its layout's dp x tp x pp = " +
+                           std::to_string(r.config.parallel.world_size_wide()) + ", not the " +
+                           std::to_string(options.devices) +
+                           " devices of the first: calibrate from runs on the same devices");
+      }
+      auto run = read_metrics(calibrations[i].metrics, options.devices, r.config.parallel);
+      if (!run.is_ok()) return fail(run.status());
+      r.run = std::move(run.value());
+      runs.push_back(std::move(r));
+    }
+    return calibrate_and_write(runs, options, table, write_hardware_path);
+  }
   options.configured_only = configured_only;
   auto plan = make_plan(config.value(), options);
   if (!plan.is_ok()) return fail(plan.status());

@@ -47,6 +47,13 @@ Hardware scale_links(Hardware hw, double intra, double inter) {
   return hw;
 }
 
+// Every link's per-call latency scaled by `intra` and `inter` (the cpu's one link: intra).
+Hardware scale_latency(Hardware hw, double intra, double inter) {
+  hw.intra_node.latency_s *= intra;
+  hw.inter_node.latency_s = hw.is_cpu ? hw.intra_node.latency_s : hw.inter_node.latency_s * inter;
+  return hw;
+}
+
 Hardware scale_compute(Hardware hw, double f) {
   hw.gemm_efficiency *= f;
   hw.attention_efficiency *= f;
@@ -57,6 +64,46 @@ Hardware scale_compute(Hardware hw, double f) {
 PlanResult evaluate_on(const Config& config, PlanOptions o, const Hardware& hw) {
   o.hardware = hw;
   return evaluate_layout(config, o);
+}
+
+// A group whose link is fitted: the plan's communication time at the table's figures and
+// with every link's bandwidth doubled, and what the run measured (exposed + hidden).
+struct Group {
+  const char* name;
+  ParallelDim dim;
+  double predicted, predicted_fast, measured;
+};
+std::vector<Group> fitted_groups(const PlanResult& before, const PlanResult& fast, const MeasuredRun& run) {
+  return {{"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
+          {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s,
+           run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
+          // The ring's whole time (the plan's exposed part is what the block attention does
+          // not hide; the metrics' exposed + hidden is all of it).
+          {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
+}
+
+// Whether a compute factor in [1e-4, 1e4] reaches the run's measured step, given the
+// plan's steps at the two ends (at_hi: at 1e4, the step without compute).
+Status compute_reachable(const MeasuredRun& run, double at_hi, double at_lo) {
+  if (at_hi > run.step_s) {
+    return Status::invalid_input(
+        run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
+        " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
+        "the fitted links (" + fmt("%.4g", at_hi * 1e3) + " ms): nothing to fit compute to");
+  }
+  if (at_lo < run.step_s) {
+    return Status::invalid_input(run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
+                                 " ms) is longer than the plan at 1e-4 of the table's compute "
+                                 "efficiencies: not this config's run?");
+  }
+  return Status::ok();
+}
+
+// "NAME: effective bandwidth x F (A -> B GB/s)" for link `l` scaled by `factor`.
+std::string bandwidth_note(const LinkSpec& l, double factor) {
+  return l.name + ": effective bandwidth x " + fmt("%.4g", factor) + " (" +
+         fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
+         fmt("%.4g", l.bytes_per_s * l.efficiency * factor / 1e9) + " GB/s)";
 }
 
 }  // namespace
@@ -150,19 +197,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   struct Pool {
     double bytes_s = 0, latency_s = 0, measured_s = 0;
   } pools[2];  // intra, inter
-  struct Group {
-    const char* name;
-    ParallelDim dim;
-    double predicted, predicted_fast, measured;
-  };
-  const Group groups[] = {
-      {"tp", ParallelDim::kTp, c.before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
-      {"dp", ParallelDim::kDp, c.before.dp_comm_s, fast.dp_comm_s,
-       run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
-      // The ring's whole time (the plan's exposed part is what the block attention does
-      // not hide; the metrics' exposed + hidden is all of it).
-      {"cp", ParallelDim::kCp, c.before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
-  for (const Group& g : groups) {
+  for (const Group& g : fitted_groups(c.before, fast, run)) {
     if (g.predicted <= 0 || g.measured <= 0) continue;
     const double bytes_s = 2 * (g.predicted - g.predicted_fast);
     Pool& p = pools[c.before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0];
@@ -191,9 +226,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
       continue;
     }
     factor[k] = p.bytes_s / bytes_measured;
-    c.notes += l.name + ": effective bandwidth x " + fmt("%.4g", factor[k]) + " (" +
-               fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
-               fmt("%.4g", l.bytes_per_s * l.efficiency * factor[k] / 1e9) + " GB/s)\n";
+    c.notes += bandwidth_note(l, factor[k]) + "\n";
   }
   c.tp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
   c.dp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
@@ -203,18 +236,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   // the factor grows; bisection in log space).
   auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
   double lo = 1e-4, hi = 1e4;
-  if (step(hi) > run.step_s) {
-    return Status::invalid_input(
-        run.path + ": the measured step (" + fmt("%.4g", run.step_s * 1e3) +
-        " ms) is shorter than the plan's communication, pipeline and optimizer time alone with "
-        "the fitted links (" + fmt("%.4g", step(hi) * 1e3) + " ms): nothing to fit compute to");
-  }
-  if (step(lo) < run.step_s) {
-    return Status::invalid_input(run.path + ": the measured step (" +
-                                 fmt("%.4g", run.step_s * 1e3) +
-                                 " ms) is longer than the plan at 1e-4 of the table's compute "
-                                 "efficiencies: not this config's run?");
-  }
+  TRIDENT_RETURN_IF_ERROR(compute_reachable(run, step(hi), step(lo)));
   for (int i = 0; i < 80; ++i) {
     const double mid = std::sqrt(lo * hi);
     (step(mid) > run.step_s ? lo : hi) = mid;
@@ -229,6 +251,173 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   c.notes += "compute efficiencies x " + fmt("%.4g", c.compute_factor) + ": gemm " +
              fmt("%.4g", c.hardware.gemm_efficiency) + ", attention " +
              fmt("%.4g", c.hardware.attention_efficiency) + ", memory " +
+             fmt("%.4g", c.hardware.memory_efficiency) + "\n";
+  return c;
+}
+
+namespace {
+
+// One group of one run on a link: the plan's bytes term (bytes / bandwidth) and latency
+// term (calls x latency) at the table's figures, and what the run measured.
+struct LinkPoint {
+  double bytes_s = 0, latency_s = 0, measured_s = 0;
+};
+
+std::string file_list(const std::vector<CalibrationRun>& runs) {
+  std::string out;
+  for (const CalibrationRun& r : runs) out += (out.empty() ? "" : ", ") + r.run.path;
+  return out;
+}
+
+}  // namespace
+
+Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, const PlanOptions& options) {
+  if (runs.empty()) return Status::invalid_input("calibration: no metrics file given");
+  if (runs.size() == 1) {
+    auto one = calibrate(runs[0].config, options, runs[0].run);
+    if (!one.is_ok()) return one.status();
+    Calibration c = std::move(one.value());
+    c.runs_before = {c.before};
+    c.runs_after = {c.after};
+    return c;
+  }
+  Calibration c;
+  const Hardware& hw = options.hardware;
+  Hardware doubled = hw;
+  doubled.intra_node.bytes_per_s *= 2;
+  doubled.inter_node.bytes_per_s *= 2;
+  std::vector<LinkPoint> points[2];  // intra, inter
+  for (const CalibrationRun& r : runs) {
+    const PlanResult before = evaluate_layout(r.config, options);
+    const PlanResult fast = evaluate_on(r.config, options, doubled);
+    c.runs_before.push_back(before);
+    const MeasuredRun& m = r.run;
+    for (const Group& g : fitted_groups(before, fast, m)) {
+      if (g.predicted <= 0 || g.measured <= 0) continue;
+      const int k = before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0;
+      const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
+      const double bytes_s = 2 * (g.predicted - g.predicted_fast);
+      const LinkPoint p{bytes_s, g.predicted - bytes_s, g.measured};
+      points[k].push_back(p);
+      c.notes += std::string(g.name) + " (" + m.path + "): measured " + fmt("%.4g", g.measured * 1e3) +
+                 " ms/step of communication (exposed + hidden), predicted " +
+                 fmt("%.4g", g.predicted * 1e3) + " ms over " + l.name + " (" +
+                 fmt("%.4g", p.latency_s / l.latency_s) + " calls, " +
+                 fmt("%.4g", p.bytes_s * l.bytes_per_s * l.efficiency / 1e6) + " MB on the link)\n";
+    }
+  }
+  double bandwidth[2] = {1, 1}, latency[2] = {1, 1};
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<LinkPoint>& ps = points[k];
+    const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
+    double sbb = 0, sbl = 0, sll = 0, sby = 0, sly = 0, sb = 0, sl = 0, sy = 0;
+    double lo = INFINITY, hi = 0;  // calls per byte, as latency term / bytes term
+    for (const LinkPoint& p : ps) {
+      sbb += p.bytes_s * p.bytes_s;
+      sbl += p.bytes_s * p.latency_s;
+      sll += p.latency_s * p.latency_s;
+      sby += p.bytes_s * p.measured_s;
+      sly += p.latency_s * p.measured_s;
+      sb += p.bytes_s;
+      sl += p.latency_s;
+      sy += p.measured_s;
+      if (p.bytes_s > 0) {
+        lo = std::min(lo, p.latency_s / p.bytes_s);
+        hi = std::max(hi, p.latency_s / p.bytes_s);
+      }
+    }
+    if (sb <= 0) continue;
+    const double spread = lo > 0 ? hi / lo : INFINITY;
+    const std::string over = std::to_string(ps.size()) + " groups of " + std::to_string(runs.size()) + " runs";
+    if (ps.size() >= 2 && spread >= kLatencySeparation) {
+      // measured = a * bytes term + z * latency term: a = 1 / the bandwidth's factor, z the
+      // latency's (the normal equations of the two-parameter least squares).
+      const double det = sbb * sll - sbl * sbl;
+      const double a = (sll * sby - sbl * sly) / det;
+      const double z = (sbb * sly - sbl * sby) / det;
+      if (!(a > 0) || !(z > 0)) {
+        return Status::invalid_input(
+            file_list(runs) + ": the least-squares fit of " + l.name + " over " + over + " gives " +
+            (a > 0 ? "a per-call latency of " + fmt("%.4g", z * l.latency_s * 1e6) + " us"
+                   : "a bandwidth of " + fmt("%.4g", l.bytes_per_s * l.efficiency / a / 1e9) + " GB/s") +
+            ": their communication times are not bytes / bandwidth + calls x latency (a noisy or "
+            "loaded run?); rerun them, or calibrate from one run. The groups:\n" + c.notes);
+      }
+      bandwidth[k] = 1 / a;
+      latency[k] = z;
+      c.notes += bandwidth_note(l, bandwidth[k]) + ", per-call latency x " + fmt("%.4g", z) + " (" + fmt("%.4g", l.latency_s * 1e6) +
+                 " -> " + fmt("%.4g", l.latency_s * z * 1e6) + " us), least squares over " + over +
+                 " (calls per byte " + fmt("%.3g", spread) + "x apart)\n";
+      continue;
+    }
+    // Bandwidth only: the pooled figure calibrate() fits from one run, over all of them.
+    const std::string why = ps.size() < 2 ? "one group measured it"
+                                          : "the runs' calls per byte are within " + fmt("%.3g", spread) +
+                                                "x of each other";
+    const double bytes_measured = sy - sl;
+    if (bytes_measured < 0.1 * sy) {
+      c.notes += l.name + ": not fitted (the per-call latency accounts for " + fmt("%.0f", 100 * sl / sy) +
+                 "% of the measured time, and " + why + ")\n";
+      continue;
+    }
+    bandwidth[k] = sb / bytes_measured;
+    c.notes += bandwidth_note(l, bandwidth[k]) + ", bandwidth only over " +
+               over + ": " + why + ", which does not separate a per-call latency (kept at " +
+               fmt("%.4g", l.latency_s * 1e6) + " us)\n";
+  }
+  const PlanResult& first = c.runs_before[0];
+  c.tp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
+  c.dp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
+  c.cp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kCp] && !hw.is_cpu ? 1 : 0];
+  c.intra_latency_factor = latency[0];
+  c.inter_latency_factor = hw.is_cpu ? latency[0] : latency[1];
+  const Hardware linked = scale_latency(scale_links(hw, bandwidth[0], bandwidth[1]), latency[0], latency[1]);
+  // Compute: every run's step must be reachable by some factor; then the factor with
+  // the least sum of squared step errors. Each step falls as the factor grows, so the
+  // sum is unimodal in log f: golden-section search.
+  auto step = [&](const CalibrationRun& r, double f) {
+    return evaluate_on(r.config, options, scale_compute(linked, f)).step_time_s;
+  };
+  constexpr double kLo = 1e-4, kHi = 1e4;
+  for (const CalibrationRun& r : runs) {
+    TRIDENT_RETURN_IF_ERROR(compute_reachable(r.run, step(r, kHi), step(r, kLo)));
+  }
+  auto cost = [&](double log_f) {
+    double sum = 0;
+    for (const CalibrationRun& r : runs) {
+      const double e = step(r, std::exp(log_f)) - r.run.step_s;
+      sum += e * e;
+    }
+    return sum;
+  };
+  const double golden = (std::sqrt(5.0) - 1) / 2;
+  double a = std::log(kLo), b = std::log(kHi);
+  double x1 = b - golden * (b - a), x2 = a + golden * (b - a);
+  double f1 = cost(x1), f2 = cost(x2);
+  for (int i = 0; i < 100; ++i) {
+    if (f1 <= f2) {
+      b = x2, x2 = x1, f2 = f1;
+      x1 = b - golden * (b - a), f1 = cost(x1);
+    } else {
+      a = x1, x1 = x2, f1 = f2;
+      x2 = a + golden * (b - a), f2 = cost(x2);
+    }
+  }
+  c.compute_factor = std::exp(0.5 * (a + b));
+  c.hardware = scale_compute(linked, c.compute_factor);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const MeasuredRun& m = runs[i].run;
+    c.runs_after.push_back(evaluate_on(runs[i].config, options, c.hardware));
+    c.notes += "step (" + m.path + "): measured " + fmt("%.4g", m.step_s * 1e3) + " ms (median of " +
+               std::to_string(m.steps_used) + " steps), predicted " +
+               fmt("%.4g", c.runs_before[i].step_time_s * 1e3) + " ms before, " +
+               fmt("%.4g", c.runs_after[i].step_time_s * 1e3) + " ms after\n";
+  }
+  c.before = c.runs_before[0];
+  c.after = c.runs_after[0];
+  c.notes += "compute efficiencies x " + fmt("%.4g", c.compute_factor) +
+             " (least squares over the runs' steps): gemm " + fmt("%.4g", c.hardware.gemm_efficiency) +
+             ", attention " + fmt("%.4g", c.hardware.attention_efficiency) + ", memory " +
              fmt("%.4g", c.hardware.memory_efficiency) + "\n";
   return c;
 }

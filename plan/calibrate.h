@@ -17,13 +17,22 @@
 //     latency term kept; a link whose latency explains 90% of the time keeps its
 //     figure: small messages do not identify a bandwidth). pp is not fitted: its measured wait includes the pipeline's
 //     idle time, not only the transfer.
+//     With two or more runs (calibrate_runs) whose groups use a link with different
+//     calls per byte (ZeRO-1's few large collectives next to tp's many small all-reduces,
+//     say), the link's bandwidth and its per-call latency are both fitted, by least
+//     squares over the groups' (bytes term, latency term) -> measured seconds: the plan's
+//     own bytes and call counts, measured = bytes / bandwidth + calls x latency. Runs whose
+//     calls per byte on the link are within kLatencySeparation of each other do not
+//     separate the two: the link then gets the bandwidth-only fit over all of them.
 //   - compute: one factor on gemm_efficiency, attention_efficiency and memory_efficiency
 //     together (their ratios kept), so that the predicted step equals the measured one.
-//     One run's step time is one equation; GEMM and attention efficiencies separate only
+//     With several runs, the factor whose predicted steps match the measured ones in the
+//     least-squares sense. One run's step time is one equation; GEMM and attention efficiencies separate only
 //     with runs of different sequence lengths, which this does not take.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/status.h"
@@ -58,8 +67,21 @@ struct Calibration {
   Hardware hardware;            // fitted
   double compute_factor = 1;    // on the three compute efficiencies
   double tp_link_factor = 1, dp_link_factor = 1, cp_link_factor = 1;  // on the links' bandwidth
-  PlanResult before, after;     // the run's layout with the input and the fitted table
+  // On the links' per-call latency (1: kept; intra, inter: the cpu's one link is intra).
+  double intra_latency_factor = 1, inter_latency_factor = 1;
+  PlanResult before, after;     // the (first) run's layout with the input and the fitted table
+  std::vector<PlanResult> runs_before, runs_after;  // every run's (calibrate_runs)
   std::string notes;            // what was fitted from what, one line each
+};
+
+// Runs whose calls per byte on a link differ by less than this factor fit its bandwidth
+// alone (the latency kept): nearly collinear, their least-squares latency is noise.
+inline constexpr double kLatencySeparation = 1.5;
+
+// One run of a calibration from several: the config it trained with and its metrics.
+struct CalibrationRun {
+  Config config;
+  MeasuredRun run;
 };
 
 // Fits options.hardware to `run`, the measurement of `config`'s layout on
@@ -67,5 +89,14 @@ struct Calibration {
 // communication alone takes with the fitted links (nothing left for compute).
 Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
                               const MeasuredRun& run);
+
+// Fits options.hardware to several runs on options.devices (each run's layout is its own
+// config's). One run: calibrate()'s result, bit for bit (runs_before/after hold it). More:
+// per link both figures where the runs separate them, else the pooled bandwidth (above);
+// the compute factor by least squares over the runs' steps. Errors (naming the files):
+// none given; a link fit giving a non-positive bandwidth or latency; a run whose measured
+// step is shorter than its plan's communication alone, or longer than it at 1e-4 of the
+// compute efficiencies.
+Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, const PlanOptions& options);
 
 }  // namespace trident

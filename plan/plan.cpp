@@ -378,8 +378,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
   const LinkSpec& dp_rails = links.spec[ParallelDim::kDp];
-  const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const KindSeconds k = kind_s(d, dp, dp_rails, std::ceil(d.total() / bucket));
+  const KindSeconds k = kind_s(d, dp, dp_rails,
+                               dp_collective_calls(config, layout, config.model.tied() &&
+                                                                       part.first_stage() && part.last_stage()));
   const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
                                           2, *links.link[ParallelDim::kPp], 1);
   t.dp_comm = k.total() + embedding_s;

@@ -46,7 +46,8 @@
 //     pp likewise for one boundary send each way per model chunk (NVLink only when a
 //     whole pipeline fits in a node). Both on the critical path (Trident does not overlap
 //     them with compute).
-//   dp: its payload * bus_factor / bandwidth + one latency per bucket (dp_comm_s), of
+//   dp: its payload * bus_factor / bandwidth + one latency per collective the trainer
+//     issues (plan/traffic_model.h dp_collective_calls) (dp_comm_s), of
 //     which the part no compute covers is exposed (plan/overlap.h): the trainer's
 //     collectives as it issues them, per parameter group (ZeRO-0/1 the buckets at the
 //     last micro-batch's backward; ZeRO-2/3 a reduce-scatter after every backward of a

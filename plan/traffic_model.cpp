@@ -1,5 +1,7 @@
 #include "plan/traffic_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "plan/partition.h"
@@ -164,6 +166,28 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
     t.embedding.all_reduce = (par.zero_stage >= 1 ? floats / dp : floats) * kF;
   }
   return t;
+}
+
+double dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage) {
+  const ParallelConfig& par = config.parallel;
+  if (par.dp * par.cp <= 1) return 0;
+  const double bucket_floats =
+      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / 4.0));
+  double groups = 0, buckets = 0;
+  for (const ParamGroup& g : layout.groups) {
+    if (g.num_floats == 0 || is_expert_group(config.model.n_layers, g.id)) continue;
+    groups += 1;
+    buckets += std::ceil(static_cast<double>(g.num_floats) / bucket_floats);
+  }
+  const double micro = config.grad_accum_steps();
+  const double used =
+      groups + (tied_one_stage && !layout.groups.empty() && layout.groups[0].num_floats > 0 ? 1 : 0);
+  switch (par.zero_stage) {
+    case 0: return buckets;
+    case 1: return 2 * buckets;
+    case 2: return used * micro + buckets;
+    default: return 3 * used * micro;
+  }
 }
 
 CpRingHop cp_ring_hop_bytes(const Config& config) {

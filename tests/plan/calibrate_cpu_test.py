@@ -7,7 +7,10 @@
 #     20%, where the uncalibrated plan is printed beside it for comparison;
 #   - bad input exits 2 naming the file: a missing file, a file with no steps, and a run
 #     whose layout is not the config's (world size in the segment header, coordinates in
-#     the summary).
+#     the summary);
+#   - several --calibrate runs: alike ones (the run under two names) get the bandwidth-only
+#     fit, said so; a second run's --calibrate-set layout is checked against its file; the
+#     same file twice exits 2.
 #   calibrate_cpu_test.py BUILD_DIR SOURCE_DIR [MPIEXEC]
 import json, os, statistics, subprocess, sys, tempfile
 
@@ -81,4 +84,28 @@ with tempfile.TemporaryDirectory() as work:
     refused(nosteps, [], "no step records")
     refused(metrics, ["--set", "parallel.dp=1"], "world_size 2")
     refused(metrics, ["--set", "parallel.dp=1", "--set", "parallel.tp=2"], "summary")
+
+    # Several runs: the same run under two names has one calls-per-byte ratio, so the fit
+    # is the bandwidth-only one, said so; a second run's own layout (--calibrate-set) is
+    # checked against its file, and the same file twice is refused.
+    twin = os.path.join(work, "twin.jsonl")
+    with open(twin, "w") as f:
+        f.write(open(metrics).read())
+    two = os.path.join(work, "two.yaml")
+    r = run([trident, "plan", "--calibrate", metrics, "--calibrate", twin, "--calibrate-set", "parallel.zero_stage=1",
+             "--config", config, "--gpu", "cpu", "--write-hardware", two])
+    print(r.stdout, r.stderr)
+    check(r.returncode == 0 and "bandwidth only over 2 groups of 2 runs" in r.stdout and
+          predicted(["--hardware", two]) > 0, "two alike runs: the bandwidth-only fit, said so, and a table plan reads")
+    r = run([trident, "plan", "--calibrate", metrics, "--calibrate", twin, "--calibrate-set", "parallel.dp=1",
+             "--calibrate-set", "parallel.tp=2", "--config", config, "--gpu", "cpu", "--write-hardware", two])
+    check(r.returncode == 2 and twin in r.stderr and "summary" in r.stderr,
+          f"a second run that is not its --calibrate-set layout: exit 2 naming it ({r.stderr.strip()})")
+    r = run([trident, "plan", "--calibrate", metrics, "--calibrate", twin, "--calibrate-set", "parallel.tp=2",
+             "--config", config, "--gpu", "cpu", "--write-hardware", two])
+    check(r.returncode == 2 and twin in r.stderr and "same devices" in r.stderr,
+          f"a second run on other devices: exit 2 naming it ({r.stderr.strip().splitlines()[0]})")
+    r = run([trident, "plan", "--calibrate", metrics, "--calibrate", metrics, "--config", config, "--gpu", "cpu",
+             "--write-hardware", two])
+    check(r.returncode == 2 and "given twice" in r.stderr, "the same file twice: exit 2")
 sys.exit(1 if failures else 0)

@@ -2,6 +2,8 @@
 // a run "measured" on hardware of known efficiencies and link bandwidths is fitted back
 // to those figures from the table's defaults; the written table reads back to the same
 // figures; a metrics file that is not the config's run is refused naming the file.
+// From several runs (calibrate_runs): a link's bandwidth and per-call latency both, where
+// the runs' calls per byte differ; the bandwidth alone where they do not.
 // The multi-rank run on this machine is tests/plan/calibrate_cpu_test.py.
 #include "plan/calibrate.h"
 
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tests/model/tiny_config.h"
 
@@ -178,6 +181,130 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
   EXPECT_TRUE(back->cpu.is_cpu);
   // The shipped table has no cpu entry: --gpu cpu measures this machine.
   EXPECT_FALSE(table->has_cpu);
+}
+
+// Two runs on CPU ranks "measured" on a link of known bandwidth and per-call latency:
+// dp 2 ZeRO-1 (a few large collectives) and tp 2 (many small all-reduces) share the one
+// link, with calls per byte far apart, so both figures come back, and compute with them.
+TEST(Calibrate, TwoLayoutsRecoverTheLinksBandwidthAndPerCallLatency) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = start;
+  truth.gemm_efficiency = truth.attention_efficiency = start.gemm_efficiency * 0.7;
+  truth.memory_efficiency = start.memory_efficiency * 0.7;
+  truth.intra_node.bytes_per_s = truth.inter_node.bytes_per_s = 1.5e9;  // 5 GB/s -> 1.5
+  truth.intra_node.latency_s = truth.inter_node.latency_s = 60e-6;      // 5 us -> 60
+  std::vector<CalibrationRun> runs;
+  for (const PlanCandidate& l : {PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1},
+                                 PlanCandidate{{.tp = 2}, Recompute::kNone, 1}}) {
+    const Config c = config_for(l);
+    MeasuredRun m = measured_on(c, cpu_options(2, truth));
+    m.path = layout_name(l) + ".jsonl";
+    runs.push_back({c, m});
+  }
+  auto fit = calibrate_runs(runs, cpu_options(2, start));
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->hardware.intra_node.bytes_per_s / 1.5e9, 1, 0.01) << fit->notes;
+  EXPECT_NEAR(fit->hardware.intra_node.latency_s / 60e-6, 1, 0.01) << fit->notes;
+  EXPECT_EQ(fit->hardware.inter_node.latency_s, fit->hardware.intra_node.latency_s);  // one cpu link
+  EXPECT_NEAR(fit->intra_latency_factor, 12, 0.12);
+  EXPECT_NEAR(fit->compute_factor, 0.7, 0.007);
+  ASSERT_EQ(fit->runs_after.size(), 2u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_NEAR(fit->runs_after[i].step_time_s / runs[i].run.step_s, 1, 1e-3) << runs[i].run.path;
+  }
+  EXPECT_NE(fit->notes.find("per-call latency x"), std::string::npos) << fit->notes;
+  // The bandwidth-only fit of one run alone misses: the latency it keeps is 12x too small.
+  auto one = calibrate(runs[1].config, cpu_options(2, start), runs[1].run);
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_GT(std::abs(one->hardware.intra_node.bytes_per_s / 1.5e9 - 1), 0.05);
+}
+
+// A GPU link through its efficiency and latency_us: tp 2 on NVLink (one node of 2) at two
+// sequence lengths, 4x apart in bytes per call; dp 2 across the nodes keeps one group
+// per run on the network with the same calls per byte in both: bandwidth only there.
+TEST(Calibrate, TwoRunsFitANvlinkLatencyAndEfficiency) {
+  auto [start, truth] = a100_and_truth(0.6, 0.5);
+  truth.intra_node.latency_s = 3 * start.intra_node.latency_s;
+  std::vector<CalibrationRun> runs;
+  PlanOptions o = cpu_options(4, truth);
+  o.gpus_per_node = 2;
+  for (int seq : {1024, 256}) {
+    const Config c =
+        config_for(PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 1}, Recompute::kNone, 1}, 1024, seq);
+    MeasuredRun m = measured_on(c, o);
+    m.path = "seq" + std::to_string(seq) + ".jsonl";
+    runs.push_back({c, m});
+  }
+  o.hardware = start;
+  auto fit = calibrate_runs(runs, o);
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->hardware.intra_node.efficiency / 0.6, 1, 0.01) << fit->notes;
+  EXPECT_NEAR(fit->hardware.intra_node.latency_s / truth.intra_node.latency_s, 1, 0.01) << fit->notes;
+  EXPECT_EQ(fit->hardware.intra_node.bytes_per_s, start.intra_node.bytes_per_s);  // datasheet kept
+  EXPECT_EQ(fit->hardware.inter_node.latency_s, start.inter_node.latency_s);
+  EXPECT_NEAR(fit->hardware.inter_node.efficiency / 0.5, 1, 0.01) << fit->notes;
+  EXPECT_NEAR(fit->compute_factor, 0.8, 0.008);
+}
+
+// One run: calibrate()'s result exactly (the single-file `--calibrate` is unchanged).
+TEST(Calibrate, OneRunIsTheSingleRunFitBitForBit) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = start;
+  truth.gemm_efficiency *= 0.4;
+  truth.intra_node.bytes_per_s = truth.inter_node.bytes_per_s = 0.3e9;
+  const Config c = config_for(PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1});
+  const MeasuredRun m = measured_on(c, cpu_options(2, truth));
+  auto one = calibrate(c, cpu_options(2, start), m);
+  auto runs = calibrate_runs({{c, m}}, cpu_options(2, start));
+  ASSERT_TRUE(one.is_ok() && runs.is_ok());
+  EXPECT_EQ(runs->notes, one->notes);
+  EXPECT_EQ(runs->compute_factor, one->compute_factor);
+  EXPECT_EQ(runs->hardware.intra_node.bytes_per_s, one->hardware.intra_node.bytes_per_s);
+  EXPECT_EQ(runs->hardware.intra_node.latency_s, start.intra_node.latency_s);
+  EXPECT_EQ(runs->hardware.gemm_efficiency, one->hardware.gemm_efficiency);
+  EXPECT_EQ(runs->after.step_time_s, one->after.step_time_s);
+  ASSERT_EQ(runs->runs_after.size(), 1u);
+  EXPECT_EQ(runs->runs_after[0].step_time_s, one->after.step_time_s);
+}
+
+// Runs whose calls per byte on the link are alike (the same layout twice) do not
+// separate latency from bandwidth: the pooled bandwidth-only fit, said so; runs whose
+// times no positive latency and bandwidth explain are refused naming their files.
+TEST(Calibrate, RunsThatDoNotSeparateTheTwoFallBackAndInconsistentOnesAreRefused) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = start;
+  truth.intra_node.bytes_per_s = truth.inter_node.bytes_per_s = 1e9;
+  const Config z1 = config_for(PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1});
+  MeasuredRun a = measured_on(z1, cpu_options(2, truth)), b = a;
+  a.path = "first.jsonl";
+  b.path = "second.jsonl";
+  b.exposed.dp *= 1.2;  // the second slower: the pooled figure between the two
+  auto same = calibrate_runs({{z1, a}, {z1, b}}, cpu_options(2, start));
+  ASSERT_TRUE(same.is_ok()) << same.status().message();
+  EXPECT_NE(same->notes.find("bandwidth only over 2 groups of 2 runs"), std::string::npos) << same->notes;
+  EXPECT_EQ(same->hardware.intra_node.latency_s, start.intra_node.latency_s);
+  EXPECT_LT(same->hardware.intra_node.bytes_per_s, 1e9);
+  EXPECT_GT(same->hardware.intra_node.bytes_per_s, 1e9 / 1.2);
+  // tp's many small calls took less than ZeRO-1's bandwidth alone allows: a negative
+  // per-call latency, refused.
+  const Config tp = config_for(PlanCandidate{{.tp = 2}, Recompute::kNone, 1});
+  MeasuredRun t = measured_on(tp, cpu_options(2, truth));
+  t.path = "tp2.jsonl";
+  t.exposed.tp *= 0.1;
+  auto bad = calibrate_runs({{z1, a}, {tp, t}}, cpu_options(2, start));
+  ASSERT_FALSE(bad.is_ok()) << bad->notes;
+  EXPECT_EQ(bad.status().exit_code(), 2);
+  EXPECT_NE(bad.status().message().find("first.jsonl, tp2.jsonl"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("per-call latency of -"), std::string::npos) << bad.status().message();
+  // A run whose step no compute factor reaches is refused naming that run's file.
+  MeasuredRun fast = t;
+  fast.exposed.tp = t.exposed.tp / 0.1;
+  fast.step_s = 1e-6;
+  auto unreachable = calibrate_runs({{z1, a}, {tp, fast}}, cpu_options(2, start));
+  ASSERT_FALSE(unreachable.is_ok());
+  EXPECT_EQ(unreachable.status().message().rfind("tp2.jsonl: the measured step", 0), 0u)
+      << unreachable.status().message();
+  EXPECT_FALSE(calibrate_runs({}, cpu_options(2, start)).is_ok());
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
