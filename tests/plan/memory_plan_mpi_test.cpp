@@ -171,8 +171,8 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
 }
 
 // What a DataParallel allocates over a real dp group (the world) equals the plan, in both
-// precisions (bf16: 2-byte compute weights, the ZeRO-3 compute shard and gathered pool
-// too, f32 masters/gradients/moments), for every rank of tp x pp partitions of the
+// precisions (bf16: 2-byte compute weights, ZeRO-3's gathered pool without a compute
+// shard, f32 masters/gradients/moments), for every rank of tp x pp partitions of the
 // model (only the sizes matter: no tp or pp communicator is needed), and every byte
 // allocated is in one of DataParallel::Memory's kinds.
 TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {
