@@ -255,7 +255,8 @@ void DataParallel::step(float lr) {
       const ParamInfo& info = layout_.params[static_cast<size_t>(t.param)];
       p.weight_decay = info.decay ? adamw_.weight_decay : 0.0f;
       // In mixed precision AdamW updates the fp32 master and writes the bf16 compute copy
-      // of the same elements (fp32: the parameters are the masters, no copy).
+      // of the same elements (fp32: the parameters are the masters, no copy; stage 3:
+      // the store casts the masters at each gather, no copy).
       if (stage_ == 0) {
         const size_t off = t.full_offset;
         const DevPtr compute = resident_->param_data() + off;
@@ -269,7 +270,7 @@ void DataParallel::step(float lr) {
       const size_t so = t.shard_offset;
       if (stage_ == 3) {
         ops_.adamw_update(sharded_->param_shard() + so, sharded_->grad_shard() + so, m + so, v + so,
-                          mixed() ? sharded_->compute_shard() + so : DevPtr(), n, p);
+                          DevPtr(), n, p);
         continue;
       }
       const size_t off = t.full_offset + t.split.begin_float(rank);
@@ -389,7 +390,8 @@ DataParallel::Memory DataParallel::memory() const {
   mem.comm_scratch = collective_.bytes() + (queue_ ? queue_->scratch_bytes() : 0);
   if (sharded_) {
     const DType compute = sharded_->compute_dtype();
-    mem.params = shard * dtype_size(compute) + sharded_->param_pool_bytes();
+    // bf16 keeps no compute shard (the store casts the masters at each gather).
+    mem.params = (compute == DType::kF32 ? shard * kF : 0) + sharded_->param_pool_bytes();
     if (compute != DType::kF32) mem.master = shard * kF;
     mem.grads = shard * kF + sharded_->grad_pool_bytes();
     mem.comm_scratch += sharded_->scratch_bytes() + sharded_->prefetch_bytes();

@@ -50,8 +50,9 @@
 // Mixed precision (`compute` = bf16, training.precision bf16): the store holds bf16
 // compute weights, gradients stay fp32, and the fp32 masters sit beside the moments and
 // are sharded like them (stage 0 every element; stages 1-3 the owned rows; stage 3's
-// store keeps them as its param_shard()). step() updates the masters and writes the bf16
-// copy (Ops::adamw_update's compute_copy); stages 1-2 all-gather the bf16 copy. The
+// store keeps them as its param_shard()). step() updates the masters and, stages 0-2,
+// writes the bf16 copy (Ops::adamw_update's compute_copy); stages 1-2 all-gather the bf16
+// copy; stage 3 keeps none (its store casts the masters before each gather). The
 // checkpoint state (owned_state().param, gather_param) is the fp32 masters.
 //
 // A step, on every dp rank in the same order (every call below that communicates is a
@@ -163,16 +164,17 @@ class DataParallel {
   // step (the stores take group buffers from pools planned then), so the figures do not
   // change during training:
   //   params       compute weights (the compute dtype): stages 0-2 the resident flat
-  //                buffer; stage 3 the compute shard plus the gathered-group pool
-  //                (max_held_group_floats elements). With f32 they are the masters too.
+  //                buffer; stage 3 the gathered-group pool (max_held_group_floats
+  //                elements), with f32 plus the shard (the masters too).
   //   master       fp32 master weights kept apart from the compute weights (bf16 only):
   //                stage 3 the store's master shard.
   //   grads        f32: stages 0-1 the flat buffer; stages 2-3 the shard plus the group
   //                gradient pool (max_held_group_floats elements).
   //   optimizer    AdamW moments.
   //   comm_scratch the buffers of the dp collectives: the bucketed parameter all-gather's
-  //                pack and segment (stages 1-2, compute dtype) and the store's collective
-  //                scratch (stages 2-3, collective_scratch_bytes).
+  //                pack and segment (stages 1-2, compute dtype), the store's collective
+  //                scratch (stages 2-3, collective_scratch_bytes), and stage 3's prefetch
+  //                buffer (ShardedParamStore::prefetch_bytes).
   // params_peak / grads_peak equal params / grads (kept for readers of peaks); what the
   // pools have in use is the stores' held_*_bytes() / peak_held_*_bytes().
   struct Memory {

@@ -68,15 +68,15 @@ ShardedParamStore::ShardedParamStore(const ParamLayout& layout, Ops& ops, Commun
                   "zero3 gathered parameters"),
       grad_pool_(ops, max_held_group_floats(layout) * sizeof(float), "zero3 group gradients"),
       scratch_(ops, collective_scratch_bytes(dp.size(), plan_.max_chunk_floats())),
-      gathered_(layout.groups.size()) {
-  if (compute_ != DType::kF32) {
-    compute_shard_ = DeviceBuffer(ops, plan_.shard_floats() * dtype_size(compute_));
-  }
-}
+      gathered_(layout.groups.size()) {}
 
-void ShardedParamStore::refresh_compute_shard() {
-  if (compute_ == DType::kF32) return;
-  ops_.cast(compute_shard(), param_shard(), plan_.shard_floats());
+DevPtr ShardedParamStore::gather_source(const ShardChunk& chunk, DevPtr staging) {
+  const DevPtr master = param_shard() + chunk.shard_offset;
+  if (compute_ == DType::kF32) return master;
+  // Stream-ordered before the all-gather that reads it (the same stream, or for an async
+  // gather the communicator's wait on the compute stream's work so far).
+  ops_.cast(staging, master, chunk.chunk_floats);
+  return staging;
 }
 
 void ShardedParamStore::note_held() {
@@ -125,10 +125,13 @@ void ShardedParamStore::gather_into(int group, DevPtr params) {
     prefetched_group_ = -1;
     return;
   }
+  // bf16: the cast chunk is staged past the packed output, in the scratch's unused part
+  // (dp + 1 chunks of 2 bytes in a scratch of dp + 1 chunks of 4).
   const DevPtr packed = scratch_.as(compute_);
+  const DevPtr staging = packed + static_cast<size_t>(dp) * plan_.max_chunk_floats();
   for (int c : chunks) {
     const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(c)];
-    dp_.all_gather(CommBuf::device((compute_shard() + chunk.shard_offset), chunk.chunk_floats),
+    dp_.all_gather(CommBuf::device(gather_source(chunk, staging), chunk.chunk_floats),
                    CommBuf::device(packed, dp * chunk.chunk_floats), {.label = label});
     unpack_chunk(ops_, chunk, dp, packed, params);
   }
@@ -152,9 +155,11 @@ void ShardedParamStore::prefetch_after(int group) {
   const std::vector<int>& chunks = plan_.group_chunks(next);
   TRIDENT_CHECK(chunks.size() == 1);
   const ShardChunk& chunk = plan_.chunks()[static_cast<size_t>(chunks.front())];
+  const DevPtr packed = prefetch_.as(compute_);
+  const DevPtr staging = packed + static_cast<size_t>(dp_.size()) * plan_.max_chunk_floats();
   prefetch_work_ = dp_.iall_gather(
-      CommBuf::device(compute_shard() + chunk.shard_offset, chunk.chunk_floats),
-      CommBuf::device(prefetch_.as(compute_), dp_.size() * chunk.chunk_floats),
+      CommBuf::device(gather_source(chunk, staging), chunk.chunk_floats),
+      CommBuf::device(packed, dp_.size() * chunk.chunk_floats),
       {.label = "zero3 prefetch group " + std::to_string(next)});
   prefetched_group_ = next;
 }
@@ -169,8 +174,10 @@ void ShardedParamStore::cancel_prefetch() {
 
 void ShardedParamStore::enable_prefetch() {
   if (prefetch_on_) return;
-  prefetch_ = DeviceBuffer(ops_, static_cast<size_t>(dp_.size()) * plan_.max_chunk_floats() *
-                                     dtype_size(compute_));
+  // bf16: one more chunk, the staging of the prefetch's cast (its own: it is read while
+  // the gather is in flight).
+  const size_t chunks = static_cast<size_t>(dp_.size()) + (compute_ == DType::kF32 ? 0 : 1);
+  prefetch_ = DeviceBuffer(ops_, chunks * plan_.max_chunk_floats() * dtype_size(compute_));
   prefetch_on_ = true;
 }
 
@@ -232,9 +239,6 @@ void ShardedParamStore::load_param(int param, const float* host_full) {
   const size_t n = t.split.owned_floats(rank);
   ops_.upload(param_shard() + t.shard_offset, host_full + t.split.begin_float(rank),
               n * sizeof(float));
-  if (compute_ != DType::kF32) {
-    ops_.cast(compute_shard() + t.shard_offset, param_shard() + t.shard_offset, n);
-  }
 }
 
 std::vector<float> ShardedParamStore::gather_param(int param) {

@@ -3,13 +3,14 @@
 // parallel/shard_plan.h).
 //
 // ShardedParamStore (ZeRO-3): parameters and gradients live only as shards. The f32
-// master shard (param_shard(), what AdamW updates and checkpoints hold) and, for a bf16
-// compute dtype, a bf16 compute shard (compute_shard(), the master rounded to nearest
-// even; the optimizer writes it through adamw_update's compute_copy) with the same
-// element layout. With f32 compute they are one buffer.
-// acquire(g, phase) all-gathers group g's compute shard (so bf16 halves the traffic)
-// into a full group buffer of the compute dtype (taken then, and kept while any acquire
-// of g is outstanding); acquire(g, kBackward) also takes a zeroed full f32 gradient
+// master shard (param_shard(), what AdamW updates and checkpoints hold) is the only
+// persistent copy of the parameters, in either compute dtype (FSDP2's mixed precision):
+// a bf16 store keeps no bf16 shard but casts each chunk's slice of the masters (round
+// to nearest even, as adamw_update's compute_copy rounds) into a one-chunk staging
+// buffer right before its all-gather, so the gathered weights are bf16(master) exactly.
+// acquire(g, phase) all-gathers group g's shard in the compute dtype (so bf16 halves the
+// traffic) into a full group buffer of the compute dtype (taken then, and kept while any
+// acquire of g is outstanding); acquire(g, kBackward) also takes a zeroed full f32 gradient
 // buffer. release(g, kBackward) reduce-scatters that buffer, scales by 1/dp (the loss is
 // the mean over dp ranks) and ADDS the result to the persistent gradient shard
 // (accumulation over micro-batches), then gives it back.
@@ -19,9 +20,10 @@
 // elements: one group, or group 0 on top of the head group when a tied one-stage head
 // reads wte from group 0 (head_reads_embeddings). So acquisitions must nest (release in
 // the reverse order; the model's do), and holding more CHECK-fails naming the groups.
-// The transient buffers of the collectives (the packed [dp, chunk] all-gather output,
-// the reduce-scatter pack and result, gather_param's) share one scratch buffer of
-// collective_scratch_bytes(dp, plan().max_chunk_floats()), also allocated once. Collectives: one
+// The transient buffers of the collectives (the packed [dp, chunk] all-gather output and,
+// in bf16, the staged chunk past it; the reduce-scatter pack and result; gather_param's)
+// share one scratch buffer of collective_scratch_bytes(dp, plan().max_chunk_floats()),
+// also allocated once. Collectives: one
 // all_gather per acquire that finds g not gathered, one reduce_scatter per
 // release(kBackward), all on the dp communicator, so every dp rank must acquire and
 // release the same groups in the same order. Groups without parameters (other pipeline
@@ -70,8 +72,8 @@ size_t max_held_group_floats(const ParamLayout& layout);
 
 class ShardedParamStore : public ParamStore {
  public:
-  // Shards start zero; fill them with load_param, or through param_shard() followed by
-  // refresh_compute_shard(). `compute`: f32 or bf16.
+  // Shards start zero; fill them with load_param or through param_shard() (a gather
+  // reads the masters as they are then). `compute`: f32 or bf16.
   ShardedParamStore(const ParamLayout& layout, Ops& ops, Communicator& dp,
                     DType compute = DType::kF32);
   ~ShardedParamStore() override = default;
@@ -83,19 +85,16 @@ class ShardedParamStore : public ParamStore {
   DType compute_dtype() const override { return compute_; }
 
   // This rank's shard buffers (plan().shard_floats() elements each): the f32 master
-  // parameters, the compute-dtype parameters (== param_shard() for f32) and the f32
-  // gradients.
+  // parameters and the f32 gradients.
   DevPtr param_shard() { return param_shard_.as(DType::kF32); }
-  DevPtr compute_shard() {
-    return compute_ == DType::kF32 ? param_shard() : compute_shard_.as(compute_);
-  }
   // Overlapped gradient reduction (parallel.overlap_grad_reduce): release(g, kBackward)
   // issues its reduce-scatters on `queue` instead of running them (the owner drains it
   // before reading the gradient shard); null = synchronous. The queue must outlive the
   // store's use.
   void set_reduce_queue(ReduceScatterQueue* queue) { queue_ = queue; }
   // Prefetch (parallel.overlap_param_gather): allocates the prefetch buffer (dp chunks of
-  // the compute dtype: prefetch_bytes()) and turns the prefetch on. The store learns the
+  // the compute dtype, in bf16 one more for the prefetch's own staged chunk:
+  // prefetch_bytes()) and turns the prefetch on. The store learns the
   // step's order of gathers (the acquires that find a group not gathered) in the first
   // begin_step()..end_step() window, and in later windows issues, at each gather, the
   // next one's all-gather asynchronously (one gather ahead, in forward and in backward,
@@ -114,13 +113,10 @@ class ShardedParamStore : public ParamStore {
   void end_step();
   // Prefetched all-gathers discarded because the acquire order departed (tests).
   int prefetch_misses() const { return prefetch_misses_; }
-  // compute_shard = cast(param_shard) (round to nearest even), after the masters were
-  // written directly (checkpoint restore). Nothing to do for f32.
-  void refresh_compute_shard();
   DevPtr grad_shard() { return grad_shard_.as(DType::kF32); }
   const ShardPlan& plan() const { return plan_; }
-  // Writes this rank's rows of parameter `param` from the full (TP-local) host values:
-  // the master rows and the compute rows (cast).
+  // Writes this rank's rows of parameter `param` (its master rows) from the full
+  // (TP-local) host values.
   void load_param(int param, const float* host_full);
   // Collective over dp: the full (TP-local) master value of parameter `param`, on the
   // host (f32).
@@ -160,7 +156,6 @@ class ShardedParamStore : public ParamStore {
   ShardPlan plan_;
   DType compute_ = DType::kF32;
   DeviceBuffer param_shard_;
-  DeviceBuffer compute_shard_;  // bf16 compute only
   DeviceBuffer grad_shard_;
   BufferStack param_pool_;
   BufferStack grad_pool_;
@@ -168,6 +163,9 @@ class ShardedParamStore : public ParamStore {
   std::vector<Gathered> gathered_;  // by group
   ReduceScatterQueue* queue_ = nullptr;
   // Prefetch: the learned gather order, where this window is in it, the pending gather.
+  // What a gather of `chunk` sends: the masters' slice (f32), or its bf16 cast written
+  // to `staging` (one chunk of the compute dtype).
+  DevPtr gather_source(const ShardChunk& chunk, DevPtr staging);
   void gather_into(int group, DevPtr params);  // synchronous (or the prefetched one)
   void prefetch_after(int group);              // at a gather: the next one, if known
   void cancel_prefetch();
@@ -177,7 +175,7 @@ class ShardedParamStore : public ParamStore {
   bool following_ = false;  // this window still follows order_
   std::vector<int> order_;
   size_t cursor_ = 0;  // gathers of this window so far
-  DeviceBuffer prefetch_;  // [dp, max chunk] of the compute dtype
+  DeviceBuffer prefetch_;  // [dp (+ 1 staged in bf16), max chunk] of the compute dtype
   int prefetched_group_ = -1;
   CommWork prefetch_work_;
   int prefetch_misses_ = 0;

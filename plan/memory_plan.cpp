@@ -475,10 +475,13 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   held += g.experts.floats();  // the experts' store has a pool of its own (one group)
   RankMemory m;
   // The compute weights the model reads; in bf16 the fp32 masters are apart, held like
-  // the moments (every element on ZeRO-0, the owned shard from ZeRO-1 on).
+  // the moments (every element on ZeRO-0, the owned shard from ZeRO-1 on). ZeRO-3 in
+  // bf16 keeps no compute shard: the gathered groups alone (the store casts the masters
+  // at each gather, staging in its collective scratch and prefetch buffer).
   const double kA = compute_bytes(config);
-  m.params = (stage == 3 ? shard_floats + held : total_floats) * kA;
-  if (config.training.precision == Precision::kBf16) {
+  const bool bf16 = config.training.precision == Precision::kBf16;
+  m.params = (stage == 3 ? (bf16 ? 0.0 : shard_floats) + held : total_floats) * kA;
+  if (bf16) {
     m.master = (stage == 0 ? total_floats : shard_floats) * kF;
   }
   // Stage 1 keeps the full gradients the model accumulates into and the reduced shard.
@@ -525,8 +528,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     m.comm_buffers += 2 * (dp + 1) * (stage == 1 ? bucket_chunk : group_chunk) * kF;
   }
   if (par.overlap_param_gather && stage == 3 && dp > 1) {
-    // The store's prefetch buffer: one packed group of compute weights.
-    m.comm_buffers += dp * group_chunk * kA;
+    // The store's prefetch buffer: one packed group of compute weights, in bf16 and the
+    // prefetch's staged chunk.
+    m.comm_buffers += (dp + (bf16 ? 1 : 0)) * group_chunk * kA;
   }
   if (!g.experts.tensors.empty()) {
     // The experts' engine, the same buffers over its edp ranks and its one kind of group.
@@ -537,7 +541,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
     if (par.overlap_grad_reduce && stage >= 1 && edp > 1) {
       m.comm_buffers += 2 * (edp + 1) * (stage == 1 ? e_bucket : e_group) * kF;
     }
-    if (par.overlap_param_gather && stage == 3 && edp > 1) m.comm_buffers += edp * e_group * kA;
+    if (par.overlap_param_gather && stage == 3 && edp > 1) {
+      m.comm_buffers += (edp + (bf16 ? 1 : 0)) * e_group * kA;
+    }
   }
   // Short-lived: the host copy of one tensor while initialising (or loading).
   m.transient =

@@ -336,22 +336,37 @@ TEST(GradShardedStore, ReducesEachBackwardPairIntoTheShard) {
   EXPECT_EQ(wrong, 0);
 }
 
-// ZeRO-3 in bf16: the store keeps the f32 master shard and a bf16 compute shard; a
-// gathered group is bf16(master) exactly (round to nearest even, alignment gaps zero),
-// the all-gather moves half the bytes of the f32 store's, gather_param returns the f32
-// masters, and refresh_compute_shard re-derives the compute shard after the masters
-// were written directly (a checkpoint restore).
+// ZeRO-3 in bf16: the store keeps the f32 master shard and no bf16 shard (it allocates
+// what the f32 store does but a bf16 pool: FSDP2's 16 bytes per parameter sharded, not
+// 18); a gathered group is bf16(master) exactly (round to nearest even, alignment gaps
+// zero), cast at the gather, also when prefetched; the all-gather moves half the bytes
+// of the f32 store's; gather_param returns the f32 masters; and masters written
+// directly (a checkpoint restore) are what the next gather rounds.
 TEST(ShardedStore, Bf16GathersTheRoundedMastersAtHalfTheTraffic) {
   Communicator& dp = device_world();
   const ParamLayout layout = store_layout();
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  uint64_t live = ops->allocation_counts().live_bytes;
   ShardedParamStore f32(layout, *ops, dp);
+  const uint64_t f32_bytes_held = ops->allocation_counts().live_bytes - live;
+  live = ops->allocation_counts().live_bytes;
   ShardedParamStore bf16(layout, *ops, dp, DType::kBF16);
+  const uint64_t bf16_bytes_held = ops->allocation_counts().live_bytes - live;
   EXPECT_EQ(f32.compute_dtype(), DType::kF32);
   EXPECT_EQ(bf16.compute_dtype(), DType::kBF16);
-  EXPECT_EQ(f32.compute_shard(), f32.param_shard());  // one buffer in f32
-  EXPECT_EQ(bf16.compute_shard().dtype(), DType::kBF16);
-  EXPECT_NE(bf16.compute_shard().raw(), bf16.param_shard().raw());
+  const size_t held = max_held_group_floats(layout);
+  EXPECT_EQ(bf16.param_pool_bytes(), held * 2);
+  // Master and gradient shards (f32), the two pools, the scratch: no compute shard.
+  EXPECT_EQ(bf16_bytes_held,
+            2 * bf16.plan().shard_floats() * 4 + held * (2 + 4) + bf16.scratch_bytes());
+  EXPECT_EQ(f32_bytes_held - bf16_bytes_held, held * 2);
+  // The prefetch buffer: dp packed chunks and the prefetch's staged chunk (bf16).
+  live = ops->allocation_counts().live_bytes;
+  ShardedParamStore prefetched(layout, *ops, dp, DType::kBF16);
+  prefetched.enable_prefetch();
+  EXPECT_EQ(ops->allocation_counts().live_bytes - live,
+            bf16_bytes_held + (dp.size() + 1) * prefetched.plan().max_chunk_floats() * 2);
+  EXPECT_EQ(prefetched.prefetch_bytes(), (dp.size() + 1) * prefetched.plan().max_chunk_floats() * 2);
   // Values whose bf16 rounding is visible (not representable in 8 mantissa bits).
   auto value = [](int k, size_t i) { return 1.0f + seeded_value(17, k, i) / 3.0f; };
   for (size_t k = 0; k < layout.params.size(); ++k) {
@@ -359,6 +374,7 @@ TEST(ShardedStore, Bf16GathersTheRoundedMastersAtHalfTheTraffic) {
     for (size_t i = 0; i < full.size(); ++i) full[i] = value(static_cast<int>(k), i);
     f32.load_param(static_cast<int>(k), full.data());
     bf16.load_param(static_cast<int>(k), full.data());
+    prefetched.load_param(static_cast<int>(k), full.data());
   }
   auto gathered_wrong = [&](ShardedParamStore& store, float scale) {
     int wrong = 0, rounded = 0;
@@ -408,14 +424,25 @@ TEST(ShardedStore, Bf16GathersTheRoundedMastersAtHalfTheTraffic) {
     EXPECT_EQ(bad, 0) << "param " << k;
   }
 
-  // Masters written directly (as a checkpoint restore does): the compute shard follows
-  // only after refresh_compute_shard.
+  // Masters written directly (as a checkpoint restore does): the next gather rounds them.
   std::vector<float> master(bf16.plan().shard_floats());
   ops->download(master.data(), bf16.param_shard(), master.size() * sizeof(float));
   for (float& x : master) x *= 3.0f;
   ops->upload(bf16.param_shard(), master.data(), master.size() * sizeof(float));
-  bf16.refresh_compute_shard();
   EXPECT_EQ(gathered_wrong(bf16, 3.0f), 0);
+
+  // Prefetched gathers (the second window follows the first's order): the prefetch casts
+  // into its own staging, the same bits.
+  for (int window = 0; window < 2; ++window) {
+    dp.reset_traffic();
+    prefetched.begin_step();
+    EXPECT_EQ(gathered_wrong(prefetched, 1.0f), 0) << "window " << window;
+    prefetched.end_step();
+    if (dp.size() > 1) {  // the second window's second gather was prefetched
+      EXPECT_EQ(dp.times().async_s > 0.0, window == 1) << "window " << window;
+    }
+  }
+  EXPECT_EQ(prefetched.prefetch_misses(), 0);
 }
 
 // ZeRO-2 in bf16: parameters resident in bf16 (the flat layout's offsets, 2 bytes per

@@ -25,13 +25,15 @@ std::vector<ParallelLayout> layouts_for_world(int n) {
   return {};
 }
 
-// One training step of `arch` at this layout (`extra`: more keys of the parallel section),
-// then every kind the plan counts against what the rank really holds: the DataParallel's
-// memory and every model chunk's activation arenas and backward scratch.
+// One training step of `arch` at this layout (`extra`: more keys of the parallel section,
+// `training_extra` of the training section), then every kind the plan counts against what
+// the rank really holds: the DataParallel's memory and every model chunk's activation
+// arenas and backward scratch.
 void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
                        const std::string& extra, int n_layers, const Ops& ops,
-                       int seq_len = 12, const std::string& model_extra = "") {
-  SCOPED_TRACE(test::case_name(arch, l, zero) + extra);
+                       int seq_len = 12, const std::string& model_extra = "",
+                       const std::string& training_extra = "") {
+  SCOPED_TRACE(test::case_name(arch, l, zero) + extra + training_extra);
   // vocab 200 (padded 256), d_model 40: rows that do not split evenly over dp and
   // tensors that are not multiples of 16 floats.
   const Arch family = std::string(arch) == "gpt2" ? Arch::kGpt2 : Arch::kLlama;
@@ -41,7 +43,7 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
                                model_extra) +
       test::parallel_yaml(l, zero, ", bucket_mb: 1" + extra) +
       "data: {train: " + memory_data_file() + "}\n"
-      "training: {global_batch_size: 4, max_steps: 1}\n"
+      "training: {global_batch_size: 4, max_steps: 1" + training_extra + "}\n"
       // Nothing is saved, but the directory is locked: one per process, so
       // concurrent test jobs do not collide (checkpoint/dir_lock.h).
       "checkpoint: {dir: " + memory_data_file() + ".ckpt}\n"
@@ -83,6 +85,10 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
   for (const ParallelLayout& l : layouts) {
     for (int zero = 0; zero <= 3; ++zero) {
       for (const char* arch : {"gpt2", "llama"}) check_rank_memory(arch, l, zero, "", 3, *ops);
+    }
+    // bf16 ZeRO-3: no compute shard, the prefetch's staged chunk.
+    for (const char* arch : {"gpt2", "llama"}) {
+      check_rank_memory(arch, l, 3, "", 3, *ops, 12, "", ", precision: bf16");
     }
   }
 }
@@ -160,6 +166,8 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
     }
     if (n == 4) {
       for (int zero : {0, 1, 3}) check_rank_memory(arch, {4, 1, 1}, zero, ", ep: 2", 2, *ops, 12, moe);
+      // bf16 ZeRO-3, the experts' store over its 2 ranks too.
+      check_rank_memory(arch, {4, 1, 1}, 3, ", ep: 2", 2, *ops, 12, moe, ", precision: bf16");
       check_rank_memory(arch, {4, 1, 1}, 2, ", ep: 4", 2, *ops, 12, moe);
       check_rank_memory(arch, {2, 1, 2}, 1, ", ep: 2", 2, *ops, 12, moe);
       check_rank_memory(arch, {2, 2, 1}, 1, ", ep: 2", 2, *ops, 12, moe);
@@ -171,8 +179,8 @@ TEST(MemoryPlanMpi, ExpertParallelRanksHoldWhatThePlanSays) {
 }
 
 // What a DataParallel allocates over a real dp group (the world) equals the plan, in both
-// precisions (bf16: 2-byte compute weights, the ZeRO-3 compute shard and gathered pool
-// too, f32 masters/gradients/moments), for every rank of tp x pp partitions of the
+// precisions (bf16: 2-byte compute weights, ZeRO-3's gathered pool without a compute
+// shard, f32 masters/gradients/moments), for every rank of tp x pp partitions of the
 // model (only the sizes matter: no tp or pp communicator is needed), and every byte
 // allocated is in one of DataParallel::Memory's kinds.
 TEST(MemoryPlanMpi, DataParallelOverDpAllocatesWhatThePlanSays) {

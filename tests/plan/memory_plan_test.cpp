@@ -206,8 +206,8 @@ TEST(MemoryPlan, CommBuffersFollowSmallBuckets) {
 // What a DataParallel really allocates (Ops::allocation_counts: every byte is in one
 // of the Memory kinds) equals the plan, for every rank of tp x pp partitions, every ZeRO
 // stage and both precisions (dp = 1 here; tests/plan/memory_plan_mpi_test.cpp runs dp > 1).
-// bf16 stores 2-byte compute weights (the ZeRO-3 compute shard and gathered pool too) and
-// keeps f32 gradients.
+// bf16 stores 2-byte compute weights (ZeRO-3: the gathered pool alone, no compute shard)
+// and keeps f32 gradients.
 TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
   SelfCommunicator self("dp", MemSpace::kDevice);
   int checked = 0;
@@ -243,9 +243,12 @@ TEST(MemoryPlan, DataParallelAllocatesWhatThePlanSays) {
                   }
                   if (compute == DType::kBF16) {
                     EXPECT_EQ(ddp.store().compute_dtype(), DType::kBF16);
-                    EXPECT_EQ(zero == 3 ? ddp.sharded()->compute_shard().dtype()
-                                        : ddp.store().params(0).dtype(),
-                              DType::kBF16);
+                    if (zero == 3) {  // the bf16 pool is all the compute weights held
+                      EXPECT_EQ(real.params, ddp.sharded()->param_pool_bytes());
+                      EXPECT_EQ(real.params, max_held_group_floats(layout) * 2);
+                    } else {
+                      EXPECT_EQ(ddp.store().params(0).dtype(), DType::kBF16);
+                    }
                   }
                   // Truthful: the kinds add up to every byte allocated (plus the norm's
                   // 8-byte accumulator).
