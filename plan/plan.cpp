@@ -891,6 +891,7 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
   plan.overlap_param_gather = config.parallel.overlap_param_gather;
   plan.cp_ring_overlapped = options.ring_overlap;
+  plan.selective_reruns = options.selective_reruns;
   plan.configured_only = options.configured_only;
   plan.parameters = config.model.num_parameters();
   plan.active_parameters = config.model.active_parameters();

@@ -293,6 +293,8 @@ struct Plan {
   // The config's overlap switches, which every layout's dp time assumes.
   bool overlap_grad_reduce = true, overlap_param_gather = true;
   bool cp_ring_overlapped = true;  // PlanOptions::ring_overlap, which every cp time assumes
+  // PlanOptions::selective_reruns, which every selective layout's recompute time assumes.
+  SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore;
   bool configured_only = false;  // PlanOptions::configured_only: `layouts` is empty
   // The model: all its parameters, those a token runs through (fewer with experts), and
   // the FLOPs per token MFU counts (of the active parameters).

@@ -131,6 +131,11 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  if (plan.selective_reruns == SelectiveReruns::kTorchtitanOp) {
+    out += "# recomp s: selective reruns as torchtitan's op-level policy "
+           "(--selective-reruns torchtitan-op: every other matmul and the elementwise ops; "
+           "memory planned as Trident's selective)\n";
+  }
   bool any_cp = plan.configured_error.empty() && plan.configured.candidate.cp > 1;
   for (const PlanResult& l : plan.layouts) any_cp = any_cp || l.candidate.cp > 1;
   if (any_cp) {
