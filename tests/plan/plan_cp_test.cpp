@@ -131,18 +131,24 @@ TEST(PlanCp, LongContextPicksContextParallelismShortKeepsOne) {
   EXPECT_EQ(plan_table(short_plan.value(), 3).find("# cp s"), std::string::npos);
 }
 
-// The cp ring's time: its bytes (analytic_traffic, which the trainer's counters equal:
-// tests/trainer/traffic_memory_mpi_test.cpp) over NVLink (cp inside the node) per
-// micro-batch, plus a latency per hop, less what the block attention hides; at cp 1
-// nothing.
-TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
-  PlanOptions o = h100x8();
+// Llama 3 8B at 128K tokens as dp 1 x tp 4 (sequence parallel) x cp 2, full recomputation.
+Config llama8b_tp4_cp2() {
   Config c = llama8b(131072);
   c.parallel.dp = 1;
   c.parallel.tp = 4;
   c.parallel.cp = 2;
   c.parallel.sequence_parallel = true;
   c.training.recompute = Recompute::kFull;
+  return c;
+}
+
+// The cp ring's time: its bytes (analytic_traffic, which the trainer's counters equal:
+// tests/trainer/traffic_memory_mpi_test.cpp) over NVLink (cp inside the node) per
+// micro-batch, plus a latency per hop, less what the block attention hides; at cp 1
+// nothing.
+TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
+  PlanOptions o = h100x8();
+  Config c = llama8b_tp4_cp2();
   ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
   const PlanResult r = evaluate_layout(c, o);
   const double layers = c.model.n_layers;
@@ -186,11 +192,7 @@ TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
 // the step grows by the difference; the JSON and the table say it is not overlapped.
 TEST(PlanCp, BlockingRingExposesAllOfIt) {
   PlanOptions o = h100x8();
-  Config c = llama8b(131072);
-  c.parallel.dp = 1;
-  c.parallel.tp = 4;
-  c.parallel.cp = 2;
-  c.parallel.sequence_parallel = true;
+  const Config c = llama8b_tp4_cp2();
   ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
   const PlanResult overlapped = evaluate_layout(c, o);
   o.ring_overlap = false;
