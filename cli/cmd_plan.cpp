@@ -324,6 +324,16 @@ int cmd_plan(const std::vector<std::string>& args) {
       options.attention_state_bytes = gpu_plain_attention_state_bytes;
     }
   }
+  // The trainer's TRIDENT_RING_OVERLAP (parallel/context_parallel.h): 0 runs the cp ring
+  // blocking, and plan then counts all of its exchanges as exposed.
+  if (const char* ring = std::getenv("TRIDENT_RING_OVERLAP"); ring != nullptr && *ring != 0) {
+    const std::string value = ring;
+    if (value != "0" && value != "1") {
+      return fail(Status::invalid_input("TRIDENT_RING_OVERLAP='" + value +
+                                        "': must be 1 (overlap, the default) or 0"));
+    }
+    options.ring_overlap = value == "1";
+  }
   if (!cores_text.empty()) {
     if (gpu != "cpu") return usage_error("--cores goes with --gpu cpu (a GPU's plan has no cores)");
     if (!parse_positive(cores_text, &options.cpu_cores)) {

@@ -798,17 +798,20 @@ void Transformer::expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, Dev
 
 void Transformer::expert_backward(const ExpertParams& w, const ExpertParams& g,
                                   DevPtr dx, DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2,
-                                  DevPtr act, DevPtr dh1, DevPtr dh2, DevPtr dact, int rows) {
+                                  DevPtr act, DevPtr dh1, DevPtr dh2, DevPtr dact, int rows,
+                                  GradWrite dx_write) {
   const int C = config_.d_model, Fe = config_.moe_d_ff;
   const size_t nF = static_cast<size_t>(rows) * Fe;
-  ops_.matmul_backward(dact, g.out_w, g.out_b, dy, act, w.out_w, rows, Fe, C);
+  // The first writer of each input gradient sets it when asked (as the dense MLP's).
+  ops_.matmul_backward(dact, g.out_w, g.out_b, dy, act, w.out_w, rows, Fe, C, GradWrite::kSet);
   if (config_.family().swiglu()) {
     ops_.swiglu_backward(dh1, dh2, dact, h1, h2, nF);
-    ops_.matmul_backward(dx, g.up_w, DevPtr(), dh2, x, w.up_w, rows, C, Fe);
+    ops_.matmul_backward(dx, g.up_w, DevPtr(), dh2, x, w.up_w, rows, C, Fe, dx_write);
+    dx_write = GradWrite::kAdd;
   } else {
     ops_.gelu_backward(dh1, dact, h1, nF);
   }
-  ops_.matmul_backward(dx, g.in_w, g.in_b, dh1, x, w.in_w, rows, C, Fe);
+  ops_.matmul_backward(dx, g.in_w, g.in_b, dh1, x, w.in_w, rows, C, Fe, dx_write);
 }
 
 void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a,
@@ -838,9 +841,8 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
     ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/true);
     R = total / static_cast<size_t>(C);
   }
-  zero_elements(dxs, R * C);
+  // dxs and dact: set by each expert's rows (every one of the R rows is an expert's).
   zero_elements(dh1, R * Fe);
-  zero_elements(dact, R * Fe);
   if (dh2) zero_elements(dh2, R * Fe);
   size_t row = 0;
   for (int le = 0; le < local_experts_; ++le) {
@@ -849,10 +851,13 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
       const size_t xo = row * C, ho = row * Fe;
       const size_t e = static_cast<size_t>(first_expert_ + le);
       expert_backward(p.experts[e], g.experts[e], dxs + xo, dy + xo, a.moe_x + xo, a.moe_h1 + ho,
-                      at(a.moe_h2, ho), a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows);
+                      at(a.moe_h2, ho), a.moe_h_act + ho, dh1 + ho, at(dh2, ho), dact + ho, rows,
+                      GradWrite::kSet);
     }
     row += static_cast<size_t>(rows);
   }
+  TRIDENT_CHECK_MSG(row == R, "moe backward: the local experts' rows " + std::to_string(row) +
+                                  " do not cover the " + std::to_string(R) + " rows set");
   if (ep_) {
     ep_reorder(dy, dxs, counts, static_cast<size_t>(C), /*to_experts=*/false);
     ep_->all_to_all(CommBuf::device(dy, total), recv_n, CommBuf::device(dxs, NK * C), send_n,
@@ -863,11 +868,11 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   const size_t nF = static_cast<size_t>(N) * Fe;
   for (int s = 0; s < c.moe_shared_experts; ++s) {
     zero_elements(dh1, nF);
-    zero_elements(dact, nF);
     if (dh2) zero_elements(dh2, nF);
+    // dln already holds the routed experts' (and earlier shared experts') gradient.
     expert_backward(p.experts[static_cast<size_t>(E + s)], g.experts[static_cast<size_t>(E + s)],
                     dln, dx, ln2, a.shared_h1 + s * nF, at(a.shared_h2, s * nF),
-                    a.shared_h_act + s * nF, dh1, dh2, dact, N);
+                    a.shared_h_act + s * nF, dh1, dh2, dact, N, GradWrite::kAdd);
   }
   // The router: the weights' gradient, the load-balancing loss's (a constant per expert,
   // its token fractions carrying no gradient) and the z-loss's, scaled like the LM loss.

@@ -357,13 +357,15 @@ class Transformer {
   };
   void moe_forward(const LayerParams& p, const LayerActs& a, DevPtr ln2, DevPtr x_out, int N,
                    const MoeStep& step);
-  // One expert's MLP on `rows` rows of x (y overwritten), and its backward (accumulating
-  // dx and the expert's gradients `g`); h2 / dh2 null for GELU.
+  // One expert's MLP on `rows` rows of x (y overwritten), and its backward: the expert's
+  // gradients `g` accumulate, dx is set (dx_write kSet: rows of this expert alone, so not
+  // zeroed first) or accumulated (kAdd), dact set, dh1 and dh2 accumulated (the caller
+  // zeroes them); h2 / dh2 null for GELU.
   void expert_forward(const ExpertParams& w, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act,
                       DevPtr y, int rows);
   void expert_backward(const ExpertParams& w, const ExpertParams& g, DevPtr dx,
                        DevPtr dy, DevPtr x, DevPtr h1, DevPtr h2, DevPtr act, DevPtr dh1,
-                       DevPtr dh2, DevPtr dact, int rows);
+                       DevPtr dh2, DevPtr dact, int rows, GradWrite dx_write);
   // Accumulates dln (the MLP input's gradient, [N, C]) and the parameter gradients `g` from
   // dx, the gradient of the MoE block's output.
   void moe_backward(const LayerParams& p, const LayerParams& g, const LayerActs& a, DevPtr ln2,

@@ -371,9 +371,12 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   // One block of the ring: the rank's attention of a layer over cp equal steps.
   const double block_attention_s =
       cp_share * w.layer.attention_flops / attention_rate / config.parallel.cp;
-  t.cp = cp_ring_seconds(config, w.layers, block_attention_s, cpu_compute_rate_in_flight(config, o),
-                         *links.link[ParallelDim::kCp]);
   t.cp_comm = cp_ring_seconds(config, w.layers, 0, 1, *links.link[ParallelDim::kCp]);
+  // A blocking ring (TRIDENT_RING_OVERLAP=0) hides nothing: all of it is exposed.
+  t.cp = o.ring_overlap ? cp_ring_seconds(config, w.layers, block_attention_s,
+                                          cpu_compute_rate_in_flight(config, o),
+                                          *links.link[ParallelDim::kCp])
+                        : t.cp_comm;
   // dp, all exposed: each kind's bytes and its share of one latency per bucket.
   const GroupTraffic& d = t.traffic.dp;
   const LinkSpec& dp_link = *links.link[ParallelDim::kDp];
@@ -701,6 +704,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.candidate = l;
   r.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
   r.overlap_param_gather = config.parallel.overlap_param_gather;
+  r.cp_ring_overlapped = o.ring_overlap;
   const Links links = links_for(l, o);
   r.crosses_nodes = links.cross;
   const int ranks_per_node = std::max(1, std::min(o.devices, o.gpus_per_node));
@@ -879,6 +883,8 @@ Result<Plan> make_plan(const Config& config, const PlanOptions& options) {
   plan.gpu = options.hardware.name;
   plan.overlap_grad_reduce = config.parallel.overlap_grad_reduce;
   plan.overlap_param_gather = config.parallel.overlap_param_gather;
+  plan.cp_ring_overlapped = options.ring_overlap;
+  plan.selective_reruns = options.selective_reruns;
   plan.configured_only = options.configured_only;
   plan.parameters = config.model.num_parameters();
   plan.active_parameters = config.model.active_parameters();

@@ -183,6 +183,11 @@ struct PlanOptions {
   bool plain_attention = false;
   // What selective recomputation reruns (SelectiveReruns).
   SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore;
+  // The cp ring overlaps its exchanges with the block attention (RingAttention's
+  // default); false: the ring runs blocking (TRIDENT_RING_OVERLAP=0,
+  // parallel/context_parallel.h; `trident plan` reads the same variable) and all of its
+  // exchanges are exposed (cp_s == cp_comm_s).
+  bool ring_overlap = true;
   // --gpu cpu: the cores the ranks share (`trident plan --cores N`), which set the compute
   // threads' share of a core while a collective is in flight; 0: this machine's
   // (std::thread::hardware_concurrency()).
@@ -230,8 +235,10 @@ struct PlanResult {
   // dp_comm_s in all.
   double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
   // The cp ring's exposed seconds (parallel.cp > 1): what its exchanges take beyond the
-  // block attention they overlap (RingAttention::kOverlapsCompute), of cp_comm_s in all.
+  // block attention they overlap (RingAttention::kOverlapsCompute), of cp_comm_s in all
+  // (all of it when the ring is blocking: cp_ring_overlapped false).
   double cp_s = 0, cp_comm_s = 0;
+  bool cp_ring_overlapped = true;  // PlanOptions::ring_overlap
   // The ep all-to-all's seconds (parallel.ep > 1), all exposed (the trainer's exchanges
   // block between the router and the experts).
   double ep_s = 0;
@@ -287,6 +294,9 @@ struct Plan {
   int recommended = -1;             // index into layouts; -1 when nothing fits
   // The config's overlap switches, which every layout's dp time assumes.
   bool overlap_grad_reduce = true, overlap_param_gather = true;
+  bool cp_ring_overlapped = true;  // PlanOptions::ring_overlap, which every cp time assumes
+  // PlanOptions::selective_reruns, which every selective layout's recompute time assumes.
+  SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore;
   bool configured_only = false;  // PlanOptions::configured_only: `layouts` is empty
   // The model: all its parameters, those a token runs through (fewer with experts), and
   // the FLOPs per token MFU counts (of the active parameters).

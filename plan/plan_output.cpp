@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "parallel/context_parallel.h"
 #include "plan/plan.h"
 
 namespace trident {
@@ -61,7 +60,7 @@ nlohmann::json layout_json(const PlanResult& r) {
           {"dp_comm_s", r.dp_comm_s},
           {"overlap_grad_reduce", r.overlap_grad_reduce},
           {"overlap_param_gather", r.overlap_param_gather},
-          {"cp_ring_overlapped", RingAttention::kOverlapsCompute},
+          {"cp_ring_overlapped", r.cp_ring_overlapped},
           {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
           {"mfu", r.mfu},
           {"reason", r.reason}};
@@ -132,14 +131,20 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  if (plan.selective_reruns == SelectiveReruns::kTorchtitanOp) {
+    out += "# recomp s: selective reruns as torchtitan's op-level policy "
+           "(--selective-reruns torchtitan-op: every other matmul and the elementwise ops; "
+           "memory planned as Trident's selective)\n";
+  }
   bool any_cp = plan.configured_error.empty() && plan.configured.candidate.cp > 1;
   for (const PlanResult& l : plan.layouts) any_cp = any_cp || l.candidate.cp > 1;
   if (any_cp) {
     out += std::string("# cp s: the cp ring's k/v and dK/dV exchanges, ") +
-           (RingAttention::kOverlapsCompute
+           (plan.cp_ring_overlapped
                 ? "the part the block attention they overlap does not hide (and the last "
                   "dK/dV hop)"
-                : "all exposed (not overlapped with the block attention)") +
+                : "all exposed (TRIDENT_RING_OVERLAP=0: not overlapped with the block "
+                  "attention)") +
            "\n";
   }
   bool any_ep = plan.configured_error.empty() && plan.configured.candidate.ep > 1;

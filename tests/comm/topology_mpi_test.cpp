@@ -291,9 +291,13 @@ TEST(Topology, ExpertGroupsFoldIntoDp) {
     EXPECT_EQ(groups->expert_dp->size(), dp / ep);
     EXPECT_EQ(groups->expert_dp->rank(), c.dp_rank / ep);
     const std::vector<int> ep_members = groups->ep->world_ranks();
-    if (!ep_members.empty()) EXPECT_EQ(ep_members, want_ep);
+    if (!ep_members.empty()) {
+      EXPECT_EQ(ep_members, want_ep);
+    }
     const std::vector<int> edp_members = groups->expert_dp->world_ranks();
-    if (!edp_members.empty()) EXPECT_EQ(edp_members, want_edp);
+    if (!edp_members.empty()) {
+      EXPECT_EQ(edp_members, want_edp);
+    }
   }
 }
 

@@ -137,6 +137,43 @@ TEST(PlanCli, Mixtral8x7bCountsTotalAndActiveParameters) {
       << table.output;
 }
 
+// TRIDENT_RING_OVERLAP, read as the trainer reads it (parallel/context_parallel.h): =0
+// the cp ring is blocking and its exposed time is its whole transfer time, more than
+// the overlapped ring's (unset or 1); any other value exits 2 naming the variable.
+TEST(PlanCli, RingOverlapEnvironmentAsTheTrainerReadsIt) {
+  const std::string cmd = plan_cmd(
+      "--config " + configs() + "llama-8b.yaml --devices 8 --gpu h100 --configured-only --json"
+      " --set model.seq_len=32768 --set parallel.dp=1 --set parallel.tp=4 --set parallel.cp=2"
+      " --set parallel.sequence_parallel=true --set training.global_batch_size=8"
+      " --set training.recompute=full");
+  auto configured = [&](const char* value) {
+    if (value != nullptr) setenv("TRIDENT_RING_OVERLAP", value, 1);
+    const CommandResult r = run_command(cmd);
+    unsetenv("TRIDENT_RING_OVERLAP");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output)["configured"];
+  };
+  const nlohmann::json unset = configured(nullptr), on = configured("1"), off = configured("0");
+  EXPECT_EQ(unset, on);
+  EXPECT_EQ(on["cp_ring_overlapped"], true);
+  EXPECT_EQ(off["cp_ring_overlapped"], false);
+  const double exposed = off["time_s"]["cp"].get<double>();
+  EXPECT_GT(exposed, 0);
+  // (That it is the whole ring, cp_comm_s, tests/plan/plan_cp_test.cpp checks.)
+  EXPECT_GT(exposed, on["time_s"]["cp"].get<double>());
+  EXPECT_NEAR(off["step_time_s"].get<double>() - on["step_time_s"].get<double>(),
+              exposed - on["time_s"]["cp"].get<double>(), 1e-9 * exposed);
+
+  setenv("TRIDENT_RING_OVERLAP", "yes", 1);
+  const CommandResult bad = run_command(cmd);
+  unsetenv("TRIDENT_RING_OVERLAP");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("trident plan: TRIDENT_RING_OVERLAP='yes': must be 1 (overlap, the "
+                            "default) or 0"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(PlanCli, GpuCpuPlansForThisMachine) {
   ScratchDir dir;
   const CommandResult r = run_command(

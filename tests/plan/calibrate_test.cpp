@@ -168,7 +168,9 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
     EXPECT_EQ(b.intra_node.name, a.intra_node.name);
     // A GPU names its links: it reads back with the link table's figures.
     for (const LinkSpec& l : t.links) {
-      if (l.name == a.intra_node.name) EXPECT_NEAR(b.intra_node.efficiency, l.efficiency, 1e-6);
+      if (l.name == a.intra_node.name) {
+        EXPECT_NEAR(b.intra_node.efficiency, l.efficiency, 1e-6);
+      }
     }
   }
   EXPECT_NEAR(back->links[0].efficiency, 0.43, 1e-9);

@@ -55,7 +55,9 @@ void check_rank_memory(const char* arch, const ParallelLayout& l, int zero,
   ASSERT_NE(trainer, nullptr);
   Trainer& t = *trainer;
   ASSERT_TRUE(t.train_step().is_ok());
-  if (extra.find("ep: ") != std::string::npos) EXPECT_GT(t.partition().ep_size, 1);
+  if (extra.find("ep: ") != std::string::npos) {
+    EXPECT_GT(t.partition().ep_size, 1);
+  }
   const DataParallel::Memory real = t.data_parallel_memory();
   const RankCoords& rc = t.coords();
   const RankMemory m =

@@ -131,18 +131,24 @@ TEST(PlanCp, LongContextPicksContextParallelismShortKeepsOne) {
   EXPECT_EQ(plan_table(short_plan.value(), 3).find("# cp s"), std::string::npos);
 }
 
-// The cp ring's time: its bytes (analytic_traffic, which the trainer's counters equal:
-// tests/trainer/traffic_memory_mpi_test.cpp) over NVLink (cp inside the node) per
-// micro-batch, plus a latency per hop, less what the block attention hides; at cp 1
-// nothing.
-TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
-  PlanOptions o = h100x8();
+// Llama 3 8B at 128K tokens as dp 1 x tp 4 (sequence parallel) x cp 2, full recomputation.
+Config llama8b_tp4_cp2() {
   Config c = llama8b(131072);
   c.parallel.dp = 1;
   c.parallel.tp = 4;
   c.parallel.cp = 2;
   c.parallel.sequence_parallel = true;
   c.training.recompute = Recompute::kFull;
+  return c;
+}
+
+// The cp ring's time: its bytes (analytic_traffic, which the trainer's counters equal:
+// tests/trainer/traffic_memory_mpi_test.cpp) over NVLink (cp inside the node) per
+// micro-batch, plus a latency per hop, less what the block attention hides; at cp 1
+// nothing.
+TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
+  PlanOptions o = h100x8();
+  Config c = llama8b_tp4_cp2();
   ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
   const PlanResult r = evaluate_layout(c, o);
   const double layers = c.model.n_layers;
@@ -178,6 +184,37 @@ TEST(PlanCp, RingTimeIsItsBytesOverTheCpLink) {
   const PlanResult flat = evaluate_layout(c, o);
   EXPECT_EQ(flat.cp_s, 0);
   EXPECT_EQ(flat.comm[ParallelDim::kCp], 0);
+}
+
+// A blocking ring (PlanOptions::ring_overlap false: the trainer's TRIDENT_RING_OVERLAP=0,
+// which `trident plan` reads; tests/e2e/plan_cli_test.cpp runs it) hides nothing: the
+// exposed cp time is the ring's whole transfer time, more than the overlapped ring's, and
+// the step grows by the difference; the JSON and the table say it is not overlapped.
+TEST(PlanCp, BlockingRingExposesAllOfIt) {
+  PlanOptions o = h100x8();
+  const Config c = llama8b_tp4_cp2();
+  ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+  const PlanResult overlapped = evaluate_layout(c, o);
+  o.ring_overlap = false;
+  const PlanResult blocking = evaluate_layout(c, o);
+  EXPECT_TRUE(overlapped.cp_ring_overlapped);
+  EXPECT_FALSE(blocking.cp_ring_overlapped);
+  EXPECT_GT(blocking.cp_comm_s, 0);
+  EXPECT_EQ(blocking.cp_comm_s, overlapped.cp_comm_s);
+  EXPECT_EQ(blocking.cp_s, blocking.cp_comm_s);
+  EXPECT_GT(blocking.cp_s, overlapped.cp_s);
+  EXPECT_NEAR(blocking.step_time_s - overlapped.step_time_s, blocking.cp_s - overlapped.cp_s,
+              1e-9 * blocking.step_time_s);
+  EXPECT_EQ(layout_json(blocking)["cp_ring_overlapped"], false);
+
+  o.configured_only = true;
+  Result<Plan> plan = make_plan(c, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  EXPECT_FALSE(plan->cp_ring_overlapped);
+  EXPECT_NE(plan_table(plan.value(), 3).find("# cp s: the cp ring's k/v and dK/dV exchanges, all "
+                                             "exposed (TRIDENT_RING_OVERLAP=0"),
+            std::string::npos)
+      << plan_table(plan.value(), 3);
 }
 
 // CPU ranks: each rank's communication thread polls beside its compute while an exchange

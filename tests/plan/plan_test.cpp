@@ -800,7 +800,8 @@ TEST(Plan, Zero3GathersLongerThanComputeExposeTheirSumLessTheCompute) {
   EXPECT_NEAR(z.result.dp_s, by_hand, 1e-9 * by_hand);
 }
 
-// The table shows where each layout's step goes and which overlap switches it assumed.
+// The table shows where each layout's step goes and which overlap switches (and which
+// selective reruns) it assumed.
 TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
   Config c = overlap_config(3);
   c.parallel.overlap_param_gather = false;
@@ -815,6 +816,17 @@ TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
   EXPECT_NE(table.find("parallel.overlap_grad_reduce=true and parallel.overlap_param_gather=false"),
             std::string::npos)
       << table;
+  // What selective recomputation reruns, when it is torchtitan's policy (not Trident's).
+  const std::string titan_line = "# recomp s: selective reruns as torchtitan's op-level policy "
+                                 "(--selective-reruns torchtitan-op";
+  EXPECT_EQ(table.find(titan_line), std::string::npos) << table;
+  PlanOptions titan = gpu_options(8);
+  titan.selective_reruns = SelectiveReruns::kTorchtitanOp;
+  Result<Plan> titan_plan = make_plan(c, titan);
+  ASSERT_TRUE(titan_plan.is_ok()) << titan_plan.status().message();
+  EXPECT_EQ(titan_plan->selective_reruns, SelectiveReruns::kTorchtitanOp);
+  EXPECT_NE(plan_table(titan_plan.value(), 3).find(titan_line), std::string::npos)
+      << plan_table(titan_plan.value(), 3);
   // The configured row's parts, as printed (%.3f), in the order of the header.
   const PlanResult& r = plan->configured;
   char parts[160];

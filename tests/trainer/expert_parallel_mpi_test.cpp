@@ -143,7 +143,9 @@ EpRun train(const Layout& l, Communicator* world, int steps = 4, bool check_traf
       EXPECT_EQ(st.traffic.tp.all_gather, st.analytic.tp.all_gather) << "step " << s + 1;
       EXPECT_EQ(st.traffic.tp.reduce_scatter, st.analytic.tp.reduce_scatter) << "step " << s + 1;
       EXPECT_GT(st.traffic.tp.all_reduce, 0.0);
-      if (l.sp) EXPECT_GT(st.traffic.tp.all_gather, 0.0);
+      if (l.sp) {
+        EXPECT_GT(st.traffic.tp.all_gather, 0.0);
+      }
     }
     if (l.zero == 0 && l.dp > 1) {
       // The dp group all-reduces the dense engine's buffer, as the traffic model says.
@@ -190,7 +192,9 @@ void expect_match(const EpRun& got, const EpRun& ref, bool bf16, size_t first_st
       }
       continue;
     }
-    if (!bf16) EXPECT_LT(test::rel_diff(it->second, values), 1e-4) << name;
+    if (!bf16) {
+      EXPECT_LT(test::rel_diff(it->second, values), 1e-4) << name;
+    }
     for (size_t i = 0; i < values.size(); ++i) {
       num += (it->second[i] - values[i]) * double(it->second[i] - values[i]);
       den += double(values[i]) * values[i];
