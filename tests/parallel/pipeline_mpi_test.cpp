@@ -396,8 +396,9 @@ TEST(PipelineExecutor, WrongChunkCountAborts) {
   if (w.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
   // Construction checks nothing collective, so one rank may die alone.
   if (w.rank() != 0) return;
-  PipelineExecutor executor(w, PipeSchedule::kOneFOneB, 2, 2, 2);
-  AffineStage one(0, 4, 2, 2);
+  const int slots = PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, 2, 0, 2, 2);
+  PipelineExecutor executor(w, PipeSchedule::kOneFOneB, 2, slots, 2);
+  AffineStage one(0, 4, 2, slots);
   EXPECT_DEATH(executor.run(one),
                "run\\(\\) got 1 model chunks, the executor has 2 virtual stages");
 }
