@@ -15,7 +15,7 @@
 //   bubble    measured idle share of the worst rank: 1 - compute / step, where compute is
 //             the sum of that rank's per-action times (Stats::action_seconds)
 //   analytic  (p-1)/(v*m+p-1)
-//   slots     activation slots per chunk (PipelineExecutor::required_slots, stage 0)
+//   slots     activation slots of stage 0, one pool for its chunks (required_slots)
 //   wrong     boundary tensors that arrived with the wrong (micro, virtual stage) stamp
 //             on any rank, over all steps (must be 0)
 // Prints a '#' header and a fixed-width table.

@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -161,13 +162,14 @@ Transformer::Transformer(const TransformerConfig& config, Ops& ops, int micro_ba
 Transformer::Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
                          Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
                          DType compute, Recompute recompute, Communicator* cp,
-                         Communicator* ep)
+                         Communicator* ep, bool pooled_activations)
     : config_(config),
       ops_(ops),
       part_(part),
       compute_dtype_(compute),
       recompute_(recompute),
-      tp_(ops, tp, part.tp_rank, part.tp_size, part.sequence_parallel) {
+      tp_(ops, tp, part.tp_rank, part.tp_size, part.sequence_parallel),
+      pooled_activations_(pooled_activations) {
   if (part.ep_size > 1) {
     TRIDENT_CHECK_MSG(ep != nullptr && ep->size() == part.ep_size && ep->rank() == part.ep_rank,
                       "expert parallelism: the model needs the ep group of its partition (ep " +
@@ -310,7 +312,11 @@ void Transformer::allocate_activations() {
   }
   act_bytes_per_slot_ = (slot_arena.total_bytes() + Arena::kAlignment - 1) / Arena::kAlignment *
                         Arena::kAlignment;
-  activations_ = DeviceBuffer(ops_, act_bytes_per_slot_ * static_cast<size_t>(num_slots_));
+  if (!pooled_activations_) {
+    activations_ = DeviceBuffer(ops_, act_bytes_per_slot_ * static_cast<size_t>(num_slots_));
+    act_base_ = activations_.get();
+    act_stride_ = act_bytes_per_slot_;
+  }
 
   Arena scratch_arena;
   scratch_offsets_.clear();
@@ -333,11 +339,29 @@ void Transformer::allocate_activations() {
                                        : DeviceBuffer();
 }
 
+void Transformer::share_activations(std::span<Transformer* const> models) {
+  TRIDENT_CHECK(!models.empty());
+  size_t stride = 0;
+  for (const Transformer* m : models) {
+    TRIDENT_CHECK_MSG(m->pooled_activations_ && m->num_slots_ == models[0]->num_slots_,
+                      "share_activations: every model must be built pooled_activations with "
+                      "the same num_slots");
+    stride = std::max(stride, m->act_bytes_per_slot_);
+  }
+  Transformer& owner = *models[0];
+  owner.activations_ =
+      DeviceBuffer(owner.ops_, stride * static_cast<size_t>(owner.num_slots_));
+  for (Transformer* m : models) {
+    m->act_base_ = owner.activations_.get();
+    m->act_stride_ = stride;
+  }
+}
+
 DevPtr Transformer::act(int slot, int index) const {
   const size_t off = slot_offsets_[static_cast<size_t>(index)];
   if (off == kAbsent) return DevPtr();
-  return activations_.get()
-      .byte_offset(act_bytes_per_slot_ * static_cast<size_t>(slot) + off)
+  TRIDENT_CHECK_MSG(!act_base_.is_null(), "pooled activations before share_activations");
+  return act_base_.byte_offset(act_stride_ * static_cast<size_t>(slot) + off)
       .as(slot_dtypes_[static_cast<size_t>(index)]);
 }
 

@@ -206,8 +206,16 @@ class Transformer {
   Transformer(const TransformerConfig& config, Ops& ops, const ModelPartition& part,
               Communicator* tp, ParamStore* store, int micro_batch_size, int num_slots,
               DType compute = DType::kF32, Recompute recompute = Recompute::kNone,
-              Communicator* cp = nullptr, Communicator* ep = nullptr);
+              Communicator* cp = nullptr, Communicator* ep = nullptr,
+              bool pooled_activations = false);
   ~Transformer();
+  // The chunks of one pipeline stage (interleaved 1F1B) share one pool of activation
+  // slots, the executor's slot ids being unique over the stage (parallel/pipeline.h).
+  // Built with pooled_activations, a model lays out its slots but allocates none; this
+  // allocates num_slots slots of the largest chunk's slot bytes in models[0] (its
+  // activation_bytes(); the others report 0) and makes every model index that buffer with
+  // that stride. Every model must have been built pooled with the same num_slots.
+  static void share_activations(std::span<Transformer* const> models);
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -215,8 +223,9 @@ class Transformer {
   const ModelPartition& partition() const { return part_; }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
-  // Bytes of the per-slot activation arenas (what the pipeline's live micro-batches hold).
-  size_t activation_bytes() const { return act_bytes_per_slot_ * num_slots_; }
+  // Bytes of the per-slot activation arenas this model allocated (what the pipeline's live
+  // micro-batches hold): num_slots slots, or with share_activations the pool (models[0]).
+  size_t activation_bytes() const { return activations_.bytes(); }
   // Bytes shared by all slots: the backward scratch, with recomputation the one set of
   // recomputed layer tensors, and under context parallelism ring attention's buffers.
   size_t scratch_bytes() const {
@@ -430,7 +439,10 @@ class Transformer {
   std::vector<DType> slot_dtypes_;       // per activation index
   std::vector<size_t> scratch_offsets_;  // per scratch index
   std::vector<DType> scratch_dtypes_;    // per scratch index
-  DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_
+  DeviceBuffer activations_;             // num_slots * act_bytes_per_slot_, or the pool
+  bool pooled_activations_ = false;      // slots live in a pool (share_activations)
+  DevPtr act_base_;                      // slot 0: activations_, or the pool's
+  size_t act_stride_ = 0;                // bytes from one slot to the next
   DeviceBuffer scratch_;
   // The block's buffers (describe_block order): their roles, and with recomputation the
   // offsets of those not kept per slot (kAbsent for those kept), one set for every layer

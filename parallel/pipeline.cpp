@@ -201,14 +201,21 @@ int pipeline_chunk_slots(PipeSchedule kind, int pp, int stage, int num_micro,
   return std::min(pp - stage, num_micro);
 }
 
+int pipeline_stage_slots(PipeSchedule kind, int pp, int stage, int num_micro,
+                         int virtual_stages) {
+  if (virtual_stages > 1) {
+    return std::min(virtual_stages * num_micro,
+                    2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1);
+  }
+  return pipeline_chunk_slots(kind, pp, stage, num_micro);
+}
+
 int PipelineExecutor::required_slots(PipeSchedule kind, int pp, int stage, int num_micro,
                                      int virtual_stages) {
-  std::vector<int> live(static_cast<std::size_t>(std::max(virtual_stages, 1)), 0);
-  int peak = 0;
+  int live = 0, peak = 0;  // (micro, chunk) pairs, summed over the chunks
   for (const PipeAction& a : make_schedule(kind, pp, stage, num_micro, virtual_stages)) {
-    int& n = live[static_cast<std::size_t>(a.chunk)];
-    n += a.kind == PipeAction::kForward ? 1 : -1;
-    peak = std::max(peak, n);
+    live += a.kind == PipeAction::kForward ? 1 : -1;
+    peak = std::max(peak, live);
   }
   return peak;
 }
@@ -232,8 +239,8 @@ PipelineExecutor::PipelineExecutor(Communicator& pp_group, PipeSchedule kind, in
                              ? " and " + std::to_string(virtual_stages) + " chunks"
                              : std::string()) +
                         " needs " + std::to_string(needed) + " activation slots" +
-                        (virtual_stages > 1 ? " per chunk" : "") + ", the model has " +
-                        std::to_string(num_slots));
+                        (virtual_stages > 1 ? " (one pool for its chunks)" : "") +
+                        ", the model has " + std::to_string(num_slots));
 }
 
 PipelineExecutor::Stats PipelineExecutor::run(PipelineStageModel& model) {
@@ -268,8 +275,7 @@ class StepRun {
         steps_(action_steps(schedule, p_, stage_, v_)),
         slot_of_(static_cast<std::size_t>(v_),
                  std::vector<int>(static_cast<std::size_t>(num_micro), -1)),
-        slot_busy_(static_cast<std::size_t>(v_),
-                   std::vector<bool>(static_cast<std::size_t>(num_slots))),
+        slot_busy_(static_cast<std::size_t>(num_slots)),
         live_per_chunk_(static_cast<std::size_t>(v_), 0) {
     stats_.peak_live_per_chunk.assign(static_cast<std::size_t>(v_), 0);
     stats_.action_start_seconds.reserve(schedule_.size());
@@ -360,23 +366,29 @@ class StepRun {
              label("recv gradient", a));
     }
   }
-  // A free slot of a's chunk for forward `a`, marked busy and counted live.
+  // The lowest free slot of the stage's pool (shared by its chunks) for forward `a`,
+  // marked busy and counted live.
   int take_slot(const PipeAction& a) {
     const auto c = static_cast<std::size_t>(a.chunk);
-    const auto free_slot = std::find(slot_busy_[c].begin(), slot_busy_[c].end(), false);
-    TRIDENT_CHECK(free_slot != slot_busy_[c].end());  // required_slots was checked
-    const int slot = static_cast<int>(free_slot - slot_busy_[c].begin());
+    int& held = slot_of_[c][static_cast<std::size_t>(a.micro)];
+    TRIDENT_CHECK_MSG(held < 0, label("second forward of", a));
+    const auto free_slot = std::find(slot_busy_.begin(), slot_busy_.end(), false);
+    TRIDENT_CHECK(free_slot != slot_busy_.end());  // required_slots was checked
     *free_slot = true;
-    slot_of_[c][static_cast<std::size_t>(a.micro)] = slot;
+    held = static_cast<int>(free_slot - slot_busy_.begin());
     stats_.peak_live_slots = std::max(stats_.peak_live_slots, ++live_);
     stats_.peak_live_per_chunk[c] = std::max(stats_.peak_live_per_chunk[c], ++live_per_chunk_[c]);
-    return slot;
+    return held;
   }
-  // The slot backward `a` used is free for the next forward: its input (input_activation)
-  // and the gradient sent from input_grad are different buffers (PipelineStageModel).
+  // The slot backward `a` used is free for the next forward, of any chunk: its input
+  // (input_activation) and the gradient sent from input_grad are different buffers
+  // (PipelineStageModel).
   void free_slot(const PipeAction& a, int slot) {
     const auto c = static_cast<std::size_t>(a.chunk);
-    slot_busy_[c][static_cast<std::size_t>(slot)] = false;
+    TRIDENT_CHECK_MSG(slot_busy_[static_cast<std::size_t>(slot)] &&
+                          slot_of_[c][static_cast<std::size_t>(a.micro)] == slot,
+                      label("freeing a slot not held by", a));
+    slot_busy_[static_cast<std::size_t>(slot)] = false;
     slot_of_[c][static_cast<std::size_t>(a.micro)] = -1;
     --live_;
     --live_per_chunk_[c];
@@ -437,7 +449,7 @@ class StepRun {
   const std::int64_t bytes_;
   const std::vector<int> steps_;  // action_steps of the schedule
   std::vector<std::vector<int>> slot_of_;     // [chunk][micro] -> slot, -1 when none
-  std::vector<std::vector<bool>> slot_busy_;  // [chunk][slot]
+  std::vector<bool> slot_busy_;               // [slot] of the pool, every chunk's
   std::vector<int> live_per_chunk_;
   int live_ = 0;
   std::vector<P2POp> ops_;  // the batch of sends and receives being gathered

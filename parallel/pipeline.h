@@ -60,10 +60,12 @@
 //   of those semantics, and shows the other orders deadlocking there. On MPI a batch's
 //   sends are copied out as isends and only receives block. run() returns after all its
 //   sends have completed.
-// - Slots, per chunk: a micro-batch gets the lowest free slot of its chunk at its
-//   forward and keeps it until its backward returns; each chunk's model holds num_slots
-//   copies of whatever it saves for backward and indexes them by slot. num_slots must
-//   be >= required_slots(kind, p, stage, m, v).
+// - Slots, one pool per stage shared by its chunks: a (micro, chunk) pair gets the lowest
+//   free slot of the pool at its forward and keeps it until its backward returns, so no
+//   two live pairs of the stage share a slot id (CHECKed); a chunk's model indexes what
+//   it saves for backward by that id (the trainer's chunks share one activation buffer,
+//   model/transformer.h share_activations). num_slots must be >= required_slots(kind, p,
+//   stage, m, v).
 // - Threads: one thread (the training thread) calls run(); the model's hooks are called
 //   from it.
 // Misuse (too few slots, m < 1, a null boundary buffer, v > 1 with GPipe, p == 1 or m
@@ -138,16 +140,24 @@ std::vector<std::vector<LayerRange>> chunk_layer_ranges(int n_layers, int pp,
 // free.
 double pipeline_bubble_fraction(int pp, int num_micro, int virtual_stages = 1);
 
-// Activation slots each chunk of `stage` needs: the most micro-batches live at once in
-// any one chunk, in closed form (PipelineExecutor::required_slots walks the schedule;
-// tests check the two agree for p <= 8, v <= 4, m <= 8p), so the memory plan can use it:
+// The most micro-batches live at once in any one chunk of `stage`, in closed form (tests
+// check it against a walk of the schedule for p <= 8, v <= 4, m <= 8p):
 // - GPipe, p > 1: m.  1F1B, and either schedule with p == 1: min(p - stage, m).
 // - Interleaved (v > 1): min(m, 2p, (v+1)p - 1 - 2*stage). Chunk 0 holds the most: its
 //   forwards run a group ahead of its backwards, which wait for the gradient to come
 //   back through every later chunk; with v == 2 the late stages' shorter warmup trims it.
-// Every chunk gets this many slots. Fewer are live in total (at most
-// min(v*m, warmup + 1) (micro, chunk) pairs on the stage, Stats::peak_live_slots).
+// v chunks with this many slots each would hold several times what is live on the stage
+// (pipeline_stage_slots), hence the pool.
 int pipeline_chunk_slots(PipeSchedule kind, int pp, int stage, int num_micro,
+                         int virtual_stages = 1);
+
+// Activation slots `stage` needs, its chunks sharing one pool: the most (micro, chunk)
+// pairs live at once summed over the chunks, in closed form (PipelineExecutor::
+// required_slots walks the schedule; tests check the two agree), so the memory plan can
+// use it. v == 1: pipeline_chunk_slots. Interleaved: min(v*m, w + 1), w = 2*(p - stage - 1)
+// + (v-1)*p the uncapped warmup (Megatron's in-flight count): the warmup's forwards, then
+// one more in each steady step before its backward frees one.
+int pipeline_stage_slots(PipeSchedule kind, int pp, int stage, int num_micro,
                          int virtual_stages = 1);
 
 // What the executor needs from one stage of the model, or with v > 1 from one model chunk
@@ -182,7 +192,7 @@ class PipelineExecutor {
  public:
   struct Stats {
     int peak_live_slots = 0;       // most (micro, chunk) pairs holding activations at once
-    std::vector<int> peak_live_per_chunk;  // (v) the same per chunk: slots each one used
+    std::vector<int> peak_live_per_chunk;  // (v) the same per chunk
     double total_seconds = 0;      // run() wall time, entry to return
     double compute_seconds = 0;    // inside forward()/backward()
     double idle_seconds = 0;       // in batch_p2p (waiting for a neighbour)
@@ -197,9 +207,9 @@ class PipelineExecutor {
     std::int64_t bytes_received = 0;
   };
 
-  // pp_group is borrowed and must outlive the executor. num_slots: how many slots each
-  // chunk's model allocated (CHECKed >= required_slots). virtual_stages: model chunks
-  // per stage (CHECKs interleave_problem).
+  // pp_group is borrowed and must outlive the executor. num_slots: the slot ids the
+  // chunks' models can index (the stage's pool; CHECKed >= required_slots).
+  // virtual_stages: model chunks per stage (CHECKs interleave_problem).
   PipelineExecutor(Communicator& pp_group, PipeSchedule kind, int num_micro, int num_slots,
                    int virtual_stages = 1);
 
@@ -215,8 +225,9 @@ class PipelineExecutor {
   int virtual_stages() const { return virtual_stages_; }
   const std::vector<PipeAction>& schedule() const { return schedule_; }
 
-  // Slots each chunk of a stage needs: the most micro-batches live at once in any one
-  // chunk, from a walk of the schedule (pipeline_chunk_slots is the closed form).
+  // Slots the pool of a stage needs: the most (micro, chunk) pairs live at once summed
+  // over its chunks, from a walk of the schedule (pipeline_stage_slots is the closed
+  // form).
   static int required_slots(PipeSchedule kind, int pp, int stage, int num_micro,
                             int virtual_stages = 1);
 

@@ -412,7 +412,7 @@ std::vector<OpPolicyMatmul> torchtitan_op_matmuls(const TransformerConfig& model
 }
 
 int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro, int virtual_stages) {
-  return pipeline_chunk_slots(schedule, pp, stage, num_micro, virtual_stages);
+  return pipeline_stage_slots(schedule, pp, stage, num_micro, virtual_stages);
 }
 
 RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part, int dp_rank,
@@ -491,16 +491,19 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   const int accum = config.grad_accum_steps();
   const int slots =
       pipeline_slots(par.pipeline_schedule, par.pp, part.pp_rank, accum, par.virtual_stages);
-  // Every chunk's model holds `slots` slots and its own backward scratch.
+  // The chunks share one pool of `slots` slots of the largest chunk's slot bytes
+  // (Transformer::share_activations; one chunk: its own); each has its backward scratch.
+  double max_slot_bytes = 0;
   for (const ModelPartition& chunk : chunks) {
     const double chunk_layers =
         (chunk.layer_end < 0 ? c.n_layers : chunk.layer_end) - chunk.layer_begin;
     double slot_bytes = 0, scratch = 0;
     activation_plan(config, chunk, attention_state_bytes, chunk_layers, selective_reruns,
                     &slot_bytes, &scratch);
-    m.activations += slot_bytes * slots;
+    max_slot_bytes = std::max(max_slot_bytes, slot_bytes);
     m.scratch += scratch;
   }
+  m.activations = max_slot_bytes * slots;
 
   const double bucket =
       std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));

@@ -14,7 +14,8 @@
 //                               group gradients held in backward, stage 1 the full
 //                               gradients plus the reduced shard; all allocated at start)
 //   activations               = Transformer::activation_bytes() with
-//                               PipelineExecutor::required_slots() slots (the attention
+//                               PipelineExecutor::required_slots() slots, the largest
+//                               chunk's slot bytes under interleaving (the attention
 //                               state is sized by the backend: Ops::attention_state_bytes)
 //   other.comm_buffers        = DataParallel::memory().comm_scratch
 //                               (bucketed parameter all-gather, stages 1-2, plus the ZeRO-2/3
@@ -123,9 +124,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
                                 const AttentionStateBytes& attention_state_bytes,
                                 SelectiveReruns selective_reruns = SelectiveReruns::kAttentionCore);
 
-// Activation slots the pipeline schedule keeps live on `stage`, per model chunk: the
-// closed form of PipelineExecutor::required_slots (parallel/pipeline.h
-// pipeline_chunk_slots; the executor walks the whole schedule).
+// Activation slots the pipeline schedule keeps live on `stage`, in the one pool its model
+// chunks share: the closed form of PipelineExecutor::required_slots (parallel/pipeline.h
+// pipeline_stage_slots; the executor walks the whole schedule).
 int pipeline_slots(PipeSchedule schedule, int pp, int stage, int num_micro,
                    int virtual_stages = 1);
 

@@ -350,16 +350,20 @@ void Trainer::build_model() {
   }
   const PipeSchedule schedule = par.pipeline_schedule;
   const int v = par.virtual_stages;
+  // The stage's slots; with v > 1 one pool its chunks share (slot ids are the executor's).
   const int slots =
       PipelineExecutor::required_slots(schedule, par.pp, groups_.coords.pp_rank, accum, v);
+  std::vector<Transformer*> pooled;
   for (const ModelPartition& chunk : chunks_) {
     models_.push_back(std::make_unique<Transformer>(mc, *ops_, chunk, groups_.tp.get(),
                                                     store, par.micro_batch_size, slots,
                                                     compute, config_.training.recompute,
-                                                    groups_.cp.get(), groups_.ep.get()));
+                                                    groups_.cp.get(), groups_.ep.get(), v > 1));
     models_.back()->set_moe_loss_coefs(config_.training.moe_aux_loss_coef,
                                        config_.training.moe_z_loss_coef);
+    pooled.push_back(models_.back().get());
   }
+  if (v > 1) Transformer::share_activations(pooled);
   executor_ = std::make_unique<PipelineExecutor>(*groups_.pp, schedule, accum, slots, v);
   for (size_t k = 0; k < models_.size(); ++k) {
     runners_.push_back(std::make_unique<StageRunner>(*this, static_cast<int>(k)));
@@ -949,17 +953,19 @@ Result<double> Trainer::evaluate() {
     for (int c = 0; c < v; ++c) {
       Transformer& model = *models_[static_cast<size_t>(c)];
       const ModelPartition& part = chunks_[static_cast<size_t>(c)];
+      const int slot = c;  // the chunks share one slot pool (>= v slots); each its own slot
       const size_t n = model.boundary_floats();
       // Tag: the batch and the sending chunk (rank 0 receives chunk c from rank p-1's c-1).
       if (!part.first_stage()) {
         const bool wrap = pp.rank() == 0;
-        pp.recv(CommBuf::device(model.input_activation(0), n), wrap ? p - 1 : pp.rank() - 1,
+        pp.recv(CommBuf::device(model.input_activation(slot), n), wrap ? p - 1 : pp.rank() - 1,
                 b * v + (wrap ? c - 1 : c));
       }
-      model.forward_stage(0, part.first_stage() ? tokens : nullptr,
+      model.forward_stage(slot, part.first_stage() ? tokens : nullptr,
                           part.last_stage() ? targets : nullptr, mb, T / config_.parallel.cp);
       if (!part.last_stage()) {
-        pp.send(CommBuf::device(model.output_activation(0), n), (pp.rank() + 1) % p, b * v + c);
+        pp.send(CommBuf::device(model.output_activation(slot), n), (pp.rank() + 1) % p,
+                b * v + c);
       }
     }
   }

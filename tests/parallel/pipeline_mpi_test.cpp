@@ -11,7 +11,8 @@
 //   work: 4 ranks share 2 cores), the measured idle share approximates (p-1)/(m+p-1).
 // - Interleaved 1F1B (v chunks per rank, virtual stage c * pp + s): the same
 //   equivalence over the pp * v virtual stages (np 2 and 4: pp 2 and 4, v 2 and 3), and
-//   the measured idle share against (p-1)/(v*m+p-1).
+//   the measured idle share against (p-1)/(v*m+p-1). The chunks of a stage share one slot
+//   pool: no slot id is handed to two live (micro, chunk) pairs of the stage.
 #include "parallel/pipeline.h"
 
 #include <gtest/gtest.h>
@@ -139,6 +140,13 @@ class AffineStage final : public PipelineStageModel {
                        std::to_string(slot));
       return;
     }
+    if (stage_slots != nullptr && (*stage_slots).at(slot) != -1) {
+      errors.push_back(std::string("F") + std::to_string(micro) + " got slot " +
+                       std::to_string(slot) + " held by chunk " +
+                       std::to_string((*stage_slots)[slot]) + " of the stage");
+      return;
+    }
+    if (stage_slots != nullptr) (*stage_slots)[slot] = chunk;
     owner_[slot] = micro;
     peak_live = std::max(peak_live, ++live_);
     if (stage_ == 0)
@@ -157,6 +165,7 @@ class AffineStage final : public PipelineStageModel {
       return;
     }
     owner_[slot] = -1;
+    if (stage_slots != nullptr) (*stage_slots)[slot] = -1;
     --live_;
     if (stage_ == pp_ - 1)
       for (int i = 0; i < kWidth; ++i) out_grad_[slot][i] = loss_weight(micro, i);
@@ -183,6 +192,9 @@ class AffineStage final : public PipelineStageModel {
   std::vector<PipeAction> order;
   std::vector<std::string> errors;
   int peak_live = 0;
+  // With v > 1: [slot] -> the chunk of the stage holding it or -1, shared by the stage's
+  // chunks (the executor's slot ids are one pool for them all).
+  std::vector<int>* stage_slots = nullptr;
   int chunk = 0;  // recorded in `order`
 };
 
@@ -308,9 +320,11 @@ TEST(PipelineExecutor, InterleavedMatchesSequentialComputation) {
             PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, pp, stage, m, v);
         std::vector<std::unique_ptr<AffineStage>> chunks;
         std::vector<PipelineStageModel*> models;
+        std::vector<int> stage_slots(static_cast<std::size_t>(slots), -1);
         for (int c = 0; c < v; ++c) {
           chunks.push_back(std::make_unique<AffineStage>(c * pp + stage, nv, m, slots));
           chunks.back()->chunk = c;
+          chunks.back()->stage_slots = &stage_slots;
           models.push_back(chunks.back().get());
         }
         PipelineExecutor executor(pp_group, PipeSchedule::kOneFOneB, m, slots, v);
@@ -343,11 +357,13 @@ TEST(PipelineExecutor, InterleavedMatchesSequentialComputation) {
           sends += m * ((vs < nv - 1) + (vs > 0));
         }
         // The most live on the stage at once: the warmup forwards plus the one in flight.
+        // The pool is sized to it; each chunk alone peaks at pipeline_chunk_slots.
         const int warmup = 2 * (pp - stage - 1) + (v - 1) * pp;
         EXPECT_EQ(stats.peak_live_slots, std::min(v * m, warmup + 1)) << where;
+        EXPECT_EQ(stats.peak_live_slots, slots) << where;
         EXPECT_EQ(*std::max_element(stats.peak_live_per_chunk.begin(),
                                     stats.peak_live_per_chunk.end()),
-                  slots)
+                  pipeline_chunk_slots(PipeSchedule::kOneFOneB, pp, stage, m, v))
             << where;
         // Traffic: per chunk one activation out unless last virtual stage, one gradient
         // back unless first.
@@ -380,8 +396,9 @@ TEST(PipelineExecutor, WrongChunkCountAborts) {
   if (w.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
   // Construction checks nothing collective, so one rank may die alone.
   if (w.rank() != 0) return;
-  PipelineExecutor executor(w, PipeSchedule::kOneFOneB, 2, 2, 2);
-  AffineStage one(0, 4, 2, 2);
+  const int slots = PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, 2, 0, 2, 2);
+  PipelineExecutor executor(w, PipeSchedule::kOneFOneB, 2, slots, 2);
+  AffineStage one(0, 4, 2, slots);
   EXPECT_DEATH(executor.run(one),
                "run\\(\\) got 1 model chunks, the executor has 2 virtual stages");
 }

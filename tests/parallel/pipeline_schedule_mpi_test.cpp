@@ -297,24 +297,60 @@ TEST(PipelineSchedule, InterleavedSimulationFinishesWithTheAnalyticBubble) {
   EXPECT_DOUBLE_EQ(pipeline_bubble_fraction(4, 8), pipeline_bubble_fraction(4, 8, 1));
 }
 
+// The most (micro, chunk) pairs live at once in one chunk, by walking the schedule.
+int walked_chunk_peak(const std::vector<PipeAction>& schedule, int v) {
+  std::vector<int> live(static_cast<std::size_t>(v), 0);
+  int peak = 0;
+  for (const PipeAction& a : schedule) {
+    int& n = live[static_cast<std::size_t>(a.chunk)];
+    n += a.kind == PipeAction::kForward ? 1 : -1;
+    peak = std::max(peak, n);
+  }
+  return peak;
+}
+
 TEST(PipelineSchedule, InterleavedSlotsWalkAndClosedFormAgree) {
   for (int pp = 2; pp <= 8; ++pp)
     for (int v = 2; v <= 4; ++v)
       for (int m = pp; m <= 8 * pp; m += pp)
         for (int stage = 0; stage < pp; ++stage) {
-          const int walked =
+          // The stage's pool (what the executor checks) and each chunk's own peak.
+          const int pool =
               PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, pp, stage, m, v);
-          EXPECT_EQ(walked, pipeline_chunk_slots(PipeSchedule::kOneFOneB, pp, stage, m, v))
+          EXPECT_EQ(pool, pipeline_stage_slots(PipeSchedule::kOneFOneB, pp, stage, m, v))
               << where_v(pp, stage, m, v);
-          EXPECT_LE(walked, std::min(m, 2 * pp)) << where_v(pp, stage, m, v);
+          const int chunk = walked_chunk_peak(
+              make_schedule(PipeSchedule::kOneFOneB, pp, stage, m, v), v);
+          EXPECT_EQ(chunk, pipeline_chunk_slots(PipeSchedule::kOneFOneB, pp, stage, m, v))
+              << where_v(pp, stage, m, v);
+          EXPECT_LE(chunk, std::min(m, 2 * pp)) << where_v(pp, stage, m, v);
+          EXPECT_LE(pool, v * chunk) << where_v(pp, stage, m, v);
+          EXPECT_GE(pool, chunk) << where_v(pp, stage, m, v);
         }
   for (PipeSchedule kind : kKinds)
     for (int pp = 1; pp <= 8; ++pp)
       for (int m = 1; m <= 16; ++m)
-        for (int stage = 0; stage < pp; ++stage)
+        for (int stage = 0; stage < pp; ++stage) {
           EXPECT_EQ(PipelineExecutor::required_slots(kind, pp, stage, m),
                     pipeline_chunk_slots(kind, pp, stage, m))
               << where(kind, pp, stage, m);
+          EXPECT_EQ(pipeline_stage_slots(kind, pp, stage, m),
+                    pipeline_chunk_slots(kind, pp, stage, m))
+              << where(kind, pp, stage, m);
+        }
+  // By hand: p=2, v=2, m=4, stage 1 (warmup 2) runs
+  //   F0.0 F1.0 | F0.1 B0.1 | F1.1 B1.1 | F2.0 B0.0 | F3.0 B1.0 | F2.1 B2.1 | F3.1 B3.1 | B2.0 B3.0
+  // live on the stage 1 2 3 2 3 2 3 2 3 2 3 2 3 2 1 0: a pool of 3; chunk 0 alone peaks at
+  // 3 (F0.0 F1.0 F2.0 before B0.0), chunk 1 at 1, so one pool per chunk would be 6.
+  const auto hand = make_schedule(PipeSchedule::kOneFOneB, 2, 1, 4, 2);
+  EXPECT_EQ(schedule_to_string(hand),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(PipelineExecutor::required_slots(PipeSchedule::kOneFOneB, 2, 1, 4, 2), 3);
+  EXPECT_EQ(pipeline_stage_slots(PipeSchedule::kOneFOneB, 2, 1, 4, 2), 3);
+  EXPECT_EQ(pipeline_chunk_slots(PipeSchedule::kOneFOneB, 2, 1, 4, 2), 3);
+  // Megatron's in-flight count, (p - stage - 1)*2 + (v-1)*p + 1, at p=4, v=5, m=64.
+  EXPECT_EQ(pipeline_stage_slots(PipeSchedule::kOneFOneB, 4, 0, 64, 5), 23);
+  EXPECT_EQ(pipeline_stage_slots(PipeSchedule::kOneFOneB, 4, 3, 64, 5), 17);
   // Written out: p=4, v=2, m=8 (Megatron's memory picture: stage 0 keeps the most).
   EXPECT_EQ(pipeline_chunk_slots(PipeSchedule::kOneFOneB, 4, 0, 8, 2), 8);
   EXPECT_EQ(pipeline_chunk_slots(PipeSchedule::kOneFOneB, 4, 2, 8, 2), 7);

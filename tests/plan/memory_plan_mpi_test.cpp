@@ -95,7 +95,7 @@ TEST(MemoryPlanMpi, EveryRankHoldsWhatThePlanSays) {
   }
 }
 
-// Interleaved 1F1B (every chunk's model holds its own slots and scratch) and sequence
+// Interleaved 1F1B (the chunks share one slot pool, each has its own scratch) and sequence
 // parallelism (shards of the activations, a gather workspace in the scratch).
 TEST(MemoryPlanMpi, InterleavedAndSequenceParallelRanksHoldWhatThePlanSays) {
   const int n = test::world().size();
