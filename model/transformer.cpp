@@ -1246,7 +1246,6 @@ void Transformer::head_backward(int slot, float loss_scale, int B, int T) {
   const auto& c = config_;
   const int L = c.n_layers, N = B * T, C = c.d_model, head_group = L + 1;
   const int n = tp_.local_rows(N);
-  const size_t NC = static_cast<size_t>(N) * C;
   const bool head_in_embeddings = c.tied() && part_.first_stage();
   store_->acquire(head_group, Phase::kBackward);
   if (head_in_embeddings) store_->acquire(0, Phase::kBackward);
