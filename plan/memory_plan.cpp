@@ -26,6 +26,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "plan/partition.h"
+#include "plan/traffic_model.h"
 
 namespace trident {
 namespace {
@@ -505,8 +506,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelPartition& part
   }
   m.activations = max_slot_bytes * slots;
 
-  const double bucket =
-      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / kF));
+  const double bucket = dp_bucket_floats(par);
   const double bucket_chunk =
       std::max({g.embedding.max_chunk_floats(dp, bucket), g.layer.max_chunk_floats(dp, bucket),
                 g.dense.max_chunk_floats(dp, bucket),

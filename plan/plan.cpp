@@ -165,8 +165,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   const double reduce_s =
       (zero == 0 ? k.all_reduce : k.reduce_scatter) / (floats * (every_micro ? m : 1));
   const double gather_s = zero == 3 ? k.all_gather / (2 * floats * m) : 0;  // fwd and bwd
-  const double bucket_floats =
-      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / 4.0));
+  const double bucket_floats = dp_bucket_floats(par);
   auto op = [&](const GroupWork& g, double extra, bool backward, bool reduces) {
     OverlapOp o;
     const double compute = backward ? g.backward : g.forward;

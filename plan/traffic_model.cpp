@@ -168,11 +168,14 @@ RankTraffic analytic_traffic(const Config& config, const ModelPartition& part,
   return t;
 }
 
+double dp_bucket_floats(const ParallelConfig& par) {
+  return std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / sizeof(float)));
+}
+
 double dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage) {
   const ParallelConfig& par = config.parallel;
   if (par.dp * par.cp <= 1) return 0;
-  const double bucket_floats =
-      std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / 4.0));
+  const double bucket_floats = dp_bucket_floats(par);
   double groups = 0, buckets = 0;
   for (const ParamGroup& g : layout.groups) {
     if (g.num_floats == 0 || is_expert_group(config.model.n_layers, g.id)) continue;

@@ -105,6 +105,10 @@ double ep_all_to_all_bytes(const Config& config, double moe_layers, double recei
 // The MoE layers (TransformerConfig::moe_layer) of the rank holding `part` (all its
 // chunks under parallel.virtual_stages > 1).
 double moe_local_layers(const Config& config, const ModelPartition& part);
+// The floats of one data-parallel bucket: parallel.bucket_mb of f32 gradients, at least
+// one (as DataParallel cuts its buckets).
+double dp_bucket_floats(const ParallelConfig& par);
+
 // The collectives the data-parallel group's engine issues per step (the dp part above:
 // the layout's groups, the routed experts' excepted), as the trainer issues them
 // (parallel/data_parallel.h, parallel/sharded_param_store.h): ZeRO 0 one all-reduce per
