@@ -10,7 +10,11 @@
 // measurement before the table swung between 103 and 145 GFLOP/s on a shared machine).
 //
 //   build/bench/bench_model [--preset small|medium|all|moe] [--steps N] [--threads N]
-//                           [--precision fp32|bf16] [--profile]
+//                           [--precision fp32|bf16] [--arch gpt2|llama] [--profile]
+//
+// --arch llama: the presets' shapes as the llama family (RMSNorm, SwiGLU at the same d_ff,
+// RoPE, no biases, an untied head) with half as many kv heads as query heads (GQA); q, k
+// and v then run as one GEMM unless TRIDENT_FUSED_QKV=0 (bytes and time before / after).
 //
 // --preset moe: each mixture-of-experts preset (bench/presets.h) beside its dense preset of
 // the same active FLOPs per token, and the ratio of their step times; with --profile, the
@@ -24,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -63,6 +68,7 @@ int run(int argc, char** argv) {
   std::string preset = "all";
   int steps = 10, threads = 0;
   std::string precision = "fp32";
+  std::string arch = "gpt2";
   bool profile = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) {
@@ -77,10 +83,11 @@ int run(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--arch")) arch = argv[i + 1];
     else {
       std::fprintf(stderr,
                    "usage: %s [--preset small|medium|all|moe] [--steps N] [--threads N] "
-                   "[--precision fp32|bf16] [--profile]\n",
+                   "[--precision fp32|bf16] [--arch gpt2|llama] [--profile]\n",
                    argv[0]);
       return 2;
     }
@@ -90,22 +97,35 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "--precision: expected fp32 or bf16, got '%s'\n", precision.c_str());
     return 2;
   }
+  if (arch != "gpt2" && arch != "llama") {
+    std::fprintf(stderr, "--arch: expected gpt2 or llama, got '%s'\n", arch.c_str());
+    return 2;
+  }
   const DType compute = precision == "bf16" ? DType::kBF16 : DType::kF32;
   auto ops = make_cpu_ops(threads);
-  std::printf("# trident CPU training step (fwd + bwd + AdamW), %s, %d threads; peak: sgemm "
-              "1024^3 GFLOP/s, the median of one measurement after each timed step\n",
-              precision.c_str(), omp_get_max_threads());
+  const char* fused = std::getenv("TRIDENT_FUSED_QKV");
+  std::printf("# trident CPU training step (fwd + bwd + AdamW), %s, %s%s, %d threads; peak: "
+              "sgemm 1024^3 GFLOP/s, the median of one measurement after each timed step\n",
+              precision.c_str(), arch.c_str(),
+              arch != "llama"                           ? ""
+              : fused != nullptr && std::string(fused) == "0" ? " (three q/k/v GEMMs)"
+                                                        : " (one q/k/v GEMM)",
+              omp_get_max_threads());
   std::printf("# %-8s %10s %8s %10s %10s %12s %10s %8s %8s %10s %6s\n", "preset", "params",
               "tokens", "ms/step", "mean_ms", "tokens/s", "GFLOP/s", "peak", "%peak", "loss0", "ok");
   // One preset's row (and profile); returns its median ms per step.
   auto bench_preset = [&](const Preset& p, const MoePreset* moe) {
     TransformerConfig c;
-    c.arch = Arch::kGpt2;
+    c.arch = arch == "llama" ? Arch::kLlama : Arch::kGpt2;
     c.vocab_size = p.vocab;
     c.seq_len = p.seq_len;
     c.n_layers = p.n_layers;
     c.n_heads = p.n_heads;
     c.d_model = p.d_model;
+    if (c.arch == Arch::kLlama) {
+      c.n_kv_heads = p.n_heads / 2;
+      c.d_ff = 4 * p.d_model;
+    }
     if (moe) {
       c.moe_experts = moe->experts;
       c.moe_top_k = moe->top_k;

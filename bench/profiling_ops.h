@@ -135,6 +135,23 @@ class ProfilingOps : public testing::ForwardingOps {
     Scope s(this, "rope_backward", 0, bytes_of(static_cast<size_t>(B) * T * H * HD, {dx, dx}));
     inner_.rope_backward(dx, B, T, H, HD, theta, pos_offset);
   }
+  // A read of the fused rows and a write of q, k and v (or the reverse).
+  void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
+                 bool rotate, float theta, int pos_offset) override {
+    const size_t rows = static_cast<size_t>(B) * T;
+    Scope s(this, "qkv_split", 0,
+            bytes_of(rows * (NH + 2 * NKV) * HD, {qkv}) + bytes_of(rows * NH * HD, {q}) +
+                bytes_of(rows * NKV * HD, {k, v}));
+    inner_.qkv_split(q, k, v, qkv, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
+  void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset) override {
+    const size_t rows = static_cast<size_t>(B) * T;
+    Scope s(this, "qkv_merge", 0,
+            bytes_of(rows * (NH + 2 * NKV) * HD, {dqkv}) + bytes_of(rows * NH * HD, {dq}) +
+                bytes_of(rows * NKV * HD, {dk, dv}));
+    inner_.qkv_merge(dqkv, dq, dk, dv, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
   void attention_forward(DevPtr out, DevPtr state, DevPtr q, DevPtr k, DevPtr v, int B, int T,
                          int NH, int NKV, int HD) override {
     Scope s(this, "attention_forward", 4.0 * B * NH * static_cast<double>(T) * T * HD, 0);

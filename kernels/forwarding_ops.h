@@ -71,6 +71,14 @@ class ForwardingOps : public Ops {
   void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta, int pos_offset) override {
     inner_.rope_backward(dx, B, T, H, HD, theta, pos_offset);
   }
+  void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
+                 bool rotate, float theta, int pos_offset) override {
+    inner_.qkv_split(q, k, v, qkv, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
+  void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset) override {
+    inner_.qkv_merge(dqkv, dq, dk, dv, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
                                DType dtype) const override {
     return inner_.attention_state_bytes(B, T, NH, NKV, HD, dtype);

@@ -171,6 +171,16 @@ class Ops {
   // The transpose rotation, in place on the gradient dx[B, T, H, HD].
   virtual void rope_backward(DevPtr dx, int B, int T, int H, int HD, float theta,
                              int pos_offset) = 0;
+  // The fused q/k/v projection: qkv[B, T, W], W = (NH + 2 NKV) * HD, each row q | k | v
+  // (one GEMM against the three weights stacked). qkv_split writes its parts to
+  // q[B, T, NH, HD], k and v [B, T, NKV, HD] (overwritten), q and k rotated as
+  // rope_forward when `rotate` (bit for bit what copies of the parts and rope_forward give).
+  // qkv_merge is its transpose: dqkv[B, T, W] = (dq | dk | dv) (overwritten), dq and dk
+  // rotated back as rope_backward when `rotate`; dq, dk and dv are read only.
+  virtual void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV,
+                         int HD, bool rotate, float theta, int pos_offset) = 0;
+  virtual void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH,
+                         int NKV, int HD, bool rotate, float theta, int pos_offset) = 0;
   // Causal softmax attention with scale 1/sqrt(HD). q[B, T, NH, HD], k and v
   // [B, T, NKV, HD]; query head h reads kv head h / (NH / NKV). out[B, T, NH, HD]
   // (overwritten).

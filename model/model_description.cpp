@@ -412,7 +412,10 @@ ActivationDescription describe_activations(const TransformerConfig& c,
                buffer("moe_stats", moe ? 2 * E + 1 : 0, f32, false),
                buffer("positions", cp_positions ? N / s.micro_batch_size * C : 0, cd, false),
                buffer("dpositions", cp_positions ? N / s.micro_batch_size * C : 0, f32, false),
-               buffer("moe_ep_counts", moe && s.ep_size > 1 ? 2 * E : 0, i32, false)};
+               buffer("moe_ep_counts", moe && s.ep_size > 1 ? 2 * E : 0, i32, false),
+               // The training step's fused q/k/v rows live in dq | dk | dv (forward) and
+               // in the layer's q | k | v (backward): none of their own, only cache mode's.
+               buffer("qkv", 0, cd, false)};
   return d;
 }
 
@@ -450,12 +453,19 @@ KvCacheDescription describe_kv_cache(const TransformerConfig& c, const KvCacheSh
   a.attention_state_bytes = 0;
   d.forward = describe_activations(rows, a);
   using namespace buffers;
-  // Of the scratch only what a mixture-of-experts forward works in (none for a dense
-  // model): the router logits, the routing statistics, a shared expert's output.
+  // Of the scratch only what a forward works in: a mixture-of-experts layer's router
+  // logits, routing statistics and shared expert's output; a RoPE family's fused q/k/v
+  // rows (batch x max_new of them), which the training step keeps in its backward scratch.
   for (int i = 0; i < kScratchCount; ++i) {
     if (i == kRouterLogits || i == kMoeStats || i == kDMoeY) continue;
     BufferDesc& b = d.forward.scratch[static_cast<size_t>(i)];
     b = buffer(b.name, 0, b.dtype);
+  }
+  if (c.family().rope()) {
+    const double rows = double(s.batch) * s.max_new;
+    const double width =
+        double(c.n_heads / s.tp_size + 2 * (c.n_kv_heads / s.tp_size)) * c.head_dim;
+    d.forward.scratch[kQkv] = buffer("qkv", rows * width, s.compute, false);
   }
   const double head_rows = s.all_logits ? 1.0 : 1.0 / s.max_new;  // of batch x max_new
   for (int g : {kLnf, kLnfMean, kLnfRstd, kLogits}) {

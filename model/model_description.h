@@ -218,10 +218,13 @@ enum SlotGlobal {
 // kMoeEpCounts, expert parallelism's exchanged row counts (i32, 2 E: sent, received).
 // Context parallelism with learned positions: kPositions, the rows of wpe at this rank's
 // positions (compute dtype, the embedding's table), kDPositions their gradient (f32).
+// kQkv: cache mode's fused q/k/v projection rows [N, (NH + 2 NKV) HD] of a RoPE family
+// (describe_kv_cache); empty for the training step, whose fused rows use dq | dk | dv in
+// forward and the layer's q | k | v in backward (Transformer::block_forward).
 enum Scratch {
   kDx, kDln, kDq, kDk, kDv, kDatty, kDh1, kDh2, kDhAct, kGather, kDlnLocal, kNormGrads,
   kRouterLogits, kDMoeX, kDMoeH1, kDMoeH2, kDMoeHAct, kDMoeY, kDMoeWeights, kMoeProbGrad,
-  kMoeStats, kPositions, kDPositions, kMoeEpCounts, kScratchCount
+  kMoeStats, kPositions, kDPositions, kMoeEpCounts, kQkv, kScratchCount
 };
 }  // namespace buffers
 
@@ -271,7 +274,8 @@ struct KvCacheDescription {
   // globals and layer buffers, the layer ones one set for every layer (shared: nothing is
   // kept for a backward), no attention state (the cached attention keeps none), the
   // residual stream in two buffers (the layers alternate between them), of the scratch
-  // only the mixture-of-experts forward's (buffers::Scratch order, the rest empty). The
+  // only the forward's (the mixture-of-experts layer's, the fused q/k/v rows;
+  // buffers::Scratch order, the rest empty). The
   // head's buffers (lnf, its statistics, logits) have batch rows unless all_logits; the
   // loss's (targets, losses, cross-entropy statistics) none.
   ActivationDescription forward;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -211,6 +212,8 @@ void Transformer::init_partition(ParamStore* store, int micro_batch_size, int nu
   q_ = ColumnParallelLinear(tp_, C, q_dim, "attn.q");
   k_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.k");
   v_ = ColumnParallelLinear(tp_, C, kv_dim, "attn.v");
+  qkv_ = ColumnParallelLinear(tp_, C, q_dim + 2 * kv_dim, "attn.qkv");
+  fused_qkv_ = c.family().rope() && fused_qkv_from_env();
   o_ = RowParallelLinear(tp_, q_dim, C, "attn.o");
   fc_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.fc");  // GELU mlp.fc, SwiGLU mlp.gate
   up_ = ColumnParallelLinear(tp_, C, c.d_ff, "mlp.up");  // SwiGLU only
@@ -919,25 +922,82 @@ void Transformer::moe_backward(const LayerParams& p, const LayerParams& g, const
   ops_.matmul_backward(dln, g.router_w, DevPtr(), dlogits, ln2, p.router_w, N, C, E);
 }
 
+void Transformer::rope_segments(int B, int T, int pos,
+                                const std::function<void(size_t, int, int, int)>& run) const {
+  if (!ring_) return run(0, B, T, pos);
+  // Each sequence's two chunks sit at their own positions (RoPE is per row, so the
+  // rotations are those of one call over the whole sequence).
+  for (int b = 0; b < B; ++b) {
+    const size_t row0 = static_cast<size_t>(b) * T;
+    run(row0, 1, cp_.chunk, cp_.first_pos());
+    run(row0 + cp_.chunk, 1, cp_.chunk, cp_.second_pos());
+  }
+}
+
 void Transformer::rope(DevPtr x, int B, int T, int H, int pos, bool backward) {
   const auto& c = config_;
-  auto run = [&](DevPtr p, int b, int t, int offset) {
+  const size_t row = static_cast<size_t>(H) * c.head_dim;
+  rope_segments(B, T, pos, [&](size_t row0, int b, int t, int offset) {
+    const DevPtr p = x + row0 * row;
     if (backward) {
       ops_.rope_backward(p, b, t, H, c.head_dim, c.rope_theta, offset);
     } else {
       ops_.rope_forward(p, b, t, H, c.head_dim, c.rope_theta, offset);
     }
+  });
+}
+
+void Transformer::qkv_permute(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int pos,
+                              bool backward) {
+  const auto& c = config_;
+  const int HD = c.head_dim;
+  const size_t qd = static_cast<size_t>(heads_) * HD, kvd = static_cast<size_t>(kv_heads_) * HD;
+  const bool rotate = c.family().rope();
+  rope_segments(B, T, pos, [&](size_t row0, int b, int t, int offset) {
+    const DevPtr qs = q + row0 * qd, ks = k + row0 * kvd, vs = v + row0 * kvd;
+    const DevPtr fused = qkv + row0 * (qd + 2 * kvd);
+    if (backward) {
+      ops_.qkv_merge(fused, qs, ks, vs, b, t, heads_, kv_heads_, HD, rotate, c.rope_theta, offset);
+    } else {
+      ops_.qkv_split(qs, ks, vs, fused, b, t, heads_, kv_heads_, HD, rotate, c.rope_theta, offset);
+    }
+  });
+}
+
+bool Transformer::fused_qkv_from_env() {
+  const char* env = std::getenv("TRIDENT_FUSED_QKV");
+  if (env == nullptr || *env == 0) return true;
+  const std::string value = env;
+  TRIDENT_CHECK_MSG(value == "0" || value == "1",
+                    "TRIDENT_FUSED_QKV='" + value + "': must be 1 (one q/k/v GEMM, the default) "
+                    "or 0 (three)");
+  return value == "1";
+}
+
+DevPtr Transformer::adjacent_qkv(DevPtr q, DevPtr k, DevPtr v, int N) const {
+  // The buffers hold the largest micro-batch's rows; its q | k | v span holds any N of
+  // them as fused rows.
+  const size_t rows = static_cast<size_t>(micro_batch_size_) * seq_rows_;
+  const size_t HD = static_cast<size_t>(config_.head_dim);
+  const bool adjacent = !q.is_null() && static_cast<size_t>(N) <= rows &&
+                        k == q + rows * heads_ * HD && v == k + rows * kv_heads_ * HD;
+  return adjacent ? q : DevPtr();
+}
+
+bool Transformer::qkv_fusable(const LayerParams& p, const LayerParams* g) const {
+  if (!fused_qkv_) return false;
+  const size_t C = static_cast<size_t>(config_.d_model), HD = static_cast<size_t>(config_.head_dim);
+  const size_t qd = heads_ * HD, kvd = kv_heads_ * HD;
+  // The three weights (and biases, when present) one after the other, so that they are
+  // the one [q + 2 kv, C] weight of the fused GEMM.
+  auto stacked = [&](const LayerParams& t) {
+    const bool weights = t.k_w == t.q_w + qd * C && t.v_w == t.k_w + kvd * C;
+    const bool biases = t.q_b.is_null()
+                            ? t.k_b.is_null() && t.v_b.is_null()
+                            : t.k_b == t.q_b + qd && t.v_b == t.k_b + kvd;
+    return weights && biases;
   };
-  if (!ring_) return run(x, B, T, pos);
-  // Each sequence's two chunks sit at their own positions (RoPE is per row, so the
-  // rotations are those of one call over the whole sequence).
-  const size_t row = static_cast<size_t>(H) * c.head_dim;
-  const size_t chunk = static_cast<size_t>(cp_.chunk) * row;
-  for (int b = 0; b < B; ++b) {
-    const DevPtr seq = x + static_cast<size_t>(b) * T * row;
-    run(seq, 1, cp_.chunk, cp_.first_pos());
-    run(seq + chunk, 1, cp_.chunk, cp_.second_pos());
-  }
+  return stacked(p) && (g == nullptr || stacked(*g));
 }
 
 void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevPtr x_out, int B,
@@ -961,12 +1021,23 @@ void Transformer::block_forward(int layer, const LayerActs& a, DevPtr x_in, DevP
     ops_.rmsnorm_forward(a.ln1, a.ln1_rstd, x_in, p.ln1_w, n, C, c.norm_eps);
   }
   DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input");
-  q_.forward(a.q, ln1, p.q_w, p.q_b, N);  // (biases null when the family has none)
-  k_.forward(a.k, ln1, p.k_w, p.k_b, N);
-  v_.forward(a.v, ln1, p.v_w, p.v_b, N);
-  if (arch.rope()) {
-    rope(a.q, B, T, heads_, pos, false);
-    rope(a.k, B, T, kv_heads_, pos, false);
+  // The fused rows' buffer: cache mode's own; in the training step the backward scratch
+  // dq | dk | dv, free in forward and exactly [N, q + 2 kv] when the three are adjacent.
+  const DevPtr qkv =
+      cache != nullptr ? cache->qkv : adjacent_qkv(scratch(kDq), scratch(kDk), scratch(kDv), N);
+  if (!qkv.is_null() && qkv_fusable(p, nullptr)) {
+    // One GEMM against the stacked weights, then its rows split into q, k and v, rotated
+    // on the way (the pass RoPE makes anyway).
+    qkv_.forward(qkv, ln1, p.q_w, p.q_b, N);
+    qkv_permute(a.q, a.k, a.v, qkv, B, T, pos, false);
+  } else {
+    q_.forward(a.q, ln1, p.q_w, p.q_b, N);  // (biases null when the family has none)
+    k_.forward(a.k, ln1, p.k_w, p.k_b, N);
+    v_.forward(a.v, ln1, p.v_w, p.v_b, N);
+    if (arch.rope()) {
+      rope(a.q, B, T, heads_, pos, false);
+      rope(a.k, B, T, kv_heads_, pos, false);
+    }
   }
   if (cache == nullptr && ring_) {
     ring_->forward(a.atty, a.att_state.as(DType::kF32), a.q, a.k, a.v);
@@ -1161,7 +1232,7 @@ void Transformer::forward_cached(const int32_t* tokens, int B, int T, KvCache& c
     const int layer = part_.layer_begin + l;
     const size_t off = static_cast<size_t>(l) * cache.layer_elements_;
     const CachedKv kv{cache.keys_.as(compute_dtype_) + off, cache.values_.as(compute_dtype_) + off,
-                      pos, cache.capacity_};
+                      pos, cache.capacity_, cache.scratch_[kQkv]};
     store_->acquire(1 + layer, Phase::kForward);
     moe.local_layer = l;
     block_forward(layer, a, cache.x_[l % 2], cache.x_[(l + 1) % 2], B, T, &kv,
@@ -1374,14 +1445,25 @@ void Transformer::layer_backward(int slot, int layer, DevPtr x_in, DevPtr dx, in
     ops_.attention_backward(dq, dk, dv, datty, a.atty, a.att_state, a.q, a.k, a.v, B, T,
                             heads_, kv_heads_, HD);
   }
-  if (arch.rope()) {
-    rope(dq, B, T, heads_, 0, true);
-    rope(dk, B, T, kv_heads_, 0, true);
-  }
   DevPtr ln1 = tp_.gather_rows(a.ln1, work, N, C, "attn input (backward)");
-  q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N, GradWrite::kSet);
-  k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
-  v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
+  // The packed gradient's buffer: this layer's q | k | v activations, which nothing reads
+  // after the attention backward above (every consumer of a.q, a.k, a.v ran), exactly
+  // [N, q + 2 kv] when the three are adjacent.
+  const DevPtr dqkv = adjacent_qkv(a.q, a.k, a.v, N);
+  if (!dqkv.is_null() && qkv_fusable(p, &g)) {
+    // dq, dk (rotated back) and dv packed into the fused rows: one GEMM for the input
+    // gradient (set), one for the stacked weights' gradient.
+    qkv_permute(dq, dk, dv, dqkv, B, T, 0, true);
+    qkv_.backward(dln_full, g.q_w, g.q_b, dqkv, ln1, p.q_w, N, GradWrite::kSet);
+  } else {
+    if (arch.rope()) {
+      rope(dq, B, T, heads_, 0, true);
+      rope(dk, B, T, kv_heads_, 0, true);
+    }
+    q_.backward(dln_full, g.q_w, g.q_b, dq, ln1, p.q_w, N, GradWrite::kSet);
+    k_.backward(dln_full, g.k_w, g.k_b, dk, ln1, p.k_w, N);
+    v_.backward(dln_full, g.v_w, g.v_b, dv, ln1, p.v_w, N);
+  }
   DevPtr dln_attn = tp_.reduce_column_input_grad(dln_full, dln_local, N, C, "attn dinput");
   if (arch.layer_norm()) {
     ops_.layernorm_backward(dx, into[2], into[3], dln_attn, x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,

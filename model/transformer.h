@@ -120,6 +120,7 @@
 
 #include <cstdint>
 #include <array>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -385,6 +386,7 @@ class Transformer {
   struct CachedKv {
     DevPtr keys, values;
     int pos = 0, capacity = 0;
+    DevPtr qkv;  // the fused q/k/v rows' buffer (null: none)
   };
   // The layer code of both forwards: `cache` null is the training forward
   // (attention_forward over the T tokens, its state kept in a.att_state), else the cached
@@ -399,6 +401,27 @@ class Transformer {
   // RoPE (or its transpose) on x[B, T, H, HD] at positions pos.., or under context
   // parallelism at this rank's two chunks' positions.
   void rope(DevPtr x, int B, int T, int H, int pos, bool backward);
+  // run(first row, B, T, position of its first token) over the rows of [B, T] at positions
+  // pos..: one call, or under context parallelism one per sequence and chunk.
+  void rope_segments(int B, int T, int pos,
+                     const std::function<void(size_t, int, int, int)>& run) const;
+  // The fused q/k/v rows qkv [B*T, q + 2 kv] split into q, k, v (RoPE applied), or with
+  // `backward` dq, dk, dv merged into them (RoPE's transpose applied): Ops::qkv_split /
+  // qkv_merge at the rope positions.
+  void qkv_permute(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int pos,
+                   bool backward);
+  // Whether the layer's q/k/v projection runs as one GEMM (into a fused-rows buffer the
+  // caller has: adjacent_qkv, cache mode's qkv): a RoPE family (fused_qkv_) and the three
+  // weights (and biases) stacked in the store, in `p`'s parameters and, when given, `g`'s
+  // gradients.
+  bool qkv_fusable(const LayerParams& p, const LayerParams* g) const;
+  // q as the [N, q + 2 kv] fused rows' buffer when q, k and v (buffers of the largest
+  // micro-batch's rows, [rows, q], [rows, kv], [rows, kv], of one dtype) lie one after the
+  // other, else null.
+  DevPtr adjacent_qkv(DevPtr q, DevPtr k, DevPtr v, int N) const;
+  // TRIDENT_FUSED_QKV: unset or 1, one q/k/v GEMM for RoPE families (the default); 0,
+  // three (comparisons).
+  static bool fused_qkv_from_env();
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);
   DevPtr group_param(int group, const char* name);
@@ -412,6 +435,8 @@ class Transformer {
   TensorParallel tp_;
   // The tensor-parallel layers (stateless: local sizes and the group).
   ColumnParallelLinear q_, k_, v_, fc_, up_, head_;
+  ColumnParallelLinear qkv_;  // q, k and v as one: their weights stacked (qkv_fusable)
+  bool fused_qkv_ = false;
   RowParallelLinear o_, proj_;
   VocabParallelEmbedding embedding_;
   VocabParallelCrossEntropy xent_;

@@ -63,6 +63,12 @@ void column_sum_accumulate(float* dst, const float* src, int N, int C);
 // rope.cpp
 void rope_forward(float* x, int B, int T, int H, int HD, float theta, int pos_offset);
 void rope_backward(float* dx, int B, int T, int H, int HD, float theta, int pos_offset);
+// Ops::qkv_split / qkv_merge: the fused projection's rows [B, T, (NH + 2 NKV) HD] to and
+// from the separate q, k, v, q and k rotated (as rope_forward / rope_backward) when `rotate`.
+void qkv_split(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int NKV,
+               int HD, bool rotate, float theta, int pos_offset);
+void qkv_merge(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T,
+               int NH, int NKV, int HD, bool rotate, float theta, int pos_offset);
 
 // attention.cpp
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,

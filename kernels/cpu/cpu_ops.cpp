@@ -335,6 +335,27 @@ class CpuOps final : public Ops {
     F32Out dx_f(c, dx, elems(B, T, H, HD), "dx", Store::kUpdate);
     cpu::rope_backward(dx_f, B, T, H, HD, theta, pos_offset);
   }
+  void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
+                 bool rotate, float theta, int pos_offset) override {
+    Call c = call("qkv_split");
+    const size_t rows = elems(B, T);
+    F32In qkv_f(c, qkv, rows * static_cast<size_t>((NH + 2 * NKV) * HD), "qkv");
+    F32Out q_f(c, q, elems(B, T, NH, HD), "q", Store::kOverwrite);
+    F32Out k_f(c, k, elems(B, T, NKV, HD), "k", Store::kOverwrite);
+    F32Out v_f(c, v, elems(B, T, NKV, HD), "v", Store::kOverwrite);
+    cpu::qkv_split(q_f, k_f, v_f, qkv_f, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
+  void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset) override {
+    Call c = call("qkv_merge");
+    const size_t rows = elems(B, T);
+    F32In dq_f(c, dq, elems(B, T, NH, HD), "dq");
+    F32In dk_f(c, dk, elems(B, T, NKV, HD), "dk");
+    F32In dv_f(c, dv, elems(B, T, NKV, HD), "dv");
+    F32Out dqkv_f(c, dqkv, rows * static_cast<size_t>((NH + 2 * NKV) * HD), "dqkv",
+                  Store::kOverwrite);
+    cpu::qkv_merge(dqkv_f, dq_f, dk_f, dv_f, B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  }
   // The state is the softmax probabilities [B, NH, T, T] as fp32 (upper triangle 0), the
   // exact arithmetic of cpu::attention_forward / _backward; `out` is not needed by
   // backward.

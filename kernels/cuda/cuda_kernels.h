@@ -44,6 +44,11 @@ void scale(FArg x, float factor, size_t n, Stream s);
 size_t rope_table_bytes(int T, int HD);
 void rope(FArg x, void* table, int B, int T, int H, int HD, float theta, int pos_offset,
           float sign, Stream s);
+// Ops::qkv_split (to_parts, sign +1) and qkv_merge (sign -1); `table` as rope's (unused
+// unless `rotate`).
+void qkv_permute(FArg q, FArg k, FArg v, FArg qkv, void* table, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset, float sign, bool to_parts,
+                 Stream s);
 // The GEMM for layouts cuBLASLt (GemmEngine) does not take (launch.h gemm_layout_ok):
 // row-major D[M, N] = op(A)[M, K] @ op(B)[K, N] (+ D when accumulate) (+ bias[N]), op(X) =
 // X^T when trans_x; one thread per output element, fp32 products summed in k order, any

@@ -366,6 +366,20 @@ class CudaOps final : public Ops {
     void* table = scratch(kRope, cuda::rope_table_bytes(T, HD)).raw();
     cuda::rope(f(op, dx, "dx"), table, B, T, H, HD, theta, pos_offset, -1.0f, stream_);
   }
+  void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
+                 bool rotate, float theta, int pos_offset) override {
+    Op op(*this, "qkv_split");
+    void* table = rotate ? scratch(kRope, cuda::rope_table_bytes(T, HD)).raw() : nullptr;
+    cuda::qkv_permute(f(op, q, "q"), f(op, k, "k"), f(op, v, "v"), f(op, qkv, "qkv"), table, B, T,
+                      NH, NKV, HD, rotate, theta, pos_offset, 1.0f, true, stream_);
+  }
+  void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset) override {
+    Op op(*this, "qkv_merge");
+    void* table = rotate ? scratch(kRope, cuda::rope_table_bytes(T, HD)).raw() : nullptr;
+    cuda::qkv_permute(f(op, dq, "dq"), f(op, dk, "dk"), f(op, dv, "dv"), f(op, dqkv, "dqkv"),
+                      table, B, T, NH, NKV, HD, rotate, theta, pos_offset, -1.0f, false, stream_);
+  }
 
   size_t attention_state_bytes(int B, int T, int NH, int NKV, int HD,
                                DType dtype) const override {

@@ -1,4 +1,5 @@
-// Pointwise kernels: cast, GELU (tanh form), SwiGLU, add / accumulate / scale, RoPE. The
+// Pointwise kernels: cast, GELU (tanh form), SwiGLU, add / accumulate / scale, RoPE, the
+// fused q/k/v rows' split and merge. The
 // formulas are those of kernels/cpu/activation.cpp and rope.cpp, one element per
 // iteration of a grid-stride loop (launch.h elementwise_launch). Every output element
 // is read (when it is also an input) and written by the same thread, so an output may
@@ -97,6 +98,40 @@ __global__ void rope_kernel(FArg x, const float2* table, size_t pairs, int T, in
   }
 }
 
+// Ops::qkv_split (to_parts) / qkv_merge: one thread per pair (row r = b*T + t, head h of
+// the fused row's NH + 2 NKV, i < HD/2) between the fused row q | k | v and the separate
+// q, k, v; a q or k pair rotated by the table when `rotate` (the expression of
+// rope_kernel), a v pair copied.
+__global__ void qkv_permute_kernel(FArg q, FArg k, FArg v, FArg qkv, const float2* table,
+                                   size_t pairs, int T, int NH, int NKV, int HD, bool rotate,
+                                   float sign, bool to_parts) {
+  const int half = HD / 2, heads = NH + 2 * NKV;
+  for (size_t p = global_thread(); p < pairs; p += grid_threads()) {
+    const int i = static_cast<int>(p % half);
+    const size_t row_head = p / half;  // r * heads + h
+    const size_t r = row_head / heads;
+    const int h = static_cast<int>(row_head % heads);
+    const size_t fused = row_head * HD;
+    FArg part = h < NH ? q : h < NH + NKV ? k : v;
+    const size_t local = h < NH ? (r * NH + h) * HD
+                         : h < NH + NKV ? (r * NKV + (h - NH)) * HD
+                                        : (r * NKV + (h - NH - NKV)) * HD;
+    const FArg src = to_parts ? qkv : part, dst = to_parts ? part : qkv;
+    const size_t s0 = to_parts ? fused : local, d0 = to_parts ? local : fused;
+    const float x1 = load(src, s0 + i), x2 = load(src, s0 + i + half);
+    if (rotate && h < NH + NKV) {
+      const int t = static_cast<int>(r % T);
+      const float2 cs = table[static_cast<size_t>(t) * half + i];
+      const float c = cs.x, sn = sign * cs.y;
+      store(dst, d0 + i, x1 * c - x2 * sn);
+      store(dst, d0 + i + half, x2 * c + x1 * sn);
+    } else {
+      store(dst, d0 + i, x1);
+      store(dst, d0 + i + half, x2);
+    }
+  }
+}
+
 __global__ void simple_gemm_kernel(bool trans_a, bool trans_b, int M, int N, int K, FArg a,
                                    FArg b, FArg d, FArg bias, bool accumulate,
                                    SimpleGemmLayout L) {
@@ -170,6 +205,20 @@ void rope(FArg x, void* table, int B, int T, int H, int HD, float theta, int pos
   const size_t entries = static_cast<size_t>(T) * (HD / 2);
   TRIDENT_ELEMENTWISE(rope_table_kernel, entries, cs, T, HD, theta, pos_offset);
   TRIDENT_ELEMENTWISE(rope_kernel, pairs, x, cs, pairs, T, H, HD, sign);
+}
+
+void qkv_permute(FArg q, FArg k, FArg v, FArg qkv, void* table, int B, int T, int NH, int NKV,
+                 int HD, bool rotate, float theta, int pos_offset, float sign, bool to_parts,
+                 Stream s) {
+  const size_t pairs = static_cast<size_t>(B) * T * (NH + 2 * NKV) * (HD / 2);
+  if (pairs == 0) return;
+  float2* cs = static_cast<float2*>(table);
+  if (rotate) {
+    const size_t entries = static_cast<size_t>(T) * (HD / 2);
+    TRIDENT_ELEMENTWISE(rope_table_kernel, entries, cs, T, HD, theta, pos_offset);
+  }
+  TRIDENT_ELEMENTWISE(qkv_permute_kernel, pairs, q, k, v, qkv, cs, pairs, T, NH, NKV, HD, rotate,
+                      sign, to_parts);
 }
 
 void simple_gemm(bool trans_a, bool trans_b, int M, int N, int K, FArg a, FArg b, FArg d,

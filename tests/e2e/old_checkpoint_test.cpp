@@ -16,6 +16,12 @@
 // other last bits of fp32 on the other kind (measured: relative 1e-8 on the loss). On a
 // CPU with no file of its own the records are compared within 1e-6 relative (a layout or
 // state change moves them far more), and the test says that it did so.
+//
+// The bitwise resume runs with TRIDENT_FUSED_QKV=0: the fixtures' binaries projected a
+// llama's q, k and v with three GEMMs, whose arithmetic that reproduces. Today's default
+// (one GEMM, whose input gradient is rounded once instead of after each of three) resumes
+// the same checkpoint too, and its records agree within 1e-4 relative (measured 2.0e-5 on
+// the bf16 llama case, AMD EPYC).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,8 +78,11 @@ std::string cpu_vendor() {
   return "unknown";
 }
 
-void check_case(const std::string& name, int ranks) {
-  SCOPED_TRACE(name);
+// `env`: "TRIDENT_FUSED_QKV=0" for the fixtures' own arithmetic (bitwise), or "" for
+// today's default (within `tolerance` relative).
+void check_case(const std::string& name, int ranks, const std::string& env = "TRIDENT_FUSED_QKV=0",
+                double tolerance = 0) {
+  SCOPED_TRACE(name + (env.empty() ? " (default)" : " (" + env + ")"));
   const fs::path fixture = fs::path(TRIDENT_SOURCE_DIR) / "tests/reference/fixtures/resume" / name;
   ASSERT_TRUE(fs::exists(fixture / "ckpt/step_4/manifest.json")) << fixture;
   testing::ScratchDir dir;
@@ -81,7 +90,7 @@ void check_case(const std::string& name, int ranks) {
   if (ranks > 1 && testing::run_command("command -v mpirun").exit_code != 0) {
     GTEST_SKIP() << "mpirun not found";
   }
-  std::string cmd = "cd " + dir.path() + " && OMP_WAIT_POLICY=passive ";
+  std::string cmd = "cd " + dir.path() + " && " + env + " OMP_WAIT_POLICY=passive ";
   if (ranks > 1) {
     cmd += "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --timeout 120 -np " +
            std::to_string(ranks) + " ";
@@ -93,8 +102,9 @@ void check_case(const std::string& name, int ranks) {
 
   const std::string vendor = cpu_vendor();
   fs::path expected = fixture / ("expected." + vendor + ".jsonl");
-  const bool bitwise = fs::exists(expected);
-  if (!bitwise) {  // another vendor's file: the first in name order
+  const bool bitwise = fs::exists(expected) && tolerance == 0;
+  if (tolerance == 0) tolerance = 1e-6;
+  if (!fs::exists(expected)) {  // another vendor's file: the first in name order
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(fixture)) {
       const std::string f = e.path().filename().string();
@@ -103,11 +113,11 @@ void check_case(const std::string& name, int ranks) {
     std::sort(files.begin(), files.end());
     ASSERT_FALSE(files.empty()) << fixture << " has no expected.<vendor>.jsonl";
     expected = files.front();
-    std::printf("note: no %s for CPU vendor %s: compared with %s within 1e-6 relative, not "
+    std::printf("note: no %s for CPU vendor %s: compared with %s within %g relative, not "
                 "bit for bit (tests/reference/make_resume_fixtures.sh --expected-here writes "
                 "this vendor's file)\n",
                 ("expected." + vendor + ".jsonl").c_str(), vendor.c_str(),
-                expected.filename().c_str());
+                expected.filename().c_str(), tolerance);
   }
   const std::map<int, Record> want = read_steps(expected.string());
   const std::map<int, Record> got = read_steps(dir.file("metrics.jsonl"));
@@ -121,8 +131,8 @@ void check_case(const std::string& name, int ranks) {
       EXPECT_EQ(g.grad_norm, w.grad_norm) << "step " << step << ", " << expected;
       EXPECT_EQ(g.lr, w.lr) << "step " << step << ", " << expected;
     } else {
-      EXPECT_NEAR(g.loss, w.loss, 1e-6 * std::fabs(w.loss)) << "step " << step;
-      EXPECT_NEAR(g.grad_norm, w.grad_norm, 1e-6 * std::fabs(w.grad_norm)) << "step " << step;
+      EXPECT_NEAR(g.loss, w.loss, tolerance * std::fabs(w.loss)) << "step " << step;
+      EXPECT_NEAR(g.grad_norm, w.grad_norm, tolerance * std::fabs(w.grad_norm)) << "step " << step;
       EXPECT_EQ(g.lr, w.lr) << "step " << step;
     }
   }
@@ -134,6 +144,10 @@ TEST(OldCheckpoint, Gpt2Fp32OneRankResumesBitwise) { check_case("gpt2_fp32_1rank
 
 TEST(OldCheckpoint, LlamaBf16Dp2Tp2Zero1ResumesBitwise) {
   check_case("llama_bf16_dp2_tp2_zero1", 4);
+}
+
+TEST(OldCheckpoint, LlamaBf16Dp2Tp2Zero1ResumesWithOneQkvGemm) {
+  check_case("llama_bf16_dp2_tp2_zero1", 4, "", 1e-4);
 }
 
 }  // namespace

@@ -364,6 +364,58 @@ Def rope(DType F, int B, int T, int H, int HD, int pos_offset) {
   return d;
 }
 
+// ---- the fused q/k/v rows --------------------------------------------------------
+// qkv [B, T, (NH + 2 NKV) HD] split into q, k, v (q and k rotated when `rotate`); the
+// backward merges dq, dk (rotated back) and dv into dqkv, which it sets (NaN prefill).
+Def qkv(DType F, int B, int T, int NH, int NKV, int HD, int pos_offset, bool rotate) {
+  constexpr float theta = 10000.0f;
+  auto d = make("qkv", dtype_name(F),
+                dims({{"B", B}, {"T", T}, {"NH", NH}, {"NKV", NKV}, {"HD", HD}, {"pos", pos_offset}}) +
+                    (rotate ? "" : "_norope"));
+  const size_t rows = sz(B) * T, qd = sz(NH) * HD, kvd = sz(NKV) * HD, W = qd + 2 * kvd;
+  d->args = {arg("qkv", F, rows * W, Role::kIn),      arg("q", F, rows * qd, Role::kOut),
+             arg("k", F, rows * kvd, Role::kOut),     arg("v", F, rows * kvd, Role::kOut),
+             arg("dq", F, rows * qd, Role::kGradIn),  arg("dk", F, rows * kvd, Role::kGradIn),
+             arg("dv", F, rows * kvd, Role::kGradIn), arg("dqkv", F, rows * W, Role::kGradSet)};
+  d->forward = [=](Ops& ops, const Bufs& b) {
+    ops.qkv_split(b["q"], b["k"], b["v"], b["qkv"], B, T, NH, NKV, HD, rotate, theta, pos_offset);
+  };
+  d->backward = [=](Ops& ops, const Bufs& b) {
+    ops.qkv_merge(b["dqkv"], b["dq"], b["dk"], b["dv"], B, T, NH, NKV, HD, rotate, theta,
+                  pos_offset);
+  };
+  // Row r of the fused tensor holds q | k | v; `to_parts` copies out, else in.
+  auto permute = [=](VecD& fused, VecD& q, VecD& k, VecD& v, bool to_parts) {
+    for (size_t r = 0; r < rows; ++r) {
+      VecD* parts[3] = {&q, &k, &v};
+      const size_t width[3] = {qd, kvd, kvd}, at[3] = {0, qd, qd + kvd};
+      for (int j = 0; j < 3; ++j)
+        for (size_t e = 0; e < width[j]; ++e) {
+          double& part = (*parts[j])[r * width[j] + e];
+          double& row = fused[r * W + at[j] + e];
+          if (to_parts) part = row; else row = part;
+        }
+    }
+  };
+  d->ref_forward = [=](Host& h) {
+    permute(h.at("qkv"), h.at("q"), h.at("k"), h.at("v"), true);
+    if (!rotate) return;
+    ref_rope(h.at("q"), B, T, NH, HD, theta, pos_offset, 1.0);
+    ref_rope(h.at("k"), B, T, NKV, HD, theta, pos_offset, 1.0);
+  };
+  d->ref_backward = [=](Host& h) {
+    VecD dq = h.at("dq"), dk = h.at("dk"), dv = h.at("dv");
+    if (rotate) {
+      ref_rope(dq, B, T, NH, HD, theta, pos_offset, -1.0);
+      ref_rope(dk, B, T, NKV, HD, theta, pos_offset, -1.0);
+    }
+    permute(h.at("dqkv"), dq, dk, dv, false);
+  };
+  d->wrt = {{"qkv", "dqkv"}};
+  d->project = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}};
+  return d;
+}
+
 // ---- attention ------------------------------------------------------------------
 Def attention(DType F, AttnShape s) {
   auto d = make("attention", dtype_name(F),
@@ -522,6 +574,65 @@ void expect_equals_attention_forward_everywhere(const char* what, uint32_t seed,
     auto cuda = make_ops(DeviceKind::kCuda, 0, 1);
     if (cuda.is_ok()) {
       expect_equals_attention_forward(**cuda, F, /*bitwise=*/false, what, seed, other);
+    }
+  }
+}
+
+// The fused rows split into q, k and v are, bit for bit, those parts copied out and then
+// rotated by rope_forward (the three-GEMM path of Transformer::block_forward), and the
+// merge is rope_backward then copies, on both CPU backends in f32 and bf16.
+TEST(OpTableQkv, SplitAndMergeEqualRopeAndCopiesBitwise) {
+  const int B = 2, T = 9, NH = 4, NKV = 2, HD = 8, pos = 3;
+  const float theta = 10000.0f;
+  const size_t rows = sz(B) * T, qd = sz(NH) * HD, kvd = sz(NKV) * HD, W = qd + 2 * kvd;
+  for (DType F : {kF32, kBF16}) {
+    for (bool checked : {false, true}) {
+      auto ops = make_cpu_ops(2, checked);
+      const size_t es = dtype_size(F);
+      std::mt19937 gen(17);
+      std::uniform_real_distribution<double> dist(-2, 2);
+      VecD fused(rows * W);
+      for (double& x : fused) x = dist(gen);
+      const std::vector<unsigned char> fused_bytes = detail::encode(fused, F);
+      DeviceBuffer qkv_buf(*ops, rows * W * es), q(*ops, rows * qd * es), k(*ops, rows * kvd * es),
+          v(*ops, rows * kvd * es), merged(*ops, rows * W * es);
+      ops->upload(qkv_buf.get(), fused_bytes.data(), fused_bytes.size());
+      ops->qkv_split(q.as(F), k.as(F), v.as(F), qkv_buf.as(F), B, T, NH, NKV, HD, true, theta, pos);
+      // The reference: each row's parts copied out of the fused bytes, then rope_forward.
+      std::vector<unsigned char> parts[3] = {std::vector<unsigned char>(rows * qd * es),
+                                             std::vector<unsigned char>(rows * kvd * es),
+                                             std::vector<unsigned char>(rows * kvd * es)};
+      const size_t width[3] = {qd, kvd, kvd}, at[3] = {0, qd, qd + kvd};
+      for (size_t r = 0; r < rows; ++r)
+        for (int j = 0; j < 3; ++j)
+          std::memcpy(parts[j].data() + r * width[j] * es, fused_bytes.data() + (r * W + at[j]) * es,
+                      width[j] * es);
+      DeviceBuffer rq(*ops, rows * qd * es), rk(*ops, rows * kvd * es), rv(*ops, rows * kvd * es);
+      DeviceBuffer* ref[3] = {&rq, &rk, &rv};
+      for (int j = 0; j < 3; ++j) ops->upload(ref[j]->get(), parts[j].data(), parts[j].size());
+      ops->rope_forward(rq.as(F), B, T, NH, HD, theta, pos);
+      ops->rope_forward(rk.as(F), B, T, NKV, HD, theta, pos);
+      DeviceBuffer* got[3] = {&q, &k, &v};
+      for (int j = 0; j < 3; ++j) {
+        std::vector<unsigned char> a(parts[j].size()), b(parts[j].size());
+        ops->download(a.data(), got[j]->get(), a.size());
+        ops->download(b.data(), ref[j]->get(), b.size());
+        EXPECT_EQ(a, b) << "split part " << j << " " << ops->name() << " " << dtype_name(F);
+      }
+      // Merge the split parts back: rope_backward undoes the rotation only up to rounding,
+      // so the reference is rope_backward on copies of the parts, then the copies in.
+      ops->qkv_merge(merged.as(F), q.as(F), k.as(F), v.as(F), B, T, NH, NKV, HD, true, theta, pos);
+      ops->rope_backward(rq.as(F), B, T, NH, HD, theta, pos);
+      ops->rope_backward(rk.as(F), B, T, NKV, HD, theta, pos);
+      std::vector<unsigned char> want(rows * W * es), have(rows * W * es);
+      for (int j = 0; j < 3; ++j) {
+        ops->download(parts[j].data(), ref[j]->get(), parts[j].size());
+        for (size_t r = 0; r < rows; ++r)
+          std::memcpy(want.data() + (r * W + at[j]) * es, parts[j].data() + r * width[j] * es,
+                      width[j] * es);
+      }
+      ops->download(have.data(), merged.get(), have.size());
+      EXPECT_EQ(have, want) << "merge " << ops->name() << " " << dtype_name(F);
     }
   }
 }
@@ -1489,6 +1600,9 @@ std::vector<Def> table_defs() {
     defs.push_back(matmul(F, F, 40, 32, 24, true, GradWrite::kSet));
     defs.push_back(rope(F, 2, 5, 3, 6, 0));
     defs.push_back(rope(F, 1, 3, 2, 8, 7));
+    defs.push_back(qkv(F, 2, 5, 3, 1, 6, 0, true));   // GQA
+    defs.push_back(qkv(F, 1, 3, 2, 2, 8, 7, true));   // MHA at position 7
+    defs.push_back(qkv(F, 2, 4, 4, 2, 4, 0, false));  // no rotation: copies only
     defs.push_back(attention(F, {2, 5, 3, 3, 4}));  // MHA
     defs.push_back(attention(F, {1, 7, 4, 2, 5}));  // GQA, odd T, odd head_dim
     defs.push_back(attention(F, {2, 1, 2, 1, 3}));  // T = 1
@@ -1695,6 +1809,7 @@ TEST(OpTableCoverage, EveryComputeOpIsInTheTable) {
                          "rmsnorm",
                          "matmul",
                          "rope",
+                         "qkv",
                          "attention",
                          "attention_cached",
                          "attention_block",

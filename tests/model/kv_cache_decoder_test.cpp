@@ -250,7 +250,10 @@ TEST(KvCacheDecoder, CacheBytesAreTheDescriptions) {
         d.forward.globals.size() + 2 + d.forward.layer.size() + d.forward.scratch.size();
     int scratch_buffers = 0;
     for (const BufferDesc& b : d.forward.scratch) scratch_buffers += b.bytes > 0;
-    EXPECT_EQ(scratch_buffers, k.moe ? 3 : 0);
+    // The MoE layer's three; llama's fused q/k/v rows.
+    EXPECT_EQ(scratch_buffers, (k.moe ? 3 : 0) + (arch == Arch::kLlama ? 1 : 0));
+    EXPECT_EQ(d.forward.scratch[buffers::kQkv].elements,
+              arch == Arch::kLlama ? 2.0 * 7 * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 0.0);
     EXPECT_EQ(allocated, cache.bytes());
     EXPECT_GE(static_cast<double>(allocated), described);
     EXPECT_LE(static_cast<double>(allocated), described + 64.0 * (buffers + 2));

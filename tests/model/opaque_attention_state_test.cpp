@@ -92,13 +92,10 @@ TrainRun train(const TransformerConfig& config, Ops& ops) {
   TrainRun run;
   for (int step = 1; step <= 3; ++step) {
     const int T = step == 2 ? config.seq_len / 2 : config.seq_len;
-    std::vector<int32_t> tokens(static_cast<size_t>(kB) * T), targets(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int32_t>((i * 7 + step * 13) % config.vocab_size);
-      targets[i] = static_cast<int32_t>((i * 11 + step * 5 + 3) % config.vocab_size);
-    }
+    const testing::TinyBatch batch =
+        testing::tiny_batch(config.vocab_size, static_cast<size_t>(kB) * T, step);
     model.zero_grads();
-    run.losses.push_back(model.forward(tokens.data(), targets.data(), kB, T));
+    run.losses.push_back(model.forward(batch.tokens.data(), batch.targets.data(), kB, T));
     model.backward(1.0f);
     AdamWParams p;
     p.lr = 1e-2f;
