@@ -55,18 +55,24 @@ double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSp
   return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
 }
 
-// Seconds of each collective kind of a group's traffic; `calls` are shared out over the
-// kinds present (the fixed cost is small next to bytes).
+// Seconds of each collective kind of a group's traffic, with each kind's count of calls
+// (dp: dp_collective_calls), or a total shared out equally over the kinds present (tp,
+// whose all-gathers and reduce-scatters come in pairs).
 struct KindSeconds {
   double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
   double total() const { return all_reduce + reduce_scatter + all_gather; }
 };
+// With each kind's own count of calls.
+KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, const DpCalls& calls) {
+  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, calls.all_reduce),
+          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link,
+                       calls.reduce_scatter),
+          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, calls.all_gather)};
+}
 KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls) {
   const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
   const double per_kind = kinds > 0 ? calls / kinds : 0;
-  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, per_kind),
-          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link, per_kind),
-          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, per_kind)};
+  return kind_s(g, ranks, link, DpCalls{per_kind, per_kind, per_kind});
 }
 
 struct StageTime {
@@ -438,8 +444,8 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
                          double layer_recompute, double* comm) {
   const int edp = config.parallel.dp / config.parallel.ep;
   if (edp <= 1 || e.total() <= 0) return 0;
-  const double bucket = std::max(1.0, static_cast<double>(config.parallel.bucket_mb) * 1048576.0);
-  const KindSeconds k = kind_s(e, edp, links.expert_dp_spec, std::ceil(e.total() / bucket));
+  const KindSeconds k = kind_s(e, edp, links.expert_dp_spec,
+                               dp_collective_calls(config, layout, false, /*experts=*/true));
   *comm += k.total();
   std::vector<GroupWork> groups;
   for (const ParamGroup& g : layout.groups) {

@@ -172,25 +172,29 @@ double dp_bucket_floats(const ParallelConfig& par) {
   return std::max(1.0, std::floor(static_cast<double>(par.bucket_mb) * 1048576.0 / sizeof(float)));
 }
 
-double dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage) {
+DpCalls dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage,
+                            bool experts) {
   const ParallelConfig& par = config.parallel;
-  if (par.dp * par.cp <= 1) return 0;
+  if ((experts ? par.dp / std::max(1, par.ep) : par.dp * par.cp) <= 1) return {};
   const double bucket_floats = dp_bucket_floats(par);
   double groups = 0, buckets = 0;
   for (const ParamGroup& g : layout.groups) {
-    if (g.num_floats == 0 || is_expert_group(config.model.n_layers, g.id)) continue;
+    if (g.num_floats == 0 || is_expert_group(config.model.n_layers, g.id) != experts) continue;
     groups += 1;
     buckets += std::ceil(static_cast<double>(g.num_floats) / bucket_floats);
   }
   const double micro = config.grad_accum_steps();
-  const double used =
-      groups + (tied_one_stage && !layout.groups.empty() && layout.groups[0].num_floats > 0 ? 1 : 0);
+  const bool tied = !experts && tied_one_stage && !layout.groups.empty() &&
+                    layout.groups[0].num_floats > 0;
+  const double used = groups + (tied ? 1 : 0);
+  DpCalls c;
   switch (par.zero_stage) {
-    case 0: return buckets;
-    case 1: return 2 * buckets;
-    case 2: return used * micro + buckets;
-    default: return 3 * used * micro;
+    case 0: c.all_reduce = buckets; break;
+    case 1: c.reduce_scatter = c.all_gather = buckets; break;
+    case 2: c.reduce_scatter = used * micro; c.all_gather = buckets; break;
+    default: c.reduce_scatter = used * micro; c.all_gather = 2 * used * micro; break;
   }
+  return c;
 }
 
 CpRingHop cp_ring_hop_bytes(const Config& config) {

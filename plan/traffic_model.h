@@ -109,15 +109,22 @@ double moe_local_layers(const Config& config, const ModelPartition& part);
 // one (as DataParallel cuts its buckets).
 double dp_bucket_floats(const ParallelConfig& par);
 
-// The collectives the data-parallel group's engine issues per step (the dp part above:
-// the layout's groups, the routed experts' excepted), as the trainer issues them
-// (parallel/data_parallel.h, parallel/sharded_param_store.h): ZeRO 0 one all-reduce per
-// bucket (parallel.bucket_mb; a bucket never spans groups), ZeRO 1 a reduce-scatter and an
-// all-gather per bucket; ZeRO 2 one reduce-scatter per group and micro-batch and the
-// buckets' all-gathers; ZeRO 3 two all-gathers and one reduce-scatter per group and
+// The collectives of each kind the data-parallel group's engine issues per step (the dp
+// part above: the layout's groups, the routed experts' excepted), as the trainer issues
+// them (parallel/data_parallel.h, parallel/sharded_param_store.h): ZeRO 0 one all-reduce
+// per bucket (parallel.bucket_mb; a bucket never spans groups), ZeRO 1 a reduce-scatter
+// and an all-gather per bucket; ZeRO 2 one reduce-scatter per group and micro-batch and
+// the buckets' all-gathers; ZeRO 3 two all-gathers and one reduce-scatter per group and
 // micro-batch. `tied_one_stage`: a tied head in a one-stage model, whose use of group 0
-// adds one of each per micro-batch under ZeRO 2 and 3. 0 when the group has one rank.
-double dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage);
+// adds one of each per micro-batch under ZeRO 2 and 3. `experts`: instead the routed
+// experts' groups (is_expert_group, ep > 1), which the expert_dp group's engine (dp / ep
+// ranks) runs the same way. 0 when the group has one rank.
+struct DpCalls {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  double total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+DpCalls dp_collective_calls(const Config& config, const ParamLayout& layout, bool tied_one_stage,
+                            bool experts = false);
 // The all-to-all calls of one micro-batch per MoE layer: the counts, the dispatch and the
 // combine per forward (twice under full recomputation), two in backward.
 double ep_all_to_all_calls_per_layer(const Config& config);

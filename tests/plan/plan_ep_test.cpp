@@ -183,5 +183,39 @@ TEST(PlanEp, LeadingDenseLayersCountAsDense) {
                    6.0 * static_cast<double>(m.active_parameters()) + 12.0 * 4 * C * 64);
 }
 
+// The routed experts' groups are reduced by the expert_dp group's engine, the same
+// DataParallel as dp's (trainer/trainer.cpp), so their calls follow dp's rule over the
+// expert groups alone: ZeRO-3 two all-gathers and a reduce-scatter per group and
+// micro-batch, ZeRO-1 a reduce-scatter and an all-gather per bucket; and the dense count
+// leaves those groups out. kSmallMoe at ep 2 has 3 expert groups (layers 1-3) of one
+// bucket each and 6 dense groups (embeddings, 4 layers, head).
+TEST(PlanEp, ExpertDpCallsAreTheEngineRuleOverTheExpertGroups) {
+  for (int zero : {1, 3}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const Config c = moe_config(kSmallMoe, "dp: 4, ep: 2, zero_stage: " + std::to_string(zero), 16);
+    const ModelPartition part = stage_partition(c, 0, 0);
+    const ParamLayout layout = describe_params(c.model, part);
+    int expert_groups = 0, dense_groups = 0;
+    for (const ParamGroup& g : layout.groups) {
+      if (g.num_floats == 0) continue;
+      (is_expert_group(c.model.n_layers, g.id) ? expert_groups : dense_groups) += 1;
+    }
+    ASSERT_EQ(expert_groups, 3);
+    ASSERT_EQ(dense_groups, 6);
+    const double micro = c.grad_accum_steps();  // 16 / 4
+    const DpCalls e = dp_collective_calls(c, layout, false, /*experts=*/true);
+    const DpCalls d = dp_collective_calls(c, layout, false);
+    EXPECT_EQ(e.all_reduce, 0);
+    EXPECT_EQ(e.reduce_scatter, zero == 3 ? 3 * micro : 3);
+    EXPECT_EQ(e.all_gather, zero == 3 ? 2 * 3 * micro : 3);
+    EXPECT_EQ(d.reduce_scatter, zero == 3 ? 6 * micro : 6);
+    EXPECT_EQ(d.all_gather, zero == 3 ? 2 * 6 * micro : 6);
+  }
+  // One rank per expert_dp group: nothing to reduce.
+  const Config alone = moe_config(kSmallMoe, "dp: 2, ep: 2, zero_stage: 3", 16);
+  const ModelPartition part = stage_partition(alone, 0, 0);
+  EXPECT_EQ(dp_collective_calls(alone, describe_params(alone.model, part), false, true).total(), 0);
+}
+
 }  // namespace
 }  // namespace trident

@@ -663,7 +663,11 @@ Config overlap_config(int zero) {
 // all-gather per bucket, ZeRO-2 a reduce-scatter per group and micro-batch and the
 // buckets' gathers, ZeRO-3 two gathers and a reduce-scatter per group and micro-batch
 // (a tied head uses group 0 once more under ZeRO-2/3).
-double trainer_dp_calls(const Config& c, const ParamLayout& layout) {
+struct TrainerCalls {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  double total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+TrainerCalls trainer_dp_calls(const Config& c, const ParamLayout& layout) {
   double groups = 0, buckets = 0;
   for (const ParamGroup& g : layout.groups) {
     if (g.num_floats == 0) continue;
@@ -671,13 +675,17 @@ double trainer_dp_calls(const Config& c, const ParamLayout& layout) {
     buckets += std::ceil(g.num_floats * 4.0 / (25.0 * 1048576.0));
   }
   const double used = (groups + (c.model.tied() ? 1 : 0)) * c.grad_accum_steps();
-  const int zero = c.parallel.zero_stage;
-  return zero == 0 ? buckets : zero == 1 ? 2 * buckets : zero == 2 ? used + buckets : 3 * used;
+  switch (c.parallel.zero_stage) {
+    case 0: return {buckets, 0, 0};
+    case 1: return {0, buckets, buckets};
+    case 2: return {0, used, buckets};
+    default: return {0, used, 2 * used};
+  }
 }
 
 // Overlap off is the old all-exposed model: dp = every dp byte over the link (the kinds'
 // payloads times the ring bus factor over 80% of the link, one latency per collective
-// the trainer issues shared out over the kinds), the step its parts' sum; on, the same
+// the trainer issues), the step its parts' sum; on, the same
 // communication with some of it hidden, the step shorter by exactly that.
 TEST(Plan, OverlapOffIsTheAllExposedModelAndOnHidesPartOfIt) {
   const PlanOptions o = gpu_options(8);
@@ -691,7 +699,7 @@ TEST(Plan, OverlapOffIsTheAllExposedModelAndOnHidesPartOfIt) {
     const ModelPartition part = stage_partition(off, 0);
     const RankTraffic t = analytic_traffic(off, part, describe_params(off.model, part));
     const double bw = 450e9 * 0.8, latency = 10e-6;
-    const double calls = trainer_dp_calls(off, describe_params(off.model, part));
+    const double calls = trainer_dp_calls(off, describe_params(off.model, part)).total();
     const int kinds = (t.dp.all_reduce > 0) + (t.dp.reduce_scatter > 0) + (t.dp.all_gather > 0);
     const double by_hand = t.dp.all_reduce * 2 * 7 / 8 / bw + t.dp.reduce_scatter * 7 / 8 / bw +
                            t.dp.all_gather * 7 / 8 / bw + calls * latency;
@@ -736,7 +744,7 @@ TEST(Plan, OverlapOffIsTheAllExposedModelAndOnHidesPartOfIt) {
 
 // ZeRO-3 on one stage, worked by hand from the groups' sizes. Each item on the dp stream
 // takes its kind's seconds per step (the all-exposed figure: bytes x bus factor / 80% of
-// the link + its share of one latency per collective) in proportion to its group's floats.
+// the link + one latency per collective of its kind) in proportion to its group's floats.
 struct Zero3Case {
   Config config;
   PlanResult result;
@@ -765,9 +773,9 @@ Zero3Case zero3_case(int micro_batch_size, int seq_len, int global_batch, int pe
   const RankTraffic t = analytic_traffic(c, part, layout);
   const LinkSpec& link = per_node >= 8 ? o.hardware.intra_node : o.hardware.inter_node;
   const double bw = link.bytes_per_s * 0.8;
-  const double per_kind = trainer_dp_calls(c, layout) / 2;
-  z.ag_s = t.dp.all_gather * 7 / 8 / bw + per_kind * link.latency_s;
-  z.rs_s = t.dp.reduce_scatter * 7 / 8 / bw + per_kind * link.latency_s;
+  const TrainerCalls calls = trainer_dp_calls(c, layout);  // two gathers per reduce-scatter
+  z.ag_s = t.dp.all_gather * 7 / 8 / bw + calls.all_gather * link.latency_s;
+  z.rs_s = t.dp.reduce_scatter * 7 / 8 / bw + calls.reduce_scatter * link.latency_s;
   return z;
 }
 
