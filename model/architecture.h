@@ -28,7 +28,9 @@ enum class Position { kLearned, kRope };       // a learned table (wpe) or rotar
 struct TransformerConfig;
 struct BlockDescription;
 
-// Appends a layer's parameter tensors and activation buffers to `block`.
+// Appends a layer's parameter tensors and activation buffers to `block`. It may read the
+// config's family and its moe_experts / moe_shared_experts only: describe_block caches
+// the result by those (model/model_description.h).
 using BlockBuilder = void (*)(const TransformerConfig& config, BlockDescription* block);
 
 struct Architecture {

@@ -60,7 +60,7 @@ std::optional<int64_t> layer_parameters(const TransformerConfig& c, int layer = 
     return 0;
   };
   std::optional<int64_t> count = 0;
-  const BlockDescription block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
+  const BlockDescription& block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
   for (const LayerTensor& t : block.tensors) count = add(count, mul(size(t.rows), size(t.cols)));
   return count;
 }

@@ -1,6 +1,8 @@
 #include "model/model_description.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "core/check.h"
 #include "parallel/tensor_parallel.h"
@@ -159,19 +161,36 @@ void standard_block(const TransformerConfig& c, BlockDescription* block) {
   b.push_back({"h_act", B::kHAct, Dim::kF, K::kCompute, false});  // gelu(h1) / silu(h1)*h2
 }
 
-BlockDescription describe_block(const TransformerConfig& c) {
-  BlockDescription block;
-  const BlockBuilder builder = architecture(c.arch).block;
-  (builder ? builder : standard_block)(c, &block);
-  return block;
+namespace {
+
+// A block is built once per thread and (family, routed experts, shared experts): the
+// builders read nothing else (the rows' sizes are Dim symbols), and `trident plan` asks
+// for the block per layout and stage (tens of thousands of times for a mixture of experts).
+const BlockDescription& cached_block(const TransformerConfig& c, int experts, int shared) {
+  thread_local std::map<std::tuple<int, int, int>, BlockDescription> cache;
+  const std::tuple<int, int, int> key{static_cast<int>(c.arch), experts, shared};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    TransformerConfig k = c;
+    k.moe_experts = experts;
+    k.moe_shared_experts = shared;
+    BlockDescription block;
+    const BlockBuilder builder = architecture(c.arch).block;
+    (builder ? builder : standard_block)(k, &block);
+    it = cache.emplace(key, std::move(block)).first;
+  }
+  return it->second;
 }
 
-BlockDescription describe_layer_block(const TransformerConfig& c, int layer) {
+}  // namespace
+
+const BlockDescription& describe_block(const TransformerConfig& c) {
+  return cached_block(c, c.moe_experts, c.moe_shared_experts);
+}
+
+const BlockDescription& describe_layer_block(const TransformerConfig& c, int layer) {
   if (c.moe_layer(layer) || !c.moe()) return describe_block(c);
-  TransformerConfig dense = c;  // a leading dense layer of a MoE model
-  dense.moe_experts = 0;
-  dense.moe_shared_experts = 0;
-  return describe_block(dense);
+  return cached_block(c, 0, 0);  // a leading dense layer of a MoE model
 }
 
 // ---- parameters ------------------------------------------------------------------------
@@ -562,7 +581,7 @@ StageFlops describe_flops(const TransformerConfig& c, const ModelPartition& part
 
 LayerCollectives describe_collectives(const TransformerConfig& c, int layer) {
   LayerCollectives out;
-  const BlockDescription block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
+  const BlockDescription& block = layer < 0 ? describe_block(c) : describe_layer_block(c, layer);
   const DimSizes g = global_sizes(c);
   std::vector<BufferRole> inputs;
   for (const LayerTensor& t : block.tensors) {

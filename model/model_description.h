@@ -148,11 +148,13 @@ struct BlockDescription {
 // gate/up/down).
 void standard_block(const TransformerConfig& config, BlockDescription* block);
 // The block of config.arch's family (its builder, or standard_block): a MoE layer's in a
-// mixture-of-experts model.
-BlockDescription describe_block(const TransformerConfig& config);
+// mixture-of-experts model. Built once per thread and (family, moe_experts,
+// moe_shared_experts), which is all a builder may read (sizes are Dim symbols); the
+// reference stays valid for the thread's life.
+const BlockDescription& describe_block(const TransformerConfig& config);
 // The block of layer `layer`: the dense block for the leading moe_first_dense_layers of a
 // mixture-of-experts model (TransformerConfig::moe_layer), else describe_block.
-BlockDescription describe_layer_block(const TransformerConfig& config, int layer);
+const BlockDescription& describe_layer_block(const TransformerConfig& config, int layer);
 
 // ---- parameters ------------------------------------------------------------------------
 
