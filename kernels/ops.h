@@ -176,7 +176,8 @@ class Ops {
   // q[B, T, NH, HD], k and v [B, T, NKV, HD] (overwritten), q and k rotated as
   // rope_forward when `rotate` (bit for bit what copies of the parts and rope_forward give).
   // qkv_merge is its transpose: dqkv[B, T, W] = (dq | dk | dv) (overwritten), dq and dk
-  // rotated back as rope_backward when `rotate`; dq, dk and dv are read only.
+  // rotated back as rope_backward when `rotate`; dq, dk and dv are read only. HD is even
+  // (the CUDA kernels move pairs of elements).
   virtual void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV,
                          int HD, bool rotate, float theta, int pos_offset) = 0;
   virtual void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH,

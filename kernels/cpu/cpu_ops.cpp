@@ -338,6 +338,7 @@ class CpuOps final : public Ops {
   void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
                  bool rotate, float theta, int pos_offset) override {
     Call c = call("qkv_split");
+    TRIDENT_CHECK_MSG(HD % 2 == 0, "qkv_split: head_dim " + std::to_string(HD) + " is odd");
     const size_t rows = elems(B, T);
     F32In qkv_f(c, qkv, rows * static_cast<size_t>((NH + 2 * NKV) * HD), "qkv");
     F32Out q_f(c, q, elems(B, T, NH, HD), "q", Store::kOverwrite);
@@ -348,6 +349,7 @@ class CpuOps final : public Ops {
   void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
                  int HD, bool rotate, float theta, int pos_offset) override {
     Call c = call("qkv_merge");
+    TRIDENT_CHECK_MSG(HD % 2 == 0, "qkv_merge: head_dim " + std::to_string(HD) + " is odd");
     const size_t rows = elems(B, T);
     F32In dq_f(c, dq, elems(B, T, NH, HD), "dq");
     F32In dk_f(c, dk, elems(B, T, NKV, HD), "dk");

@@ -369,6 +369,7 @@ class CudaOps final : public Ops {
   void qkv_split(DevPtr q, DevPtr k, DevPtr v, DevPtr qkv, int B, int T, int NH, int NKV, int HD,
                  bool rotate, float theta, int pos_offset) override {
     Op op(*this, "qkv_split");
+    TRIDENT_CHECK_MSG(HD % 2 == 0, "qkv_split: head_dim " + std::to_string(HD) + " is odd");
     void* table = rotate ? scratch(kRope, cuda::rope_table_bytes(T, HD)).raw() : nullptr;
     cuda::qkv_permute(f(op, q, "q"), f(op, k, "k"), f(op, v, "v"), f(op, qkv, "qkv"), table, B, T,
                       NH, NKV, HD, rotate, theta, pos_offset, 1.0f, true, stream_);
@@ -376,6 +377,7 @@ class CudaOps final : public Ops {
   void qkv_merge(DevPtr dqkv, DevPtr dq, DevPtr dk, DevPtr dv, int B, int T, int NH, int NKV,
                  int HD, bool rotate, float theta, int pos_offset) override {
     Op op(*this, "qkv_merge");
+    TRIDENT_CHECK_MSG(HD % 2 == 0, "qkv_merge: head_dim " + std::to_string(HD) + " is odd");
     void* table = rotate ? scratch(kRope, cuda::rope_table_bytes(T, HD)).raw() : nullptr;
     cuda::qkv_permute(f(op, dq, "dq"), f(op, dk, "dk"), f(op, dv, "dv"), f(op, dqkv, "dqkv"),
                       table, B, T, NH, NKV, HD, rotate, theta, pos_offset, -1.0f, false, stream_);
