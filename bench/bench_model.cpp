@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -103,13 +102,12 @@ int run(int argc, char** argv) {
   }
   const DType compute = precision == "bf16" ? DType::kBF16 : DType::kF32;
   auto ops = make_cpu_ops(threads);
-  const char* fused = std::getenv("TRIDENT_FUSED_QKV");
   std::printf("# trident CPU training step (fwd + bwd + AdamW), %s, %s%s, %d threads; peak: "
               "sgemm 1024^3 GFLOP/s, the median of one measurement after each timed step\n",
               precision.c_str(), arch.c_str(),
-              arch != "llama"                           ? ""
-              : fused != nullptr && std::string(fused) == "0" ? " (three q/k/v GEMMs)"
-                                                        : " (one q/k/v GEMM)",
+              arch != "llama"                        ? ""
+              : Transformer::fused_qkv_from_env() ? " (one q/k/v GEMM)"
+                                                    : " (three q/k/v GEMMs)",
               omp_get_max_threads());
   std::printf("# %-8s %10s %8s %10s %10s %12s %10s %8s %8s %10s %6s\n", "preset", "params",
               "tokens", "ms/step", "mean_ms", "tokens/s", "GFLOP/s", "peak", "%peak", "loss0", "ok");

@@ -313,6 +313,10 @@ class Transformer {
   };
   MoeStats take_moe_stats();
 
+  // TRIDENT_FUSED_QKV: unset or 1, one q/k/v GEMM for RoPE families (the default); 0,
+  // three (comparisons); another value CHECK-fails naming the variable.
+  static bool fused_qkv_from_env();
+
  private:
   void init_partition(ParamStore* store, int micro_batch_size, int num_slots);
   void check_slots(const char* call) const;  // CHECK-fails without activation slots
@@ -419,9 +423,6 @@ class Transformer {
   // micro-batch's rows, [rows, q], [rows, kv], [rows, kv], of one dtype) lie one after the
   // other, else null.
   DevPtr adjacent_qkv(DevPtr q, DevPtr k, DevPtr v, int N) const;
-  // TRIDENT_FUSED_QKV: unset or 1, one q/k/v GEMM for RoPE families (the default); 0,
-  // three (comparisons).
-  static bool fused_qkv_from_env();
   void head_forward(int slot, int B, int T, bool with_loss);
   void head_backward(int slot, float loss_scale, int B, int T);
   DevPtr group_param(int group, const char* name);

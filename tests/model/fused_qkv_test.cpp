@@ -17,6 +17,7 @@
 #include "model/model_config.h"
 #include "model/transformer.h"
 #include "tests/model/tiny_config.h"
+#include "tests/model/tiny_step.h"
 
 namespace trident {
 namespace {
@@ -64,12 +65,7 @@ StepRun run_steps(const TransformerConfig& config, Ops& ops, DType compute) {
   model.init_weights(99);
   StepRun run;
   for (int step = 1; step <= 2; ++step) {
-    const int T = step == 2 ? config.seq_len / 2 : config.seq_len;
-    const testing::TinyBatch batch =
-        testing::tiny_batch(config.vocab_size, static_cast<size_t>(kB) * T, step);
-    model.zero_grads();
-    run.losses.push_back(model.forward(batch.tokens.data(), batch.targets.data(), kB, T));
-    model.backward(1.0f);
+    run.losses.push_back(testing::tiny_forward_backward(model, config, kB, step));
     const std::vector<float> g = model.grads_to_host();
     run.grads.insert(run.grads.end(), g.begin(), g.end());
   }

@@ -17,6 +17,7 @@
 #include "model/model_config.h"
 #include "model/transformer.h"
 #include "tests/model/tiny_config.h"
+#include "tests/model/tiny_step.h"
 
 namespace trident {
 namespace {
@@ -91,12 +92,7 @@ TrainRun train(const TransformerConfig& config, Ops& ops) {
   DeviceBuffer m(ops, n * sizeof(float)), v(ops, n * sizeof(float));
   TrainRun run;
   for (int step = 1; step <= 3; ++step) {
-    const int T = step == 2 ? config.seq_len / 2 : config.seq_len;
-    const testing::TinyBatch batch =
-        testing::tiny_batch(config.vocab_size, static_cast<size_t>(kB) * T, step);
-    model.zero_grads();
-    run.losses.push_back(model.forward(batch.tokens.data(), batch.targets.data(), kB, T));
-    model.backward(1.0f);
+    run.losses.push_back(testing::tiny_forward_backward(model, config, kB, step));
     AdamWParams p;
     p.lr = 1e-2f;
     p.step = step;

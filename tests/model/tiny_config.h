@@ -4,9 +4,7 @@
 // come as a TransformerConfig (finalized) or as the model: line of a YAML config.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
 
 #include "model/model_config.h"
 
@@ -52,20 +50,6 @@ inline std::string tiny_model_yaml(Arch arch, const TinySize& s = {},
          ", n_kv_heads: " + std::to_string(tiny_kv_heads(arch, s)) +
          ", d_model: " + std::to_string(s.d_model) +
          (s.d_ff > 0 ? ", d_ff: " + std::to_string(s.d_ff) : std::string()) + extra + "}\n";
-}
-
-// The token and target ids of training step `step` of a test: n of each, spread over
-// [0, vocab) and different for each step.
-struct TinyBatch {
-  std::vector<int32_t> tokens, targets;
-};
-inline TinyBatch tiny_batch(int vocab, size_t n, int step) {
-  TinyBatch b{std::vector<int32_t>(n), std::vector<int32_t>(n)};
-  for (size_t i = 0; i < n; ++i) {
-    b.tokens[i] = static_cast<int32_t>((i * 7 + step * 13) % vocab);
-    b.targets[i] = static_cast<int32_t>((i * 11 + step * 5 + 3) % vocab);
-  }
-  return b;
 }
 
 }  // namespace trident::testing
