@@ -38,26 +38,42 @@ StragglerDetector::StragglerDetector(double factor, int window) : factor_(factor
   TRIDENT_CHECK_MSG(window >= 1, "straggler window " + std::to_string(window) + " must be >= 1");
 }
 
-std::optional<std::vector<Straggler>> StragglerDetector::push(std::span<const double> busy_ms) {
+std::optional<std::vector<Straggler>> StragglerDetector::push(std::span<const double> busy_ms,
+                                                              std::span<const double> own_ms) {
   if (!enabled()) return std::nullopt;
-  if (ratios_.empty()) ratios_.resize(busy_ms.size());
-  TRIDENT_CHECK_MSG(ratios_.size() == busy_ms.size(),
-                    "straggler detector: " + std::to_string(busy_ms.size()) + " ranks, was " +
-                        std::to_string(ratios_.size()));
+  const std::size_t n = busy_ms.size();
+  if (slow_.empty()) slow_.resize(n);
+  TRIDENT_CHECK_MSG(slow_.size() == n, "straggler detector: " + std::to_string(n) +
+                                           " ranks, was " + std::to_string(slow_.size()));
+  TRIDENT_CHECK_MSG(own_ms.empty() || own_ms.size() == n,
+                    "straggler detector: " + std::to_string(own_ms.size()) + " own times for " +
+                        std::to_string(n) + " ranks");
+  TRIDENT_CHECK_MSG(host_of_.empty() || host_of_.size() == n,
+                    "straggler detector: " + std::to_string(host_of_.size()) + " hosts for " +
+                        std::to_string(n) + " ranks");
   const double median = median_of({busy_ms.begin(), busy_ms.end()});
-  for (std::size_t r = 0; r < busy_ms.size(); ++r) ratios_[r].push_back(ratio_to(busy_ms[r], median));
+  const double limit = factor_ * median;
+  // A host is over the factor when every one of its ranks is (the header says why).
+  const auto host_over = [&](std::size_t r) {
+    if (host_of_.empty()) return busy_ms[r] > limit;
+    for (std::size_t q = 0; q < n; ++q) {
+      if (host_of_[q] == host_of_[r] && !(busy_ms[q] > limit)) return false;
+    }
+    return true;
+  };
+  for (std::size_t r = 0; r < n; ++r) {
+    const double own = own_ms.empty() ? busy_ms[r] : own_ms[r];
+    if (!(busy_ms[r] > limit)) continue;
+    if (own > limit || host_over(r)) slow_[r].push_back(ratio_to(busy_ms[r], median));
+  }
   if (++steps_ < window_) return std::nullopt;
   std::vector<Straggler> found;
   const int needed = (window_ + 1) / 2;
-  for (std::size_t r = 0; r < ratios_.size(); ++r) {
-    std::vector<double> slow;
-    for (double x : ratios_[r]) {
-      if (x > factor_) slow.push_back(x);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (static_cast<int>(slow_[r].size()) >= needed) {
+      found.push_back({static_cast<int>(r), static_cast<int>(slow_[r].size()), median_of(slow_[r])});
     }
-    if (static_cast<int>(slow.size()) >= needed) {
-      found.push_back({static_cast<int>(r), static_cast<int>(slow.size()), median_of(slow)});
-    }
-    ratios_[r].clear();
+    slow_[r].clear();
   }
   steps_ = 0;
   std::stable_sort(found.begin(), found.end(), [](const Straggler& a, const Straggler& b) {

@@ -849,18 +849,24 @@ Result<StepMetrics> Trainer::train_step() {
 void Trainer::collect_slowest_rank(StepMetrics& m) {
   // This rank's busy time: the step minus its training thread's waits in communicator
   // calls, the groups' (collect_traffic) and the world's, but for groups inside this
-  // rank's host in a world of several hosts (trainer/straggler.h says why). Gathered after
-  // the step's timer and its last training collective: it moves 8 bytes per rank and
-  // touches no training state.
+  // rank's host in a world of several hosts; and its own time, the step minus all of them
+  // (trainer/straggler.h says why both). Gathered after the step's timer and its last
+  // training collective: it moves 16 bytes per rank and touches no training state.
   const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
-  const double exposed_ms = (same_host_[0] ? 0 : e.tp) + (same_host_[1] ? 0 : e.dp) +
-                            (same_host_[2] ? 0 : e.pp) + (same_host_[3] ? 0 : e.embedding) +
-                            (same_host_[4] ? 0 : e.cp) + (same_host_[5] ? 0 : e.ep) +
-                            (same_host_[6] ? 0 : e.expert_dp) + world_->times().exposed_s * 1e3;
-  const double busy = std::max(0.0, m.step_ms - exposed_ms);
-  step_busy_ms_.assign(static_cast<size_t>(world_->size()), 0.0);
-  world_->all_gather(CommBuf::host(std::span<const double>(&busy, 1)),
-                     CommBuf::host(std::span<double>(step_busy_ms_)), {.label = "step busy times"});
+  const double group_ms[7] = {e.tp, e.dp, e.pp, e.embedding, e.cp, e.ep, e.expert_dp};
+  double remote_ms = world_->times().exposed_s * 1e3, local_ms = 0;
+  for (size_t g = 0; g < 7; ++g) (same_host_[g] ? local_ms : remote_ms) += group_ms[g];
+  const double busy = std::max(0.0, m.step_ms - remote_ms);
+  const double mine[2] = {busy, std::max(0.0, busy - local_ms)};
+  std::vector<double> gathered(2 * static_cast<size_t>(world_->size()), 0.0);
+  world_->all_gather(CommBuf::host(std::span<const double>(mine)),
+                     CommBuf::host(std::span<double>(gathered)), {.label = "step busy times"});
+  step_busy_ms_.resize(static_cast<size_t>(world_->size()));
+  step_own_ms_.resize(step_busy_ms_.size());
+  for (size_t r = 0; r < step_busy_ms_.size(); ++r) {
+    step_busy_ms_[r] = gathered[2 * r];
+    step_own_ms_[r] = gathered[2 * r + 1];
+  }
   const SlowestRank s = slowest_rank(step_busy_ms_);
   m.has_slowest = true;
   m.slowest_rank = s.rank;
@@ -872,6 +878,7 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
 
 void Trainer::find_same_host_groups() {
   same_host_ = {};
+  stragglers_.set_hosts({});
   const auto host = [&](int world_rank) -> const std::string& {
     return hosts_[static_cast<size_t>(world_rank)];
   };
@@ -879,6 +886,11 @@ void Trainer::find_same_host_groups() {
       std::all_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h == hosts_[0]; })) {
     return;  // no host names, or one host: every rank is its own unit
   }
+  std::vector<int> host_index(hosts_.size());
+  for (size_t r = 0; r < hosts_.size(); ++r) {
+    host_index[r] = static_cast<int>(std::find(hosts_.begin(), hosts_.end(), hosts_[r]) - hosts_.begin());
+  }
+  stragglers_.set_hosts(std::move(host_index));
   // In the order of same_host_: the dp slot is the data-parallel group whose waits
   // comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring, then
   // expert parallelism's ep and expert_dp groups.
@@ -1187,7 +1199,7 @@ Status Trainer::run() {
     TRIDENT_ASSIGN_OR_RETURN(StepMetrics m, train_step());
     if (rank0) metrics_.write_step(m);
     if (rank0 && !step_busy_ms_.empty()) {
-      if (auto found = stragglers_.push(step_busy_ms_); found && !found->empty()) {
+      if (auto found = stragglers_.push(step_busy_ms_, step_own_ms_); found && !found->empty()) {
         log::warn("straggler: {} (logging.straggler_factor; a slow node, CPU or device holds "
                   "every step back)",
                   straggler_text(*found, hosts_, stragglers_.factor(), stragglers_.window()));

@@ -225,7 +225,8 @@ class Trainer {
   void collect_moe_metrics(StepMetrics& m);
   // The step's slowest rank (every rank's busy time gathered to all) into m.
   void collect_slowest_rank(StepMetrics& m);
-  // same_host_ from hosts_ and the groups' members (run(), once).
+  // same_host_ from hosts_ and the groups' members, and the straggler detector's hosts
+  // (run(), once).
   void find_same_host_groups();
   bool computes_loss() const { return chunks_.back().last_stage(); }
   std::unique_ptr<PipelineExecutor> executor_;
@@ -250,6 +251,7 @@ class Trainer {
   // Stragglers (worlds of more than one rank): every rank's busy time of the last step
   // (train_step gathers it), the detector rank 0 feeds in run(), hostnames by world rank.
   std::vector<double> step_busy_ms_;
+  std::vector<double> step_own_ms_;  // busy less the waits inside the host (straggler.h)
   StragglerDetector stragglers_;
   std::vector<std::string> hosts_;
   // tp, dp (dp x cp), pp, embedding, cp: the group lies inside this rank's host, in a

@@ -127,6 +127,50 @@ TEST(Straggler, EvenRanksNoneSlow) {
   EXPECT_TRUE(w->empty());
 }
 
+TEST(Straggler, AHostPeerThatWaitedInsideItsHostIsNotNamed) {
+  // Ranks 0, 1 on host 0; 2, 3 on host 1 (slowed); 4, 5 on host 2. Busy times (waits
+  // inside the host counted as busy): host 1's ranks at 100 and 90, rank 1 at 60 because it
+  // waited 55 ms in its host's tp all-reduce for rank 0, which itself waited on host 1
+  // (in pp: not busy). Median (lower middle of 5 8 9 10 60 90 100 -> 6 values:
+  // 5 8 [9] 60 90 100) 9, limit 3 x 9 = 27.
+  const std::vector<double> busy = {9, 60, 100, 90, 8, 5};
+  const std::vector<double> own = {9, 5, 40, 30, 8, 5};
+  StragglerDetector d(3, 1);
+  d.set_hosts({0, 0, 1, 1, 2, 2});
+  auto w = d.push(busy, own);
+  ASSERT_TRUE(w);
+  // Rank 1 is over the limit only by its wait inside host 0, whose rank 0 is not over it:
+  // not named. Host 1's ranks are both over it: both named (rank 3's own 30 would do too).
+  ASSERT_EQ(w->size(), 2u);
+  EXPECT_EQ((*w)[0].rank, 2);
+  EXPECT_DOUBLE_EQ((*w)[0].slow_ratio, 100.0 / 9);
+  EXPECT_EQ((*w)[1].rank, 3);
+  // A slowed host whose ranks compute little and wait for each other (own times under the
+  // limit): every rank of it is over, so both still count.
+  w = d.push(busy, std::vector<double>{9, 5, 20, 10, 8, 5});
+  ASSERT_TRUE(w);
+  ASSERT_EQ(w->size(), 2u);
+  EXPECT_EQ((*w)[0].rank, 2);
+  EXPECT_EQ((*w)[1].rank, 3);
+  // One slow rank among host peers that are not (a slow device, its peers in groups across
+  // hosts): its own time is over the limit, so it counts alone.
+  w = d.push(std::vector<double>{9, 60, 9, 10, 8, 5}, std::vector<double>{9, 60, 9, 10, 8, 5});
+  ASSERT_TRUE(w);
+  ASSERT_EQ(w->size(), 1u);
+  EXPECT_EQ((*w)[0].rank, 1);
+  // Without hosts (one host, or none known) every rank is its own unit: rank 1's 60 counts
+  // as it did before hosts were looked at.
+  StragglerDetector alone(3, 1);
+  w = alone.push(busy, own);
+  ASSERT_TRUE(w);
+  ASSERT_EQ(w->size(), 3u);
+  EXPECT_EQ((*w)[0].rank, 1);
+  // Mismatched counts are a programming error: an abort that names them.
+  StragglerDetector bad(3, 1);
+  bad.set_hosts({0, 1});
+  EXPECT_DEATH(bad.push(busy, own), "2 hosts for 6 ranks");
+}
+
 TEST(Straggler, OffAndText) {
   StragglerDetector off(0, 1);
   EXPECT_FALSE(off.enabled());
