@@ -40,24 +40,27 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
       }
     }
   };
-  // `c` seconds of an op's compute (at full speed): the stream runs meanwhile; the
-  // compute runs at policy.compute_rate_in_flight while the stream is not empty. Returns
-  // the wall seconds it took (c when the rate is 1: run(c)).
+  // `c` seconds of an op's compute (at full speed): the stream runs meanwhile at
+  // policy.comm_rate_in_compute, and the compute at policy.compute_rate_in_flight while
+  // the stream is not empty. Returns the wall seconds it took (c when both rates are 1:
+  // run(c)).
   const double rate = std::clamp(policy.compute_rate_in_flight, 1e-6, 1.0);
+  const double comm_rate = std::clamp(policy.comm_rate_in_compute, 1e-6, 1.0);
   auto compute_wall = [&](double c) {
-    if (rate >= 1) {
+    if (rate >= 1 && comm_rate >= 1) {
       run(c);
       return c;
     }
     double wall = 0;
     while (c > 0 && !stream.empty()) {
       Item& head = stream.front();
-      if (head.left * rate <= c) {
-        wall += head.left;
-        c -= head.left * rate;
+      const double head_wall = head.left / comm_rate;  // to finish the head beside compute
+      if (head_wall * rate <= c) {
+        wall += head_wall;
+        c -= head_wall * rate;
         pop();
       } else {
-        head.left -= c / rate;
+        head.left -= c / rate * comm_rate;
         wall += c / rate;
         c = 0;
       }

@@ -42,6 +42,10 @@ struct OverlapPolicy {
   // thread runs a blocking MPI collective (polling shared memory) on the cores the ranks'
   // compute threads use. The compute the thread loses counts as exposed.
   double compute_rate_in_flight = 1;
+  // The share of its speed a collective keeps while an op computes beside it: 1 on a GPU;
+  // on CPU ranks the communication thread gets a share of the same cores as the compute
+  // threads, and the whole core only while the compute thread waits for it.
+  double comm_rate_in_compute = 1;
 };
 
 // Seconds the compute thread waits for the dp stream in `ops` (>= 0): the step's end

@@ -153,7 +153,7 @@ struct GroupWork {
 // increment (every micro-batch after the first is the same).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
                   const KindSeconds& k, double tp_per_compute, bool tp_busy,
-                  double compute_rate_in_flight = 1.0) {
+                  double compute_rate_in_flight = 1.0, double comm_rate_in_compute = 1.0) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -162,6 +162,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   policy.async_reduce = par.overlap_grad_reduce;
   policy.queue_depth = zero >= 1 ? kReduceQueueDepth : 0;  // ZeRO-0 all-reduces in place
   policy.compute_rate_in_flight = compute_rate_in_flight;
+  policy.comm_rate_in_compute = comm_rate_in_compute;
   const bool every_micro = zero >= 2;
   // The bytes each collective kind moves per step, in floats: the reductions' and
   // ZeRO-3's gathers' (head_extra: a tied one-stage head's second use of group 0).
@@ -272,6 +273,20 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
                          const Links& links, const PlanOptions& o, double layer_forward,
                          double layer_recompute, double* comm);
 
+// CPU ranks: the cores of this machine, the ranks on it and their compute threads.
+struct CpuThreads {
+  double cores = 1, ranks = 1, threads = 1;  // threads: the compute threads of all ranks
+};
+CpuThreads cpu_threads(const Config& config, const PlanOptions& o) {
+  const double cores =
+      o.cpu_cores > 0 ? o.cpu_cores : std::max(1u, std::thread::hardware_concurrency());
+  const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
+  const double threads =
+      ranks * (config.runtime.threads > 0 ? config.runtime.threads
+                                          : std::max(1, static_cast<int>(cores) / ranks));
+  return {cores, static_cast<double>(ranks), threads};
+}
+
 // CPU ranks: the share of its speed a rank's compute keeps while its communication
 // thread runs a collective (comm/communicator.h "Progress (MPI)": a blocking MPI call that
 // polls shared memory, one more busy thread per rank). The ranks on this machine run
@@ -280,13 +295,18 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
 // core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
 double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
   if (!o.hardware.is_cpu) return 1.0;
-  const double cores =
-      o.cpu_cores > 0 ? o.cpu_cores : std::max(1u, std::thread::hardware_concurrency());
-  const int ranks = std::max(1, std::min(o.devices, o.gpus_per_node));
-  const double threads =
-      ranks * (config.runtime.threads > 0 ? config.runtime.threads
-                                          : std::max(1, static_cast<int>(cores) / ranks));
-  return std::min(1.0, cores / (threads + ranks)) / std::min(1.0, cores / threads);
+  const CpuThreads c = cpu_threads(config, o);
+  return std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.threads);
+}
+
+// CPU ranks: the share of its speed a collective keeps while the rank computes beside it.
+// Alone (the compute thread waiting for it) the ranks' communication threads get
+// min(1, cores / ranks) of a core each; beside the compute threads every thread gets
+// min(1, cores / (threads + ranks)). 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
+double cpu_comm_rate_in_compute(const Config& config, const PlanOptions& o) {
+  if (!o.hardware.is_cpu) return 1.0;
+  const CpuThreads c = cpu_threads(config, o);
+  return std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.ranks);
 }
 
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
@@ -425,7 +445,8 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const int zero = config.parallel.zero_stage;
     const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
     t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy,
-                      cpu_compute_rate_in_flight(config, o)) + after_step +
+                      cpu_compute_rate_in_flight(config, o), cpu_comm_rate_in_compute(config, o)) +
+           after_step +
            embedding_s;
   } else {
     t.dp = embedding_s;
@@ -454,7 +475,8 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
                       kBackwardPerForward * layer_forward + layer_recompute});
   }
   const int zero = config.parallel.zero_stage;
-  return exposed_dp(config, groups, 0, k, 0, false, cpu_compute_rate_in_flight(config, o)) +
+  return exposed_dp(config, groups, 0, k, 0, false, cpu_compute_rate_in_flight(config, o),
+                    cpu_comm_rate_in_compute(config, o)) +
          (zero == 1 || zero == 2 ? k.all_gather : 0);
 }
 
@@ -722,6 +744,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   StageTime slowest, slowest_tail;
   double slowest_micro = -1, slowest_step = -1;
   std::map<LayoutKey, StageTime> times;
+  std::vector<double> stage_busy(static_cast<size_t>(l.pp));  // per micro-batch, less pp
   for (int s = 0; s < l.pp; ++s) {
     // The stage as one range of its layer count: with v > 1 chunks the memory plan and
     // the traffic model take the real chunks from the config (plan/partition.h); the
@@ -744,6 +767,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
       t = times.emplace(key, stage_time(config, part, layout->second, mem, o, links)).first;
     }
     const StageTime& st = t->second;
+    stage_busy[static_cast<size_t>(s)] = st.compute + st.tp + st.cp + st.ep;
     if (st.compute + st.tp + st.pp + st.cp + st.ep > slowest_micro) {
       slowest_micro = st.compute + st.tp + st.pp + st.cp + st.ep;
       slowest = st;
@@ -772,6 +796,12 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.cp_comm_s = m * slowest.cp_comm;
   // The fill and drain: p - 1 chunk steps, each 1/v of a stage's micro-batch time.
   r.bubble_s = (l.pp - 1) * slowest_micro / v;
+  // Each stage waits in its pipeline transfers for what the slowest stage paces beyond
+  // its own work: the fill and drain, the slowest stage's surplus on every micro-batch,
+  // and its own transfers.
+  for (const double busy : stage_busy) {
+    r.stage_pp_wait_s.push_back((m + static_cast<double>(l.pp - 1) / v) * slowest_micro - m * busy);
+  }
   r.dp_s = slowest_tail.dp;
   r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;

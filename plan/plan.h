@@ -246,6 +246,12 @@ struct PlanResult {
   // exposed seconds are in dp_s, its whole time in dp_comm_s).
   double expert_dp_comm = 0;
   double optimizer_s = 0, dp_comm_s = 0;
+  // Per pipeline stage, the seconds per step its ranks wait in pipeline transfers: the
+  // fill and drain (bubble_s), the slowest stage's surplus over this one on each
+  // micro-batch, and its own transfers. The slowest stage's is bubble_s + pp_s; a stage
+  // lighter than the slowest (the first, without the head and loss) waits longer. What a
+  // stage's metrics file measures as its exposed pp time (comm_exposed_ms.pp).
+  std::vector<double> stage_pp_wait_s;
   // The config's overlap switches the dp time assumed (parallel.overlap_grad_reduce,
   // parallel.overlap_param_gather; plan keeps them as configured).
   bool overlap_grad_reduce = true, overlap_param_gather = true;

@@ -58,6 +58,7 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"dp", r.dp_s},
             {"optimizer", r.optimizer_s}}},
           {"dp_comm_s", r.dp_comm_s},
+          {"stage_pp_wait_s", r.stage_pp_wait_s},
           {"overlap_grad_reduce", r.overlap_grad_reduce},
           {"overlap_param_gather", r.overlap_param_gather},
           {"cp_ring_overlapped", r.cp_ring_overlapped},

@@ -516,7 +516,9 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
       // added by context parallelism: the cp degree, and whether its ring overlaps the block attention
       "cp", "cp_ring_overlapped",
       // added by expert parallelism: the ep degree
-      "ep"};
+      "ep",
+      // added with each stage's pipeline wait
+      "stage_pp_wait_s"};
   for (const nlohmann::json& l : {j["configured"], j["recommended"], j["layouts"][0], j["layouts"][155]}) {
     EXPECT_EQ(keys(l), layout_keys);
     EXPECT_EQ(keys(l["memory_bytes"]),
@@ -539,6 +541,39 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
   }
   EXPECT_EQ(j["recommended"], j["layouts"][0]);
   EXPECT_EQ(j["layouts"][0]["memory_bytes"]["total"].get<double>(), plan->layouts[0].memory.total);
+}
+
+// Each stage's wait in its pipeline transfers: the slowest stage's is the bubble and its
+// own transfers; a lighter stage waits, on each micro-batch, the slowest one's surplus.
+TEST(Plan, EveryStageWaitsForTheSlowestStage) {
+  Config c = small_config();  // 2 layers, 8 micro-batches
+  c.model.n_layers = 3;
+  c.parallel.pp = 2;
+  const PlanOptions o = gpu_options(2);
+  // Balanced is [2, 1]: stage 0 with two layers and the embedding, stage 1 with one and the
+  // head. [1, 2] moves a layer to the last stage.
+  for (const std::vector<int>& layers : {std::vector<int>{2, 1}, std::vector<int>{1, 2}}) {
+    c.parallel.stage_layers = layers;
+    ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+    const PlanResult r = evaluate_layout(c, o);
+    ASSERT_EQ(r.stage_pp_wait_s.size(), 2u);
+    const int slow = layers[0] > layers[1] ? 0 : 1;
+    SCOPED_TRACE("stage_layers " + std::to_string(layers[0]) + "," + std::to_string(layers[1]));
+    EXPECT_NEAR(r.stage_pp_wait_s[static_cast<size_t>(slow)], r.bubble_s + r.pp_s, 1e-12 * r.step_time_s);
+    // The other stage computes a layer less per micro-batch (the embedding and head aside):
+    // it waits about a layer's forward and backward more on each of the 8.
+    const double other = r.stage_pp_wait_s[static_cast<size_t>(1 - slow)];
+    const double layer_s = r.compute_s / 8 / std::max(layers[0], layers[1]);
+    EXPECT_GT(other - r.bubble_s - r.pp_s, 0.5 * 8 * layer_s) << other;
+    EXPECT_LT(other - r.bubble_s - r.pp_s, 1.5 * 8 * layer_s) << other;
+    EXPECT_LT(other, r.step_time_s);
+  }
+  // No pipeline: one stage, which waits for nothing.
+  c.parallel.pp = 1;
+  c.parallel.stage_layers.clear();
+  const PlanResult one = evaluate_layout(c, o);
+  ASSERT_EQ(one.stage_pp_wait_s.size(), 1u);
+  EXPECT_EQ(one.stage_pp_wait_s[0], 0.0);
 }
 
 // ---- The overlap model (plan/overlap.h), cases known by hand.
@@ -609,6 +644,26 @@ TEST(Overlap, ComputeSlowedWhileACollectiveIsInFlightCountsAsExposed) {
   EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 1.5);
   // Synchronous collectives are waited for, nothing runs beside them: the rate changes
   // nothing.
+  p.async_reduce = false;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
+}
+
+// CPU ranks again: the collective slows too while the compute runs beside it (the
+// communication thread shares the cores), and runs at full speed once the compute thread
+// waits for it. The same 2 ops of 3 s and 2 s reduction: at both rates 0.5 the reduction
+// takes 4 s beside the second op, which does 2 s of its work meanwhile and 1 s alone:
+// 5 s, 2 s exposed. At compute 1 and collective 0.5 the op ends after 3 s with 0.5 s of
+// the reduction left, waited for at full speed: 0.5 s.
+TEST(Overlap, ACollectiveSlowedBesideComputeRunsFullSpeedWhenWaitedFor) {
+  std::vector<OverlapOp> ops = ops_of(2, 3.0, 0, 0);
+  ops[0].reduce = 2.0;
+  OverlapPolicy p{.async_reduce = true, .queue_depth = 2, .compute_rate_in_flight = 0.5,
+                  .comm_rate_in_compute = 0.5};
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
+  p.compute_rate_in_flight = 1;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 0.5);
+  // Overlap then saves nothing over waiting at once (2 s) when both halve.
+  p.compute_rate_in_flight = 0.5;
   p.async_reduce = false;
   EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
 }
