@@ -1,6 +1,7 @@
 #include "trainer/straggler.h"
 
 #include <algorithm>
+#include <limits>
 #include <fmt/format.h>
 
 #include "core/check.h"
@@ -53,18 +54,25 @@ std::optional<std::vector<Straggler>> StragglerDetector::push(std::span<const do
                         std::to_string(n) + " ranks");
   const double median = median_of({busy_ms.begin(), busy_ms.end()});
   const double limit = factor_ * median;
-  // A host is over the factor when every one of its ranks is (the header says why).
-  const auto host_over = [&](std::size_t r) {
-    if (host_of_.empty()) return busy_ms[r] > limit;
+  // A host is over the factor when every one of its ranks is (the header says why): when
+  // its least busy rank is (one pass, not one per rank over the factor).
+  if (!host_of_.empty()) {
+    host_min_.assign(n, std::numeric_limits<double>::infinity());
     for (std::size_t q = 0; q < n; ++q) {
-      if (host_of_[q] == host_of_[r] && !(busy_ms[q] > limit)) return false;
+      const int h = host_of_[q];
+      TRIDENT_CHECK_MSG(h >= 0 && static_cast<std::size_t>(h) < n,
+                        "straggler detector: host index " + std::to_string(h) + " of rank " +
+                            std::to_string(q) + " is not below the rank count " + std::to_string(n));
+      double& least = host_min_[static_cast<std::size_t>(h)];
+      if (!(busy_ms[q] > least)) least = busy_ms[q];
     }
-    return true;
-  };
+  }
   for (std::size_t r = 0; r < n; ++r) {
     const double own = own_ms.empty() ? busy_ms[r] : own_ms[r];
     if (!(busy_ms[r] > limit)) continue;
-    if (own > limit || host_over(r)) slow_[r].push_back(ratio_to(busy_ms[r], median));
+    const bool host_over =
+        host_of_.empty() || host_min_[static_cast<std::size_t>(host_of_[r])] > limit;
+    if (own > limit || host_over) slow_[r].push_back(ratio_to(busy_ms[r], median));
   }
   if (++steps_ < window_) return std::nullopt;
   std::vector<Straggler> found;

@@ -71,8 +71,8 @@ class StragglerDetector {
   bool enabled() const { return factor_ > 0; }
   int window() const { return window_; }
   double factor() const { return factor_; }
-  // Each rank's host as a small integer (ranks sharing one share it); empty (the default):
-  // every rank its own host.
+  // Each rank's host as an index below the rank count (ranks sharing one share it, e.g.
+  // the first rank on that host); empty (the default): every rank its own host.
   void set_hosts(std::vector<int> host_of_rank) { host_of_ = std::move(host_of_rank); }
   // One step's busy times and own times (the busy time less the waits inside the rank's
   // host; empty: the busy times), one per rank, the same count every step. At the end of
@@ -85,6 +85,7 @@ class StragglerDetector {
   int window_;
   int steps_ = 0;                             // in the current window
   std::vector<int> host_of_;                  // set_hosts(); empty: one rank per host
+  std::vector<double> host_min_;              // push()'s scratch: each host's least busy time
   std::vector<std::vector<double>> slow_;     // per rank, its ratios in this window's slow steps
 };
 
