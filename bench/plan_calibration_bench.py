@@ -7,8 +7,11 @@
 # other runs with it: the machine is shared, and its load drifts between rounds more than
 # within one. Printed per layout, medians over the rounds: the measured step time (with
 # the rounds' range) and exposed communication (rank 0's metrics: per run the median of
-# the steps after the first), the round's calibrated plan, the uncalibrated plan (this
-# machine's sgemm rate measured as it runs), and the per-round errors. The calibration
+# the steps after the first; tp and dp the least of the group's ranks, which is the
+# communication without the two ranks' arrival skew, pp rank 0's stage's wait; per round
+# beside the medians, and rank 0's tp and dp errors), the round's calibrated plan, the
+# uncalibrated plan (this machine's sgemm rate measured as it runs), and the per-round
+# errors. The calibration
 # run has both overlap switches off: every collective is waited for, so its communication
 # time is the transfer's (with overlap on, the hidden time of a collective on these ranks
 # includes the compute it shares the cores with).
@@ -28,7 +31,7 @@
 # against ZeRO-1's 12 over 13 MB, whose few ms of waiting are mostly the two ranks'
 # arrival skew rather than the transfer; ZeRO-1 with overlap off is then a predicted row.
 #   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=tp2]]
-#     [--calibrate-on=z3]   (default 6 3; from the repo root)
+#     [--calibrate-on=z3] [--layouts=I,J,...]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
@@ -39,7 +42,10 @@ paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
     sys.exit("--calibrate-on=z3 and --two-run: the two-run fit already takes ZeRO-1 and a second run")
-argv = [a for a in sys.argv[1:] if a not in ("--paired", two_run, "--calibrate-on=z3")]
+# --layouts=I,J,...: run only these layouts (indices into LAYOUTS, 1..7) besides the
+# calibration run, which always runs.
+only = next((a for a in sys.argv[1:] if a.startswith("--layouts=")), None)
+argv = [a for a in sys.argv[1:] if a not in ("--paired", two_run, "--calibrate-on=z3", only)]
 # --compare BIN: also plan every run with another trident binary from the same calibrated
 # table (a model change's effect on the same measurements).
 compare = None
@@ -67,6 +73,12 @@ LAYOUTS = [
 if on_z3:
     LAYOUTS[0], LAYOUTS[4] = (("dp2 z3 overlap off (calibration)", LAYOUTS[4][1]),
                               ("dp2 z1 overlap off", LAYOUTS[0][1]))
+
+if only:
+    keep = {int(x) for x in only.split("=", 1)[1].split(",")}
+    if not keep <= set(range(1, len(LAYOUTS))):
+        sys.exit(f"{only}: layout indices are 1..{len(LAYOUTS) - 1}")
+    LAYOUTS = [x for i, x in enumerate(LAYOUTS) if i == 0 or i in keep]
 
 # --two-run's second calibration run.
 SECOND = {"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
@@ -164,9 +176,14 @@ with tempfile.TemporaryDirectory() as work:
             base, metrics = train(rnd, i, layout)
             recs = [j for j in map(json.loads, open(metrics)) if "step_ms" in j][1:]
             med = lambda f: statistics.median(f(r) for r in recs) / 1e3
-            m = {"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: r["comm_exposed_ms"]["tp"]),
+            # tp, dp: the least exposed time of the group's ranks (comm_exposed_least_ms), the
+            # communication without the ranks' arrival skew; pp: rank 0's, its stage's wait.
+            least = lambda r: r["comm_exposed_least_ms"]
+            m = {"step": med(lambda r: r["step_ms"]), "tp": med(lambda r: least(r)["tp"]),
                  "pp": med(lambda r: r["comm_exposed_ms"]["pp"]),
-                 "dp": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"])}
+                 "dp": med(lambda r: least(r)["dp"] + least(r)["embedding"]),
+                 "dp_rank0": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"]),
+                 "tp_rank0": med(lambda r: r["comm_exposed_ms"]["tp"])}
             if i == 0 and not two_run:
                 calibrate(rnd, i, base, metrics, hw)
             planned = MODEL + layout + [f"data.train={work}/data/train_*.bin"]
@@ -202,7 +219,13 @@ with tempfile.TemporaryDirectory() as work:
         rs = results[label]
         errs_of = {k: statistics.median(100 * (r[1][k] / r[0][k] - 1) for r in rs if r[0][k] > 0)
                    for k in ("tp", "pp", "dp") if statistics.median(r[0][k] for r in rs) >= 1e-3}
-        cells = [f"{k} {statistics.median(1e3 * r[0][k] for r in rs):.1f} ms {e:+.0f}%" for k, e in errs_of.items()]
+        cells = [f"{k} {statistics.median(1e3 * r[0][k] for r in rs):.1f} ms {e:+.0f}% (per round, measured/planned ms: "
+                 + " ".join(f"{1e3 * r[0][k]:.1f}/{1e3 * r[1][k]:.1f}" for r in rs) + ")"
+                 for k, e in errs_of.items()]
+        for k in ("tp", "dp"):
+            if k in errs_of:
+                cells.append(f"{k} as rank 0's {statistics.median(1e3 * r[0][k + '_rank0'] for r in rs):.1f} ms "
+                             f"{statistics.median(100 * (r[1][k] / r[0][k + '_rank0'] - 1) for r in rs if r[0][k + '_rank0'] > 0):+.0f}%")
         if "pp" in errs_of:
             cells.append("pp as the slowest stage's "
                          f"{statistics.median(100 * (r[1]['pp_slowest'] / r[0]['pp'] - 1) for r in rs if r[0]['pp'] > 0):+.0f}%")

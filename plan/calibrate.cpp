@@ -67,19 +67,29 @@ PlanResult evaluate_on(const Config& config, PlanOptions o, const Hardware& hw) 
 }
 
 // A group whose link is fitted: the plan's communication time at the table's figures and
-// with every link's bandwidth doubled, and what the run measured (exposed + hidden).
+// with every link's bandwidth doubled, and what the run measured (exposed + hidden: the
+// least over the group's ranks where the file has it, else rank 0's).
 struct Group {
   const char* name;
   ParallelDim dim;
   double predicted, predicted_fast, measured;
 };
 std::vector<Group> fitted_groups(const PlanResult& before, const PlanResult& fast, const MeasuredRun& run) {
-  return {{"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, run.exposed.tp + run.hidden.tp},
-          {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s,
-           run.exposed.dp + run.hidden.dp + run.exposed.embedding + run.hidden.embedding},
+  GroupSeconds all = run.total_least;
+  if (!run.has_least) {
+    all = {run.exposed.tp + run.hidden.tp, run.exposed.dp + run.hidden.dp, run.exposed.pp + run.hidden.pp,
+           run.exposed.embedding + run.hidden.embedding, run.exposed.cp + run.hidden.cp};
+  }
+  return {{"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, all.tp},
+          {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s, all.dp + all.embedding},
           // The ring's whole time (the plan's exposed part is what the block attention does
           // not hide; the metrics' exposed + hidden is all of it).
-          {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, run.exposed.cp + run.hidden.cp}};
+          {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, all.cp}};
+}
+
+// What fitted_groups' measured figure is, for the notes.
+std::string measured_what(const MeasuredRun& run) {
+  return run.has_least ? "exposed + hidden, the least of the group's ranks" : "exposed + hidden, rank 0's";
 }
 
 // Whether a compute factor in [1e-4, 1e4] reaches the run's measured step, given the
@@ -165,8 +175,12 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
   run.steps_used = static_cast<int>(steps.size());
   std::vector<double> step_s;
   constexpr int kGroups = 5;
-  std::vector<double> e[kGroups], h[kGroups];
+  std::vector<double> e[kGroups], h[kGroups], el[kGroups], tl[kGroups];
   const char* groups[kGroups] = {"tp", "dp", "pp", "embedding", "cp"};
+  run.has_least = std::all_of(steps.begin(), steps.end(), [](const nlohmann::json& s) {
+    return s.contains("comm_exposed_least_ms") && s["comm_exposed_least_ms"].is_object() &&
+           s.contains("comm_total_least_ms") && s["comm_total_least_ms"].is_object();
+  });
   for (const nlohmann::json& s : steps) {
     step_s.push_back(s["step_ms"].get<double>() / 1e3);
     for (int g = 0; g < kGroups; ++g) {
@@ -175,11 +189,17 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
       };
       e[g].push_back(ms("comm_exposed_ms"));
       h[g].push_back(ms("comm_hidden_ms"));
+      el[g].push_back(ms("comm_exposed_least_ms"));
+      tl[g].push_back(ms("comm_total_least_ms"));
     }
   }
   run.step_s = median(step_s);
   run.exposed = {median(e[0]), median(e[1]), median(e[2]), median(e[3]), median(e[4])};
   run.hidden = {median(h[0]), median(h[1]), median(h[2]), median(h[3]), median(h[4])};
+  if (run.has_least) {
+    run.exposed_least = {median(el[0]), median(el[1]), median(el[2]), median(el[3]), median(el[4])};
+    run.total_least = {median(tl[0]), median(tl[1]), median(tl[2]), median(tl[3]), median(tl[4])};
+  }
   return run;
 }
 
@@ -205,7 +225,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
     p.latency_s += g.predicted - bytes_s;
     p.measured_s += g.measured;
     c.notes += std::string(g.name) + ": measured " + fmt("%.4g", g.measured * 1e3) +
-               " ms/step of communication (exposed + hidden), predicted " +
+               " ms/step of communication (" + measured_what(run) + "), predicted " +
                fmt("%.4g", g.predicted * 1e3) + " ms over " +
                (c.before.crosses_nodes[g.dim] && !hw.is_cpu ? hw.inter_node.name
                                                              : hw.intra_node.name) +
@@ -300,7 +320,7 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
       const LinkPoint p{bytes_s, g.predicted - bytes_s, g.measured};
       points[k].push_back(p);
       c.notes += std::string(g.name) + " (" + m.path + "): measured " + fmt("%.4g", g.measured * 1e3) +
-                 " ms/step of communication (exposed + hidden), predicted " +
+                 " ms/step of communication (" + measured_what(m) + "), predicted " +
                  fmt("%.4g", g.predicted * 1e3) + " ms over " + l.name + " (" +
                  fmt("%.4g", p.latency_s / l.latency_s) + " calls, " +
                  fmt("%.4g", p.bytes_s * l.bytes_per_s * l.efficiency / 1e6) + " MB on the link)\n";

@@ -54,6 +54,11 @@ struct MeasuredRun {
   int steps_used = 0;      // after its first
   double step_s = 0;       // median
   GroupSeconds exposed, hidden;  // medians, rank 0
+  // Medians of the least exposed and exposed + hidden time of each group's members
+  // (the metrics' comm_exposed_least_ms, comm_total_least_ms: the communication without
+  // the ranks' arrival skew), where every step record has them (has_least).
+  bool has_least = false;
+  GroupSeconds exposed_least, total_least;
 };
 
 // Reads `path`. Errors (invalid_input, naming the file): it cannot be read; no segment

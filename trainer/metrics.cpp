@@ -109,6 +109,10 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                       {"mfu", m.mfu}};
   j["comm_exposed_ms"] = m.comm_exposed_ms;
   j["comm_hidden_ms"] = m.comm_hidden_ms;
+  if (m.has_least) {
+    j["comm_exposed_least_ms"] = m.comm_exposed_least_ms;
+    j["comm_total_least_ms"] = m.comm_total_least_ms;
+  }
   if (m.has_slowest) {
     j["slowest"] = {{"rank", m.slowest_rank},
                     {"host", m.slowest_host},

@@ -1,7 +1,7 @@
 // Progress output: rank 0's one line per step and the JSONL metrics file with exactly
 // the fields of docs/ARCHITECTURE.md "Observability": {"step","loss","lr","grad_norm",
 // "step_ms","tokens_per_s","mfu","comm_exposed_ms","comm_hidden_ms"} per training step
-// (and "slowest" with more than one rank),
+// (and "slowest", "comm_exposed_least_ms", "comm_total_least_ms" with more than one rank),
 // {"step","val_loss"} per evaluation, and at the end of a run one
 // {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
 // idle time. Each launch of `trident train` first writes one segment header,
@@ -57,6 +57,15 @@ struct StepMetrics {
     }
   };
   GroupMs comm_exposed_ms, comm_hidden_ms;
+  // Worlds of more than one rank with a metrics file (has_least): per group kind, the
+  // least exposed time in the step of any rank in a group of that kind (of more than one
+  // rank), and the least exposed + hidden time. The rank that reached a blocking
+  // collective last waited for the transfer alone, the others also for its arrival:
+  // these are the communication without that skew. Written as
+  // {"comm_exposed_least_ms": {...}, "comm_total_least_ms": {...}} (0 for a kind whose
+  // groups are all of one rank).
+  bool has_least = false;
+  GroupMs comm_exposed_least_ms, comm_total_least_ms;
   // Mixture-of-experts models only (written when `moe` is set): the load-balancing and
   // z-losses summed over the layers (mean over micro-batches, before their coefficients;
   // `loss` stays the LM loss), and per layer the fraction of the step's assignments each

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "checkpoint/lineage.h"
@@ -841,6 +842,7 @@ Result<StepMetrics> Trainer::train_step() {
   if (world_->size() > 1 && (!c.logging.metrics.empty() || stragglers_.enabled())) {
     collect_slowest_rank(m);
   }
+  if (world_->size() > 1 && !c.logging.metrics.empty()) collect_least_waits(m);
   if (c.model.moe()) collect_moe_metrics(m);
   losses_.push_back(loss);
   return m;
@@ -876,6 +878,47 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
   m.slowest_ratio = s.ratio;
 }
 
+std::array<Communicator*, 7> Trainer::metric_groups() const {
+  // In the order of StepMetrics::GroupMs: the dp slot is the data-parallel group whose
+  // waits comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring,
+  // then expert parallelism's ep and expert_dp groups.
+  return {groups_.tp.get(),        &groups_.data_parallel(), groups_.pp.get(),
+          groups_.embedding.get(), groups_.cp.get(),         groups_.ep.get(),
+          groups_.expert_dp.get()};
+}
+
+void Trainer::collect_least_waits(StepMetrics& m) {
+  // Per group kind, the least any rank in a group of that kind waited in the step
+  // (exposed) and the least any spent in its communication (exposed + hidden; a group of
+  // one rank counts for none). A rank that reaches a blocking
+  // collective first waits for the others to arrive as well as for the transfer; the
+  // last to arrive waits for the transfer alone. The least is then the communication
+  // without the ranks' arrival skew, the figure `trident plan` models (its calibration
+  // reads it). One all-reduce of 14 doubles, whatever the world's size: the maximum of
+  // the negated times, with -inf from a rank outside the group.
+  const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
+  const StepMetrics::GroupMs& h = stats_.comm_hidden_ms;
+  const double exposed[7] = {e.tp, e.dp, e.pp, e.embedding, e.cp, e.ep, e.expert_dp};
+  const double hidden[7] = {h.tp, h.dp, h.pp, h.embedding, h.cp, h.ep, h.expert_dp};
+  const std::array<Communicator*, 7> groups = metric_groups();
+  double v[14];
+  for (size_t g = 0; g < 7; ++g) {
+    const bool member = groups[g] != nullptr && groups[g]->size() > 1;
+    constexpr double kOutside = -std::numeric_limits<double>::infinity();
+    v[g] = member ? -exposed[g] : kOutside;
+    v[7 + g] = member ? -(exposed[g] + hidden[g]) : kOutside;
+  }
+  world_->all_reduce(CommBuf::host(std::span<double>(v)), ReduceOp::kMax, {.label = "least waits"});
+  const auto least = [&](size_t k) { return std::isinf(v[k]) ? 0.0 : -v[k]; };
+  auto fill = [&](StepMetrics::GroupMs& out, size_t at) {
+    out = {.tp = least(at), .dp = least(at + 1), .pp = least(at + 2), .embedding = least(at + 3),
+           .cp = least(at + 4), .ep = least(at + 5), .expert_dp = least(at + 6)};
+  };
+  m.has_least = true;
+  fill(m.comm_exposed_least_ms, 0);
+  fill(m.comm_total_least_ms, 7);
+}
+
 void Trainer::find_same_host_groups() {
   same_host_ = {};
   stragglers_.set_hosts({});
@@ -891,13 +934,7 @@ void Trainer::find_same_host_groups() {
     host_index[r] = static_cast<int>(std::find(hosts_.begin(), hosts_.end(), hosts_[r]) - hosts_.begin());
   }
   stragglers_.set_hosts(std::move(host_index));
-  // In the order of same_host_: the dp slot is the data-parallel group whose waits
-  // comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring, then
-  // expert parallelism's ep and expert_dp groups.
-  const Communicator* groups[7] = {groups_.tp.get(),        &groups_.data_parallel(),
-                                   groups_.pp.get(),        groups_.embedding.get(),
-                                   groups_.cp.get(),        groups_.ep.get(),
-                                   groups_.expert_dp.get()};
+  const std::array<Communicator*, 7> groups = metric_groups();
   for (size_t g = 0; g < 7; ++g) {
     // Members' world ranks: the MPI groups know them; a backend that does not (NCCL)
     // leaves the group counted as spanning hosts.

@@ -225,6 +225,10 @@ class Trainer {
   void collect_moe_metrics(StepMetrics& m);
   // The step's slowest rank (every rank's busy time gathered to all) into m.
   void collect_slowest_rank(StepMetrics& m);
+  // Per group kind, the least exposed and exposed + hidden time of any member, into m.
+  void collect_least_waits(StepMetrics& m);
+  // The communicators whose times StepMetrics::GroupMs holds, in its order (null: none).
+  std::array<Communicator*, 7> metric_groups() const;
   // same_host_ from hosts_ and the groups' members, and the straggler detector's hosts
   // (run(), once).
   void find_same_host_groups();

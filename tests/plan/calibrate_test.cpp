@@ -357,5 +357,50 @@ TEST(Calibrate, AMetricsFileThatIsNotTheConfigsRunIsRefusedNamingIt) {
   EXPECT_DOUBLE_EQ(cp->hidden.cp, 0.009);
 }
 
+TEST(Calibrate, TheLeastOfTheGroupsRanksIsFittedWhereTheFileHasIt) {
+  // Rank 0 reached the collectives first and waited 40 ms a step; the last rank to
+  // arrive, the transfer alone: 10 ms exposed + 2 ms hidden.
+  ParallelConfig layout;
+  layout.dp = 2;
+  const std::string seg = R"({"segment":{"run_id":"x","start_step":0,"world_size":2}})" "\n";
+  const std::string rank0 =
+      R"("step_ms":100,"comm_exposed_ms":{"tp":0,"dp":40,"pp":0,"embedding":0},"comm_hidden_ms":{"tp":0,"dp":0,"pp":0,"embedding":0})";
+  const std::string least =
+      R"(,"comm_exposed_least_ms":{"tp":0,"dp":10,"pp":0,"embedding":0},"comm_total_least_ms":{"tp":0,"dp":12,"pp":0,"embedding":0})";
+  std::string with, without, mixed;
+  for (int s = 1; s <= 3; ++s) {
+    const std::string head = "{\"step\":" + std::to_string(s) + ",";
+    with += head + rank0 + least + "}\n";
+    without += head + rank0 + "}\n";
+    mixed += head + rank0 + (s == 3 ? "" : least) + "}\n";
+  }
+  auto w = read_metrics(write_file("least.jsonl", seg + with), 2, layout);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  EXPECT_TRUE(w->has_least);
+  EXPECT_DOUBLE_EQ(w->exposed.dp, 0.040);
+  EXPECT_DOUBLE_EQ(w->exposed_least.dp, 0.010);
+  EXPECT_DOUBLE_EQ(w->total_least.dp, 0.012);
+  auto wo = read_metrics(write_file("noleast.jsonl", seg + without), 2, layout);
+  ASSERT_TRUE(wo.is_ok());
+  EXPECT_FALSE(wo->has_least);
+  auto m = read_metrics(write_file("mixed.jsonl", seg + mixed), 2, layout);
+  ASSERT_TRUE(m.is_ok());
+  EXPECT_FALSE(m->has_least) << "a step without the figures: rank 0's for all";
+
+  // The fitted link: the plan's dp time scaled to 12 ms (least) or to 40 ms (rank 0's).
+  const PlanCandidate l{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1};
+  const Config c = config_for(l);
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  const PlanOptions o = cpu_options(2, start);
+  auto fit_w = calibrate(c, o, w.value());
+  auto fit_wo = calibrate(c, o, wo.value());
+  ASSERT_TRUE(fit_w.is_ok()) << fit_w.status().message();
+  ASSERT_TRUE(fit_wo.is_ok()) << fit_wo.status().message();
+  EXPECT_NEAR(fit_w->after.dp_comm_s, 0.012, 0.012 * 0.02);
+  EXPECT_NEAR(fit_wo->after.dp_comm_s, 0.040, 0.040 * 0.02);
+  EXPECT_NE(fit_w->notes.find("the least of the group's ranks"), std::string::npos) << fit_w->notes;
+  EXPECT_NE(fit_wo->notes.find("rank 0's"), std::string::npos) << fit_wo->notes;
+}
+
 }  // namespace
 }  // namespace trident
