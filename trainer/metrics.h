@@ -17,6 +17,8 @@
 // file is one JSON object except, at worst, the torn one.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -54,6 +56,12 @@ struct StepMetrics {
       ep += o.ep;
       expert_dp += o.expert_dp;
       return *this;
+    }
+    // The seven groups in the order above (Trainer::metric_groups' order), and back.
+    static constexpr std::size_t kCount = 7;
+    std::array<double, kCount> values() const { return {tp, dp, pp, embedding, cp, ep, expert_dp}; }
+    static GroupMs of(const std::array<double, kCount>& v) {
+      return {.tp = v[0], .dp = v[1], .pp = v[2], .embedding = v[3], .cp = v[4], .ep = v[5], .expert_dp = v[6]};
     }
   };
   GroupMs comm_exposed_ms, comm_hidden_ms;

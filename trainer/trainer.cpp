@@ -854,8 +854,7 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
   // rank's host in a world of several hosts; and its own time, the step minus all of them
   // (trainer/straggler.h says why both). Gathered after the step's timer and its last
   // training collective: it moves 16 bytes per rank and touches no training state.
-  const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
-  const double group_ms[7] = {e.tp, e.dp, e.pp, e.embedding, e.cp, e.ep, e.expert_dp};
+  const std::array<double, 7> group_ms = stats_.comm_exposed_ms.values();
   double remote_ms = world_->times().exposed_s * 1e3, local_ms = 0;
   for (size_t g = 0; g < 7; ++g) (same_host_[g] ? local_ms : remote_ms) += group_ms[g];
   const double busy = std::max(0.0, m.step_ms - remote_ms);
@@ -896,10 +895,8 @@ void Trainer::collect_least_waits(StepMetrics& m) {
   // without the ranks' arrival skew, the figure `trident plan` models (its calibration
   // reads it). One all-reduce of 14 doubles, whatever the world's size: the maximum of
   // the negated times, with -inf from a rank outside the group.
-  const StepMetrics::GroupMs& e = stats_.comm_exposed_ms;
-  const StepMetrics::GroupMs& h = stats_.comm_hidden_ms;
-  const double exposed[7] = {e.tp, e.dp, e.pp, e.embedding, e.cp, e.ep, e.expert_dp};
-  const double hidden[7] = {h.tp, h.dp, h.pp, h.embedding, h.cp, h.ep, h.expert_dp};
+  const std::array<double, 7> exposed = stats_.comm_exposed_ms.values();
+  const std::array<double, 7> hidden = stats_.comm_hidden_ms.values();
   const std::array<Communicator*, 7> groups = metric_groups();
   double v[14];
   for (size_t g = 0; g < 7; ++g) {
@@ -909,14 +906,14 @@ void Trainer::collect_least_waits(StepMetrics& m) {
     v[7 + g] = member ? -(exposed[g] + hidden[g]) : kOutside;
   }
   world_->all_reduce(CommBuf::host(std::span<double>(v)), ReduceOp::kMax, {.label = "least waits"});
-  const auto least = [&](size_t k) { return std::isinf(v[k]) ? 0.0 : -v[k]; };
-  auto fill = [&](StepMetrics::GroupMs& out, size_t at) {
-    out = {.tp = least(at), .dp = least(at + 1), .pp = least(at + 2), .embedding = least(at + 3),
-           .cp = least(at + 4), .ep = least(at + 5), .expert_dp = least(at + 6)};
-  };
+  std::array<double, 7> least_exposed, least_total;
+  for (size_t g = 0; g < 7; ++g) {
+    least_exposed[g] = std::isinf(v[g]) ? 0.0 : -v[g];
+    least_total[g] = std::isinf(v[7 + g]) ? 0.0 : -v[7 + g];
+  }
   m.has_least = true;
-  fill(m.comm_exposed_least_ms, 0);
-  fill(m.comm_total_least_ms, 7);
+  m.comm_exposed_least_ms = StepMetrics::GroupMs::of(least_exposed);
+  m.comm_total_least_ms = StepMetrics::GroupMs::of(least_total);
 }
 
 void Trainer::find_same_host_groups() {
