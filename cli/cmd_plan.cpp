@@ -112,6 +112,20 @@ void print_run_rows(const MeasuredRun& m, const PlanResult& before, const PlanRe
     rows.push_back({"dp exposed, least rank", e.dp + e.embedding, before.dp_s, after.dp_s});
     rows.push_back({"dp all, least rank", t.dp + t.embedding, before.dp_comm_s, after.dp_comm_s});
   }
+  // Each collective kind's least time where the file has it (comm_kind_least_ms), against
+  // the plan's time of that kind.
+  static const char* const kTp[kRingKinds] = {"tp all_reduce", "tp reduce_scatter", "tp all_gather"};
+  static const char* const kDp[kRingKinds] = {"dp all_reduce", "dp reduce_scatter", "dp all_gather"};
+  for (int k = 0; m.has_kinds && k < kRingKinds; ++k) {
+    const size_t i = static_cast<size_t>(k);
+    auto of = [i](const CollectiveTerms& t) { return t.bytes_s[i] + t.latency_s[i]; };
+    if (m.tp_kinds[i] > 0 || of(before.tp_terms) > 0) {
+      rows.push_back({kTp[k], m.tp_kinds[i], of(before.tp_terms), of(after.tp_terms)});
+    }
+    if (m.dp_kinds[i] > 0 || of(before.dp_terms) > 0) {
+      rows.push_back({kDp[k], m.dp_kinds[i], of(before.dp_terms), of(after.dp_terms)});
+    }
+  }
   for (const Row& r : rows) {
     std::printf("  %-22s %12.2f %12.2f %12.2f\n", r.what, 1e3 * r.measured, 1e3 * r.before, 1e3 * r.after);
   }

@@ -66,28 +66,7 @@ PlanResult evaluate_on(const Config& config, PlanOptions o, const Hardware& hw) 
   return evaluate_layout(config, o);
 }
 
-// A group whose link is fitted: the plan's communication time at the table's figures and
-// with every link's bandwidth doubled, and what the run measured (exposed + hidden: the
-// least over the group's ranks where the file has it, else rank 0's).
-struct Group {
-  const char* name;
-  ParallelDim dim;
-  double predicted, predicted_fast, measured;
-};
-std::vector<Group> fitted_groups(const PlanResult& before, const PlanResult& fast, const MeasuredRun& run) {
-  GroupSeconds all = run.total_least;
-  if (!run.has_least) {
-    all = {run.exposed.tp + run.hidden.tp, run.exposed.dp + run.hidden.dp, run.exposed.pp + run.hidden.pp,
-           run.exposed.embedding + run.hidden.embedding, run.exposed.cp + run.hidden.cp};
-  }
-  return {{"tp", ParallelDim::kTp, before.tp_s, fast.tp_s, all.tp},
-          {"dp", ParallelDim::kDp, before.dp_comm_s, fast.dp_comm_s, all.dp + all.embedding},
-          // The ring's whole time (the plan's exposed part is what the block attention does
-          // not hide; the metrics' exposed + hidden is all of it).
-          {"cp", ParallelDim::kCp, before.cp_comm_s, fast.cp_comm_s, all.cp}};
-}
-
-// What fitted_groups' measured figure is, for the notes.
+// What a group's measured figure is, for the notes.
 std::string measured_what(const MeasuredRun& run) {
   return run.has_least ? "exposed + hidden, the least of the group's ranks" : "exposed + hidden, rank 0's";
 }
@@ -114,6 +93,246 @@ std::string bandwidth_note(const LinkSpec& l, double factor) {
   return l.name + ": effective bandwidth x " + fmt("%.4g", factor) + " (" +
          fmt("%.4g", l.bytes_per_s * l.efficiency / 1e9) + " -> " +
          fmt("%.4g", l.bytes_per_s * l.efficiency * factor / 1e9) + " GB/s)";
+}
+
+
+// One measurement of a link: the plan's bytes term (bytes / bandwidth) and latency term
+// (calls x latency) at the table's figures for a group's collectives of one kind (kind
+// 0..2, LinkSpec::share's index) or for all its communication (kAllKinds), and what the
+// run measured of it.
+constexpr int kAllKinds = kRingKinds;
+struct LinkRow {
+  int kind = kAllKinds;
+  double bytes_s = 0, latency_s = 0, measured_s = 0;
+};
+
+const char* kind_label(int kind) {
+  return kind == kAllKinds ? "all" : collective_name(static_cast<CollectiveKind>(kind));
+}
+
+// The link (0: intra, 1: inter; the cpu's one link is intra) a dimension's groups use.
+int link_index(const PlanResult& plan, ParallelDim dim, const Hardware& hw) {
+  return plan.crosses_nodes[dim] && !hw.is_cpu ? 1 : 0;
+}
+
+// The rows of one run on the two links, and a note line per group (`file`: name the run's
+// file and the calls and bytes, as a fit over several runs does). The tp and dp groups
+// give a row per collective kind where the file has comm_kind_least_ms, else one in all;
+// the cp ring's sends one in all (its whole time, exposed + hidden: the plan's exposed
+// part is what the block attention does not hide). `fast`: the plan with every link's
+// bandwidth doubled, whose saving is the ring's bytes term.
+void add_rows(const PlanResult& plan, const PlanResult& fast, const MeasuredRun& run, const Hardware& hw,
+              bool file, std::vector<LinkRow> rows[2], std::string* notes) {
+  GroupSeconds all = run.total_least;
+  if (!run.has_least) {
+    all = {run.exposed.tp + run.hidden.tp, run.exposed.dp + run.hidden.dp, run.exposed.pp + run.hidden.pp,
+           run.exposed.embedding + run.hidden.embedding, run.exposed.cp + run.hidden.cp};
+  }
+  const double ring_bytes_s = 2 * (plan.cp_comm_s - fast.cp_comm_s);
+  struct Group {
+    const char* name;
+    ParallelDim dim;
+    CollectiveTerms terms;  // tp, dp
+    const std::array<double, kRingKinds>* kinds;  // measured per kind (tp, dp), else null
+    double bytes_s, latency_s, measured_s;  // in all
+  };
+  auto sum = [](const std::array<double, kRingKinds>& a) { return a[0] + a[1] + a[2]; };
+  const Group groups[] = {
+      {"tp", ParallelDim::kTp, plan.tp_terms, &run.tp_kinds, sum(plan.tp_terms.bytes_s),
+       sum(plan.tp_terms.latency_s), all.tp},
+      {"dp", ParallelDim::kDp, plan.dp_terms, &run.dp_kinds, sum(plan.dp_terms.bytes_s),
+       sum(plan.dp_terms.latency_s), all.dp + all.embedding},
+      {"cp", ParallelDim::kCp, {}, nullptr, ring_bytes_s, plan.cp_comm_s - ring_bytes_s, all.cp}};
+  for (const Group& g : groups) {
+    const double predicted = g.bytes_s + g.latency_s;
+    if (predicted <= 0 || g.measured_s <= 0) continue;
+    const int k = link_index(plan, g.dim, hw);
+    const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
+    *notes += std::string(g.name) + (file ? " (" + run.path + ")" : "") + ": measured " +
+              fmt("%.4g", g.measured_s * 1e3) + " ms/step of communication (" + measured_what(run) +
+              "), predicted " + fmt("%.4g", predicted * 1e3) + " ms over " + l.name;
+    if (file) {
+      *notes += " (" + fmt("%.4g", g.latency_s / l.latency_s) + " calls, " +
+                fmt("%.4g", g.bytes_s * l.bytes_per_s * l.efficiency / 1e6) + " MB on the link)";
+    }
+    *notes += "\n";
+    if (!run.has_kinds || g.kinds == nullptr) {
+      rows[k].push_back({kAllKinds, g.bytes_s, g.latency_s, g.measured_s});
+      continue;
+    }
+    for (int kind = 0; kind < kRingKinds; ++kind) {
+      const size_t i = static_cast<size_t>(kind);
+      const LinkRow row{kind, g.terms.bytes_s[i], g.terms.latency_s[i], (*g.kinds)[i]};
+      if (row.bytes_s <= 0 && row.measured_s <= 0) continue;
+      *notes += "  " + std::string(g.name) + " " + kind_label(kind) + ": measured " +
+                fmt("%.4g", row.measured_s * 1e3) + " ms, predicted " +
+                fmt("%.4g", (row.bytes_s + row.latency_s) * 1e3) + " ms\n";
+      // A kind the plan has no bytes of (or the run did not time) identifies nothing.
+      if (row.bytes_s > 0 && row.measured_s > 0) rows[k].push_back(row);
+    }
+  }
+}
+
+// What one link's rows fit: factors on its effective bandwidth (everything without a
+// kind of its own: sends, the kinds not measured apart) and its per-call latency, and on
+// each kind's share.
+struct LinkFit {
+  double bandwidth = 1, latency = 1;
+  std::array<double, kRingKinds> kind = {1, 1, 1};
+};
+
+// Fits `l` to `rows`: the bandwidth alone (latency kept), or with `latency_allowed` and
+// rows whose calls per byte within one kind are kLatencySeparation apart, both by least
+// squares: measured = bytes term x a[kind] + latency term x z, one a per kind measured (and
+// one for the rows in all), z shared. A kind's share factor is its bandwidth over the
+// link's, the link's being the rows in all's where there are any, else all the measured
+// bytes together. `runs`, `files`: for the notes and errors; `groups`: the notes so far.
+Result<LinkFit> fit_link(const std::vector<LinkRow>& rows, const LinkSpec& l, bool latency_allowed, size_t runs,
+                         const std::string& files, std::string* notes) {
+  LinkFit fit;
+  struct Sums {
+    double bb = 0, bl = 0, ll = 0, by = 0, ly = 0, b = 0, l = 0, y = 0;
+    double lo = INFINITY, hi = 0;  // calls per byte, as latency term / bytes term
+    int n = 0;
+  } s[kAllKinds + 1], total;
+  for (const LinkRow& r : rows) {
+    for (Sums* t : {&s[r.kind], &total}) {
+      t->bb += r.bytes_s * r.bytes_s;
+      t->bl += r.bytes_s * r.latency_s;
+      t->ll += r.latency_s * r.latency_s;
+      t->by += r.bytes_s * r.measured_s;
+      t->ly += r.latency_s * r.measured_s;
+      t->b += r.bytes_s;
+      t->l += r.latency_s;
+      t->y += r.measured_s;
+      ++t->n;
+      if (r.bytes_s > 0) {
+        t->lo = std::min(t->lo, r.latency_s / r.bytes_s);
+        t->hi = std::max(t->hi, r.latency_s / r.bytes_s);
+      }
+    }
+  }
+  if (total.b <= 0) return fit;
+  auto spread = [](const Sums& t) { return t.lo > 0 ? t.hi / t.lo : INFINITY; };
+  // Latency separates where some kind's own rows differ in calls per byte (each kind has
+  // its own bandwidth: rows of different kinds do not tell the two apart).
+  double widest = 0;
+  for (const Sums& t : s) {
+    if (t.n >= 2) widest = std::max(widest, spread(t));
+  }
+  const std::string over = std::to_string(rows.size()) + " groups of " + std::to_string(runs) + " runs";
+  bool kinds = false;  // rows per kind
+  for (int k = 0; k < kRingKinds; ++k) kinds = kinds || s[k].n > 0;
+  double a[kAllKinds + 1] = {1, 1, 1, 1};  // 1 / each bandwidth factor
+  if (latency_allowed && widest >= kLatencySeparation) {
+    // The normal equations: a[j] = (by_j - bl_j z) / bb_j for each j, and into z's.
+    double zz = total.ll, zy = total.ly;
+    for (const Sums& t : s) {
+      if (t.n == 0 || t.bb <= 0) continue;
+      zz -= t.bl * t.bl / t.bb;
+      zy -= t.bl * t.by / t.bb;
+    }
+    const double z = zy / zz;
+    int bad = -1;
+    for (int j = 0; j <= kAllKinds; ++j) {
+      if (s[j].n == 0 || s[j].bb <= 0) continue;
+      a[j] = (s[j].by - s[j].bl * z) / s[j].bb;
+      if (!(a[j] > 0) && bad < 0) bad = j;
+    }
+    if (bad >= 0 || !(z > 0)) {
+      return Status::invalid_input(
+          files + ": the least-squares fit of " + l.name + " over " + over + " gives " +
+          (bad < 0 ? "a per-call latency of " + fmt("%.4g", z * l.latency_s * 1e6) + " us"
+                   : "a bandwidth of " + fmt("%.4g", l.bytes_per_s * l.efficiency / a[bad] / 1e9) + " GB/s" +
+                         (kinds ? " for " + std::string(kind_label(bad)) : "")) +
+          ": their communication times are not bytes / bandwidth + calls x latency (a noisy or "
+          "loaded run?); rerun them, or calibrate from one run. The groups:\n" + *notes);
+    }
+    fit.latency = z;
+    fit.bandwidth = s[kAllKinds].n > 0 ? 1 / a[kAllKinds] : total.b / (total.y - z * total.l);
+    if (!(fit.bandwidth > 0)) {
+      return Status::invalid_input(files + ": the least-squares fit of " + l.name + " over " + over +
+                                   " gives a per-call latency of " + fmt("%.4g", z * l.latency_s * 1e6) +
+                                   " us, more than the groups' measured time: rerun them, or calibrate "
+                                   "from one run. The groups:\n" + *notes);
+    }
+    *notes += bandwidth_note(l, fit.bandwidth) + ", per-call latency x " + fmt("%.4g", z) + " (" +
+              fmt("%.4g", l.latency_s * 1e6) + " -> " + fmt("%.4g", l.latency_s * z * 1e6) +
+              " us), least squares over " + over + " (calls per byte " + fmt("%.3g", widest) + "x apart)\n";
+  } else {
+    // Bandwidth only: the pooled figure of all the rows; a kind's own where its bytes,
+    // not its calls' fixed costs, make most of its time.
+    const std::string why = runs < 2          ? ""
+                            : rows.size() < 2 ? "one group measured it"
+                            : widest == 0     ? "no collective kind was measured by two groups"
+                                              : "the runs' calls per byte are within " + fmt("%.3g", widest) +
+                                                    "x of each other";
+    const double bytes_measured = total.y - total.l;
+    if (bytes_measured < 0.1 * total.y) {
+      *notes += l.name + ": not fitted (the per-call latency accounts for " +
+                fmt("%.0f", 100 * total.l / total.y) + "% of the measured time" +
+                (why.empty() ? "" : ", and " + why) + ")\n";
+      return fit;
+    }
+    fit.bandwidth = total.b / bytes_measured;
+    for (int j = 0; j < kRingKinds; ++j) {
+      const double bm = s[j].y - s[j].l;
+      if (s[j].n > 0 && bm < 0.1 * s[j].y) {
+        *notes += l.name + " " + kind_label(j) + ": not fitted apart (the per-call latency accounts for " +
+                  fmt("%.0f", 100 * s[j].l / s[j].y) + "% of its measured time)\n";
+        s[j].n = 0;  // keeps its share
+      }
+      a[j] = s[j].n > 0 ? bm / s[j].b : 1 / fit.bandwidth;
+    }
+    *notes += bandwidth_note(l, fit.bandwidth) +
+              (why.empty() ? "" : ", bandwidth only over " + over + ": " + why +
+                                      ", which does not separate a per-call latency (kept at " +
+                                      fmt("%.4g", l.latency_s * 1e6) + " us)") +
+              (kinds ? " (all the measured bytes together)" : "") + "\n";
+  }
+  for (int j = 0; j < kRingKinds; ++j) {
+    if (s[j].n == 0) continue;
+    const size_t i = static_cast<size_t>(j);
+    fit.kind[i] = 1 / a[j] / fit.bandwidth;
+    *notes += l.name + " " + kind_label(j) + ": " +
+              fmt("%.4g", l.kind_bytes_per_s(static_cast<CollectiveKind>(j)) * fit.bandwidth * fit.kind[i] / 1e9) +
+              " GB/s, its share of the link's " + fmt("%.4g", l.share[i]) + " -> " +
+              fmt("%.4g", l.share[i] * fit.kind[i]) + " (from " + std::to_string(s[j].n) +
+              (s[j].n == 1 ? " measurement)\n" : " measurements)\n");
+  }
+  return fit;
+}
+
+// `hw` with both links fitted (the cpu's one link stands for both).
+Hardware apply_links(Hardware hw, const LinkFit fit[2]) {
+  for (int k = 0; k < kRingKinds; ++k) {
+    hw.intra_node.share[static_cast<size_t>(k)] *= fit[0].kind[static_cast<size_t>(k)];
+    hw.inter_node.share[static_cast<size_t>(k)] *= fit[1].kind[static_cast<size_t>(k)];
+  }
+  return scale_latency(scale_links(hw, fit[0].bandwidth, fit[1].bandwidth), fit[0].latency, fit[1].latency);
+}
+
+// The fitted links' factors into `c` (each dimension's from the first run's plan).
+void record_links(const PlanResult& first, const Hardware& hw, const LinkFit fit[2], Calibration* c) {
+  c->tp_link_factor = fit[link_index(first, ParallelDim::kTp, hw)].bandwidth;
+  c->dp_link_factor = fit[link_index(first, ParallelDim::kDp, hw)].bandwidth;
+  c->cp_link_factor = fit[link_index(first, ParallelDim::kCp, hw)].bandwidth;
+  c->intra_latency_factor = fit[0].latency;
+  c->inter_latency_factor = hw.is_cpu ? fit[0].latency : fit[1].latency;
+  c->intra_kind_factor = fit[0].kind;
+  c->inter_kind_factor = hw.is_cpu ? fit[0].kind : fit[1].kind;
+}
+
+Hardware doubled_links(Hardware hw) {
+  hw.intra_node.bytes_per_s *= 2;
+  hw.inter_node.bytes_per_s *= 2;
+  return hw;
+}
+
+std::string file_list(const std::vector<CalibrationRun>& runs) {
+  std::string out;
+  for (const CalibrationRun& r : runs) out += (out.empty() ? "" : ", ") + r.run.path;
+  return out;
 }
 
 }  // namespace
@@ -181,8 +400,24 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
     return s.contains("comm_exposed_least_ms") && s["comm_exposed_least_ms"].is_object() &&
            s.contains("comm_total_least_ms") && s["comm_total_least_ms"].is_object();
   });
+  run.has_kinds = std::all_of(steps.begin(), steps.end(), [](const nlohmann::json& s) {
+    return s.contains("comm_kind_least_ms") && s["comm_kind_least_ms"].is_object();
+  });
+  std::vector<double> tp_kinds[kRingKinds], dp_kinds[kRingKinds];
   for (const nlohmann::json& s : steps) {
     step_s.push_back(s["step_ms"].get<double>() / 1e3);
+    if (run.has_kinds) {
+      // Seconds of `kind` in `group`'s entry (0 where the entry or the kind is absent).
+      const nlohmann::json& kinds = s["comm_kind_least_ms"];
+      auto ms = [&](const char* group, int kind) {
+        if (!kinds.contains(group) || !kinds[group].is_object()) return 0.0;
+        return kinds[group].value(collective_name(static_cast<CollectiveKind>(kind)), 0.0) / 1e3;
+      };
+      for (int k = 0; k < kRingKinds; ++k) {
+        tp_kinds[k].push_back(ms("tp", k));
+        dp_kinds[k].push_back(ms("dp", k) + ms("embedding", k));
+      }
+    }
     for (int g = 0; g < kGroups; ++g) {
       auto ms = [&](const char* key) {
         return s.contains(key) && s[key].is_object() ? s[key].value(groups[g], 0.0) / 1e3 : 0.0;
@@ -200,6 +435,12 @@ Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
     run.exposed_least = {median(el[0]), median(el[1]), median(el[2]), median(el[3]), median(el[4])};
     run.total_least = {median(tl[0]), median(tl[1]), median(tl[2]), median(tl[3]), median(tl[4])};
   }
+  if (run.has_kinds) {
+    for (int k = 0; k < kRingKinds; ++k) {
+      run.tp_kinds[static_cast<size_t>(k)] = median(tp_kinds[k]);
+      run.dp_kinds[static_cast<size_t>(k)] = median(dp_kinds[k]);
+    }
+  }
   return run;
 }
 
@@ -208,50 +449,18 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   Calibration c;
   c.before = evaluate_layout(config, options);
   const Hardware& hw = options.hardware;
-  // Links: each group's bytes term (2 x the time saved by doubling every link's
-  // bandwidth) and latency term, pooled per link, against what the group measured.
-  Hardware doubled = hw;
-  doubled.intra_node.bytes_per_s *= 2;
-  doubled.inter_node.bytes_per_s *= 2;
-  const PlanResult fast = evaluate_on(config, options, doubled);
-  struct Pool {
-    double bytes_s = 0, latency_s = 0, measured_s = 0;
-  } pools[2];  // intra, inter
-  for (const Group& g : fitted_groups(c.before, fast, run)) {
-    if (g.predicted <= 0 || g.measured <= 0) continue;
-    const double bytes_s = 2 * (g.predicted - g.predicted_fast);
-    Pool& p = pools[c.before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0];
-    p.bytes_s += bytes_s;
-    p.latency_s += g.predicted - bytes_s;
-    p.measured_s += g.measured;
-    c.notes += std::string(g.name) + ": measured " + fmt("%.4g", g.measured * 1e3) +
-               " ms/step of communication (" + measured_what(run) + "), predicted " +
-               fmt("%.4g", g.predicted * 1e3) + " ms over " +
-               (c.before.crosses_nodes[g.dim] && !hw.is_cpu ? hw.inter_node.name
-                                                             : hw.intra_node.name) +
-               "\n";
-  }
-  double factor[2] = {1, 1};
+  // Links: each group's bytes and latency terms (per kind where the file has them),
+  // pooled per link, against what the group measured.
+  const PlanResult fast = evaluate_on(config, options, doubled_links(hw));
+  std::vector<LinkRow> rows[2];  // intra, inter
+  add_rows(c.before, fast, run, hw, false, rows, &c.notes);
+  LinkFit fit[2];
   for (int k = 0; k < 2; ++k) {
-    const Pool& p = pools[k];
-    if (p.bytes_s <= 0) continue;
-    const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
-    // What the bytes took: the measured time less the fixed cost per call. When the
-    // fixed costs are most of it (small messages), the bandwidth is not identified and
-    // the link keeps its figure.
-    const double bytes_measured = p.measured_s - p.latency_s;
-    if (bytes_measured < 0.1 * p.measured_s) {
-      c.notes += l.name + ": not fitted (the per-call latency accounts for " +
-                 fmt("%.0f", 100 * p.latency_s / p.measured_s) + "% of the measured time)\n";
-      continue;
-    }
-    factor[k] = p.bytes_s / bytes_measured;
-    c.notes += bandwidth_note(l, factor[k]) + "\n";
+    TRIDENT_ASSIGN_OR_RETURN(fit[k], fit_link(rows[k], k == 1 ? hw.inter_node : hw.intra_node, false, 1,
+                                              run.path, &c.notes));
   }
-  c.tp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
-  c.dp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
-  c.cp_link_factor = factor[c.before.crosses_nodes[ParallelDim::kCp] && !hw.is_cpu ? 1 : 0];
-  const Hardware linked = scale_links(hw, factor[0], factor[1]);
+  record_links(c.before, hw, fit, &c);
+  const Hardware linked = apply_links(hw, fit);
   // Compute: the one factor whose predicted step is the measured one (the step falls as
   // the factor grows; bisection in log space).
   auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
@@ -275,22 +484,6 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   return c;
 }
 
-namespace {
-
-// One group of one run on a link: the plan's bytes term (bytes / bandwidth) and latency
-// term (calls x latency) at the table's figures, and what the run measured.
-struct LinkPoint {
-  double bytes_s = 0, latency_s = 0, measured_s = 0;
-};
-
-std::string file_list(const std::vector<CalibrationRun>& runs) {
-  std::string out;
-  for (const CalibrationRun& r : runs) out += (out.empty() ? "" : ", ") + r.run.path;
-  return out;
-}
-
-}  // namespace
-
 Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, const PlanOptions& options) {
   if (runs.empty()) return Status::invalid_input("calibration: no metrics file given");
   if (runs.size() == 1) {
@@ -303,95 +496,20 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
   }
   Calibration c;
   const Hardware& hw = options.hardware;
-  Hardware doubled = hw;
-  doubled.intra_node.bytes_per_s *= 2;
-  doubled.inter_node.bytes_per_s *= 2;
-  std::vector<LinkPoint> points[2];  // intra, inter
+  const Hardware doubled = doubled_links(hw);
+  std::vector<LinkRow> rows[2];  // intra, inter
   for (const CalibrationRun& r : runs) {
     const PlanResult before = evaluate_layout(r.config, options);
-    const PlanResult fast = evaluate_on(r.config, options, doubled);
     c.runs_before.push_back(before);
-    const MeasuredRun& m = r.run;
-    for (const Group& g : fitted_groups(before, fast, m)) {
-      if (g.predicted <= 0 || g.measured <= 0) continue;
-      const int k = before.crosses_nodes[g.dim] && !hw.is_cpu ? 1 : 0;
-      const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
-      const double bytes_s = 2 * (g.predicted - g.predicted_fast);
-      const LinkPoint p{bytes_s, g.predicted - bytes_s, g.measured};
-      points[k].push_back(p);
-      c.notes += std::string(g.name) + " (" + m.path + "): measured " + fmt("%.4g", g.measured * 1e3) +
-                 " ms/step of communication (" + measured_what(m) + "), predicted " +
-                 fmt("%.4g", g.predicted * 1e3) + " ms over " + l.name + " (" +
-                 fmt("%.4g", p.latency_s / l.latency_s) + " calls, " +
-                 fmt("%.4g", p.bytes_s * l.bytes_per_s * l.efficiency / 1e6) + " MB on the link)\n";
-    }
+    add_rows(before, evaluate_on(r.config, options, doubled), r.run, hw, true, rows, &c.notes);
   }
-  double bandwidth[2] = {1, 1}, latency[2] = {1, 1};
+  LinkFit fit[2];
   for (int k = 0; k < 2; ++k) {
-    const std::vector<LinkPoint>& ps = points[k];
-    const LinkSpec& l = k == 1 ? hw.inter_node : hw.intra_node;
-    double sbb = 0, sbl = 0, sll = 0, sby = 0, sly = 0, sb = 0, sl = 0, sy = 0;
-    double lo = INFINITY, hi = 0;  // calls per byte, as latency term / bytes term
-    for (const LinkPoint& p : ps) {
-      sbb += p.bytes_s * p.bytes_s;
-      sbl += p.bytes_s * p.latency_s;
-      sll += p.latency_s * p.latency_s;
-      sby += p.bytes_s * p.measured_s;
-      sly += p.latency_s * p.measured_s;
-      sb += p.bytes_s;
-      sl += p.latency_s;
-      sy += p.measured_s;
-      if (p.bytes_s > 0) {
-        lo = std::min(lo, p.latency_s / p.bytes_s);
-        hi = std::max(hi, p.latency_s / p.bytes_s);
-      }
-    }
-    if (sb <= 0) continue;
-    const double spread = lo > 0 ? hi / lo : INFINITY;
-    const std::string over = std::to_string(ps.size()) + " groups of " + std::to_string(runs.size()) + " runs";
-    if (ps.size() >= 2 && spread >= kLatencySeparation) {
-      // measured = a * bytes term + z * latency term: a = 1 / the bandwidth's factor, z the
-      // latency's (the normal equations of the two-parameter least squares).
-      const double det = sbb * sll - sbl * sbl;
-      const double a = (sll * sby - sbl * sly) / det;
-      const double z = (sbb * sly - sbl * sby) / det;
-      if (!(a > 0) || !(z > 0)) {
-        return Status::invalid_input(
-            file_list(runs) + ": the least-squares fit of " + l.name + " over " + over + " gives " +
-            (a > 0 ? "a per-call latency of " + fmt("%.4g", z * l.latency_s * 1e6) + " us"
-                   : "a bandwidth of " + fmt("%.4g", l.bytes_per_s * l.efficiency / a / 1e9) + " GB/s") +
-            ": their communication times are not bytes / bandwidth + calls x latency (a noisy or "
-            "loaded run?); rerun them, or calibrate from one run. The groups:\n" + c.notes);
-      }
-      bandwidth[k] = 1 / a;
-      latency[k] = z;
-      c.notes += bandwidth_note(l, bandwidth[k]) + ", per-call latency x " + fmt("%.4g", z) + " (" + fmt("%.4g", l.latency_s * 1e6) +
-                 " -> " + fmt("%.4g", l.latency_s * z * 1e6) + " us), least squares over " + over +
-                 " (calls per byte " + fmt("%.3g", spread) + "x apart)\n";
-      continue;
-    }
-    // Bandwidth only: the pooled figure calibrate() fits from one run, over all of them.
-    const std::string why = ps.size() < 2 ? "one group measured it"
-                                          : "the runs' calls per byte are within " + fmt("%.3g", spread) +
-                                                "x of each other";
-    const double bytes_measured = sy - sl;
-    if (bytes_measured < 0.1 * sy) {
-      c.notes += l.name + ": not fitted (the per-call latency accounts for " + fmt("%.0f", 100 * sl / sy) +
-                 "% of the measured time, and " + why + ")\n";
-      continue;
-    }
-    bandwidth[k] = sb / bytes_measured;
-    c.notes += bandwidth_note(l, bandwidth[k]) + ", bandwidth only over " +
-               over + ": " + why + ", which does not separate a per-call latency (kept at " +
-               fmt("%.4g", l.latency_s * 1e6) + " us)\n";
+    TRIDENT_ASSIGN_OR_RETURN(fit[k], fit_link(rows[k], k == 1 ? hw.inter_node : hw.intra_node, true,
+                                              runs.size(), file_list(runs), &c.notes));
   }
-  const PlanResult& first = c.runs_before[0];
-  c.tp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kTp] && !hw.is_cpu ? 1 : 0];
-  c.dp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kDp] && !hw.is_cpu ? 1 : 0];
-  c.cp_link_factor = bandwidth[first.crosses_nodes[ParallelDim::kCp] && !hw.is_cpu ? 1 : 0];
-  c.intra_latency_factor = latency[0];
-  c.inter_latency_factor = hw.is_cpu ? latency[0] : latency[1];
-  const Hardware linked = scale_latency(scale_links(hw, bandwidth[0], bandwidth[1]), latency[0], latency[1]);
+  record_links(c.runs_before[0], hw, fit, &c);
+  const Hardware linked = apply_links(hw, fit);
   // Compute: every run's step must be reachable by some factor; then the factor with
   // the least sum of squared step errors. Each step falls as the factor grows, so the
   // sum is unimodal in log f: golden-section search.

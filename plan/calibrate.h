@@ -17,11 +17,20 @@
 //     latency term kept; a link whose latency explains 90% of the time keeps its
 //     figure: small messages do not identify a bandwidth). pp is not fitted: its measured wait includes the pipeline's
 //     idle time, not only the transfer.
+//     Where every step record has comm_kind_least_ms (the least time of each collective
+//     kind), the tp and dp groups give one measurement per kind instead of one in all:
+//     each kind the run moved its bytes with (all-reduce, reduce-scatter, all-gather)
+//     gets its own bandwidth, as the link's figure x the kind's share (LinkSpec::share).
+//     The link's own figure, which sends and the kinds the run did not measure keep
+//     using, is then the bandwidth of all the measured bytes together: MPI's
+//     reduce-scatter on CPU ranks, several times slower than its all-gather, no longer
+//     sets one figure for both.
 //     With two or more runs (calibrate_runs) whose groups use a link with different
 //     calls per byte (ZeRO-1's few large collectives next to tp's many small all-reduces,
 //     say), the link's bandwidth and its per-call latency are both fitted, by least
 //     squares over the groups' (bytes term, latency term) -> measured seconds: the plan's
-//     own bytes and call counts, measured = bytes / bandwidth + calls x latency. Runs whose
+//     own bytes and call counts, measured = bytes / bandwidth + calls x latency (with
+//     per-kind measurements, one bandwidth per kind and one latency for all). Runs whose
 //     calls per byte on the link are within kLatencySeparation of each other do not
 //     separate the two: the link then gets the bandwidth-only fit over all of them.
 //   - compute: one factor on gemm_efficiency, attention_efficiency and memory_efficiency
@@ -31,6 +40,7 @@
 //     with runs of different sequence lengths, which this does not take.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -59,6 +69,11 @@ struct MeasuredRun {
   // the ranks' arrival skew), where every step record has them (has_least).
   bool has_least = false;
   GroupSeconds exposed_least, total_least;
+  // Medians of the least time of each collective kind, indexed like LinkSpec::share, of
+  // the tp group and of the dp group with the tied embedding's all-reduce (the metrics'
+  // comm_kind_least_ms: tp, and dp + embedding), where every step record has it.
+  bool has_kinds = false;
+  std::array<double, kRingKinds> tp_kinds{}, dp_kinds{};
 };
 
 // Reads `path`. Errors (invalid_input, naming the file): it cannot be read; no segment
@@ -74,6 +89,8 @@ struct Calibration {
   double tp_link_factor = 1, dp_link_factor = 1, cp_link_factor = 1;  // on the links' bandwidth
   // On the links' per-call latency (1: kept; intra, inter: the cpu's one link is intra).
   double intra_latency_factor = 1, inter_latency_factor = 1;
+  // On each kind's share of its link (LinkSpec::share; 1: the kind was not measured apart).
+  std::array<double, kRingKinds> intra_kind_factor = {1, 1, 1}, inter_kind_factor = {1, 1, 1};
   PlanResult before, after;     // the (first) run's layout with the input and the fitted table
   std::vector<PlanResult> runs_before, runs_after;  // every run's (calibrate_runs)
   std::string notes;            // what was fitted from what, one line each

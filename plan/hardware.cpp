@@ -82,6 +82,19 @@ class Entry {
   std::string where_;
 };
 
+// The names of a link's per-kind shares in the table, in LinkSpec::share's order.
+constexpr const char* kShareKeys[kRingKinds] = {"all_reduce_share", "reduce_scatter_share",
+                                                "all_gather_share"};
+
+// A link's optional per-kind shares (`prefix`: "link_" in the cpu entry).
+Status read_shares(const Entry& e, const std::string& prefix, LinkSpec* link) {
+  for (int k = 0; k < kRingKinds; ++k) {
+    TRIDENT_ASSIGN_OR_RETURN(link->share[static_cast<size_t>(k)],
+                             e.positive_or(prefix + kShareKeys[k], 1.0));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const std::string& source) {
@@ -100,12 +113,15 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
   std::map<std::string, LinkSpec> links;
   for (size_t i = 0; i < root["interconnects"].size(); ++i) {
     const Entry e(root["interconnects"][i], source + ": interconnects[" + std::to_string(i) + "]");
-    TRIDENT_RETURN_IF_ERROR(e.check_keys({"name", "gbytes_per_s", "latency_us", "efficiency"}));
+    TRIDENT_RETURN_IF_ERROR(e.check_keys({"name", "gbytes_per_s", "latency_us", "efficiency",
+                                          "all_reduce_share", "reduce_scatter_share",
+                                          "all_gather_share"}));
     LinkSpec link;
     TRIDENT_ASSIGN_OR_RETURN(link.name, e.name("name"));
     TRIDENT_ASSIGN_OR_RETURN(const double gbytes, e.positive("gbytes_per_s"));
     TRIDENT_ASSIGN_OR_RETURN(const double latency_us, e.positive("latency_us"));
     TRIDENT_ASSIGN_OR_RETURN(link.efficiency, e.positive_or("efficiency", kLinkEfficiency));
+    TRIDENT_RETURN_IF_ERROR(read_shares(e, "", &link));
     link.bytes_per_s = gbytes * 1e9;
     link.latency_s = latency_us * 1e-6;
     links[link.name] = link;
@@ -155,7 +171,8 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
     const Entry e(root["cpu"], source + ": cpu");
     TRIDENT_RETURN_IF_ERROR(e.check_keys({"peak_gflops", "memory_gbps", "link_gbytes_per_s",
                                           "link_latency_us", "gemm_efficiency",
-                                          "attention_efficiency"}));
+                                          "attention_efficiency", "link_all_reduce_share",
+                                          "link_reduce_scatter_share", "link_all_gather_share"}));
     TRIDENT_ASSIGN_OR_RETURN(const double gflops, e.positive("peak_gflops"));
     TRIDENT_ASSIGN_OR_RETURN(const double gbps, e.positive("memory_gbps"));
     TRIDENT_ASSIGN_OR_RETURN(const double link_gbytes, e.positive("link_gbytes_per_s"));
@@ -164,6 +181,8 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
     table.cpu.memory_bandwidth = gbps * 1e9;
     table.cpu.intra_node.bytes_per_s = table.cpu.inter_node.bytes_per_s = link_gbytes * 1e9;
     table.cpu.intra_node.latency_s = table.cpu.inter_node.latency_s = link_us * 1e-6;
+    TRIDENT_RETURN_IF_ERROR(read_shares(e, "link_", &table.cpu.intra_node));
+    table.cpu.inter_node.share = table.cpu.intra_node.share;
     TRIDENT_ASSIGN_OR_RETURN(table.cpu.gemm_efficiency, e.positive("gemm_efficiency"));
     TRIDENT_ASSIGN_OR_RETURN(table.cpu.attention_efficiency, e.positive("attention_efficiency"));
     table.has_cpu = true;
@@ -226,6 +245,15 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
     std::snprintf(buf, sizeof(buf), "%.6g", x);
     return std::string(buf);
   };
+  // A link's per-kind shares, where one is not 1 (", all_reduce_share: x, ...").
+  auto shares = [&](const LinkSpec& l, const std::string& prefix) {
+    std::string text;
+    for (int k = 0; k < kRingKinds; ++k) {
+      const double x = l.share[static_cast<size_t>(k)];
+      if (x != 1) text += ", " + prefix + kShareKeys[k] + ": " + num(x);
+    }
+    return text;
+  };
   std::string out;
   std::istringstream lines(header);
   for (std::string line; std::getline(lines, line);) out += "# " + line + "\n";
@@ -244,7 +272,7 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
   for (const LinkSpec& l : table.links) {
     out += "  - {name: " + l.name + ", gbytes_per_s: " + num(l.bytes_per_s / 1e9) +
            ", latency_us: " + num(l.latency_s * 1e6) + ", efficiency: " + num(l.efficiency) +
-           "}\n";
+           shares(l, "") + "}\n";
   }
   if (table.has_cpu) {
     const Hardware& c = table.cpu;
@@ -254,7 +282,7 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
            num(c.intra_node.bytes_per_s * c.intra_node.efficiency / 1e9) + ", link_latency_us: " +
            num(c.intra_node.latency_s * 1e6) + ",\n      gemm_efficiency: " +
            num(c.gemm_efficiency) + ", attention_efficiency: " + num(c.attention_efficiency) +
-           "}\n";
+           shares(c.intra_node, "link_") + "}\n";
   }
   return out;
 }

@@ -11,19 +11,24 @@
 //                    optional: gemm_efficiency, attention_efficiency, memory_efficiency
 //                    (defaults kGemmEfficiency, kAttentionEfficiency, kMemoryEfficiency)
 //   interconnects: [{name, gbytes_per_s, latency_us}]   per GPU, per direction
-//                    optional: efficiency (NCCL busbw / link bandwidth; default 0.8)
+//                    optional: efficiency (NCCL busbw / link bandwidth; default 0.8);
+//                    all_reduce_share, reduce_scatter_share, all_gather_share (default 1)
 //   cpu:           optional, for `--gpu cpu`: {peak_gflops, memory_gbps, link_gbytes_per_s,
 //                    link_latency_us, gemm_efficiency, attention_efficiency} (all
-//                    required when present; `trident plan --calibrate` writes it)
+//                    required when present; `trident plan --calibrate` writes it);
+//                    optional: link_all_reduce_share, link_reduce_scatter_share,
+//                    link_all_gather_share (default 1)
 // reserved_gib and fragmentation may be 0; the other numbers must be positive. The
 // efficiencies are what `trident plan --calibrate` fits from a run's metrics
 // (docs/PLAN.md "Calibration").
 // Thread-compatible; nothing here touches a device.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 
 namespace trident {
@@ -39,6 +44,13 @@ inline constexpr double kLinkEfficiency = 0.8;        // NCCL busbw / link bandw
 // (docs/PERFORMANCE.md: 53-56% on the medium GPT-2, AMD EPYC, 2 threads).
 inline constexpr double kCpuEfficiency = 0.55;
 
+// The collective kinds whose bandwidth a link states apart (CollectiveKind's first three:
+// kAllReduce, kReduceScatter, kAllGather index LinkSpec::share).
+inline constexpr int kRingKinds = 3;
+static_assert(static_cast<int>(CollectiveKind::kAllReduce) == 0 &&
+              static_cast<int>(CollectiveKind::kReduceScatter) == 1 &&
+              static_cast<int>(CollectiveKind::kAllGather) == 2);
+
 // One link class: the per-GPU, per-direction bandwidth a ring collective is bounded by,
 // and one call's fixed cost.
 struct LinkSpec {
@@ -46,6 +58,18 @@ struct LinkSpec {
   double bytes_per_s = 0;
   double latency_s = 0;
   double efficiency = kLinkEfficiency;  // the busbw a ring collective reaches, as a share of bytes_per_s
+  // Per collective kind (all-reduce, reduce-scatter, all-gather), the share of the
+  // effective bandwidth (bytes_per_s x efficiency) its bus bytes reach. 1 for all three on
+  // NCCL's rings, where each moves its bytes at the link's busbw; MPI between CPU ranks
+  // reduces through memory in algorithms of its own, and there a reduce-scatter moves its
+  // bytes several times slower than an all-gather (docs/PLAN.md "Calibration": fitted
+  // from a run's comm_kind_least_ms). Point-to-point sends take the link's figure.
+  std::array<double, kRingKinds> share = {1, 1, 1};
+  // The bandwidth a collective of `kind` reaches (a send: the link's effective figure).
+  double kind_bytes_per_s(CollectiveKind kind) const {
+    const int k = static_cast<int>(kind);
+    return bytes_per_s * efficiency * (k < kRingKinds ? share[static_cast<size_t>(k)] : 1.0);
+  }
 };
 
 // The device a plan is for, with its links.

@@ -47,27 +47,37 @@ std::string gib(double bytes) {
   return bytes >= 1024.0 * 1024 ? fmt("%.1f MiB", bytes / (1024.0 * 1024)) : fmt("%.1f KiB", bytes / 1024.0);
 }
 
-// Seconds for `payload` bytes of a ring collective over `link` with `ranks` members.
-double collective_s(CollectiveKind kind, double payload, int ranks, const LinkSpec& link,
-                    double calls) {
+// A ring collective of `payload` bytes over `link` with `ranks` members, in `calls` calls,
+// added to `terms` (its bytes term at the kind's bandwidth, its latency term); returns
+// its seconds.
+double add_collective(CollectiveKind kind, double payload, int ranks, const LinkSpec& link,
+                      double calls, CollectiveTerms* terms) {
   if (ranks <= 1 || payload <= 0) return 0;
-  const double bw = link.bytes_per_s * link.efficiency;
-  return payload * bus_factor(kind, ranks) / bw + calls * link.latency_s;
+  const size_t k = static_cast<size_t>(kind);
+  const double bytes_s = payload * bus_factor(kind, ranks) / link.kind_bytes_per_s(kind);
+  const double latency_s = calls * link.latency_s;
+  terms->bytes_s[k] += bytes_s;
+  terms->latency_s[k] += latency_s;
+  return bytes_s + latency_s;
 }
 
 // Seconds of each collective kind of a group's traffic, with each kind's count of calls
 // (dp: dp_collective_calls), or a total shared out equally over the kinds present (tp,
-// whose all-gathers and reduce-scatters come in pairs).
+// whose all-gathers and reduce-scatters come in pairs); `terms` splits each into its
+// bytes and latency terms.
 struct KindSeconds {
   double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  CollectiveTerms terms;
   double total() const { return all_reduce + reduce_scatter + all_gather; }
 };
 // With each kind's own count of calls.
 KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, const DpCalls& calls) {
-  return {collective_s(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, calls.all_reduce),
-          collective_s(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link,
-                       calls.reduce_scatter),
-          collective_s(CollectiveKind::kAllGather, g.all_gather, ranks, link, calls.all_gather)};
+  KindSeconds k;
+  k.all_reduce = add_collective(CollectiveKind::kAllReduce, g.all_reduce, ranks, link, calls.all_reduce, &k.terms);
+  k.reduce_scatter = add_collective(CollectiveKind::kReduceScatter, g.reduce_scatter, ranks, link,
+                                    calls.reduce_scatter, &k.terms);
+  k.all_gather = add_collective(CollectiveKind::kAllGather, g.all_gather, ranks, link, calls.all_gather, &k.terms);
+  return k;
 }
 KindSeconds kind_s(const GroupTraffic& g, int ranks, const LinkSpec& link, double calls) {
   const int kinds = (g.all_reduce > 0) + (g.reduce_scatter > 0) + (g.all_gather > 0);
@@ -82,6 +92,8 @@ struct StageTime {
   double ep = 0;  // the ep all-to-all's exposed seconds per micro-batch (ep_all_to_all_seconds)
   double cp_comm = 0;  // and its whole time (nothing hidden)
   double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
+  CollectiveTerms tp_terms;  // per micro-batch, of tp
+  CollectiveTerms dp_terms;  // per step, of dp_comm (the experts' reduction excepted)
   RankTraffic traffic;
 };
 
@@ -384,7 +396,12 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const double tp_calls =
       (block.column_inputs + block.row_outputs) * layers +
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
-  t.tp = kind_s(t.traffic.tp, tp, links.spec[ParallelDim::kTp], tp_calls * micro).total() / micro;
+  const KindSeconds tp_kinds = kind_s(t.traffic.tp, tp, links.spec[ParallelDim::kTp], tp_calls * micro);
+  t.tp = tp_kinds.total() / micro;
+  for (int kind = 0; kind < kRingKinds; ++kind) {
+    t.tp_terms.bytes_s[static_cast<size_t>(kind)] = tp_kinds.terms.bytes_s[static_cast<size_t>(kind)] / micro;
+    t.tp_terms.latency_s[static_cast<size_t>(kind)] = tp_kinds.terms.latency_s[static_cast<size_t>(kind)] / micro;
+  }
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * links.link[ParallelDim::kPp]->efficiency;
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -409,8 +426,9 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   const KindSeconds k = kind_s(d, dp, dp_rails,
                                dp_collective_calls(config, layout, config.model.tied() &&
                                                                        part.first_stage() && part.last_stage()));
-  const double embedding_s = collective_s(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
-                                          2, *links.link[ParallelDim::kPp], 1);
+  t.dp_terms = k.terms;
+  const double embedding_s = add_collective(CollectiveKind::kAllReduce, t.traffic.embedding.all_reduce,
+                                            2, *links.link[ParallelDim::kPp], 1, &t.dp_terms);
   t.dp_comm = k.total() + embedding_s;
   if (dp > 1 && d.total() > 0) {
     // The stage's groups (embedding, layers, head: ParamLayout's ids) with their compute:
@@ -790,6 +808,11 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.compute_s = m * (slowest.compute - slowest.recompute);
   r.recompute_s = m * slowest.recompute;
   r.tp_s = m * slowest.tp;
+  for (int kind = 0; kind < kRingKinds; ++kind) {
+    r.tp_terms.bytes_s[static_cast<size_t>(kind)] = m * slowest.tp_terms.bytes_s[static_cast<size_t>(kind)];
+    r.tp_terms.latency_s[static_cast<size_t>(kind)] = m * slowest.tp_terms.latency_s[static_cast<size_t>(kind)];
+  }
+  r.dp_terms = slowest_tail.dp_terms;
   r.pp_s = m * slowest.pp;
   r.cp_s = m * slowest.cp;
   r.ep_s = m * slowest.ep;

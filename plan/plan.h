@@ -82,6 +82,7 @@
 // Thread-compatible; plans allocate nothing on a device.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -218,6 +219,19 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
                             const PlanOptions& options);
 
 // What one candidate costs.
+// A group's ring collectives by kind (indexed like LinkSpec::share: all-reduce,
+// reduce-scatter, all-gather), seconds per step: the bytes term (the kind's bus bytes over
+// its bandwidth on the group's link) and the latency term (its calls x the per-call
+// latency). What calibration fits each kind's bandwidth from (plan/calibrate.h).
+struct CollectiveTerms {
+  std::array<double, kRingKinds> bytes_s{}, latency_s{};
+  double total() const {
+    double sum = 0;
+    for (int k = 0; k < kRingKinds; ++k) sum += bytes_s[static_cast<size_t>(k)] + latency_s[static_cast<size_t>(k)];
+    return sum;
+  }
+};
+
 struct PlanResult {
   PlanCandidate candidate;
   bool fits = false;
@@ -246,6 +260,10 @@ struct PlanResult {
   // exposed seconds are in dp_s, its whole time in dp_comm_s).
   double expert_dp_comm = 0;
   double optimizer_s = 0, dp_comm_s = 0;
+  // tp_s and dp_comm_s by collective kind, on the same stages: the slowest stage's tp
+  // (sum: tp_s), and the dp group's with the tied embedding's all-reduce (sum: dp_comm_s
+  // less the experts' reduction, expert_dp_comm).
+  CollectiveTerms tp_terms, dp_terms;
   // Per pipeline stage, the seconds per step its ranks wait in pipeline transfers: the
   // fill and drain (bubble_s), the slowest stage's surplus over this one on each
   // micro-batch, and its own transfers. The slowest stage's is bubble_s + pp_s; a stage

@@ -3,7 +3,9 @@
 // to those figures from the table's defaults; the written table reads back to the same
 // figures; a metrics file that is not the config's run is refused naming the file.
 // From several runs (calibrate_runs): a link's bandwidth and per-call latency both, where
-// the runs' calls per byte differ; the bandwidth alone where they do not.
+// the runs' calls per byte differ; the bandwidth alone where they do not. Measured per
+// collective kind (comm_kind_least_ms): each kind's own bandwidth, and one latency where
+// a kind's own runs separate it.
 // The multi-rank run on this machine is tests/plan/calibrate_cpu_test.py.
 #include "plan/calibrate.h"
 
@@ -11,6 +13,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +61,112 @@ MeasuredRun measured_on(const Config& c, const PlanOptions& truth) {
   m.exposed.cp = r.cp_s;
   m.hidden.cp = r.cp_comm_s - r.cp_s;
   return m;
+}
+
+// measured_on with each collective kind's time apart, as comm_kind_least_ms gives it.
+MeasuredRun measured_by_kind(const Config& c, const PlanOptions& truth) {
+  MeasuredRun m = measured_on(c, truth);
+  const PlanResult r = evaluate_layout(c, truth);
+  m.has_kinds = true;
+  for (size_t k = 0; k < 3; ++k) {
+    m.tp_kinds[k] = r.tp_terms.bytes_s[k] + r.tp_terms.latency_s[k];
+    m.dp_kinds[k] = r.dp_terms.bytes_s[k] + r.dp_terms.latency_s[k];
+  }
+  return m;
+}
+
+// Runs of `layouts` on 2 cpu ranks "measured" on `truth` (each kind apart with
+// `by_kind`), each file named after its layout.
+std::vector<CalibrationRun> runs_on(std::initializer_list<PlanCandidate> layouts, const Hardware& truth,
+                                    bool by_kind) {
+  std::vector<CalibrationRun> runs;
+  for (const PlanCandidate& l : layouts) {
+    const Config c = config_for(l);
+    MeasuredRun m = by_kind ? measured_by_kind(c, cpu_options(2, truth)) : measured_on(c, cpu_options(2, truth));
+    m.path = layout_name(l) + ".jsonl";
+    runs.push_back({c, m});
+  }
+  return runs;
+}
+
+// A CPU link whose reduce-scatter reaches a quarter of its bandwidth and all-gather 1.5x,
+// as MPI's on these ranks do (docs/PERFORMANCE.md).
+Hardware cpu_with_kinds(double bytes_per_s, double latency_s, std::array<double, 3> share) {
+  Hardware hw = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  hw.gemm_efficiency *= 0.6;  // compute at 0.6 of the table's
+  hw.attention_efficiency *= 0.6;
+  hw.memory_efficiency *= 0.6;
+  hw.intra_node.bytes_per_s = bytes_per_s;
+  hw.intra_node.latency_s = latency_s;
+  hw.intra_node.share = share;
+  hw.inter_node = hw.intra_node;
+  return hw;
+}
+
+double kind_bandwidth(const Hardware& hw, CollectiveKind kind) { return hw.intra_node.kind_bytes_per_s(kind); }
+
+// ZeRO-3 measured by kind: its reduce-scatters and all-gathers each get their own
+// bandwidth back, and with them ZeRO-1's time (half and half of the two, not ZeRO-3's
+// two gathers per reduction) is predicted exactly. From the group's total alone one
+// bandwidth is fitted to both, and ZeRO-1 is predicted off.
+TEST(Calibrate, EachCollectiveKindGetsItsOwnBandwidthWhereTheFileTimesThemApart) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  const Hardware truth = cpu_with_kinds(2e9, start.intra_node.latency_s, {1, 0.25, 1.5});
+  const Config z3 = config_for(PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1});
+  const Config z1 = config_for(PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1});
+  auto by_kind = calibrate(z3, cpu_options(2, start), measured_by_kind(z3, cpu_options(2, truth)));
+  ASSERT_TRUE(by_kind.is_ok()) << by_kind.status().message();
+  const Hardware& fitted = by_kind->hardware;
+  for (CollectiveKind k : {CollectiveKind::kReduceScatter, CollectiveKind::kAllGather}) {
+    EXPECT_NEAR(kind_bandwidth(fitted, k) / kind_bandwidth(truth, k), 1, 1e-6)
+        << collective_name(k) << "\n" << by_kind->notes;
+  }
+  // The link's own figure: all the measured bytes together, between the two kinds'; the
+  // all-reduce, not measured, keeps its share of it.
+  EXPECT_GT(fitted.intra_node.bytes_per_s, kind_bandwidth(truth, CollectiveKind::kReduceScatter));
+  EXPECT_LT(fitted.intra_node.bytes_per_s, kind_bandwidth(truth, CollectiveKind::kAllGather));
+  EXPECT_EQ(fitted.intra_node.share[0], 1);
+  EXPECT_EQ(fitted.inter_node.share, fitted.intra_node.share);  // the cpu's one link
+  EXPECT_NEAR(by_kind->intra_kind_factor[1] / by_kind->intra_kind_factor[2], 0.25 / 1.5, 1e-6);
+  EXPECT_NE(by_kind->notes.find("shared memory reduce_scatter: "), std::string::npos) << by_kind->notes;
+  const PlanResult z1_truth = evaluate_layout(z1, cpu_options(2, truth));
+  PlanOptions o = cpu_options(2, fitted);
+  EXPECT_NEAR(evaluate_layout(z1, o).dp_comm_s / z1_truth.dp_comm_s, 1, 1e-6);
+  auto total = calibrate(z3, cpu_options(2, start), measured_on(z3, cpu_options(2, truth)));
+  ASSERT_TRUE(total.is_ok()) << total.status().message();
+  EXPECT_EQ(total->hardware.intra_node.share, (std::array<double, 3>{1, 1, 1}));
+  EXPECT_NEAR(total->after.dp_comm_s / evaluate_layout(z3, cpu_options(2, truth)).dp_comm_s, 1, 1e-6);
+  o.hardware = total->hardware;
+  EXPECT_GT(std::abs(evaluate_layout(z1, o).dp_comm_s / z1_truth.dp_comm_s - 1), 0.1);
+}
+
+// Several runs measured by kind: ZeRO-0's few large all-reduces and tp's many small ones
+// separate the per-call latency from the all-reduce's bandwidth; ZeRO-3's reduce-scatters
+// and all-gathers then get theirs with that latency.
+TEST(Calibrate, RunsMeasuredByKindFitEachKindsBandwidthAndOneLatency) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  const Hardware truth = cpu_with_kinds(1.5e9, 60e-6, {0.6, 0.25, 1.5});
+  const std::vector<CalibrationRun> runs = runs_on({PlanCandidate{{.dp = 2, .zero_stage = 0}, Recompute::kNone, 1},
+                                                    PlanCandidate{{.tp = 2}, Recompute::kNone, 1},
+                                                    PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1}},
+                                                   truth, true);
+  auto fit = calibrate_runs(runs, cpu_options(2, start));
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllGather}) {
+    EXPECT_NEAR(kind_bandwidth(fit->hardware, k) / kind_bandwidth(truth, k), 1, 1e-3)
+        << collective_name(k) << "\n" << fit->notes;
+  }
+  EXPECT_NEAR(fit->hardware.intra_node.latency_s / 60e-6, 1, 1e-3) << fit->notes;
+  EXPECT_NEAR(fit->compute_factor, 0.6, 1e-3);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_NEAR(fit->runs_after[i].step_time_s / runs[i].run.step_s, 1, 1e-3) << runs[i].run.path;
+  }
+  // tp alone with ZeRO-3: no kind measured twice, so the latency is kept (and said).
+  auto no_latency = calibrate_runs({runs[1], runs[2]}, cpu_options(2, start));
+  ASSERT_TRUE(no_latency.is_ok()) << no_latency.status().message();
+  EXPECT_EQ(no_latency->hardware.intra_node.latency_s, start.intra_node.latency_s);
+  EXPECT_NE(no_latency->notes.find("no collective kind was measured by two groups"), std::string::npos)
+      << no_latency->notes;
 }
 
 TEST(Calibrate, RecoversTheComputeFactorAndTheLinkOfAKnownMachine) {
@@ -150,6 +259,8 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
   t.cpu.attention_efficiency = 0.29;
   t.cpu.memory_efficiency = 0.5;  // folded into memory_gbps on write
   t.cpu.intra_node.bytes_per_s = t.cpu.inter_node.bytes_per_s = 0.7e9;
+  t.cpu.intra_node.share = t.cpu.inter_node.share = {0.5, 0.2512345, 1.5};
+  t.links[1].share = {1, 0.3, 1};
   t.has_cpu = true;
   const std::string yaml = hardware_table_yaml(t, "a header\nof two lines");
   EXPECT_EQ(yaml.rfind("# a header\n# of two lines\n", 0), 0u) << yaml;
@@ -174,6 +285,12 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
     }
   }
   EXPECT_NEAR(back->links[0].efficiency, 0.43, 1e-9);
+  EXPECT_EQ(back->links[0].share, (std::array<double, 3>{1, 1, 1}));
+  EXPECT_EQ(back->links[1].share, (std::array<double, 3>{1, 0.3, 1}));
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_NEAR(back->cpu.intra_node.share[k], t.cpu.intra_node.share[k], 1e-6);
+    EXPECT_EQ(back->cpu.inter_node.share[k], back->cpu.intra_node.share[k]);
+  }
   ASSERT_TRUE(back->has_cpu);
   EXPECT_NEAR(back->cpu.peak_flops, 123.4e9, 1e3);
   EXPECT_NEAR(back->cpu.gemm_efficiency, 0.31, 1e-9);
@@ -195,14 +312,9 @@ TEST(Calibrate, TwoLayoutsRecoverTheLinksBandwidthAndPerCallLatency) {
   truth.memory_efficiency = start.memory_efficiency * 0.7;
   truth.intra_node.bytes_per_s = truth.inter_node.bytes_per_s = 1.5e9;  // 5 GB/s -> 1.5
   truth.intra_node.latency_s = truth.inter_node.latency_s = 60e-6;      // 5 us -> 60
-  std::vector<CalibrationRun> runs;
-  for (const PlanCandidate& l : {PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1},
-                                 PlanCandidate{{.tp = 2}, Recompute::kNone, 1}}) {
-    const Config c = config_for(l);
-    MeasuredRun m = measured_on(c, cpu_options(2, truth));
-    m.path = layout_name(l) + ".jsonl";
-    runs.push_back({c, m});
-  }
+  const std::vector<CalibrationRun> runs = runs_on({PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1},
+                                                    PlanCandidate{{.tp = 2}, Recompute::kNone, 1}},
+                                                   truth, false);
   auto fit = calibrate_runs(runs, cpu_options(2, start));
   ASSERT_TRUE(fit.is_ok()) << fit.status().message();
   EXPECT_NEAR(fit->hardware.intra_node.bytes_per_s / 1.5e9, 1, 0.01) << fit->notes;
@@ -386,6 +498,7 @@ TEST(Calibrate, TheLeastOfTheGroupsRanksIsFittedWhereTheFileHasIt) {
   auto m = read_metrics(write_file("mixed.jsonl", seg + mixed), 2, layout);
   ASSERT_TRUE(m.is_ok());
   EXPECT_FALSE(m->has_least) << "a step without the figures: rank 0's for all";
+  EXPECT_FALSE(w->has_kinds);
 
   // The fitted link: the plan's dp time scaled to 12 ms (least) or to 40 ms (rank 0's).
   const PlanCandidate l{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1};
@@ -400,6 +513,33 @@ TEST(Calibrate, TheLeastOfTheGroupsRanksIsFittedWhereTheFileHasIt) {
   EXPECT_NEAR(fit_wo->after.dp_comm_s, 0.040, 0.040 * 0.02);
   EXPECT_NE(fit_w->notes.find("the least of the group's ranks"), std::string::npos) << fit_w->notes;
   EXPECT_NE(fit_wo->notes.find("rank 0's"), std::string::npos) << fit_wo->notes;
+}
+
+// comm_kind_least_ms: each kind's medians, tp's and dp's with the tied embedding's
+// all-reduce; only where every step has it.
+TEST(Calibrate, EachKindsLeastIsReadWhereEveryStepHasIt) {
+  ParallelConfig layout;
+  layout.dp = 2;
+  const std::string seg = R"({"segment":{"run_id":"x","start_step":0,"world_size":2}})" "\n";
+  auto step = [](int s, double rs, bool kinds) {
+    std::string k = R"(,"comm_kind_least_ms":{"tp":{"all_reduce":1,"reduce_scatter":0,"all_gather":0},)"
+                    R"("dp":{"all_reduce":0,"reduce_scatter":)" + std::to_string(rs) + R"(,"all_gather":2},)"
+                    R"("embedding":{"all_reduce":3,"reduce_scatter":0,"all_gather":0}})";
+    return "{\"step\":" + std::to_string(s) +
+           R"(,"step_ms":100,"comm_exposed_ms":{"tp":0,"dp":9,"pp":0,"embedding":0},"comm_hidden_ms":{"tp":0,"dp":0,"pp":0,"embedding":0})" +
+           (kinds ? k : "") + "}\n";
+  };
+  auto r = read_metrics(write_file("kinds.jsonl", seg + step(1, 50, true) + step(2, 4, true) + step(3, 6, true)), 2,
+                        layout);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  ASSERT_TRUE(r->has_kinds);
+  EXPECT_DOUBLE_EQ(r->dp_kinds[1], 0.005);  // the median of steps 2 and 3
+  EXPECT_DOUBLE_EQ(r->dp_kinds[2], 0.002);
+  EXPECT_DOUBLE_EQ(r->dp_kinds[0], 0.003);  // the embedding's
+  EXPECT_DOUBLE_EQ(r->tp_kinds[0], 0.001);
+  auto some = read_metrics(write_file("somekinds.jsonl", seg + step(1, 5, true) + step(2, 5, false)), 2, layout);
+  ASSERT_TRUE(some.is_ok());
+  EXPECT_FALSE(some->has_kinds);
 }
 
 }  // namespace

@@ -327,6 +327,46 @@ TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
   EXPECT_EQ(two.dp_comm_s, many.dp_comm_s);
 }
 
+// The tp and dp groups' time split by collective kind (PlanResult::tp_terms, dp_terms) adds
+// up to their time, on layouts with each kind; a kind's share of the link divides its bytes
+// term and leaves the other kinds' and the latency terms alone.
+TEST(Plan, EachCollectiveKindsTermsAddUpToTheGroupsTimeAndFollowItsShare) {
+  PlanOptions o = gpu_options(4);
+  o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  o.gpus_per_node = 4;
+  constexpr size_t kAr = 0, kRs = 1, kAg = 2;
+  for (const PlanCandidate& l : {PlanCandidate{{.dp = 4, .zero_stage = 0}, Recompute::kNone, 1},
+                                 PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 1}, Recompute::kNone, 1},
+                                 PlanCandidate{{.dp = 2, .pp = 2, .zero_stage = 3}, Recompute::kNone, 1},
+                                 PlanCandidate{{.dp = 2, .tp = 2, .zero_stage = 2, .sequence_parallel = true},
+                                               Recompute::kFull, 1}}) {
+    Config c = apply_layout(small_config(), l);
+    c.model.tie_embeddings = 1;
+    c.model.finalize();
+    ASSERT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+    const PlanResult p = evaluate_layout(c, o);
+    EXPECT_NEAR(p.tp_terms.total(), p.tp_s, 1e-12 + 1e-9 * p.tp_s) << layout_name(l);
+    EXPECT_NEAR(p.dp_terms.total(), p.dp_comm_s, 1e-12 + 1e-9 * p.dp_comm_s) << layout_name(l);
+    const int zero = l.zero_stage;
+    EXPECT_EQ(p.dp_terms.bytes_s[kAr] > 0, zero == 0 || l.pp > 1) << layout_name(l);  // + tied wte
+    EXPECT_EQ(p.dp_terms.bytes_s[kRs] > 0, zero > 0) << layout_name(l);
+    EXPECT_EQ(p.dp_terms.bytes_s[kAg] > 0, zero > 0) << layout_name(l);
+    EXPECT_EQ(p.tp_terms.bytes_s[kAr] > 0, l.tp > 1) << layout_name(l);
+    EXPECT_EQ(p.tp_terms.bytes_s[kAg] > 0, l.sequence_parallel) << layout_name(l);
+    // Reduce-scatters at a quarter of the link's bandwidth: their bytes take 4x as long.
+    PlanOptions slow = o;
+    slow.hardware.intra_node.share[kRs] = slow.hardware.inter_node.share[kRs] = 0.25;
+    const PlanResult q = evaluate_layout(c, slow);
+    for (const auto& [a, b] : {std::pair{&p.dp_terms, &q.dp_terms}, std::pair{&p.tp_terms, &q.tp_terms}}) {
+      EXPECT_NEAR(b->bytes_s[kRs], 4 * a->bytes_s[kRs], 1e-9 * a->bytes_s[kRs]) << layout_name(l);
+      EXPECT_EQ(b->bytes_s[kAr], a->bytes_s[kAr]) << layout_name(l);
+      EXPECT_EQ(b->bytes_s[kAg], a->bytes_s[kAg]) << layout_name(l);
+      EXPECT_EQ(b->latency_s, a->latency_s) << layout_name(l);
+    }
+    EXPECT_EQ(q.pp_s, p.pp_s) << "sends keep the link's figure";
+  }
+}
+
 TEST(Plan, TensorParallelAcrossNodesCostsTheNetwork) {
   Config base = small_config();
   base.model.n_kv_heads = 4;
@@ -970,6 +1010,22 @@ TEST(Hardware, BadTablesNameTheEntryAndKey) {
   Result<HardwareTable> zeros = with(", reserved_gib: 0, fragmentation: 0");  // both may be 0
   ASSERT_TRUE(zeros.is_ok()) << zeros.status().message();
   EXPECT_EQ(zeros->gpus[0].reserved_bytes, 0);
+  // A link's per-kind shares are optional (1) and positive; the cpu entry's are link_*.
+  Result<HardwareTable> shares = parse_hardware_table(
+      "gpus: []\ninterconnects: [{name: nv, gbytes_per_s: 450, latency_us: 10, reduce_scatter_share: 0.25}]\n"
+      "cpu: {peak_gflops: 100, memory_gbps: 10, link_gbytes_per_s: 5, link_latency_us: 5, gemm_efficiency: 0.5,\n"
+      "      attention_efficiency: 0.5, link_all_gather_share: 1.5}\n",
+      "hw.yaml");
+  ASSERT_TRUE(shares.is_ok()) << shares.status().message();
+  EXPECT_EQ(shares->links[0].share, (std::array<double, 3>{1, 0.25, 1}));
+  EXPECT_EQ(shares->cpu.intra_node.share, (std::array<double, 3>{1, 1, 1.5}));
+  EXPECT_EQ(shares->cpu.inter_node.share, shares->cpu.intra_node.share);
+  EXPECT_DOUBLE_EQ(shares->links[0].kind_bytes_per_s(CollectiveKind::kReduceScatter), 450e9 * 0.8 * 0.25);
+  EXPECT_DOUBLE_EQ(shares->links[0].kind_bytes_per_s(CollectiveKind::kSend), 450e9 * 0.8);
+  Result<HardwareTable> zero_share = parse_hardware_table(
+      "gpus: []\ninterconnects: [{name: nv, gbytes_per_s: 450, latency_us: 10, all_reduce_share: 0}]\n", "hw.yaml");
+  ASSERT_FALSE(zero_share.is_ok());
+  EXPECT_EQ(zero_share.status().message(), "hw.yaml: interconnects[0].all_reduce_share: must be > 0, got 0");
   Result<HardwareTable> key = parse_hardware_table(
       "gpus: [{name: x, peak_tflops: 1}]\n" + links, "hw.yaml");
   ASSERT_FALSE(key.is_ok());
