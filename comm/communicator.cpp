@@ -20,6 +20,11 @@ namespace {
 // The smallest tag upper bound MPI guarantees (MPI_TAG_UB >= 32767).
 constexpr int kMaxPortableTag = 32767;
 
+// The counters' and times' kind of one point-to-point operation (a batch's: its first's).
+CollectiveKind p2p_kind(const P2POp& op) {
+  return op.kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+}
+
 std::string rank_range(int value, int size) {
   return std::to_string(value) + " (group size " + std::to_string(size) + ")";
 }
@@ -33,21 +38,23 @@ std::atomic<CallObserver*> g_call_observer{nullptr};
 namespace detail {
 // Tells the observer (if any) that a blocking backend call starts; its destructor, that
 // the call has returned. Declared right before the do_* call.
-// Also times the call into the communicator's CommTimes::exposed_s (`seconds`, when
-// given, gets the same figure).
+// Also times the call into the communicator's CommTimes::exposed_s and, under `kind` (the
+// rule of CommTimes), exposed_by_kind (`seconds`, when given, gets the same figure).
 class WatchedCall {
  public:
-  WatchedCall(const Communicator& comm, const char* call, int peer, const CollectiveOptions& opts,
-              double* seconds = nullptr)
+  WatchedCall(const Communicator& comm, CollectiveKind kind, const char* call, int peer,
+              const CollectiveOptions& opts, double* seconds = nullptr)
       : observer_(g_call_observer.load(std::memory_order_acquire)),
-        exposed_(comm.times_.exposed_s),
+        times_(comm.times_),
+        kind_(kind),
         seconds_(seconds) {
     if (observer_ != nullptr) token_ = observer_->call_started(comm, call, peer, opts);
   }
   ~WatchedCall() {
     if (observer_ != nullptr) observer_->call_ended(token_);
     const double s = timer_.elapsed_s();
-    exposed_ += s;
+    times_.exposed_s += s;
+    times_.exposed_by_kind[static_cast<int>(kind_)] += s;
     if (seconds_ != nullptr) *seconds_ = s;
   }
   WatchedCall(const WatchedCall&) = delete;
@@ -56,7 +63,8 @@ class WatchedCall {
  private:
   CallObserver* observer_;
   std::uint64_t token_ = 0;
-  double& exposed_;
+  CommTimes& times_;
+  CollectiveKind kind_;
   double* seconds_;
   Timer timer_;
 };
@@ -227,7 +235,7 @@ void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions
   check_all_reduce(data, opts);
   count(CollectiveKind::kAllReduce, data.bytes());
   if (data.count == 0) return;  // every rank has the same size, so every rank skips
-  WatchedCall watched(*this, "all_reduce", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kAllReduce, "all_reduce", -1, opts);
   DeviceWork device(data.space);
   do_all_reduce(data, op, opts);
 }
@@ -236,7 +244,7 @@ void Communicator::reduce_scatter(CommBuf input, CommBuf output, const Collectiv
   check_reduce_scatter(input, output, opts);
   count(CollectiveKind::kReduceScatter, input.bytes());
   if (output.count == 0) return;
-  WatchedCall watched(*this, "reduce_scatter", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kReduceScatter, "reduce_scatter", -1, opts);
   DeviceWork device(input.space);
   do_reduce_scatter(input, output, opts);
 }
@@ -245,7 +253,7 @@ void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOpt
   check_all_gather(input, output, opts);
   count(CollectiveKind::kAllGather, output.bytes());
   if (input.count == 0) return;
-  WatchedCall watched(*this, "all_gather", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kAllGather, "all_gather", -1, opts);
   DeviceWork device(input.space);
   do_all_gather(input, output, opts);
 }
@@ -257,7 +265,7 @@ void Communicator::broadcast(CommBuf data, int root, const CollectiveOptions& op
                      "root " + rank_range(root, size()));
   count(kind, data.bytes());
   if (data.count == 0) return;
-  WatchedCall watched(*this, "broadcast", -1, opts);
+  WatchedCall watched(*this, kind, "broadcast", -1, opts);
   DeviceWork device(data.space);
   do_broadcast(data, root, opts);
 }
@@ -266,7 +274,7 @@ void Communicator::send(CommBuf data, int dst, int tag, const CollectiveOptions&
   check_space(data, CollectiveKind::kSend, opts);
   check_peer(dst, tag, CollectiveKind::kSend, opts);
   count(CollectiveKind::kSend, data.bytes());
-  WatchedCall watched(*this, "send", dst, opts);
+  WatchedCall watched(*this, CollectiveKind::kSend, "send", dst, opts);
   DeviceWork device(data.space);
   do_send(data, dst, tag, opts);
 }
@@ -275,7 +283,7 @@ void Communicator::recv(CommBuf data, int src, int tag, const CollectiveOptions&
   check_space(data, CollectiveKind::kRecv, opts);
   check_peer(src, tag, CollectiveKind::kRecv, opts);
   count(CollectiveKind::kRecv, data.bytes());
-  WatchedCall watched(*this, "recv", src, opts);
+  WatchedCall watched(*this, CollectiveKind::kRecv, "recv", src, opts);
   DeviceWork device(data.space);
   do_recv(data, src, tag, opts);
 }
@@ -284,13 +292,14 @@ void Communicator::isend(CommBuf data, int dst, int tag, const CollectiveOptions
   check_space(data, CollectiveKind::kSend, opts);
   check_peer(dst, tag, CollectiveKind::kSend, opts);
   count(CollectiveKind::kSend, data.bytes());
-  WatchedCall watched(*this, "isend", dst, opts);  // blocking where a backend falls back
-  DeviceWork device(data.space);                   // covers the staging copy
+  // Blocking where a backend falls back to send.
+  WatchedCall watched(*this, CollectiveKind::kSend, "isend", dst, opts);
+  DeviceWork device(data.space);  // covers the staging copy
   do_isend(data, dst, tag, opts);
 }
 
 void Communicator::wait_sends(const CollectiveOptions& opts) {
-  WatchedCall watched(*this, "wait_sends", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kSend, "wait_sends", -1, opts);
   do_wait_sends(opts);
 }
 
@@ -298,8 +307,7 @@ int Communicator::check_batch_p2p(std::span<const P2POp> ops, const CollectiveOp
                                   bool* device) {
   *device = false;
   for (const P2POp& op : ops) {
-    const CollectiveKind kind =
-        op.kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+    const CollectiveKind kind = p2p_kind(op);
     check_space(op.buf, kind, opts);
     check_peer(op.peer, op.tag, kind, opts);
     count(kind, op.buf.bytes());
@@ -318,7 +326,7 @@ void Communicator::batch_p2p(std::span<const P2POp> ops, const CollectiveOptions
   if (ops.empty()) return;
   bool device = false;
   const int peer = check_batch_p2p(ops, opts, &device);
-  WatchedCall watched(*this, "batch_p2p", peer, opts);
+  WatchedCall watched(*this, p2p_kind(ops.front()), "batch_p2p", peer, opts);
   DeviceWork work(device ? MemSpace::kDevice : MemSpace::kHost);
   do_batch_p2p(ops, opts);
 }
@@ -334,7 +342,7 @@ void Communicator::do_batch_p2p(std::span<const P2POp> ops, const CollectiveOpti
 
 void Communicator::barrier(const CollectiveOptions& opts) {
   count(CollectiveKind::kBarrier, 0);
-  WatchedCall watched(*this, "barrier", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kBarrier, "barrier", -1, opts);
   do_barrier(opts);
 }
 
@@ -350,7 +358,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   count(CollectiveKind::kSplit, 0);
   std::unique_ptr<Communicator> child;
   {
-    WatchedCall watched(*this, "split", -1, opts);
+    WatchedCall watched(*this, CollectiveKind::kSplit, "split", -1, opts);
     child = do_split(color, key, std::move(name), space, opts);
   }
   if (child) child->set_default_timeout(default_timeout_);
@@ -416,7 +424,7 @@ CommWork::~CommWork() {
 void CommWork::wait() {
   if (finished()) return;
   if (backend_) {
-    WatchedCall watched(*comm_, wait_name(kind_), peer_, opts_, &waited_s_);
+    WatchedCall watched(*comm_, kind_, wait_name(kind_), peer_, opts_, &waited_s_);
     backend_->wait();
   }
   finish();
@@ -433,7 +441,9 @@ void CommWork::finish() {
   if (backend_) {
     const double ran = backend_->seconds();
     comm_->times_.async_s += ran;
-    comm_->times_.hidden_s += std::max(0.0, ran - waited_s_);
+    const double hidden = std::max(0.0, ran - waited_s_);
+    comm_->times_.hidden_s += hidden;
+    comm_->times_.hidden_by_kind[static_cast<int>(kind_)] += hidden;
   }
   if (!copy_outs_.empty()) {
     DeviceAccessScope scope;  // the caller's buffers are device memory under a hook
@@ -474,7 +484,7 @@ CommWork Communicator::issue_async(CollectiveKind kind, const CommBuf& input,
     out.data = in_place ? in.data : work.staging_.get() + copy_in_bytes;
     work.copy_outs_.push_back({static_cast<const std::byte*>(out.data), output.data, copy_out_bytes});
   }
-  WatchedCall watched(*this, collective_name(kind), -1, opts);
+  WatchedCall watched(*this, kind, collective_name(kind), -1, opts);
   DeviceWork device(staged ? MemSpace::kHost : input.space);
   work.backend_ = issue(in, out);
   return work;
@@ -513,7 +523,7 @@ CommWork Communicator::ibatch_p2p(std::span<const P2POp> ops, const CollectiveOp
   work.opts_ = opts;
   ++outstanding_work_;
   if (ops.empty()) return work;
-  work.kind_ = ops.front().kind == P2POp::kSend ? CollectiveKind::kSend : CollectiveKind::kRecv;
+  work.kind_ = p2p_kind(ops.front());
   bool device = false;
   work.peer_ = check_batch_p2p(ops, opts, &device);
   // Staging (as issue_async): every device buffer gets a host copy owned by the work, the
@@ -539,7 +549,7 @@ CommWork Communicator::ibatch_p2p(std::span<const P2POp> ops, const CollectiveOp
     }
     ops = staged_ops;
   }
-  WatchedCall watched(*this, "batch_p2p", work.peer_, opts);
+  WatchedCall watched(*this, work.kind_, "batch_p2p", work.peer_, opts);
   DeviceWork scope(device && !staged ? MemSpace::kDevice : MemSpace::kHost);
   work.backend_ = do_ibatch_p2p(ops, opts);
   return work;
@@ -618,7 +628,7 @@ void Communicator::all_to_all(CommBuf input, std::span<const std::size_t> send_c
   count(kind, input.bytes());
   // No early return on empty buffers: unlike the chunked collectives the counts differ
   // per rank, so a rank with nothing to move still takes part in the exchange.
-  WatchedCall watched(*this, "all_to_all", -1, opts);
+  WatchedCall watched(*this, kind, "all_to_all", -1, opts);
   DeviceWork device(input.space);
   do_all_to_all(input, send_counts, output, recv_counts, opts);
 }

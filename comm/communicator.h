@@ -207,8 +207,20 @@ struct TrafficCounters {
 //              MPI, the communication thread's call; 0 where a backend cannot tell).
 //   hidden_s   per work, max(0, its running time - the time the caller waited for it):
 //              communication that ran while the caller computed.
+// Both are also split by the kind of the call, so each collective kind's cost can be read
+// apart (a reduce-scatter and an all-gather of the same bytes need not take as long).
+// A call counts under its collective's kind; a CommWork's wait and hidden time under the
+// kind of the collective it was issued for; send and isend under kSend, recv under kRecv,
+// wait_sends under kSend (what it waits for), a batch_p2p or ibatch_p2p under its first
+// operation's kind (the kind an ibatch_p2p's CommWork carries).
 struct CommTimes {
   double exposed_s = 0, async_s = 0, hidden_s = 0;
+  // exposed_s by the kind of the blocking call (the rule above); sums to exposed_s.
+  std::array<double, static_cast<int>(CollectiveKind::kCount)> exposed_by_kind{};
+  // hidden_s by the kind of the work's collective; sums to hidden_s.
+  std::array<double, static_cast<int>(CollectiveKind::kCount)> hidden_by_kind{};
+  double exposed_of(CollectiveKind k) const { return exposed_by_kind[static_cast<int>(k)]; }
+  double hidden_of(CollectiveKind k) const { return hidden_by_kind[static_cast<int>(k)]; }
 };
 
 // Ring-algorithm wire bytes per payload byte for a group of group_size ranks.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -102,6 +103,11 @@ void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g) {
        {"ep", g.ep}, {"expert_dp", g.expert_dp}};
 }
 
+void to_json(nlohmann::ordered_json& j, const StepMetrics::KindMs& k) {
+  j = {{"all_reduce", k.all_reduce}, {"reduce_scatter", k.reduce_scatter},
+       {"all_gather", k.all_gather}};
+}
+
 void MetricsWriter::write_step(const StepMetrics& m) {
   nlohmann::ordered_json j = {{"step", m.step},          {"loss", m.loss},
                       {"lr", m.lr},              {"grad_norm", m.grad_norm},
@@ -112,6 +118,11 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   if (m.has_least) {
     j["comm_exposed_least_ms"] = m.comm_exposed_least_ms;
     j["comm_total_least_ms"] = m.comm_total_least_ms;
+    // GroupMs' JSON form gives the seven group names in order; each gets its KindMs.
+    nlohmann::ordered_json kinds = StepMetrics::GroupMs{};
+    size_t g = 0;
+    for (nlohmann::ordered_json& value : kinds) value = m.comm_kind_least_ms[g++];
+    j["comm_kind_least_ms"] = std::move(kinds);
   }
   if (m.has_slowest) {
     j["slowest"] = {{"rank", m.slowest_rank},

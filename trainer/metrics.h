@@ -1,7 +1,8 @@
 // Progress output: rank 0's one line per step and the JSONL metrics file with exactly
 // the fields of docs/ARCHITECTURE.md "Observability": {"step","loss","lr","grad_norm",
 // "step_ms","tokens_per_s","mfu","comm_exposed_ms","comm_hidden_ms"} per training step
-// (and "slowest", "comm_exposed_least_ms", "comm_total_least_ms" with more than one rank),
+// (and "slowest", "comm_exposed_least_ms", "comm_total_least_ms", "comm_kind_least_ms"
+// with more than one rank),
 // {"step","val_loss"} per evaluation, and at the end of a run one
 // {"summary": {"ranks": [...]}} record with every rank's memory, traffic and pipeline
 // idle time. Each launch of `trident train` first writes one segment header,
@@ -64,6 +65,18 @@ struct StepMetrics {
       return {.tp = v[0], .dp = v[1], .pp = v[2], .embedding = v[3], .cp = v[4], .ep = v[5], .expert_dp = v[6]};
     }
   };
+  // Communication time of one group split by collective kind (CommTimes::exposed_by_kind
+  // + hidden_by_kind), for the three kinds whose bandwidths differ: written as
+  // {"all_reduce", "reduce_scatter", "all_gather"}.
+  struct KindMs {
+    double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+    // The three kinds in the order above, and back.
+    static constexpr std::size_t kCount = 3;
+    std::array<double, kCount> values() const { return {all_reduce, reduce_scatter, all_gather}; }
+    static KindMs of(const std::array<double, kCount>& v) {
+      return {.all_reduce = v[0], .reduce_scatter = v[1], .all_gather = v[2]};
+    }
+  };
   GroupMs comm_exposed_ms, comm_hidden_ms;
   // Worlds of more than one rank with a metrics file (has_least): per group kind, the
   // least exposed time in the step of any rank in a group of that kind (of more than one
@@ -74,6 +87,13 @@ struct StepMetrics {
   // groups are all of one rank).
   bool has_least = false;
   GroupMs comm_exposed_least_ms, comm_total_least_ms;
+  // With has_least, per group kind (GroupMs' order) and per collective kind, the least
+  // exposed + hidden time of any rank in a group of that kind in that kind's calls: each
+  // is its own minimum, so they need not sum to comm_total_least_ms (a different rank may
+  // be the least in each kind). They let a calibration fit each collective kind's
+  // bandwidth apart. Written as {"comm_kind_least_ms": {"tp": {"all_reduce",
+  // "reduce_scatter", "all_gather"}, "dp": {...}, ...}} (all seven groups).
+  std::array<KindMs, GroupMs::kCount> comm_kind_least_ms{};
   // Mixture-of-experts models only (written when `moe` is set): the load-balancing and
   // z-losses summed over the layers (mean over micro-batches, before their coefficients;
   // `loss` stays the LM loss), and per layer the fraction of the step's assignments each
@@ -96,6 +116,8 @@ struct StepMetrics {
 
 // {"tp", "dp", "pp", "embedding", "cp", "ep", "expert_dp"}: the metrics file's and the summary's form of GroupMs.
 void to_json(nlohmann::ordered_json& j, const StepMetrics::GroupMs& g);
+// {"all_reduce", "reduce_scatter", "all_gather"}: the metrics file's form of KindMs.
+void to_json(nlohmann::ordered_json& j, const StepMetrics::KindMs& k);
 
 // "step 12/300 | loss 2.4817 | norm 0.8123 | lr 1.00e-03 | 153.2 ms | 13371 tok/s | MFU 41.2%"
 std::string format_progress_line(const StepMetrics& m);

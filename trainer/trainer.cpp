@@ -531,19 +531,30 @@ void Trainer::collect_traffic() {
   stats_.traffic.ep = measure(groups_.ep.get());
   stats_.traffic.expert_dp = measure(groups_.expert_dp.get());
   // Where the communication time went (a one-rank group's calls are local copies).
+  const std::array<Communicator*, 7> groups = metric_groups();
+  auto measured = [&](size_t g) { return groups[g] != nullptr && groups[g]->size() > 1; };
   auto times = [&](double CommTimes::*field) {
-    auto ms = [&](const Communicator* c) {
-      return c == nullptr || c->size() == 1 ? 0.0 : c->times().*field * 1e3;
-    };
-    return StepMetrics::GroupMs{ms(groups_.tp.get()), ms(&groups_.data_parallel()), ms(groups_.pp.get()),
-                                ms(groups_.embedding.get()), ms(groups_.cp.get()),
-                                ms(groups_.ep.get()),        ms(groups_.expert_dp.get())};
+    std::array<double, 7> ms{};
+    for (size_t g = 0; g < 7; ++g) {
+      if (measured(g)) ms[g] = groups[g]->times().*field * 1e3;
+    }
+    return StepMetrics::GroupMs::of(ms);
   };
   stats_.comm_exposed_ms = times(&CommTimes::exposed_s);
   stats_.comm_hidden_ms = times(&CommTimes::hidden_s);
   stats_.comm_async_ms = times(&CommTimes::async_s);
   stats_.total_comm_exposed_ms += stats_.comm_exposed_ms;
   stats_.total_comm_hidden_ms += stats_.comm_hidden_ms;
+  // The same split by the collective kinds of StepMetrics::KindMs, exposed + hidden.
+  for (size_t g = 0; g < 7; ++g) {
+    stats_.comm_kind_ms[g] = {};
+    if (!measured(g)) continue;
+    const CommTimes& t = groups[g]->times();
+    auto ms = [&](CollectiveKind k) { return (t.exposed_of(k) + t.hidden_of(k)) * 1e3; };
+    stats_.comm_kind_ms[g] = {.all_reduce = ms(CollectiveKind::kAllReduce),
+                              .reduce_scatter = ms(CollectiveKind::kReduceScatter),
+                              .all_gather = ms(CollectiveKind::kAllGather)};
+  }
   // Under expert parallelism the dp group reduces the dense engine's groups, expert_dp the
   // experts' (analytic_traffic tells them apart in the whole table).
   stats_.analytic = analytic_traffic(config_, chunks_.front(), layout_);
@@ -893,23 +904,33 @@ void Trainer::collect_least_waits(StepMetrics& m) {
   // collective first waits for the others to arrive as well as for the transfer; the
   // last to arrive waits for the transfer alone. The least is then the communication
   // without the ranks' arrival skew, the figure `trident plan` models (its calibration
-  // reads it). One all-reduce of 14 doubles, whatever the world's size: the maximum of
-  // the negated times, with -inf from a rank outside the group.
+  // reads it). The same least per collective kind (exposed + hidden in that kind's calls)
+  // lets it fit each kind's bandwidth apart. One all-reduce of 7 * (2 + 3) doubles,
+  // whatever the world's size: the maximum of the negated times, with -inf from a rank
+  // outside the group.
+  constexpr size_t kKinds = StepMetrics::KindMs::kCount;
   const std::array<double, 7> exposed = stats_.comm_exposed_ms.values();
   const std::array<double, 7> hidden = stats_.comm_hidden_ms.values();
   const std::array<Communicator*, 7> groups = metric_groups();
-  double v[14];
+  // [exposed per group | exposed + hidden per group | per group, per collective kind]
+  std::array<double, 7 * (2 + kKinds)> v;
   for (size_t g = 0; g < 7; ++g) {
     const bool member = groups[g] != nullptr && groups[g]->size() > 1;
     constexpr double kOutside = -std::numeric_limits<double>::infinity();
     v[g] = member ? -exposed[g] : kOutside;
     v[7 + g] = member ? -(exposed[g] + hidden[g]) : kOutside;
+    const std::array<double, kKinds> kinds = stats_.comm_kind_ms[g].values();
+    for (size_t k = 0; k < kKinds; ++k) v[14 + kKinds * g + k] = member ? -kinds[k] : kOutside;
   }
   world_->all_reduce(CommBuf::host(std::span<double>(v)), ReduceOp::kMax, {.label = "least waits"});
+  auto least = [&](size_t i) { return std::isinf(v[i]) ? 0.0 : -v[i]; };
   std::array<double, 7> least_exposed, least_total;
   for (size_t g = 0; g < 7; ++g) {
-    least_exposed[g] = std::isinf(v[g]) ? 0.0 : -v[g];
-    least_total[g] = std::isinf(v[7 + g]) ? 0.0 : -v[7 + g];
+    least_exposed[g] = least(g);
+    least_total[g] = least(7 + g);
+    std::array<double, kKinds> kinds;
+    for (size_t k = 0; k < kKinds; ++k) kinds[k] = least(14 + kKinds * g + k);
+    m.comm_kind_least_ms[g] = StepMetrics::KindMs::of(kinds);
   }
   m.has_least = true;
   m.comm_exposed_least_ms = StepMetrics::GroupMs::of(least_exposed);

@@ -82,6 +82,9 @@ struct RankStats {
   // over this launch's steps.
   StepMetrics::GroupMs comm_exposed_ms, comm_hidden_ms;
   StepMetrics::GroupMs total_comm_exposed_ms, total_comm_hidden_ms;
+  // The last step's exposed + hidden time per group (GroupMs' order) and collective kind
+  // (CommTimes' by-kind split), this rank's own: what comm_kind_least_ms is the least of.
+  std::array<StepMetrics::KindMs, StepMetrics::GroupMs::kCount> comm_kind_ms{};
   // The last step's asynchronous collectives' own running time (CommTimes::async_s):
   // > 0 whenever one ran. (How much of it was hidden depends on the machine's timing.)
   StepMetrics::GroupMs comm_async_ms;
@@ -225,7 +228,8 @@ class Trainer {
   void collect_moe_metrics(StepMetrics& m);
   // The step's slowest rank (every rank's busy time gathered to all) into m.
   void collect_slowest_rank(StepMetrics& m);
-  // Per group kind, the least exposed and exposed + hidden time of any member, into m.
+  // Per group kind, the least exposed and exposed + hidden time of any member, in all and
+  // per collective kind, into m.
   void collect_least_waits(StepMetrics& m);
   // The communicators whose times StepMetrics::GroupMs holds, in its order (null: none).
   std::array<Communicator*, 7> metric_groups() const;

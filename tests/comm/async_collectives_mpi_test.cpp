@@ -230,6 +230,68 @@ TEST(AsyncCollectives, TimesSplitExposedAndHidden) {
   w.barrier();
 }
 
+// CommTimes by collective kind: a synchronous all-reduce, an async all-gather waited for
+// after a pause and a synchronous reduce-scatter land in their own kinds' slots, the
+// others stay 0, and each split sums to its total. On the MPI world (every np) the
+// all-gather runs on the communication thread, so with 2 ranks or more its running time
+// behind the pause is hidden, under kAllGather alone; the self communicator completes at
+// issue (nothing hidden).
+void expect_times_by_kind(Communicator& comm) {
+  const int p = comm.size();
+  const std::size_t chunk = 1 << 16;
+  std::vector<float> x = seeded_f32(comm.rank(), chunk * p, 71), chunk_in(chunk), out(chunk * p);
+  comm.iall_reduce(buf(comm, x), ReduceOp::kSum).wait();  // the first async call duplicates
+  comm.barrier();
+  comm.reset_traffic();
+  comm.all_reduce(buf(comm, x), ReduceOp::kSum);
+  CommWork gather = comm.iall_gather(buf(comm, chunk_in), buf(comm, out));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  gather.wait();
+  comm.reduce_scatter(buf(comm, x), buf(comm, chunk_in));
+  const CommTimes t = comm.times();
+  std::printf("%s rank %d: exposed all_reduce %.3f, reduce_scatter %.3f, all_gather %.3f ms; "
+              "hidden all_gather %.3f ms\n",
+              comm.name().c_str(), comm.rank(), t.exposed_of(CollectiveKind::kAllReduce) * 1e3,
+              t.exposed_of(CollectiveKind::kReduceScatter) * 1e3,
+              t.exposed_of(CollectiveKind::kAllGather) * 1e3,
+              t.hidden_of(CollectiveKind::kAllGather) * 1e3);
+  double exposed = 0, hidden = 0;
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    SCOPED_TRACE(collective_name(kind));
+    const bool called = kind == CollectiveKind::kAllReduce ||
+                        kind == CollectiveKind::kReduceScatter ||
+                        kind == CollectiveKind::kAllGather;
+    if (called) {
+      EXPECT_GT(t.exposed_of(kind), 0.0);
+    } else {
+      EXPECT_EQ(t.exposed_of(kind), 0.0);
+    }
+    if (kind != CollectiveKind::kAllGather) {
+      EXPECT_EQ(t.hidden_of(kind), 0.0);
+    }
+    exposed += t.exposed_of(kind);
+    hidden += t.hidden_of(kind);
+  }
+  EXPECT_NEAR(exposed, t.exposed_s, 1e-12);
+  EXPECT_NEAR(hidden, t.hidden_s, 1e-12);
+  EXPECT_EQ(t.hidden_of(CollectiveKind::kAllGather), t.hidden_s);  // the only async call
+  if (p >= 2 && t.async_s > 0) {
+    EXPECT_GT(t.hidden_of(CollectiveKind::kAllGather), 0.0);
+  }
+  comm.barrier();
+  comm.reset_traffic();  // resets the splits with the totals
+  EXPECT_EQ(comm.times().exposed_of(CollectiveKind::kAllReduce), 0.0);
+  EXPECT_EQ(comm.times().hidden_of(CollectiveKind::kAllGather), 0.0);
+}
+
+TEST(AsyncCollectives, TimesSplitByKind) {
+  expect_times_by_kind(world());
+  SelfCommunicator self("self");
+  expect_times_by_kind(self);
+  EXPECT_EQ(self.times().hidden_s, 0.0);
+}
+
 TEST(AsyncCollectives, TestIsEventuallyTrue) {
   Communicator& w = world();
   std::vector<float> v = seeded_f32(w.rank(), 1 << 16, 51), ref = v;
