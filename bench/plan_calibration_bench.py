@@ -23,7 +23,10 @@
 # (`trident plan --calibrate M1 --calibrate-set ... --calibrate M2 --calibrate-set ...`):
 # where their calls per byte on the link differ enough, the link's per-call latency with
 # its bandwidth, else the bandwidth alone (the output line says which). --two-run=tp2
-# takes tp 2 (many small all-reduces on the same link) as the second run instead. Printed
+# takes tp 2 (many small all-reduces on the same link) as the second run instead, and
+# --two-run=z0 dp2 ZeRO-0 with both overlap switches off (its all-reduces: with the
+# metrics' comm_kind_least_ms the fit gives each collective kind its own bandwidth, the
+# reduce-scatter's and all-gather's from ZeRO-1, the all-reduce's from ZeRO-0). Printed
 # per round: the fitted bandwidth and latency; at the end, each layout's exposed
 # communication error per group (three times the runs).
 # With --calibrate-on=z3, the calibration run (the first layout) is dp2 ZeRO-3 with both
@@ -36,8 +39,8 @@ import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
 second = two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3"
-if second not in ("z3", "tp2"):
-    sys.exit(f"{two_run}: the second calibration run is z3 (the default) or tp2")
+if second not in ("z3", "tp2", "z0"):
+    sys.exit(f"{two_run}: the second calibration run is z3 (the default), tp2 or z0")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
@@ -46,14 +49,14 @@ if on_z3 and two_run:
 # calibration run, which always runs.
 only = next((a for a in sys.argv[1:] if a.startswith("--layouts=")), None)
 argv = [a for a in sys.argv[1:] if a not in ("--paired", two_run, "--calibrate-on=z3", only)]
-# --compare BIN: also plan every run with another trident binary from the same calibrated
-# table (a model change's effect on the same measurements).
+# --compare BIN: also calibrate from the same runs and plan every run with another trident
+# binary (its own table: a model change's effect on the same measurements).
 compare = None
 if "--compare" in argv:
     k = argv.index("--compare"); compare = argv[k + 1]; del argv[k:k + 2]
 steps = int(argv[0]) if len(argv) > 0 else 6
 rounds = int(argv[1]) if len(argv) > 1 else 3
-T = "build/trident"
+T = os.environ.get("TRIDENT_BIN", "build/trident")  # the binary benchmarked
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 MODEL = ["model.arch=gpt2", "model.vocab_size=256", "model.seq_len=256", "model.n_layers=4",
          "model.n_heads=4", "model.d_model=256", "parallel.micro_batch_size=1",
@@ -82,7 +85,8 @@ if only:
 
 # --two-run's second calibration run.
 SECOND = {"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
-          "tp2": ("tp2", ["parallel.tp=2"])}[second]
+          "tp2": ("tp2", ["parallel.tp=2"]),
+          "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[second]
 
 
 def sh(cmd):
@@ -120,7 +124,7 @@ with tempfile.TemporaryDirectory() as work:
         slowest = j["time_s"]["pp"] + j["time_s"]["bubble"]
         pp = j["stage_pp_wait_s"][0] if "stage_pp_wait_s" in j else slowest
         return {"step": j["step_time_s"], "tp": j["time_s"]["tp"], "dp": j["time_s"]["dp"], "pp": pp,
-                "pp_slowest": slowest}
+                "pp_slowest": slowest, "tp_call": j["time_s"]["tp"], "dp_call": j.get("dp_comm_s", 0)}
 
     results = {label: [] for label, _ in LAYOUTS}  # per round: (measured, calibrated, uncalibrated)
     def train(rnd, i, layout, tag=""):
@@ -134,6 +138,9 @@ with tempfile.TemporaryDirectory() as work:
     def calibrate(rnd, i, base, metrics, hw):
         out = sh([T, "plan", "--calibrate", metrics, "--config", "bench/medium.yaml"] +
                  sets(base) + ["--gpu", "cpu", "--write-hardware", hw])
+        if compare:  # its own table from the same run (a table it may not read otherwise)
+            sh([compare, "plan", "--calibrate", metrics, "--config", "bench/medium.yaml"] +
+               sets(base) + ["--gpu", "cpu", "--write-hardware", hw + ".cmp"])
         if rnd == 0 and i == 0 and not two_run:
             print(f"# calibration ({'before each layout, from a run of the first layout' if paired else 'each round, from its first run'}): " +
                   " ".join(["trident", "plan", "--calibrate", "METRICS", "--config", "bench/medium.yaml"] +
@@ -151,6 +158,11 @@ with tempfile.TemporaryDirectory() as work:
             print(f"# calibration (before each layout, from a {LAYOUTS[0][0]} run and a {SECOND[0]} run): " +
                   " ".join(["trident", "plan"] + per_run(LAYOUTS[0][1], "M1") + per_run(SECOND[1], "M2") +
                            ["--config", "bench/medium.yaml"] + sets(MODEL) + ["--gpu", "cpu", "--write-hardware", "HW"]))
+        if compare:
+            c = subprocess.run([compare] + cmd[1:-1] + [hw + ".cmp"], capture_output=True, text=True, env=env)
+            if c.returncode != 0:  # refused: the compare binary's table from the first run alone
+                sh([compare, "plan", "--calibrate", runs[0][1], "--config", "bench/medium.yaml"] +
+                   sets(runs[0][0]) + ["--gpu", "cpu", "--write-hardware", hw + ".cmp"])
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode == 2:
             # Refused (the two runs' times fit no positive bandwidth and latency): this
@@ -162,7 +174,7 @@ with tempfile.TemporaryDirectory() as work:
         if r.returncode != 0:
             sys.exit(f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
         out = r.stdout
-        fitted = [l for l in out.splitlines() if l.startswith("shared memory:") or l.startswith("compute efficiencies")]
+        fitted = [l for l in out.splitlines() if l.startswith("shared memory") or l.startswith("compute efficiencies")]
         print(f"# round {rnd + 1} layout {i} (load {' '.join(load())}): " + "; ".join(fitted))
 
     for rnd in range(rounds):
@@ -184,11 +196,18 @@ with tempfile.TemporaryDirectory() as work:
                  "dp": med(lambda r: least(r)["dp"] + least(r)["embedding"]),
                  "dp_rank0": med(lambda r: r["comm_exposed_ms"]["dp"] + r["comm_exposed_ms"]["embedding"]),
                  "tp_rank0": med(lambda r: r["comm_exposed_ms"]["tp"])}
+            # Per call (comm_kind_least_ms, where the binary writes it): each collective's
+            # least over the group's ranks, summed over the kinds; exposed + hidden, so
+            # against the plan's whole time of the group (tp_s; dp_comm_s).
+            if all("comm_kind_least_ms" in r for r in recs):
+                calls = lambda r, g: sum(r["comm_kind_least_ms"][g].values())
+                m["tp_call"] = med(lambda r: calls(r, "tp"))
+                m["dp_call"] = med(lambda r: calls(r, "dp") + calls(r, "embedding"))
             if i == 0 and not two_run:
                 calibrate(rnd, i, base, metrics, hw)
             planned = MODEL + layout + [f"data.train={work}/data/train_*.bin"]
             results[label].append((m, plan(planned, ["--hardware", hw]), plan(planned, [])) +
-                                  ((plan(planned, ["--hardware", hw], compare),) if compare else ()))
+                                  ((plan(planned, ["--hardware", hw + ".cmp"], compare),) if compare else ()))
         print(f"# round {rnd + 1} done {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {' '.join(load())}")
     print("| layout | measured ms/step (rounds' range) | calibrated plan | error | uncalibrated plan | error | "
           "exposed tp ms meas / plan | exposed pp ms meas / plan | exposed dp ms meas / plan |")
@@ -226,6 +245,11 @@ with tempfile.TemporaryDirectory() as work:
             if k in errs_of:
                 cells.append(f"{k} as rank 0's {statistics.median(1e3 * r[0][k + '_rank0'] for r in rs):.1f} ms "
                              f"{statistics.median(100 * (r[1][k] / r[0][k + '_rank0'] - 1) for r in rs if r[0][k + '_rank0'] > 0):+.0f}%")
+        for k in ("tp", "dp"):
+            if k in errs_of and all(k + "_call" in r[0] and r[0][k + "_call"] > 0 for r in rs):
+                cells.append(f"{k} per call (exposed + hidden) {statistics.median(1e3 * r[0][k + '_call'] for r in rs):.1f} ms, "
+                             f"plan's whole {statistics.median(1e3 * r[1][k + '_call'] for r in rs):.1f} ms "
+                             f"{statistics.median(100 * (r[1][k + '_call'] / r[0][k + '_call'] - 1) for r in rs):+.0f}%")
         if "pp" in errs_of:
             cells.append("pp as the slowest stage's "
                          f"{statistics.median(100 * (r[1]['pp_slowest'] / r[0]['pp'] - 1) for r in rs if r[0]['pp'] > 0):+.0f}%")
@@ -234,14 +258,18 @@ with tempfile.TemporaryDirectory() as work:
         print(f"#   {label}: " + ("; ".join(cells) if cells else "none measured") + (" (within 20%)" if ok else ""))
     print(f"#   {within} of {len(LAYOUTS) - 1} layouts besides the calibration run within 20% on every exposed group")
     if compare:
-        print(f"# the same runs and calibrated tables planned by {compare} (median over rounds):")
-        cerrs = []
+        print(f"# the same runs, calibrated and planned by {compare} (median over rounds):")
+        cerrs, cwithin = [], 0
         for label, _ in LAYOUTS:
             rs = results[label]
             e = statistics.median(100 * (r[3]["step"] / r[0]["step"] - 1) for r in rs)
             if "calibration" not in label:
                 cerrs.append(abs(e))
-            d = statistics.median(1e3 * r[3]["dp"] for r in rs)
-            print(f"#   {label}: step {1e3 * statistics.median(r[3]['step'] for r in rs):.1f} ms ({e:+.1f}%), exposed dp {d:.1f} ms")
+            errs_of = {k: statistics.median(100 * (r[3][k] / r[0][k] - 1) for r in rs if r[0][k] > 0)
+                       for k in ("tp", "pp", "dp") if statistics.median(r[0][k] for r in rs) >= 1e-3}
+            ok = bool(errs_of) and all(abs(x) <= 20 for x in errs_of.values())
+            cwithin += ok and "calibration" not in label
+            print(f"#   {label}: step {1e3 * statistics.median(r[3]['step'] for r in rs):.1f} ms ({e:+.1f}%); exposed " +
+                  ", ".join(f"{k} {x:+.0f}%" for k, x in errs_of.items()) + (" (within 20%)" if ok else ""))
         print(f"#   calibrated |error| mean {statistics.mean(cerrs):.1f}%, max {max(cerrs):.1f}%, "
-              f"{sum(x <= 20 for x in cerrs)} within 20%")
+              f"{sum(x <= 20 for x in cerrs)} within 20%; {cwithin} of {len(LAYOUTS) - 1} layouts within 20% on every exposed group")

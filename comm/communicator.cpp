@@ -42,12 +42,14 @@ namespace detail {
 // rule of CommTimes), exposed_by_kind (`seconds`, when given, gets the same figure).
 class WatchedCall {
  public:
+  // `call`: the CommTimes::calls entry the seconds also add to (-1: none).
   WatchedCall(const Communicator& comm, CollectiveKind kind, const char* call, int peer,
-              const CollectiveOptions& opts, double* seconds = nullptr)
+              const CollectiveOptions& opts, double* seconds = nullptr, int call_entry = -1)
       : observer_(g_call_observer.load(std::memory_order_acquire)),
         times_(comm.times_),
         kind_(kind),
-        seconds_(seconds) {
+        seconds_(seconds),
+        call_entry_(call_entry) {
     if (observer_ != nullptr) token_ = observer_->call_started(comm, call, peer, opts);
   }
   ~WatchedCall() {
@@ -55,6 +57,7 @@ class WatchedCall {
     const double s = timer_.elapsed_s();
     times_.exposed_s += s;
     times_.exposed_by_kind[static_cast<int>(kind_)] += s;
+    if (call_entry_ >= 0) times_.calls[static_cast<size_t>(call_entry_)].seconds += s;
     if (seconds_ != nullptr) *seconds_ = s;
   }
   WatchedCall(const WatchedCall&) = delete;
@@ -66,6 +69,7 @@ class WatchedCall {
   CommTimes& times_;
   CollectiveKind kind_;
   double* seconds_;
+  int call_entry_;
   Timer timer_;
 };
 }  // namespace detail
@@ -231,11 +235,21 @@ void Communicator::check_all_gather(const CommBuf& input, const CommBuf& output,
                          std::to_string(output.count) + "; need output = size * input");
 }
 
+int Communicator::open_call(CollectiveKind kind) const {
+  if (kind != CollectiveKind::kAllReduce && kind != CollectiveKind::kReduceScatter &&
+      kind != CollectiveKind::kAllGather) {
+    return -1;
+  }
+  times_.calls.push_back({kind, 0.0});
+  return static_cast<int>(times_.calls.size() - 1);
+}
+
 void Communicator::all_reduce(CommBuf data, ReduceOp op, const CollectiveOptions& opts) {
   check_all_reduce(data, opts);
   count(CollectiveKind::kAllReduce, data.bytes());
   if (data.count == 0) return;  // every rank has the same size, so every rank skips
-  WatchedCall watched(*this, CollectiveKind::kAllReduce, "all_reduce", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kAllReduce, "all_reduce", -1, opts, nullptr,
+                      open_call(CollectiveKind::kAllReduce));
   DeviceWork device(data.space);
   do_all_reduce(data, op, opts);
 }
@@ -244,7 +258,8 @@ void Communicator::reduce_scatter(CommBuf input, CommBuf output, const Collectiv
   check_reduce_scatter(input, output, opts);
   count(CollectiveKind::kReduceScatter, input.bytes());
   if (output.count == 0) return;
-  WatchedCall watched(*this, CollectiveKind::kReduceScatter, "reduce_scatter", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kReduceScatter, "reduce_scatter", -1, opts, nullptr,
+                      open_call(CollectiveKind::kReduceScatter));
   DeviceWork device(input.space);
   do_reduce_scatter(input, output, opts);
 }
@@ -253,7 +268,8 @@ void Communicator::all_gather(CommBuf input, CommBuf output, const CollectiveOpt
   check_all_gather(input, output, opts);
   count(CollectiveKind::kAllGather, output.bytes());
   if (input.count == 0) return;
-  WatchedCall watched(*this, CollectiveKind::kAllGather, "all_gather", -1, opts);
+  WatchedCall watched(*this, CollectiveKind::kAllGather, "all_gather", -1, opts, nullptr,
+                      open_call(CollectiveKind::kAllGather));
   DeviceWork device(input.space);
   do_all_gather(input, output, opts);
 }
@@ -394,7 +410,9 @@ CommWork::CommWork(CommWork&& other) noexcept
       staging_(std::move(other.staging_)),
       copy_outs_(std::move(other.copy_outs_)),
       peer_(other.peer_),
-      waited_s_(other.waited_s_) {}
+      waited_s_(other.waited_s_),
+      call_(other.call_),
+      epoch_(other.epoch_) {}
 
 CommWork& CommWork::operator=(CommWork&& other) {
   if (this == &other) return *this;
@@ -410,6 +428,8 @@ CommWork& CommWork::operator=(CommWork&& other) {
   copy_outs_ = std::move(other.copy_outs_);
   peer_ = other.peer_;
   waited_s_ = other.waited_s_;
+  call_ = other.call_;
+  epoch_ = other.epoch_;
   return *this;
 }
 
@@ -424,7 +444,8 @@ CommWork::~CommWork() {
 void CommWork::wait() {
   if (finished()) return;
   if (backend_) {
-    WatchedCall watched(*comm_, kind_, wait_name(kind_), peer_, opts_, &waited_s_);
+    WatchedCall watched(*comm_, kind_, wait_name(kind_), peer_, opts_, &waited_s_,
+                        epoch_ == comm_->times_epoch_ ? call_ : -1);
     backend_->wait();
   }
   finish();
@@ -444,6 +465,9 @@ void CommWork::finish() {
     const double hidden = std::max(0.0, ran - waited_s_);
     comm_->times_.hidden_s += hidden;
     comm_->times_.hidden_by_kind[static_cast<int>(kind_)] += hidden;
+    if (call_ >= 0 && epoch_ == comm_->times_epoch_) {
+      comm_->times_.calls[static_cast<size_t>(call_)].seconds += hidden;
+    }
   }
   if (!copy_outs_.empty()) {
     DeviceAccessScope scope;  // the caller's buffers are device memory under a hook
@@ -484,7 +508,9 @@ CommWork Communicator::issue_async(CollectiveKind kind, const CommBuf& input,
     out.data = in_place ? in.data : work.staging_.get() + copy_in_bytes;
     work.copy_outs_.push_back({static_cast<const std::byte*>(out.data), output.data, copy_out_bytes});
   }
-  WatchedCall watched(*this, kind, collective_name(kind), -1, opts);
+  work.call_ = open_call(kind);
+  work.epoch_ = times_epoch_;
+  WatchedCall watched(*this, kind, collective_name(kind), -1, opts, nullptr, work.call_);
   DeviceWork device(staged ? MemSpace::kHost : input.space);
   work.backend_ = issue(in, out);
   return work;

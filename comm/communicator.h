@@ -221,6 +221,17 @@ struct CommTimes {
   std::array<double, static_cast<int>(CollectiveKind::kCount)> hidden_by_kind{};
   double exposed_of(CollectiveKind k) const { return exposed_by_kind[static_cast<int>(k)]; }
   double hidden_of(CollectiveKind k) const { return hidden_by_kind[static_cast<int>(k)]; }
+  // Each all-reduce, reduce-scatter and all-gather call, in issue order, with its own
+  // exposed + hidden seconds (a blocking call's; an asynchronous one's issue, wait and
+  // hidden time, added as they happen). A collective is issued by every rank of the group
+  // in the same order, so the i-th entries of its ranks are one call, and the least of
+  // them is that call without the ranks' arrival skew: the rank that arrived last waited
+  // for the transfer alone (the trainer's comm_kind_least_ms).
+  struct Call {
+    CollectiveKind kind = CollectiveKind::kAllReduce;
+    double seconds = 0;
+  };
+  std::vector<Call> calls;
 };
 
 // Ring-algorithm wire bytes per payload byte for a group of group_size ranks.
@@ -287,6 +298,10 @@ class CommWork {
   std::vector<CopyOut> copy_outs_;  // one per output buffer (ibatch_p2p: per receive)
   int peer_ = -1;        // the watchdog's peer of a blocking wait (ibatch_p2p)
   double waited_s_ = 0;  // time wait() blocked, for CommTimes::hidden_s
+  // Its CommTimes::calls entry (-1: none), valid while the communicator's times_epoch_ is
+  // `epoch_`.
+  int call_ = -1;
+  std::uint64_t epoch_ = 0;
 };
 
 // Sees every blocking call of every communicator of the process, for the hang watchdog
@@ -447,6 +462,7 @@ class Communicator {
   void reset_traffic() {
     traffic_ = {};
     times_ = {};
+    ++times_epoch_;  // a work issued before keeps its call out of the new times
   }
   const CommTimes& times() const { return times_; }
 
@@ -537,6 +553,9 @@ class Communicator {
   TrafficCounters traffic_;
   // Written by the blocking calls' WatchedCall (const calls too) and CommWork::finish.
   mutable CommTimes times_;
+  std::uint64_t times_epoch_ = 0;  // reset_traffic()s so far
+  // A new CommTimes::calls entry for a call of `kind`; -1 (none) for the other kinds.
+  int open_call(CollectiveKind kind) const;
   std::size_t outstanding_work_ = 0;
 };
 

@@ -73,7 +73,7 @@ std::vector<int> Topology::embedding_group(int rank, bool tied_embeddings) const
 }
 
 Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLayout& layout,
-                                          bool tied_embeddings) {
+                                          bool tied_embeddings, MemSpace space) {
   TRIDENT_RETURN_IF_ERROR(validate_layout(layout, world.size()));
   TRIDENT_CHECK_MSG(world.space() == MemSpace::kHost,
                     "make_process_groups: world '" + world.name() + "' serves " +
@@ -86,7 +86,7 @@ Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLay
   const RankCoords c = ranks.coords_of(rank);
   groups.coords = c;
 
-  constexpr MemSpace kDevice = MemSpace::kDevice;
+  const MemSpace kDevice = space;  // the groups' memory space (device, but for host twins)
   // Colors number the groups of each kind; keys order a group by its own coordinate.
   // Every rank runs the same four splits in the same order (communicator contract): tp,
   // dp, pp, embedding. A new dimension's group is split after these.

@@ -31,9 +31,10 @@
 // Memory spaces (communicator.h): every group serves DEVICE memory (they carry
 // activations, gradients and parameters). Host values (stop flags, losses, the grad-norm
 // and status scalars, agreement on a checkpoint, stats, strings) go over the host-space
-// world only: the trainer reduces no host scalar over a smaller group today, so no host
-// twin of any group exists; add one here (split with MemSpace::kHost) when a host
-// value must travel within a group.
+// world, and the few that must travel within a group over host twins of the groups:
+// make_process_groups with MemSpace::kHost splits the same groups (the same members,
+// ranks and order) serving host memory (the trainer's per-call least waits of its
+// metrics, trainer/metrics.h comm_kind_least_ms).
 // Topology is a pure function of the layout (no communication, cheap to copy).
 // make_process_groups is a collective over `world` (four splits in a fixed order, two
 // more when cp > 1, two more when ep > 1). A layout that does not match the world is an expected failure: Status,
@@ -93,7 +94,7 @@ class Topology {
 };
 
 // This rank's communicators. world is borrowed (it must outlive the groups) and serves
-// host memory; the others are owned and serve device memory. embedding is null where
+// host memory; the others are owned and serve device memory (host twins: host). embedding is null where
 // this rank is in no embedding group; cp and dp_cp are null at cp 1.
 struct ProcessGroups {
   Topology topology{ParallelLayout{}};
@@ -120,8 +121,9 @@ struct ProcessGroups {
 // (cp > 1) cp and dp_cp, then (ep > 1) ep and expert_dp, in that order on every rank.
 // Collective over world, which must serve host memory (CHECK). Fails with invalid_config
 // ("parallel: dp*tp*pp = X but the world size is Y", dp*cp*tp*pp when cp > 1) before any
-// communication when the layout does not fit, so every rank fails alike.
+// communication when the layout does not fit, so every rank fails alike. `space`
+// kHost: the same groups serving host memory (host twins; above).
 Result<ProcessGroups> make_process_groups(Communicator& world, const ParallelLayout& layout,
-                                          bool tied_embeddings);
+                                          bool tied_embeddings, MemSpace space = MemSpace::kDevice);
 
 }  // namespace trident

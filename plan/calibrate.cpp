@@ -165,7 +165,7 @@ void add_rows(const PlanResult& plan, const PlanResult& fast, const MeasuredRun&
       const LinkRow row{kind, g.terms.bytes_s[i], g.terms.latency_s[i], (*g.kinds)[i]};
       if (row.bytes_s <= 0 && row.measured_s <= 0) continue;
       *notes += "  " + std::string(g.name) + " " + kind_label(kind) + ": measured " +
-                fmt("%.4g", row.measured_s * 1e3) + " ms, predicted " +
+                fmt("%.4g", row.measured_s * 1e3) + " ms (each call's least over the group's ranks), predicted " +
                 fmt("%.4g", (row.bytes_s + row.latency_s) * 1e3) + " ms\n";
       // A kind the plan has no bytes of (or the run did not time) identifies nothing.
       if (row.bytes_s > 0 && row.measured_s > 0) rows[k].push_back(row);
@@ -186,7 +186,8 @@ struct LinkFit {
 // squares: measured = bytes term x a[kind] + latency term x z, one a per kind measured (and
 // one for the rows in all), z shared. A kind's share factor is its bandwidth over the
 // link's, the link's being the rows in all's where there are any, else all the measured
-// bytes together. `runs`, `files`: for the notes and errors; `groups`: the notes so far.
+// bytes together. `runs`, `files`: for the notes and errors; `notes`: the groups' lines so
+// far (an error repeats them), to which the fit's lines are added.
 Result<LinkFit> fit_link(const std::vector<LinkRow>& rows, const LinkSpec& l, bool latency_allowed, size_t runs,
                          const std::string& files, std::string* notes) {
   LinkFit fit;
@@ -220,9 +221,11 @@ Result<LinkFit> fit_link(const std::vector<LinkRow>& rows, const LinkSpec& l, bo
   for (const Sums& t : s) {
     if (t.n >= 2) widest = std::max(widest, spread(t));
   }
-  const std::string over = std::to_string(rows.size()) + " groups of " + std::to_string(runs) + " runs";
   bool kinds = false;  // rows per kind
   for (int k = 0; k < kRingKinds; ++k) kinds = kinds || s[k].n > 0;
+  const std::string over = std::to_string(rows.size()) +
+                           (kinds ? " measurements (a group's collective kind each) of " : " groups of ") +
+                           std::to_string(runs) + " runs";
   double a[kAllKinds + 1] = {1, 1, 1, 1};  // 1 / each bandwidth factor
   if (latency_allowed && widest >= kLatencySeparation) {
     // The normal equations: a[j] = (by_j - bl_j z) / bb_j for each j, and into z's.

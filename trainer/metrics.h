@@ -87,12 +87,14 @@ struct StepMetrics {
   // groups are all of one rank).
   bool has_least = false;
   GroupMs comm_exposed_least_ms, comm_total_least_ms;
-  // With has_least, per group kind (GroupMs' order) and per collective kind, the least
-  // exposed + hidden time of any rank in a group of that kind in that kind's calls: each
-  // is its own minimum, so they need not sum to comm_total_least_ms (a different rank may
-  // be the least in each kind). They let a calibration fit each collective kind's
-  // bandwidth apart. Written as {"comm_kind_least_ms": {"tp": {"all_reduce",
-  // "reduce_scatter", "all_gather"}, "dp": {...}, ...}} (all seven groups).
+  // With has_least, per group kind (GroupMs' order) and per collective kind, a group's
+  // calls of that kind, each call's least exposed + hidden time over the group's ranks,
+  // summed (the least over the groups of that kind): the communication of that kind
+  // without the arrival skew of any call, since the last rank to arrive at a call waited
+  // for its transfer alone (CommTimes::calls). At most comm_total_least_ms in sum. They let
+  // a calibration fit each collective kind's bandwidth apart. Written as
+  // {"comm_kind_least_ms": {"tp": {"all_reduce", "reduce_scatter", "all_gather"}, "dp":
+  // {...}, ...}} (all seven groups).
   std::array<KindMs, GroupMs::kCount> comm_kind_least_ms{};
   // Mixture-of-experts models only (written when `moe` is set): the load-balancing and
   // z-losses summed over the layers (mean over micro-batches, before their coefficients;

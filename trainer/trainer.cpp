@@ -226,6 +226,11 @@ Status Trainer::make_groups() {
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
   TRIDENT_ASSIGN_OR_RETURN(
       groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
+  if (world_->size() > 1 && !config_.logging.metrics.empty()) {
+    // Split from the host world (an MPI world under NCCL groups too).
+    TRIDENT_ASSIGN_OR_RETURN(host_groups_, make_process_groups(*world_, config_.parallel, config_.model.tied(),
+                                                               MemSpace::kHost));
+  }
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank,
                         groups_.ep_rank);
   for (ModelPartition& chunk : chunks_) {  // context parallelism: this rank's sequence chunks
@@ -548,7 +553,9 @@ void Trainer::collect_traffic() {
   // The same split by the collective kinds of StepMetrics::KindMs, exposed + hidden.
   for (size_t g = 0; g < 7; ++g) {
     stats_.comm_kind_ms[g] = {};
+    stats_.comm_calls[g].clear();
     if (!measured(g)) continue;
+    stats_.comm_calls[g] = groups[g]->times().calls;
     const CommTimes& t = groups[g]->times();
     auto ms = [&](CollectiveKind k) { return (t.exposed_of(k) + t.hidden_of(k)) * 1e3; };
     stats_.comm_kind_ms[g] = {.all_reduce = ms(CollectiveKind::kAllReduce),
@@ -888,14 +895,44 @@ void Trainer::collect_slowest_rank(StepMetrics& m) {
   m.slowest_ratio = s.ratio;
 }
 
-std::array<Communicator*, 7> Trainer::metric_groups() const {
+std::array<Communicator*, 7> Trainer::metric_groups(const ProcessGroups& groups) {
   // In the order of StepMetrics::GroupMs: the dp slot is the data-parallel group whose
   // waits comm_exposed_ms.dp counts (dp x cp under context parallelism), then the cp ring,
   // then expert parallelism's ep and expert_dp groups.
-  return {groups_.tp.get(),        &groups_.data_parallel(), groups_.pp.get(),
-          groups_.embedding.get(), groups_.cp.get(),         groups_.ep.get(),
-          groups_.expert_dp.get()};
+  return {groups.tp.get(),        &groups.data_parallel(), groups.pp.get(),
+          groups.embedding.get(), groups.cp.get(),         groups.ep.get(),
+          groups.expert_dp.get()};
 }
+
+namespace {
+
+// Per collective kind, the sum over `calls` (this rank's, CommTimes::calls) of each
+// call's least seconds over `group`'s ranks, in ms: the group's communication of that
+// kind without the ranks' arrival skew at each call. Two all-reduces over the group: the
+// calls' count and a checksum of their kinds (every rank issues the same collectives in
+// the same order), then each call's least. Ranks whose calls differ (which the
+// collectives' contract rules out) get `own` instead.
+StepMetrics::KindMs call_least_ms(Communicator& group, const std::vector<CommTimes::Call>& calls,
+                                  const StepMetrics::KindMs& own) {
+  double order = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    order += static_cast<double>((i % 1024) + 1) * (static_cast<int>(calls[i].kind) + 1);
+  }
+  const double n = static_cast<double>(calls.size());
+  std::array<double, 4> shape = {n, -n, order, -order};
+  group.all_reduce(CommBuf::host(std::span<double>(shape)), ReduceOp::kMax, {.label = "least waits: calls"});
+  if (shape[0] != -shape[1] || shape[2] != -shape[3]) return own;
+  std::vector<double> neg(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) neg[i] = -calls[i].seconds;
+  if (!neg.empty()) {
+    group.all_reduce(CommBuf::host(std::span<double>(neg)), ReduceOp::kMax, {.label = "least waits: per call"});
+  }
+  std::array<double, StepMetrics::KindMs::kCount> ms{};  // all_reduce, reduce_scatter, all_gather
+  for (size_t i = 0; i < calls.size(); ++i) ms[static_cast<size_t>(calls[i].kind)] -= neg[i] * 1e3;
+  return StepMetrics::KindMs::of(ms);
+}
+
+}  // namespace
 
 void Trainer::collect_least_waits(StepMetrics& m) {
   // Per group kind, the least any rank in a group of that kind waited in the step
@@ -904,14 +941,17 @@ void Trainer::collect_least_waits(StepMetrics& m) {
   // collective first waits for the others to arrive as well as for the transfer; the
   // last to arrive waits for the transfer alone. The least is then the communication
   // without the ranks' arrival skew, the figure `trident plan` models (its calibration
-  // reads it). The same least per collective kind (exposed + hidden in that kind's calls)
-  // lets it fit each kind's bandwidth apart. One all-reduce of 7 * (2 + 3) doubles,
-  // whatever the world's size: the maximum of the negated times, with -inf from a rank
-  // outside the group.
+  // reads it). Per collective kind, each group's calls of that kind, each call's least
+  // over the group's ranks (call_least_ms: the last to arrive is not the same rank at every
+  // call, so the least of the ranks' sums would keep the skew of the calls each rank
+  // reached first), lets it fit each kind's bandwidth apart. Then one world all-reduce of
+  // 7 * (2 + 3) doubles, whatever the world's size, for the least over the groups of a
+  // kind: the maximum of the negated times, with -inf from a rank outside the group.
   constexpr size_t kKinds = StepMetrics::KindMs::kCount;
   const std::array<double, 7> exposed = stats_.comm_exposed_ms.values();
   const std::array<double, 7> hidden = stats_.comm_hidden_ms.values();
   const std::array<Communicator*, 7> groups = metric_groups();
+  const std::array<Communicator*, 7> host = metric_groups(host_groups_);  // their host twins
   // [exposed per group | exposed + hidden per group | per group, per collective kind]
   std::array<double, 7 * (2 + kKinds)> v;
   for (size_t g = 0; g < 7; ++g) {
@@ -919,7 +959,9 @@ void Trainer::collect_least_waits(StepMetrics& m) {
     constexpr double kOutside = -std::numeric_limits<double>::infinity();
     v[g] = member ? -exposed[g] : kOutside;
     v[7 + g] = member ? -(exposed[g] + hidden[g]) : kOutside;
-    const std::array<double, kKinds> kinds = stats_.comm_kind_ms[g].values();
+    const std::array<double, kKinds> kinds =
+        member ? call_least_ms(*host[g], stats_.comm_calls[g], stats_.comm_kind_ms[g]).values()
+               : std::array<double, kKinds>{};
     for (size_t k = 0; k < kKinds; ++k) v[14 + kKinds * g + k] = member ? -kinds[k] : kOutside;
   }
   world_->all_reduce(CommBuf::host(std::span<double>(v)), ReduceOp::kMax, {.label = "least waits"});

@@ -83,8 +83,12 @@ struct RankStats {
   StepMetrics::GroupMs comm_exposed_ms, comm_hidden_ms;
   StepMetrics::GroupMs total_comm_exposed_ms, total_comm_hidden_ms;
   // The last step's exposed + hidden time per group (GroupMs' order) and collective kind
-  // (CommTimes' by-kind split), this rank's own: what comm_kind_least_ms is the least of.
+  // (CommTimes' by-kind split), this rank's own.
   std::array<StepMetrics::KindMs, StepMetrics::GroupMs::kCount> comm_kind_ms{};
+  // The last step's all-reduce, reduce-scatter and all-gather calls per group, each with
+  // this rank's seconds in it (CommTimes::calls): comm_kind_least_ms sums, per kind, the
+  // least of each call over the group's ranks.
+  std::array<std::vector<CommTimes::Call>, StepMetrics::GroupMs::kCount> comm_calls{};
   // The last step's asynchronous collectives' own running time (CommTimes::async_s):
   // > 0 whenever one ran. (How much of it was hidden depends on the machine's timing.)
   StepMetrics::GroupMs comm_async_ms;
@@ -199,6 +203,10 @@ class Trainer {
   // more than one rank (the groups split from world_). Destroyed after the groups.
   std::unique_ptr<Communicator> group_world_;
   ProcessGroups groups_;
+  // Host twins of groups_ (make_process_groups with MemSpace::kHost), for the per-call
+  // least waits of the metrics (collect_least_waits); made only in a world of more than
+  // one rank with a metrics file (else its groups are null).
+  ProcessGroups host_groups_;
   std::vector<ModelPartition> chunks_;  // this rank's model chunks, in layer order
   ParamLayout layout_;
   std::unique_ptr<DataParallel> dp_;
@@ -232,7 +240,8 @@ class Trainer {
   // per collective kind, into m.
   void collect_least_waits(StepMetrics& m);
   // The communicators whose times StepMetrics::GroupMs holds, in its order (null: none).
-  std::array<Communicator*, 7> metric_groups() const;
+  std::array<Communicator*, 7> metric_groups() const { return metric_groups(groups_); }
+  static std::array<Communicator*, 7> metric_groups(const ProcessGroups& groups);
   // same_host_ from hosts_ and the groups' members, and the straggler detector's hosts
   // (run(), once).
   void find_same_host_groups();

@@ -279,10 +279,31 @@ void expect_times_by_kind(Communicator& comm) {
   if (p >= 2 && t.async_s > 0) {
     EXPECT_GT(t.hidden_of(CollectiveKind::kAllGather), 0.0);
   }
+  // Each ring collective is one entry of CommTimes::calls, in issue order, with its own
+  // time: the all-gather's issue, wait and hidden time together; the barrier none.
+  ASSERT_EQ(t.calls.size(), 3u);
+  EXPECT_EQ(t.calls[0].kind, CollectiveKind::kAllReduce);
+  EXPECT_EQ(t.calls[1].kind, CollectiveKind::kAllGather);
+  EXPECT_EQ(t.calls[2].kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(t.calls[0].seconds, t.exposed_of(CollectiveKind::kAllReduce));
+  EXPECT_NEAR(t.calls[1].seconds,
+              t.exposed_of(CollectiveKind::kAllGather) + t.hidden_of(CollectiveKind::kAllGather), 1e-12);
+  EXPECT_EQ(t.calls[2].seconds, t.exposed_of(CollectiveKind::kReduceScatter));
   comm.barrier();
   comm.reset_traffic();  // resets the splits with the totals
   EXPECT_EQ(comm.times().exposed_of(CollectiveKind::kAllReduce), 0.0);
   EXPECT_EQ(comm.times().hidden_of(CollectiveKind::kAllGather), 0.0);
+  EXPECT_TRUE(comm.times().calls.empty());
+  // A work issued before a reset keeps its call out of the times after it.
+  CommWork before = comm.iall_reduce(buf(comm, x), ReduceOp::kSum);
+  comm.reset_traffic();
+  before.wait();
+  EXPECT_TRUE(comm.times().calls.empty());
+  comm.all_gather(buf(comm, chunk_in), buf(comm, out));
+  ASSERT_EQ(comm.times().calls.size(), 1u);
+  EXPECT_EQ(comm.times().calls[0].kind, CollectiveKind::kAllGather);
+  comm.barrier();
+  comm.reset_traffic();
 }
 
 TEST(AsyncCollectives, TimesSplitByKind) {
