@@ -221,9 +221,10 @@ struct CommTimes {
   std::array<double, static_cast<int>(CollectiveKind::kCount)> hidden_by_kind{};
   double exposed_of(CollectiveKind k) const { return exposed_by_kind[static_cast<int>(k)]; }
   double hidden_of(CollectiveKind k) const { return hidden_by_kind[static_cast<int>(k)]; }
-  // Each all-reduce, reduce-scatter and all-gather call, in issue order, with its own
-  // exposed + hidden seconds (a blocking call's; an asynchronous one's issue, wait and
-  // hidden time, added as they happen). A collective is issued by every rank of the group
+  // With Communicator::record_calls on (off by default: the list grows by one entry a
+  // call until reset_traffic), each all-reduce, reduce-scatter and all-gather call, in
+  // issue order, with its own exposed + hidden seconds (a blocking call's; an
+  // asynchronous one's issue, wait and hidden time, added as they happen). A collective is issued by every rank of the group
   // in the same order, so the i-th entries of its ranks are one call, and the least of
   // them is that call without the ranks' arrival skew: the rank that arrived last waited
   // for the transfer alone (the trainer's comm_kind_least_ms).
@@ -465,6 +466,9 @@ class Communicator {
     ++times_epoch_;  // a work issued before keeps its call out of the new times
   }
   const CommTimes& times() const { return times_; }
+  // Whether times().calls records each ring collective (CommTimes::calls); off by default.
+  // Turn it on only where reset_traffic() runs regularly (the trainer's groups: each step).
+  void record_calls(bool on) { record_calls_ = on; }
 
   // Aborts with a message naming rank, group, collective and label; for backends.
   [[noreturn]] void fail(const char* statement, CollectiveKind kind, const CollectiveOptions& opts,
@@ -554,7 +558,9 @@ class Communicator {
   // Written by the blocking calls' WatchedCall (const calls too) and CommWork::finish.
   mutable CommTimes times_;
   std::uint64_t times_epoch_ = 0;  // reset_traffic()s so far
-  // A new CommTimes::calls entry for a call of `kind`; -1 (none) for the other kinds.
+  bool record_calls_ = false;
+  // A new CommTimes::calls entry for a call of `kind`; -1 (none) for the other kinds, or
+  // when record_calls is off.
   int open_call(CollectiveKind kind) const;
   std::size_t outstanding_work_ = 0;
 };

@@ -230,6 +230,10 @@ Status Trainer::make_groups() {
     // Split from the host world (an MPI world under NCCL groups too).
     TRIDENT_ASSIGN_OR_RETURN(host_groups_, make_process_groups(*world_, config_.parallel, config_.model.tied(),
                                                                MemSpace::kHost));
+    // Each step's calls, for their least (reset_traffic clears them every step).
+    for (Communicator* c : metric_groups()) {
+      if (c != nullptr) c->record_calls(true);
+    }
   }
   chunks_ = rank_chunks(config_, groups_.coords.tp_rank, groups_.coords.pp_rank,
                         groups_.ep_rank);

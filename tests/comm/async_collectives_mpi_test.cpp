@@ -242,6 +242,7 @@ void expect_times_by_kind(Communicator& comm) {
   std::vector<float> x = seeded_f32(comm.rank(), chunk * p, 71), chunk_in(chunk), out(chunk * p);
   comm.iall_reduce(buf(comm, x), ReduceOp::kSum).wait();  // the first async call duplicates
   comm.barrier();
+  comm.record_calls(true);
   comm.reset_traffic();
   comm.all_reduce(buf(comm, x), ReduceOp::kSum);
   CommWork gather = comm.iall_gather(buf(comm, chunk_in), buf(comm, out));
@@ -302,6 +303,9 @@ void expect_times_by_kind(Communicator& comm) {
   comm.all_gather(buf(comm, chunk_in), buf(comm, out));
   ASSERT_EQ(comm.times().calls.size(), 1u);
   EXPECT_EQ(comm.times().calls[0].kind, CollectiveKind::kAllGather);
+  comm.record_calls(false);  // the default: no list
+  comm.all_gather(buf(comm, chunk_in), buf(comm, out));
+  EXPECT_EQ(comm.times().calls.size(), 1u);
   comm.barrier();
   comm.reset_traffic();
 }
