@@ -118,12 +118,11 @@ void print_run_rows(const MeasuredRun& m, const PlanResult& before, const PlanRe
   static const char* const kDp[kRingKinds] = {"dp all_reduce", "dp reduce_scatter", "dp all_gather"};
   for (int k = 0; m.has_kinds && k < kRingKinds; ++k) {
     const size_t i = static_cast<size_t>(k);
-    auto of = [i](const CollectiveTerms& t) { return t.bytes_s[i] + t.latency_s[i]; };
-    if (m.tp_kinds[i] > 0 || of(before.tp_terms) > 0) {
-      rows.push_back({kTp[k], m.tp_kinds[i], of(before.tp_terms), of(after.tp_terms)});
+    if (m.tp_kinds[i] > 0 || before.tp_terms.of(i) > 0) {
+      rows.push_back({kTp[k], m.tp_kinds[i], before.tp_terms.of(i), after.tp_terms.of(i)});
     }
-    if (m.dp_kinds[i] > 0 || of(before.dp_terms) > 0) {
-      rows.push_back({kDp[k], m.dp_kinds[i], of(before.dp_terms), of(after.dp_terms)});
+    if (m.dp_kinds[i] > 0 || before.dp_terms.of(i) > 0) {
+      rows.push_back({kDp[k], m.dp_kinds[i], before.dp_terms.of(i), after.dp_terms.of(i)});
     }
   }
   for (const Row& r : rows) {

@@ -136,12 +136,11 @@ void add_rows(const PlanResult& plan, const PlanResult& fast, const MeasuredRun&
     const std::array<double, kRingKinds>* kinds;  // measured per kind (tp, dp), else null
     double bytes_s, latency_s, measured_s;  // in all
   };
-  auto sum = [](const std::array<double, kRingKinds>& a) { return a[0] + a[1] + a[2]; };
   const Group groups[] = {
-      {"tp", ParallelDim::kTp, plan.tp_terms, &run.tp_kinds, sum(plan.tp_terms.bytes_s),
-       sum(plan.tp_terms.latency_s), all.tp},
-      {"dp", ParallelDim::kDp, plan.dp_terms, &run.dp_kinds, sum(plan.dp_terms.bytes_s),
-       sum(plan.dp_terms.latency_s), all.dp + all.embedding},
+      {"tp", ParallelDim::kTp, plan.tp_terms, &run.tp_kinds, plan.tp_terms.bytes(), plan.tp_terms.latency(),
+       all.tp},
+      {"dp", ParallelDim::kDp, plan.dp_terms, &run.dp_kinds, plan.dp_terms.bytes(), plan.dp_terms.latency(),
+       all.dp + all.embedding},
       {"cp", ParallelDim::kCp, {}, nullptr, ring_bytes_s, plan.cp_comm_s - ring_bytes_s, all.cp}};
   for (const Group& g : groups) {
     const double predicted = g.bytes_s + g.latency_s;
@@ -166,7 +165,7 @@ void add_rows(const PlanResult& plan, const PlanResult& fast, const MeasuredRun&
       if (row.bytes_s <= 0 && row.measured_s <= 0) continue;
       *notes += "  " + std::string(g.name) + " " + kind_label(kind) + ": measured " +
                 fmt("%.4g", row.measured_s * 1e3) + " ms (each call's least over the group's ranks), predicted " +
-                fmt("%.4g", (row.bytes_s + row.latency_s) * 1e3) + " ms\n";
+                fmt("%.4g", g.terms.of(i) * 1e3) + " ms\n";
       // A kind the plan has no bytes of (or the run did not time) identifies nothing.
       if (row.bytes_s > 0 && row.measured_s > 0) rows[k].push_back(row);
     }

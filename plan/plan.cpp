@@ -398,10 +398,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
       (forward_passes(config.training.recompute) - 1) * block.row_outputs * layers + 2;
   const KindSeconds tp_kinds = kind_s(t.traffic.tp, tp, links.spec[ParallelDim::kTp], tp_calls * micro);
   t.tp = tp_kinds.total() / micro;
-  for (int kind = 0; kind < kRingKinds; ++kind) {
-    t.tp_terms.bytes_s[static_cast<size_t>(kind)] = tp_kinds.terms.bytes_s[static_cast<size_t>(kind)] / micro;
-    t.tp_terms.latency_s[static_cast<size_t>(kind)] = tp_kinds.terms.latency_s[static_cast<size_t>(kind)] / micro;
-  }
+  t.tp_terms = tp_kinds.terms.scaled(1 / micro);
   if (t.traffic.pp.send > 0) {
     const double bw = links.link[ParallelDim::kPp]->bytes_per_s * links.link[ParallelDim::kPp]->efficiency;
     // One send each way per chunk boundary (the model's first and last excepted).
@@ -808,10 +805,7 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   r.compute_s = m * (slowest.compute - slowest.recompute);
   r.recompute_s = m * slowest.recompute;
   r.tp_s = m * slowest.tp;
-  for (int kind = 0; kind < kRingKinds; ++kind) {
-    r.tp_terms.bytes_s[static_cast<size_t>(kind)] = m * slowest.tp_terms.bytes_s[static_cast<size_t>(kind)];
-    r.tp_terms.latency_s[static_cast<size_t>(kind)] = m * slowest.tp_terms.latency_s[static_cast<size_t>(kind)];
-  }
+  r.tp_terms = slowest.tp_terms.scaled(m);
   r.dp_terms = slowest_tail.dp_terms;
   r.pp_s = m * slowest.pp;
   r.cp_s = m * slowest.cp;

@@ -225,10 +225,18 @@ PlanMemory plan_rank_memory(const Config& config, const ModelPartition& part, in
 // latency). What calibration fits each kind's bandwidth from (plan/calibrate.h).
 struct CollectiveTerms {
   std::array<double, kRingKinds> bytes_s{}, latency_s{};
-  double total() const {
-    double sum = 0;
-    for (int k = 0; k < kRingKinds; ++k) sum += bytes_s[static_cast<size_t>(k)] + latency_s[static_cast<size_t>(k)];
-    return sum;
+  double of(size_t kind) const { return bytes_s[kind] + latency_s[kind]; }  // one kind's seconds
+  double bytes() const { return bytes_s[0] + bytes_s[1] + bytes_s[2]; }
+  double latency() const { return latency_s[0] + latency_s[1] + latency_s[2]; }
+  double total() const { return bytes() + latency(); }
+  // Both terms of every kind times f (per micro-batch to per step, and back).
+  CollectiveTerms scaled(double f) const {
+    CollectiveTerms t = *this;
+    for (size_t k = 0; k < kRingKinds; ++k) {
+      t.bytes_s[k] *= f;
+      t.latency_s[k] *= f;
+    }
+    return t;
   }
 };
 

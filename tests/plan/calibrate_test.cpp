@@ -69,8 +69,8 @@ MeasuredRun measured_by_kind(const Config& c, const PlanOptions& truth) {
   const PlanResult r = evaluate_layout(c, truth);
   m.has_kinds = true;
   for (size_t k = 0; k < 3; ++k) {
-    m.tp_kinds[k] = r.tp_terms.bytes_s[k] + r.tp_terms.latency_s[k];
-    m.dp_kinds[k] = r.dp_terms.bytes_s[k] + r.dp_terms.latency_s[k];
+    m.tp_kinds[k] = r.tp_terms.of(k);
+    m.dp_kinds[k] = r.dp_terms.of(k);
   }
   return m;
 }
