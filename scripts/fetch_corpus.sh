@@ -43,8 +43,8 @@ fetch_kjv() {
   command -v apt-get >/dev/null || return 1
   # bible-kjv-text stores the text compressed (/usr/lib/bible.data, see dpkg -L); the
   # `bible` reader from bible-kjv (which depends on it) prints it as plain text.
-  if ! command -v bible >/dev/null || ! dpkg-query -W -f='${Status}' bible-kjv-text 2>/dev/null |
-    grep -q 'ok installed'; then
+  if ! command -v bible >/dev/null || ! grep -q 'ok installed' \
+    < <(dpkg-query -W -f='${Status}' bible-kjv-text 2>/dev/null); then
     apt-get install -y -o DPkg::Lock::Timeout=600 --no-install-recommends bible-kjv \
       bible-kjv-text >/dev/null 2>&1 ||
       { apt-get update >/dev/null 2>&1 &&

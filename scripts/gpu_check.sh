@@ -211,7 +211,7 @@ prepare() {
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${launcher[@]}" >"$B/prepare-configure.log" 2>&1 ||
     { tail -20 "$B/prepare-configure.log"; echo "prepare: FAILED: cmake configure (log: $B/prepare-configure.log)" >&2; return 1; }
   local targets=("${BINARIES[@]}") plugin=0
-  if cmake --build "$B" --target help 2>/dev/null | grep -q '^trident_cuda:'; then targets+=(trident_cuda); plugin=1; fi
+  if grep -q '^trident_cuda:' < <(cmake --build "$B" --target help 2>/dev/null); then targets+=(trident_cuda); plugin=1; fi
   echo "== build ${targets[*]} with -j$JOBS"
   local tb; tb=$(now)
   if ! nice cmake --build "$B" -j "$JOBS" --target "${targets[@]}" >"$B/prepare-build.log" 2>&1; then
@@ -802,7 +802,7 @@ build_there() {  # the fallback: configure and build against the carried -dev pa
                          sed 's/^ *//' | sort -u | head -5 | paste -sd' ')
   if [[ -n $leaked ]]; then check binaries build FAIL "the configure found these outside the carried packages: $leaked"; return 1; fi
   local targets=("${BINARIES[@]}")
-  cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^trident_cuda:' && targets+=(trident_cuda)
+  grep -q '^trident_cuda:' < <(cmake --build "$BUILD" --target help 2>/dev/null) && targets+=(trident_cuda)
   local tb; tb=$(now)
   limit "$BUILD_THERE_CAP"
   if (( LIMIT > 0 )) && LD_LIBRARY_PATH="$dep_ld" timeout -k 5 "$LIMIT" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$B/build.log" 2>&1; then
@@ -1238,5 +1238,5 @@ if [[ $MODE == dry ]]; then
   echo "== this dry run: $(( $(now) - START )) s here (CPU only); the plan for the GPU machine:"
   cat "$RES/plan.txt"
 fi
-if cut -f2 "$RES/steps.tsv" | grep -qx FAIL || cut -f3 "$RES/checks.tsv" | grep -qx FAIL; then exit 1; fi
+if grep -qx FAIL < <(cut -f2 "$RES/steps.tsv") || grep -qx FAIL < <(cut -f3 "$RES/checks.tsv"); then exit 1; fi
 exit 0
