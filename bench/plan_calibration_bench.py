@@ -26,21 +26,24 @@
 # takes tp 2 (many small all-reduces on the same link) as the second run instead, and
 # --two-run=z0 dp2 ZeRO-0 with both overlap switches off (its all-reduces: with the
 # metrics' comm_kind_least_ms the fit gives each collective kind its own bandwidth, the
-# reduce-scatter's and all-gather's from ZeRO-1, the all-reduce's from ZeRO-0). Printed
+# reduce-scatter's and all-gather's from ZeRO-1, the all-reduce's from ZeRO-0). A list
+# takes several further runs, all fitted together: --two-run=z0,z3 calibrates from dp2
+# ZeRO-1, ZeRO-0 and ZeRO-3, all three with overlap off (each kind's bandwidth from runs
+# of few and of many calls, and one per-call latency). Printed
 # per round: the fitted bandwidth and latency; at the end, each layout's exposed
 # communication error per group (three times the runs).
 # With --calibrate-on=z3, the calibration run (the first layout) is dp2 ZeRO-3 with both
 # overlap switches off instead of ZeRO-1: 84 collectives over 82 MB a step on this model,
 # against ZeRO-1's 12 over 13 MB, whose few ms of waiting are mostly the two ranks'
 # arrival skew rather than the transfer; ZeRO-1 with overlap off is then a predicted row.
-#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=tp2]]
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3]]
 #     [--calibrate-on=z3] [--layouts=I,J,...]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
-second = two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3"
-if second not in ("z3", "tp2", "z0"):
-    sys.exit(f"{two_run}: the second calibration run is z3 (the default), tp2 or z0")
+seconds = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
+if not seconds or any(x not in ("z3", "tp2", "z0") for x in seconds) or len(set(seconds)) < len(seconds):
+    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, or several of them (z0,z3)")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
@@ -83,10 +86,10 @@ if only:
         sys.exit(f"{only}: layout indices are 1..{len(LAYOUTS) - 1}")
     LAYOUTS = [x for i, x in enumerate(LAYOUTS) if i == 0 or i in keep]
 
-# --two-run's second calibration run.
-SECOND = {"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
-          "tp2": ("tp2", ["parallel.tp=2"]),
-          "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[second]
+# --two-run's further calibration runs.
+SECONDS = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
+            "tp2": ("tp2", ["parallel.tp=2"]),
+            "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[x] for x in seconds]
 
 
 def sh(cmd):
@@ -149,14 +152,17 @@ with tempfile.TemporaryDirectory() as work:
 
     def calibrate_two(rnd, i, hw):
         # Both calibration runs right before the layout's, fitted together.
-        runs = [train(rnd, i, LAYOUTS[0][1], "c"), train(rnd, i, SECOND[1], "d")]
+        runs = [train(rnd, i, LAYOUTS[0][1], "c")] + [train(rnd, i, lay, "d" + str(n)) for n, (_, lay) in enumerate(SECONDS)]
         shared = MODEL + [f"data.train={work}/data/train_*.bin"]
         per_run = lambda layout, m: ["--calibrate", m] + [a for x in layout for a in ("--calibrate-set", x)]
-        cmd = ([T, "plan"] + per_run(LAYOUTS[0][1], runs[0][1]) + per_run(SECOND[1], runs[1][1]) +
+        cmd = ([T, "plan"] + per_run(LAYOUTS[0][1], runs[0][1]) +
+               [a for (_, lay), run in zip(SECONDS, runs[1:]) for a in per_run(lay, run[1])] +
                ["--config", "bench/medium.yaml"] + sets(shared) + ["--gpu", "cpu", "--write-hardware", hw])
         if rnd == 0 and i == 0:
-            print(f"# calibration (before each layout, from a {LAYOUTS[0][0]} run and a {SECOND[0]} run): " +
-                  " ".join(["trident", "plan"] + per_run(LAYOUTS[0][1], "M1") + per_run(SECOND[1], "M2") +
+            print(f"# calibration (before each layout, from a {LAYOUTS[0][0]} run and " +
+                  " and ".join(f"a {label} run" for label, _ in SECONDS) + "): " +
+                  " ".join(["trident", "plan"] + per_run(LAYOUTS[0][1], "M1") +
+                           [a for n, (_, lay) in enumerate(SECONDS) for a in per_run(lay, f"M{n + 2}")] +
                            ["--config", "bench/medium.yaml"] + sets(MODEL) + ["--gpu", "cpu", "--write-hardware", "HW"]))
         if compare:
             c = subprocess.run([compare] + cmd[1:-1] + [hw + ".cmp"], capture_output=True, text=True, env=env)
