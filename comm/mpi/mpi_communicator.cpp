@@ -183,7 +183,8 @@ class MpiRuntime {
       // so an async collective's spinning takes a core from the compute and from the peer
       // whose progress it waits for. Told to yield when a poll finds nothing, it lets both
       // run: on 2 ranks of 1 thread on 2 cores, dp 2 ZeRO-3 with overlap on measured
-      // 338 ms a step instead of 412 (docs/PERFORMANCE.md "Overlap on shared cores").
+      // 344-373 ms a step instead of 374-448 (docs/PERFORMANCE.md "Overlap on shared
+      // cores").
       // Read at MPI_Init from the environment: a value the user or the launcher set
       // (mpirun --mca mpi_yield_when_idle 0) is left as it is; other MPIs ignore it.
       // (Before MPI starts its threads; setenv is not thread-safe.)
