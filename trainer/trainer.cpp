@@ -226,7 +226,7 @@ Status Trainer::make_groups() {
   Communicator* group_world = group_world_ ? group_world_.get() : world_;
   TRIDENT_ASSIGN_OR_RETURN(
       groups_, make_process_groups(*group_world, config_.parallel, config_.model.tied()));
-  if (world_->size() > 1 && !config_.logging.metrics.empty()) {
+  if (records_least_waits()) {
     // Split from the host world (an MPI world under NCCL groups too).
     TRIDENT_ASSIGN_OR_RETURN(host_groups_, make_process_groups(*world_, config_.parallel, config_.model.tied(),
                                                                MemSpace::kHost));
@@ -559,8 +559,8 @@ void Trainer::collect_traffic() {
     stats_.comm_kind_ms[g] = {};
     stats_.comm_calls[g].clear();
     if (!measured(g)) continue;
-    stats_.comm_calls[g] = groups[g]->times().calls;
     const CommTimes& t = groups[g]->times();
+    stats_.comm_calls[g] = t.calls;
     auto ms = [&](CollectiveKind k) { return (t.exposed_of(k) + t.hidden_of(k)) * 1e3; };
     stats_.comm_kind_ms[g] = {.all_reduce = ms(CollectiveKind::kAllReduce),
                               .reduce_scatter = ms(CollectiveKind::kReduceScatter),
@@ -864,7 +864,7 @@ Result<StepMetrics> Trainer::train_step() {
   if (world_->size() > 1 && (!c.logging.metrics.empty() || stragglers_.enabled())) {
     collect_slowest_rank(m);
   }
-  if (world_->size() > 1 && !c.logging.metrics.empty()) collect_least_waits(m);
+  if (records_least_waits()) collect_least_waits(m);
   if (c.model.moe()) collect_moe_metrics(m);
   losses_.push_back(loss);
   return m;

@@ -239,6 +239,9 @@ class Trainer {
   // Per group kind, the least exposed and exposed + hidden time of any member, in all and
   // per collective kind, into m.
   void collect_least_waits(StepMetrics& m);
+  // Whether each step's metrics carry the least waits (collect_least_waits): a world of
+  // more than one rank with a metrics file; host_groups_ exist exactly then.
+  bool records_least_waits() const { return world_->size() > 1 && !config_.logging.metrics.empty(); }
   // The communicators whose times StepMetrics::GroupMs holds, in its order (null: none).
   std::array<Communicator*, 7> metric_groups() const { return metric_groups(groups_); }
   static std::array<Communicator*, 7> metric_groups(const ProcessGroups& groups);
