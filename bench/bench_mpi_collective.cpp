@@ -12,7 +12,7 @@
 // bytes of a FLUSH_MIB MiB buffer (untimed), which evicts the collective's buffers from
 // the caches as a model's compute does between its collectives. 0 against 64 (larger than
 // the L3) is the same call with its buffers hot and cold (docs/PERFORMANCE.md, "Cold
-// collectives").
+// collectives, and what the overlapped waits count").
 //   mpirun -np 2 build/bench/bench_mpi_collective [allreduce|allgather|reduce_scatter|all]
 //       [KiB, default 256] [calls, default 128] [rounds, default 5] [FLUSH_MIB]
 #include <mpi.h>

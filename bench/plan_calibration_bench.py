@@ -41,8 +41,8 @@
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
-seconds = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
-if not seconds or any(x not in ("z3", "tp2", "z0") for x in seconds) or len(set(seconds)) < len(seconds):
+further = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
+if not further or any(x not in ("z3", "tp2", "z0") for x in further) or len(set(further)) < len(further):
     sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, or several of them (z0,z3)")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
@@ -87,9 +87,9 @@ if only:
     LAYOUTS = [x for i, x in enumerate(LAYOUTS) if i == 0 or i in keep]
 
 # --two-run's further calibration runs.
-SECONDS = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
+FURTHER = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
             "tp2": ("tp2", ["parallel.tp=2"]),
-            "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[x] for x in seconds]
+            "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[x] for x in further]
 
 
 def sh(cmd):
@@ -152,17 +152,17 @@ with tempfile.TemporaryDirectory() as work:
 
     def calibrate_two(rnd, i, hw):
         # Both calibration runs right before the layout's, fitted together.
-        runs = [train(rnd, i, LAYOUTS[0][1], "c")] + [train(rnd, i, lay, "d" + str(n)) for n, (_, lay) in enumerate(SECONDS)]
+        runs = [train(rnd, i, LAYOUTS[0][1], "c")] + [train(rnd, i, lay, "d" + str(n)) for n, (_, lay) in enumerate(FURTHER)]
         shared = MODEL + [f"data.train={work}/data/train_*.bin"]
         per_run = lambda layout, m: ["--calibrate", m] + [a for x in layout for a in ("--calibrate-set", x)]
         cmd = ([T, "plan"] + per_run(LAYOUTS[0][1], runs[0][1]) +
-               [a for (_, lay), run in zip(SECONDS, runs[1:]) for a in per_run(lay, run[1])] +
+               [a for (_, lay), run in zip(FURTHER, runs[1:]) for a in per_run(lay, run[1])] +
                ["--config", "bench/medium.yaml"] + sets(shared) + ["--gpu", "cpu", "--write-hardware", hw])
         if rnd == 0 and i == 0:
             print(f"# calibration (before each layout, from a {LAYOUTS[0][0]} run and " +
-                  " and ".join(f"a {label} run" for label, _ in SECONDS) + "): " +
+                  " and ".join(f"a {label} run" for label, _ in FURTHER) + "): " +
                   " ".join(["trident", "plan"] + per_run(LAYOUTS[0][1], "M1") +
-                           [a for n, (_, lay) in enumerate(SECONDS) for a in per_run(lay, f"M{n + 2}")] +
+                           [a for n, (_, lay) in enumerate(FURTHER) for a in per_run(lay, f"M{n + 2}")] +
                            ["--config", "bench/medium.yaml"] + sets(MODEL) + ["--gpu", "cpu", "--write-hardware", "HW"]))
         if compare:
             c = subprocess.run([compare] + cmd[1:-1] + [hw + ".cmp"], capture_output=True, text=True, env=env)
