@@ -29,21 +29,25 @@
 # reduce-scatter's and all-gather's from ZeRO-1, the all-reduce's from ZeRO-0). A list
 # takes several further runs, all fitted together: --two-run=z0,z3 calibrates from dp2
 # ZeRO-1, ZeRO-0 and ZeRO-3, all three with overlap off (each kind's bandwidth from runs
-# of few and of many calls, and one per-call latency). Printed
+# of few and of many calls, and one per-call latency). z2on is dp2 ZeRO-2 with overlap on,
+# a layout the bench does not predict: with it, the table's overlap rates (the speed a
+# collective keeps beside compute on these shared cores, and the compute's while one is in
+# flight) are fitted from its waits and step, the links and the compute from the runs
+# with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). Printed
 # per round: the fitted bandwidth and latency; at the end, each layout's exposed
 # communication error per group (three times the runs).
 # With --calibrate-on=z3, the calibration run (the first layout) is dp2 ZeRO-3 with both
 # overlap switches off instead of ZeRO-1: 84 collectives over 82 MB a step on this model,
 # against ZeRO-1's 12 over 13 MB, whose few ms of waiting are mostly the two ranks'
 # arrival skew rather than the transfer; ZeRO-1 with overlap off is then a predicted row.
-#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3]]
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3|z0,z3,z2on]]
 #     [--calibrate-on=z3] [--layouts=I,J,...]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
 further = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
-if not further or any(x not in ("z3", "tp2", "z0") for x in further) or len(set(further)) < len(further):
-    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, or several of them (z0,z3)")
+if not further or any(x not in ("z3", "tp2", "z0", "z2on") for x in further) or len(set(further)) < len(further):
+    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, z2on, or several of them (z0,z3,z2on)")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
@@ -89,7 +93,8 @@ if only:
 # --two-run's further calibration runs.
 FURTHER = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
             "tp2": ("tp2", ["parallel.tp=2"]),
-            "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF)}[x] for x in further]
+            "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF),
+            "z2on": ("dp2 z2 overlap on", ["parallel.dp=2", "parallel.zero_stage=2"])}[x] for x in further]
 
 
 def sh(cmd):
@@ -165,7 +170,14 @@ with tempfile.TemporaryDirectory() as work:
                            [a for n, (_, lay) in enumerate(FURTHER) for a in per_run(lay, f"M{n + 2}")] +
                            ["--config", "bench/medium.yaml"] + sets(MODEL) + ["--gpu", "cpu", "--write-hardware", "HW"]))
         if compare:
-            c = subprocess.run([compare] + cmd[1:-1] + [hw + ".cmp"], capture_output=True, text=True, env=env)
+            # The compare binary from the runs with overlap off (a binary without the
+            # overlap rates' fit would take z2on's hidden time as the link's).
+            blocking = [(lay, run) for (label, lay), run in zip(FURTHER, runs[1:]) if "overlap on" not in label]
+            c = subprocess.run([compare, "plan"] + per_run(LAYOUTS[0][1], runs[0][1]) +
+                               [a for lay, run in blocking for a in per_run(lay, run[1])] +
+                               ["--config", "bench/medium.yaml"] + sets(shared) +
+                               ["--gpu", "cpu", "--write-hardware", hw + ".cmp"],
+                               capture_output=True, text=True, env=env)
             if c.returncode != 0:  # refused: the compare binary's table from the first run alone
                 sh([compare, "plan", "--calibrate", runs[0][1], "--config", "bench/medium.yaml"] +
                    sets(runs[0][0]) + ["--gpu", "cpu", "--write-hardware", hw + ".cmp"])
@@ -180,7 +192,8 @@ with tempfile.TemporaryDirectory() as work:
         if r.returncode != 0:
             sys.exit(f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
         out = r.stdout
-        fitted = [l for l in out.splitlines() if l.startswith("shared memory") or l.startswith("compute efficiencies")]
+        fitted = [l for l in out.splitlines() if l.startswith("shared memory") or l.startswith("compute efficiencies")
+                  or l.startswith("overlap on shared cores")]
         print(f"# round {rnd + 1} layout {i} (load {' '.join(load())}): " + "; ".join(fitted))
 
     for rnd in range(rounds):

@@ -486,8 +486,12 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   return c;
 }
 
-Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, const PlanOptions& options) {
-  if (runs.empty()) return Status::invalid_input("calibration: no metrics file given");
+namespace {
+
+// The links and the compute factor fitted to `runs` (calibrate_runs without the overlap
+// rates).
+Result<Calibration> fit_links_and_compute(const std::vector<CalibrationRun>& runs,
+                                          const PlanOptions& options) {
   if (runs.size() == 1) {
     auto one = calibrate(runs[0].config, options, runs[0].run);
     if (!one.is_ok()) return one.status();
@@ -559,6 +563,109 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
              " (least squares over the runs' steps): gemm " + fmt("%.4g", c.hardware.gemm_efficiency) +
              ", attention " + fmt("%.4g", c.hardware.attention_efficiency) + ", memory " +
              fmt("%.4g", c.hardware.memory_efficiency) + "\n";
+  return c;
+}
+
+// CPU ranks on shared cores: whether `r`'s plan depends on the overlap rates (a run with
+// overlap on whose threads outnumber the cores; plan.cpp cpu_comm_rate_in_compute).
+bool rates_matter(const CalibrationRun& r, const PlanOptions& options) {
+  if (!options.hardware.is_cpu) return false;
+  Hardware slow = options.hardware, fast = options.hardware;
+  slow.overlap_comm_rate = slow.overlap_compute_rate = 0.01;
+  fast.overlap_comm_rate = fast.overlap_compute_rate = 1;
+  const PlanResult a = evaluate_on(r.config, options, slow), b = evaluate_on(r.config, options, fast);
+  return a.dp_s != b.dp_s || a.step_time_s != b.step_time_s;
+}
+
+// The run's measured dp waits (the least of the group's ranks where the file has it).
+double measured_dp_waits(const MeasuredRun& m) {
+  const GroupSeconds& e = m.has_least ? m.exposed_least : m.exposed;
+  return e.dp + e.embedding;
+}
+
+}  // namespace
+
+Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, const PlanOptions& options) {
+  if (runs.empty()) return Status::invalid_input("calibration: no metrics file given");
+  // Runs with overlap on CPU ranks on shared cores time the overlap rates; the others the
+  // links and the compute. Where runs of both kinds are given and a run with overlap off
+  // has a dp group (so that the dp link is fitted without the overlapped runs), each kind
+  // fits its own figures; else every run fits the links and the compute, and the rates
+  // keep the table's.
+  std::vector<CalibrationRun> blocking, overlapped;
+  bool blocking_dp = false;
+  for (const CalibrationRun& r : runs) {
+    const bool rates = rates_matter(r, options);
+    (rates ? overlapped : blocking).push_back(r);
+    blocking_dp |= !rates && r.config.parallel.dp * r.config.parallel.cp > 1;
+  }
+  if (!blocking_dp || overlapped.empty()) return fit_links_and_compute(runs, options);
+  TRIDENT_ASSIGN_OR_RETURN(Calibration c, fit_links_and_compute(blocking, options));
+  // The overlapped runs' summed waits and steps against the plan's, at the links and
+  // compute just fitted: for a compute rate r, the collective's rate x whose planned waits
+  // are the measured ones (the waits fall as x grows); then the r whose planned step is the
+  // measured one (the slowdown falls as r grows). Bisection in log space for both.
+  double waits = 0, steps = 0;
+  for (const CalibrationRun& r : overlapped) {
+    waits += measured_dp_waits(r.run);
+    steps += r.run.step_s;
+  }
+  auto planned = [&](double comm, double compute) {
+    Hardware hw = c.hardware;
+    hw.overlap_comm_rate = comm;
+    hw.overlap_compute_rate = compute;
+    std::pair<double, double> sum{0, 0};
+    for (const CalibrationRun& r : overlapped) {
+      const PlanResult p = evaluate_on(r.config, options, hw);
+      sum.first += p.dp_s;
+      sum.second += p.step_time_s;
+    }
+    return sum;
+  };
+  constexpr double kLeast = 1e-3;  // the slowest rate fitted (either)
+  constexpr int kHalvings = 30;
+  auto comm_rate = [&](double compute) {
+    double lo = kLeast, hi = 1;
+    if (planned(hi, compute).first >= waits) return hi;
+    if (planned(lo, compute).first <= waits) return lo;
+    for (int i = 0; i < kHalvings; ++i) {
+      const double mid = std::sqrt(lo * hi);
+      (planned(mid, compute).first > waits ? lo : hi) = mid;
+    }
+    return std::sqrt(lo * hi);
+  };
+  double lo = kLeast, hi = 1, compute = 1;
+  if (planned(comm_rate(hi), hi).second < steps) {
+    if (planned(comm_rate(lo), lo).second <= steps) {
+      compute = lo;
+    } else {
+      for (int i = 0; i < kHalvings; ++i) {
+        const double mid = std::sqrt(lo * hi);
+        (planned(comm_rate(mid), mid).second > steps ? lo : hi) = mid;
+      }
+      compute = std::sqrt(lo * hi);
+    }
+  }
+  c.hardware.overlap_comm_rate = comm_rate(compute);
+  c.hardware.overlap_compute_rate = compute;
+  const auto fitted = planned(c.hardware.overlap_comm_rate, compute);
+  std::string files;
+  for (const CalibrationRun& r : overlapped) files += (files.empty() ? "" : ", ") + r.run.path;
+  c.notes += "overlap on shared cores (" + files + "): a dp collective beside compute at " +
+             fmt("%.4g", c.hardware.overlap_comm_rate) + " of its speed, the compute at " +
+             fmt("%.4g", compute) + " of its speed while one is in flight; dp waits measured " +
+             fmt("%.4g", waits * 1e3) + " ms, planned " + fmt("%.4g", fitted.first * 1e3) +
+             " ms; step measured " + fmt("%.4g", steps * 1e3) + " ms, planned " +
+             fmt("%.4g", fitted.second * 1e3) + " ms (summed over the runs)\n";
+  // Every run's plan before and after, in the order given.
+  c.runs_before.clear();
+  c.runs_after.clear();
+  for (const CalibrationRun& r : runs) {
+    c.runs_before.push_back(evaluate_layout(r.config, options));
+    c.runs_after.push_back(evaluate_on(r.config, options, c.hardware));
+  }
+  c.before = c.runs_before[0];
+  c.after = c.runs_after[0];
   return c;
 }
 

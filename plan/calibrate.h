@@ -33,6 +33,17 @@
 //     per-kind measurements, one bandwidth per kind and one latency for all). Runs whose
 //     calls per byte on the link are within kLatencySeparation of each other do not
 //     separate the two: the link then gets the bandwidth-only fit over all of them.
+//   - CPU ranks on shared cores (the ranks' compute threads and communication threads
+//     outnumber the cores): with several runs, where some have overlap on (their plan
+//     depends on the overlap rates) and a run with overlap off has a dp group, the runs
+//     with overlap off fit the links and the compute alone, and the overlapped runs fit
+//     the table's two overlap rates (Hardware::overlap_comm_rate, overlap_compute_rate):
+//     the collective's rate beside compute whose planned dp waits (summed over the
+//     overlapped runs) are the measured ones (their exposed dp time, the least of the
+//     group's ranks where the file has it), and the compute's rate whose planned steps are
+//     the measured ones; each in [1e-3, 1]. An overlapped run's exposed + hidden time is
+//     not its transfer's (its hidden part runs at the slower rate beside compute), so it
+//     fits no link. Otherwise every run fits the links and the compute, as below.
 //   - compute: one factor on gemm_efficiency, attention_efficiency and memory_efficiency
 //     together (their ratios kept), so that the predicted step equals the measured one.
 //     With several runs, the factor whose predicted steps match the measured ones in the

@@ -172,7 +172,8 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
     TRIDENT_RETURN_IF_ERROR(e.check_keys({"peak_gflops", "memory_gbps", "link_gbytes_per_s",
                                           "link_latency_us", "gemm_efficiency",
                                           "attention_efficiency", "link_all_reduce_share",
-                                          "link_reduce_scatter_share", "link_all_gather_share"}));
+                                          "link_reduce_scatter_share", "link_all_gather_share",
+                                          "overlap_comm_rate", "overlap_compute_rate"}));
     TRIDENT_ASSIGN_OR_RETURN(const double gflops, e.positive("peak_gflops"));
     TRIDENT_ASSIGN_OR_RETURN(const double gbps, e.positive("memory_gbps"));
     TRIDENT_ASSIGN_OR_RETURN(const double link_gbytes, e.positive("link_gbytes_per_s"));
@@ -185,6 +186,14 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
     table.cpu.inter_node.share = table.cpu.intra_node.share;
     TRIDENT_ASSIGN_OR_RETURN(table.cpu.gemm_efficiency, e.positive("gemm_efficiency"));
     TRIDENT_ASSIGN_OR_RETURN(table.cpu.attention_efficiency, e.positive("attention_efficiency"));
+    for (const auto& [key, rate] : {std::pair{"overlap_comm_rate", &table.cpu.overlap_comm_rate},
+                                    std::pair{"overlap_compute_rate", &table.cpu.overlap_compute_rate}}) {
+      TRIDENT_ASSIGN_OR_RETURN(*rate, e.positive_or(key, 0.0));
+      if (*rate > 1) {
+        return Status::invalid_config(source + ": cpu." + key + ": a share of a speed, at most 1, got " +
+                                      std::to_string(*rate));
+      }
+    }
     table.has_cpu = true;
   }
   return table;
@@ -282,7 +291,10 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
            num(c.intra_node.bytes_per_s * c.intra_node.efficiency / 1e9) + ", link_latency_us: " +
            num(c.intra_node.latency_s * 1e6) + ",\n      gemm_efficiency: " +
            num(c.gemm_efficiency) + ", attention_efficiency: " + num(c.attention_efficiency) +
-           shares(c.intra_node, "link_") + "}\n";
+           shares(c.intra_node, "link_") +
+           (c.overlap_comm_rate > 0 ? ", overlap_comm_rate: " + num(c.overlap_comm_rate) : "") +
+           (c.overlap_compute_rate > 0 ? ", overlap_compute_rate: " + num(c.overlap_compute_rate) : "") +
+           "}\n";
   }
   return out;
 }

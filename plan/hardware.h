@@ -17,7 +17,9 @@
 //                    link_latency_us, gemm_efficiency, attention_efficiency} (all
 //                    required when present; `trident plan --calibrate` writes it);
 //                    optional: link_all_reduce_share, link_reduce_scatter_share,
-//                    link_all_gather_share (default 1)
+//                    link_all_gather_share (default 1); overlap_comm_rate,
+//                    overlap_compute_rate (Hardware's, in (0, 1]; default: the threads'
+//                    shares of the cores)
 // reserved_gib and fragmentation may be 0; the other numbers must be positive. The
 // efficiencies are what `trident plan --calibrate` fits from a run's metrics
 // (docs/PLAN.md "Calibration").
@@ -89,6 +91,13 @@ struct Hardware {
   // passes, the optimizer) the step reaches: datasheet defaults, or fitted by calibration.
   double gemm_efficiency = kGemmEfficiency, attention_efficiency = kAttentionEfficiency;
   double memory_efficiency = kMemoryEfficiency;
+  // CPU ranks whose threads (compute threads plus one communication thread per rank)
+  // outnumber the cores, with overlap on: the share of its speed a dp collective keeps
+  // while the rank computes beside it, and the share of its speed the compute keeps while
+  // a collective is in flight (plan/overlap.h OverlapPolicy). 0: not calibrated, the
+  // threads' shares of the cores instead (plan.cpp cpu_comm_rate_in_compute). Fitted by
+  // `trident plan --calibrate` from a run with overlap on (docs/PLAN.md "Calibration").
+  double overlap_comm_rate = 0, overlap_compute_rate = 0;
   bool is_cpu = false;
 };
 

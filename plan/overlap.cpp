@@ -6,7 +6,8 @@
 
 namespace trident {
 
-double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy) {
+double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy,
+                          double* slowdown) {
   // The communication stream: collectives in issue order, each with the seconds it still
   // needs; item k (in issue order) has completed once `done` > k.
   struct Item {
@@ -16,7 +17,7 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
   std::deque<Item> stream;
   long issued = 0, done = 0;
   int queued_in_flight = 0;
-  double t = 0, own = 0;
+  double t = 0, own = 0, slowed = 0;
   auto pop = [&] {
     if (stream.front().queued) --queued_in_flight;
     stream.pop_front();
@@ -91,7 +92,9 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
         }
       }
     }
-    t += op.compute + op.busy + compute_wall(op.compute) - op.compute;
+    const double lost = compute_wall(op.compute) - op.compute;
+    t += op.compute + op.busy + lost;
+    slowed += lost;
     own += op.compute + op.busy;
     if (op.reduce > 0) {
       const int n = std::max(1, op.pieces);
@@ -111,6 +114,7 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
     }
   }
   while (!stream.empty()) wait_for(done);  // reduce_gradients: everything issued completes
+  if (slowdown != nullptr) *slowdown = slowed;
   return std::max(0.0, t - own);
 }
 

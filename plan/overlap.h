@@ -40,16 +40,21 @@ struct OverlapPolicy {
   // The share of its speed an op's compute keeps while a collective is in flight: 1 on a
   // GPU (NCCL runs on its own SMs and links); below 1 on CPU ranks, whose communication
   // thread runs a blocking MPI collective (polling shared memory) on the cores the ranks'
-  // compute threads use. The compute the thread loses counts as exposed.
+  // compute threads use. The compute the thread loses lengthens the step (exposed) and
+  // is returned apart from the waits (exposed_dp_seconds' `slowdown`).
   double compute_rate_in_flight = 1;
   // The share of its speed a collective keeps while an op computes beside it: 1 on a GPU;
   // on CPU ranks the communication thread gets a share of the same cores as the compute
-  // threads, and the whole core only while the compute thread waits for it.
+  // threads, and the whole core only while the compute thread waits for it. (Both CPU
+  // rates: the threads' shares of the cores, or a calibrated table's; plan.cpp.)
   double comm_rate_in_compute = 1;
 };
 
-// Seconds the compute thread waits for the dp stream in `ops` (>= 0): the step's end
-// (every collective completed) minus the sum of the ops' compute + busy.
-double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy);
+// Seconds the dp stream adds to the ops in `ops` (>= 0): the step's end (every collective
+// completed) minus the sum of the ops' compute + busy. Of it, `*slowdown` (when given) is
+// what the ops' compute lost to collectives in flight beside it (compute_rate_in_flight
+// < 1; 0 on a GPU), the rest the compute thread's waits.
+double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy,
+                          double* slowdown = nullptr);
 
 }  // namespace trident

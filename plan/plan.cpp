@@ -92,6 +92,9 @@ struct StageTime {
   double ep = 0;  // the ep all-to-all's exposed seconds per micro-batch (ep_all_to_all_seconds)
   double cp_comm = 0;  // and its whole time (nothing hidden)
   double dp = 0, dp_comm = 0, optimizer = 0;          // seconds per step (dp: exposed)
+  // Seconds per step the compute lost to dp collectives beside it on shared cores (CPU
+  // ranks; the rest of the exposed dp time, dp, is the compute thread's waits).
+  double dp_slowdown = 0;
   CollectiveTerms tp_terms;  // per micro-batch, of tp
   CollectiveTerms dp_terms;  // per step, of dp_comm (the experts' reduction excepted)
   RankTraffic traffic;
@@ -162,10 +165,11 @@ struct GroupWork {
 // collectives by their groups' floats. `tp_busy`: the tp collectives use the dp link (their time hides
 // nothing). ZeRO-0/1 communicate in the last micro-batch only, so one is simulated;
 // ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
-// increment (every micro-batch after the first is the same).
+// increment (every micro-batch after the first is the same). Returns the compute
+// thread's waits; `*slowdown` gets the compute lost to collectives in flight (CPU ranks).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
                   const KindSeconds& k, double tp_per_compute, bool tp_busy,
-                  double compute_rate_in_flight = 1.0, double comm_rate_in_compute = 1.0) {
+                  double compute_rate_in_flight, double comm_rate_in_compute, double* slowdown) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -203,7 +207,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
     }
     return o;
   };
-  auto simulate = [&](int micro) {
+  auto simulate = [&](int micro, double* lost) {
     std::vector<OverlapOp> ops;
     for (int i = 0; i < micro; ++i) {
       const bool reduces = every_micro || i == micro - 1;
@@ -214,13 +218,25 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
         ops.push_back(op(groups[g], g + 1 == groups.size() ? head_extra : 0, true, reduces));
       }
     }
-    return exposed_dp_seconds(ops, policy);
+    return exposed_dp_seconds(ops, policy, lost);
   };
-  if (!every_micro) return simulate(1);
+  // The waits: the whole exposed time less the compute's slowdown, both returned apart.
+  auto split = [&](double e, double lost) {
+    *slowdown = std::min(e, lost);
+    return e - *slowdown;
+  };
+  double lost = 0;
+  if (!every_micro) {
+    const double e = simulate(1, &lost);
+    return split(e, lost);
+  }
   const int n = std::min(m, 4);
-  const double e = simulate(n);
-  if (m == n) return e;
-  return e + (m - n) * std::max(0.0, e - simulate(n - 1));
+  const double e = simulate(n, &lost);
+  if (m == n) return split(e, lost);
+  double lost_before = 0;
+  const double before = simulate(n - 1, &lost_before);
+  return split(e + (m - n) * std::max(0.0, e - before),
+               lost + (m - n) * std::max(0.0, lost - lost_before));
 }
 
 // The cp ring's exposed seconds per micro-batch on the stage. A hop (each rank sends one
@@ -283,7 +299,7 @@ double ep_all_to_all_seconds(const Config& config, const GroupTraffic& ep, doubl
 // Adds the collectives' whole time to *comm.
 double expert_dp_seconds(const Config& config, const ParamLayout& layout, const GroupTraffic& e,
                          const Links& links, const PlanOptions& o, double layer_forward,
-                         double layer_recompute, double* comm);
+                         double layer_recompute, double* comm, double* slowdown);
 
 // CPU ranks: the cores of this machine, the ranks on it and their compute threads.
 struct CpuThreads {
@@ -301,24 +317,34 @@ CpuThreads cpu_threads(const Config& config, const PlanOptions& o) {
 
 // CPU ranks: the share of its speed a rank's compute keeps while its communication
 // thread runs a collective (comm/communicator.h "Progress (MPI)": a blocking MPI call that
-// polls shared memory, one more busy thread per rank). The ranks on this machine run
+// polls shared memory, one more thread per rank). The ranks on this machine run
 // runtime.threads compute threads each (0: cores / ranks, kernels/backend.cpp); with one
 // communication thread per rank on top, each thread gets min(1, cores / threads) of a
-// core. 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
+// core. 2 ranks of 1 thread on 2 cores: 0.5. Where the threads outnumber the cores, a
+// calibrated table's overlap_compute_rate replaces that share (what a run with overlap on
+// measured). A GPU: 1.
 double cpu_compute_rate_in_flight(const Config& config, const PlanOptions& o) {
   if (!o.hardware.is_cpu) return 1.0;
   const CpuThreads c = cpu_threads(config, o);
-  return std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.threads);
+  const double share =
+      std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.threads);
+  return share < 1 && o.hardware.overlap_compute_rate > 0 ? o.hardware.overlap_compute_rate : share;
 }
 
 // CPU ranks: the share of its speed a collective keeps while the rank computes beside it.
 // Alone (the compute thread waiting for it) the ranks' communication threads get
 // min(1, cores / ranks) of a core each; beside the compute threads every thread gets
-// min(1, cores / (threads + ranks)). 2 ranks of 1 thread on 2 cores: 0.5. A GPU: 1.
+// min(1, cores / (threads + ranks)). 2 ranks of 1 thread on 2 cores: 0.5. Where the
+// threads outnumber the cores, a calibrated table's overlap_comm_rate replaces that share:
+// a communication thread that yields its core while it waits for its peer (Open MPI's
+// mpi_yield_when_idle, set in comm/mpi/mpi_communicator.cpp) gets far less than a fair
+// share beside busy compute threads (docs/PERFORMANCE.md). A GPU: 1.
 double cpu_comm_rate_in_compute(const Config& config, const PlanOptions& o) {
   if (!o.hardware.is_cpu) return 1.0;
   const CpuThreads c = cpu_threads(config, o);
-  return std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.ranks);
+  const double share =
+      std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.ranks);
+  return share < 1 && o.hardware.overlap_comm_rate > 0 ? o.hardware.overlap_comm_rate : share;
 }
 
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
@@ -460,14 +486,16 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     const int zero = config.parallel.zero_stage;
     const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
     t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy,
-                      cpu_compute_rate_in_flight(config, o), cpu_comm_rate_in_compute(config, o)) +
-           after_step +
-           embedding_s;
+                      cpu_compute_rate_in_flight(config, o), cpu_comm_rate_in_compute(config, o),
+                      &t.dp_slowdown) +
+           after_step + embedding_s;
   } else {
     t.dp = embedding_s;
   }
-  t.dp += expert_dp_seconds(config, layout, t.traffic.expert_dp, links, o,
-                            seconds(w.layer), layer_recompute, &t.dp_comm);
+  double expert_slowdown = 0;
+  t.dp += expert_dp_seconds(config, layout, t.traffic.expert_dp, links, o, seconds(w.layer),
+                            layer_recompute, &t.dp_comm, &expert_slowdown);
+  t.dp_slowdown += expert_slowdown;
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -477,7 +505,7 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
 
 double expert_dp_seconds(const Config& config, const ParamLayout& layout, const GroupTraffic& e,
                          const Links& links, const PlanOptions& o, double layer_forward,
-                         double layer_recompute, double* comm) {
+                         double layer_recompute, double* comm, double* slowdown) {
   const int edp = config.parallel.dp / config.parallel.ep;
   if (edp <= 1 || e.total() <= 0) return 0;
   const KindSeconds k = kind_s(e, edp, links.expert_dp_spec,
@@ -491,7 +519,7 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
   }
   const int zero = config.parallel.zero_stage;
   return exposed_dp(config, groups, 0, k, 0, false, cpu_compute_rate_in_flight(config, o),
-                    cpu_comm_rate_in_compute(config, o)) +
+                    cpu_comm_rate_in_compute(config, o), slowdown) +
          (zero == 1 || zero == 2 ? k.all_gather : 0);
 }
 
@@ -787,8 +815,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
       slowest_micro = st.compute + st.tp + st.pp + st.cp + st.ep;
       slowest = st;
     }
-    if (st.dp + st.optimizer > slowest_step) {
-      slowest_step = st.dp + st.optimizer;
+    if (st.dp + st.dp_slowdown + st.optimizer > slowest_step) {
+      slowest_step = st.dp + st.dp_slowdown + st.optimizer;
       slowest_tail = st;
     }
     const std::pair<ParallelDim, double> moved[] = {
@@ -820,11 +848,12 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
     r.stage_pp_wait_s.push_back((m + static_cast<double>(l.pp - 1) / v) * slowest_micro - m * busy);
   }
   r.dp_s = slowest_tail.dp;
+  r.dp_slowdown_s = slowest_tail.dp_slowdown;
   r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;
   r.step_time_s =
       r.compute_s + r.recompute_s + r.tp_s + r.pp_s + r.cp_s + r.ep_s + r.bubble_s + r.dp_s +
-      r.optimizer_s;
+      r.dp_slowdown_s + r.optimizer_s;
   const double tokens = static_cast<double>(config.training.global_batch_size) * config.model.seq_len;
   r.tokens_per_s_per_gpu = tokens / r.step_time_s / o.devices;
   r.mfu = config.model.flops_per_token() * r.tokens_per_s_per_gpu / o.hardware.peak_flops;

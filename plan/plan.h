@@ -54,7 +54,10 @@
 //     group; ZeRO-3 a gather before every forward and backward of a group), hidden behind
 //     the compute that follows them when parallel.overlap_grad_reduce /
 //     overlap_param_gather are on, all exposed when off. ZeRO-1/2's parameter all-gather
-//     after the update and the tied-embedding all-reduce are always exposed.
+//     after the update and the tied-embedding all-reduce are always exposed. On CPU
+//     ranks whose threads outnumber the cores, collectives and compute beside each other
+//     run at the overlap rates (Hardware::overlap_comm_rate, overlap_compute_rate); the
+//     compute so lost is dp_slowdown_s, apart from the waits (dp_s).
 //   per micro-batch cp (parallel.cp > 1) = the exposed part of the ring: each hop's
 //     bytes (plan/traffic_model.h) / (link bandwidth * link efficiency) + one latency, on
 //     NVLink when the cp group (with the tp inside it) sits in one node, else the
@@ -253,9 +256,11 @@ struct PlanResult {
   double bubble = 0;           // (p-1)/(m+p-1)
   int micro_batches = 0;       // per dp rank per step
   // Seconds per step by part; step_time_s is their sum. compute_s leaves out the
-  // recomputed forward work (recompute_s); dp_s is the exposed dp communication, of
-  // dp_comm_s in all.
+  // recomputed forward work (recompute_s); dp_s is the exposed dp communication (the
+  // compute thread's waits), of dp_comm_s in all; dp_slowdown_s the compute lost to dp
+  // collectives running beside it on the same cores (CPU ranks with overlap; 0 on a GPU).
   double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
+  double dp_slowdown_s = 0;
   // The cp ring's exposed seconds (parallel.cp > 1): what its exchanges take beyond the
   // block attention they overlap (RingAttention::kOverlapsCompute), of cp_comm_s in all
   // (all of it when the ring is blocking: cp_ring_overlapped false).

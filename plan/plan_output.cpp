@@ -56,6 +56,7 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"cp", r.cp_s},
             {"ep", r.ep_s},
             {"dp", r.dp_s},
+            {"dp_slowdown", r.dp_slowdown_s},
             {"optimizer", r.optimizer_s}}},
           {"dp_comm_s", r.dp_comm_s},
           {"stage_pp_wait_s", r.stage_pp_wait_s},
@@ -93,10 +94,10 @@ std::string plan_table(const Plan& plan, int rows) {
   char line[768];
   std::snprintf(line, sizeof(line),
                 "# %-5s %-38s %5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %6s %8s %8s %8s %8s %8s "
-                "%8s %8s %8s %8s %8s %9s %6s  %s\n",
+                "%8s %8s %8s %8s %8s %8s %9s %6s  %s\n",
                 "rank", "layout", "fits", mib ? "mem MiB" : "mem GiB", "params", "grads", "optim",
                 "activ", "buffers", "host", "dp GB", "tp GB", "pp GB", "ep GB", "bubble", "step s", "comp s",
-                "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "opt s",
+                "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "slow s", "opt s",
                 "tok/s/gpu", "MFU",
                 "reason");
   out += line;
@@ -104,14 +105,14 @@ std::string plan_table(const Plan& plan, int rows) {
     const PlanMemory& m = r.memory;
     std::snprintf(line, sizeof(line),
                   "  %-5s %-38s %5s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f %8.2f %8.2f %8.2f "
-                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
+                  "%5.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
                   "%5.1f%%  %s\n",
                   rank.c_str(), layout_name(r.candidate).c_str(), r.fits ? "yes" : "NO",
                   m.total / unit, m.params / unit, m.grads / unit, m.optimizer / unit,
                   m.activations / unit, (m.buffers + m.workspace) / unit, m.host / unit,
                   r.comm[ParallelDim::kDp] / 1e9, r.comm[ParallelDim::kTp] / 1e9,
                   r.comm[ParallelDim::kPp] / 1e9, r.comm[ParallelDim::kEp] / 1e9, 100 * r.bubble, r.step_time_s, r.compute_s,
-                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s, r.ep_s, r.dp_s, r.optimizer_s,
+                  r.recompute_s, r.bubble_s, r.tp_s, r.pp_s, r.cp_s, r.ep_s, r.dp_s, r.dp_slowdown_s, r.optimizer_s,
                   r.tokens_per_s_per_gpu, 100 * r.mfu, r.reason.c_str());
     out += line;
   };
@@ -132,6 +133,12 @@ std::string plan_table(const Plan& plan, int rows) {
                      "parallel.overlap_grad_reduce=") +
          (plan.overlap_grad_reduce ? "true" : "false") + " and parallel.overlap_param_gather=" +
          (plan.overlap_param_gather ? "true" : "false") + "\n";
+  bool slowed = plan.configured_error.empty() && plan.configured.dp_slowdown_s > 0;
+  for (const PlanResult& l : plan.layouts) slowed |= l.dp_slowdown_s > 0;
+  if (slowed) {
+    out += "# slow s: the compute that dp collectives in flight slow (CPU ranks whose threads "
+           "outnumber the cores); dp s is the compute threads' waits\n";
+  }
   if (plan.selective_reruns == SelectiveReruns::kTorchtitanOp) {
     out += "# recomp s: selective reruns as torchtitan's op-level policy "
            "(--selective-reruns torchtitan-op: every other matmul and the elementwise ops; "

@@ -5,7 +5,9 @@
 // config and byte corpus it trained on, and per CPU vendor (/proc/cpuinfo's vendor_id)
 // the old binary's own metrics of steps 5-8 from that checkpoint on such a CPU,
 // expected.<vendor>.jsonl (GenuineIntel: the straight run that wrote the checkpoint;
-// AuthenticAMD: that commit's binary resuming it there). Each case is copied to a scratch
+// AuthenticAMD: that commit's binary resuming it there, on an AMD EPYC with AVX-512; a
+// CPU without AVX-512 has a kind of its own, expected.<vendor>.noavx512f.jsonl, and
+// without that file compares with its vendor's within 1e-6). Each case is copied to a scratch
 // directory, resumed from its step_4 with today's binary in the layout it was written in,
 // and steps 5-8 must reproduce the loss, gradient norm and learning rate of this vendor's
 // file bit for bit (both sides are parsed as doubles from round-trip decimal text). A
@@ -78,6 +80,20 @@ std::string cpu_vendor() {
   return "unknown";
 }
 
+// Whether this CPU has AVX-512 (the flags line lists avx512f).
+bool cpu_has_avx512f() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" avx512f ") != std::string::npos;
+  }
+  return false;
+}
+
+// The name of this CPU kind's expected file: the vendor's, ".noavx512f" added on a CPU
+// without AVX-512 (whose kernels give other last bits: AMD EPYC with AVX2 only).
+std::string cpu_kind() { return cpu_vendor() + (cpu_has_avx512f() ? "" : ".noavx512f"); }
+
 // `env`: "TRIDENT_FUSED_QKV=0" for the fixtures' own arithmetic (bitwise), or "" for
 // today's default (within `tolerance` relative).
 void check_case(const std::string& name, int ranks, const std::string& env = "TRIDENT_FUSED_QKV=0",
@@ -100,11 +116,11 @@ void check_case(const std::string& name, int ranks, const std::string& env = "TR
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from ckpt/step_4 (step 4"), std::string::npos) << r.output;
 
-  const std::string vendor = cpu_vendor();
-  fs::path expected = fixture / ("expected." + vendor + ".jsonl");
+  const std::string kind = cpu_kind();
+  fs::path expected = fixture / ("expected." + kind + ".jsonl");
   const bool bitwise = fs::exists(expected) && tolerance == 0;
   if (tolerance == 0) tolerance = 1e-6;
-  if (!fs::exists(expected)) {  // another vendor's file: the first in name order
+  if (!fs::exists(expected)) {  // the vendor's file (another ISA), else the first by name
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(fixture)) {
       const std::string f = e.path().filename().string();
@@ -112,12 +128,12 @@ void check_case(const std::string& name, int ranks, const std::string& env = "TR
     }
     std::sort(files.begin(), files.end());
     ASSERT_FALSE(files.empty()) << fixture << " has no expected.<vendor>.jsonl";
-    expected = files.front();
-    std::printf("note: no %s for CPU vendor %s: compared with %s within %g relative, not "
+    const fs::path vendors = fixture / ("expected." + cpu_vendor() + ".jsonl");
+    expected = fs::exists(vendors) ? vendors : files.front();
+    std::printf("note: no %s for this CPU kind: compared with %s within %g relative, not "
                 "bit for bit (tests/reference/make_resume_fixtures.sh --expected-here writes "
-                "this vendor's file)\n",
-                ("expected." + vendor + ".jsonl").c_str(), vendor.c_str(),
-                expected.filename().c_str(), tolerance);
+                "this kind's file)\n",
+                ("expected." + kind + ".jsonl").c_str(), expected.filename().c_str(), tolerance);
   }
   const std::map<int, Record> want = read_steps(expected.string());
   const std::map<int, Record> got = read_steps(dir.file("metrics.jsonl"));

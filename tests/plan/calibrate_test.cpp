@@ -298,8 +298,65 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
               t.cpu.memory_bandwidth * 0.5, 1e3);
   EXPECT_NEAR(back->cpu.intra_node.bytes_per_s, 0.7e9, 1e3);
   EXPECT_TRUE(back->cpu.is_cpu);
+  EXPECT_EQ(back->cpu.overlap_comm_rate, 0);  // not written when not calibrated
+  EXPECT_EQ(yaml.find("overlap_"), std::string::npos) << yaml;
+  t.cpu.overlap_comm_rate = 0.0487658;
+  t.cpu.overlap_compute_rate = 0.75;
+  Result<HardwareTable> rates = parse_hardware_table(hardware_table_yaml(t, ""), "written.yaml");
+  ASSERT_TRUE(rates.is_ok()) << rates.status().message();
+  EXPECT_NEAR(rates->cpu.overlap_comm_rate, 0.0487658, 1e-9);
+  EXPECT_EQ(rates->cpu.overlap_compute_rate, 0.75);
   // The shipped table has no cpu entry: --gpu cpu measures this machine.
   EXPECT_FALSE(table->has_cpu);
+}
+
+// CPU ranks on shared cores, "measured" on a machine whose collectives keep 5% of their
+// speed beside compute and whose compute keeps 80% while one is in flight: the three runs
+// with overlap off fit the links by kind and the compute, the ZeRO-2 run with overlap on
+// the two rates, and with them the overlapped ZeRO-3 run (not fitted) is predicted to the
+// truth's waits and step. The thread-share rates (0.5, 0.5) predict other waits. Without
+// a run with overlap off that has a dp group the rates are not fitted.
+TEST(Calibrate, RunsWithOverlapOnFitTheOverlapRatesAndTheOthersTheLinks) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = cpu_with_kinds(1.5e9, start.intra_node.latency_s, {1.7, 0.6, 1.4});
+  truth.overlap_comm_rate = 0.05;
+  truth.overlap_compute_rate = 0.8;
+  auto run = [&](int zero, bool overlap) {
+    Config c = config_for(PlanCandidate{{.dp = 2, .zero_stage = zero}, Recompute::kNone, 1});
+    c.parallel.overlap_grad_reduce = c.parallel.overlap_param_gather = overlap;
+    MeasuredRun m = measured_by_kind(c, cpu_options(2, truth));
+    m.path = "z" + std::to_string(zero) + (overlap ? "on" : "off") + ".jsonl";
+    return CalibrationRun{c, m};
+  };
+  const std::vector<CalibrationRun> runs = {run(1, false), run(0, false), run(3, false), run(2, true)};
+  auto fit = calibrate_runs(runs, cpu_options(2, start));
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->hardware.overlap_comm_rate / 0.05, 1, 1e-3) << fit->notes;
+  EXPECT_NEAR(fit->hardware.overlap_compute_rate / 0.8, 1, 1e-3) << fit->notes;
+  EXPECT_NEAR(fit->compute_factor, 0.6, 1e-3) << fit->notes;
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllGather}) {
+    EXPECT_NEAR(kind_bandwidth(fit->hardware, k) / kind_bandwidth(truth, k), 1, 1e-3) << collective_name(k);
+  }
+  EXPECT_NE(fit->notes.find("overlap on shared cores (z2on.jsonl)"), std::string::npos) << fit->notes;
+  ASSERT_EQ(fit->runs_after.size(), runs.size());
+  EXPECT_NEAR(fit->runs_after[3].dp_s / runs[3].run.exposed.dp, 1, 1e-3);
+  EXPECT_NEAR(fit->runs_after[3].step_time_s / runs[3].run.step_s, 1, 1e-3);
+  // ZeRO-3 with overlap on, predicted with the fitted table: the truth's waits and slowdown.
+  const CalibrationRun z3 = run(3, true);
+  const PlanResult predicted = evaluate_layout(z3.config, cpu_options(2, fit->hardware));
+  EXPECT_GT(z3.run.exposed.dp, 0);
+  EXPECT_NEAR(predicted.dp_s / z3.run.exposed.dp, 1, 1e-2);
+  EXPECT_NEAR(predicted.step_time_s / z3.run.step_s, 1, 1e-3);
+  Hardware thread_shares = fit->hardware;
+  thread_shares.overlap_comm_rate = thread_shares.overlap_compute_rate = 0;
+  const PlanResult shares = evaluate_layout(z3.config, cpu_options(2, thread_shares));
+  EXPECT_GT(std::abs(shares.dp_s / z3.run.exposed.dp - 1), 0.2);
+  // The overlapped run with tp 2 only: no dp link fitted apart, every run fits the links.
+  auto no_rates = calibrate_runs({runs[3], runs_on({PlanCandidate{{.tp = 2}, Recompute::kNone, 1}}, truth, true)[0]},
+                                 cpu_options(2, start));
+  ASSERT_TRUE(no_rates.is_ok()) << no_rates.status().message();
+  EXPECT_EQ(no_rates->hardware.overlap_comm_rate, 0);
+  EXPECT_EQ(no_rates->notes.find("overlap on shared cores"), std::string::npos) << no_rates->notes;
 }
 
 // Two runs on CPU ranks "measured" on a link of known bandwidth and per-call latency:

@@ -277,7 +277,8 @@ TEST(Plan, MemoryTrafficAndBubbleAreTheSharedFormulas) {
     EXPECT_EQ(p.bubble, pipeline_bubble_fraction(l.pp, c.grad_accum_steps(), l.virtual_stages));
     // The time parts add up, and MFU is model FLOPs over the bf16 peak.
     EXPECT_NEAR(p.step_time_s,
-                p.compute_s + p.recompute_s + p.bubble_s + p.tp_s + p.pp_s + p.dp_s + p.optimizer_s,
+                p.compute_s + p.recompute_s + p.bubble_s + p.tp_s + p.pp_s + p.dp_s + p.dp_slowdown_s +
+                    p.optimizer_s,
                 1e-12 * p.step_time_s);
     EXPECT_EQ(p.recompute_s > 0, l.recompute != Recompute::kNone);
     // Overlap hides some of the dp communication, never adds to it.
@@ -309,7 +310,8 @@ TEST(Plan, CpuCountsHostMemoryAndSharesTheMachine) {
 // The cores the CPU ranks share are an option (`--cores`), not only this machine's: with
 // them given the plan is the same on any machine; 2 ranks of one compute thread each on 2
 // cores run at half speed while a collective is in flight (one more busy thread per rank),
-// so more of the dp time is exposed than on 64 cores, where they keep full speed.
+// so the step loses compute to the dp collectives (dp_slowdown_s), which on 64 cores it
+// does not: there the ranks keep full speed.
 TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
   Config c = apply_layout(small_config(), PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1});
   c.runtime.threads = 1;
@@ -322,7 +324,9 @@ TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
   EXPECT_EQ(evaluate_layout(c, o).step_time_s, two.step_time_s);
   o.cpu_cores = 64;
   const PlanResult many = evaluate_layout(c, o);
-  EXPECT_GT(two.dp_s, many.dp_s);
+  EXPECT_GT(two.dp_slowdown_s, 0);
+  EXPECT_EQ(many.dp_slowdown_s, 0);
+  EXPECT_GT(two.step_time_s, many.step_time_s);
   EXPECT_EQ(two.compute_s, many.compute_s);
   EXPECT_EQ(two.dp_comm_s, many.dp_comm_s);
 }
@@ -564,8 +568,8 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
     EXPECT_EQ(keys(l["memory_bytes"]),
               (std::set<std::string>{"params", "grads", "optimizer", "activations", "buffers",
                                      "workspace", "fragmentation", "total"}));
-    EXPECT_EQ(keys(l["time_s"]), (std::set<std::string>{"compute", "recompute", "bubble", "tp",
-                                                        "pp", "cp", "ep", "dp", "optimizer"}));
+    EXPECT_EQ(keys(l["time_s"]), (std::set<std::string>{"compute", "recompute", "bubble", "tp", "pp", "cp",
+                                                        "ep", "dp", "dp_slowdown", "optimizer"}));
     double parts = 0;
     for (const auto& [k, v] : l["time_s"].items()) parts += v.get<double>();
     EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-12 * parts);
@@ -673,19 +677,25 @@ TEST(Overlap, ReductionsHideBehindTheFollowingComputeButTheLast) {
 // at rate 1 it hides (the last op's own reduction excepted: none); at rate 0.5 the second
 // op's compute runs 2 s at half speed (1 s of its work) with the reduction, then 2 s
 // alone: 4 s, 1 s exposed; at rate 0.25, 2 s for 0.5 s of work, then 2.5 s: 1.5 s.
+// All of it is the compute's slowdown, none a wait.
 TEST(Overlap, ComputeSlowedWhileACollectiveIsInFlightCountsAsExposed) {
   std::vector<OverlapOp> ops = ops_of(2, 3.0, 0, 0);
   ops[0].reduce = 2.0;
   OverlapPolicy p{.async_reduce = true, .queue_depth = 2};
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 0.0);
+  double slowdown = -1;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 0.0);
+  EXPECT_DOUBLE_EQ(slowdown, 0.0);
   p.compute_rate_in_flight = 0.5;
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 1.0);
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 1.0);
+  EXPECT_DOUBLE_EQ(slowdown, 1.0);
   p.compute_rate_in_flight = 0.25;
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 1.5);
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 1.5);
+  EXPECT_DOUBLE_EQ(slowdown, 1.5);
   // Synchronous collectives are waited for, nothing runs beside them: the rate changes
-  // nothing.
+  // nothing, and the 2 s are a wait.
   p.async_reduce = false;
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 2.0);
+  EXPECT_DOUBLE_EQ(slowdown, 0.0);
 }
 
 // CPU ranks again: the collective slows too while the compute runs beside it (the
@@ -699,9 +709,12 @@ TEST(Overlap, ACollectiveSlowedBesideComputeRunsFullSpeedWhenWaitedFor) {
   ops[0].reduce = 2.0;
   OverlapPolicy p{.async_reduce = true, .queue_depth = 2, .compute_rate_in_flight = 0.5,
                   .comm_rate_in_compute = 0.5};
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 2.0);
+  double slowdown = -1;
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 2.0);
+  EXPECT_DOUBLE_EQ(slowdown, 2.0);  // the second op took 5 s for its 3: no wait
   p.compute_rate_in_flight = 1;
-  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p), 0.5);
+  EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, p, &slowdown), 0.5);
+  EXPECT_DOUBLE_EQ(slowdown, 0.0);  // the compute kept its speed: 0.5 s waited
   // Overlap then saves nothing over waiting at once (2 s) when both halve.
   p.compute_rate_in_flight = 0.5;
   p.async_reduce = false;
@@ -913,7 +926,7 @@ TEST(Plan, TableShowsTheStepsPartsAndTheOverlapSwitches) {
   EXPECT_FALSE(plan->layouts[0].overlap_param_gather);
   const std::string table = plan_table(plan.value(), 3);
   for (const char* column :
-       {"comp s", "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "opt s"}) {
+       {"comp s", "recomp s", "bubl s", "tp s", "pp s", "cp s", "ep s", "dp s", "slow s", "opt s"}) {
     EXPECT_NE(table.find(column), std::string::npos) << column;
   }
   EXPECT_NE(table.find("parallel.overlap_grad_reduce=true and parallel.overlap_param_gather=false"),
@@ -1022,6 +1035,23 @@ TEST(Hardware, BadTablesNameTheEntryAndKey) {
   EXPECT_EQ(shares->cpu.inter_node.share, shares->cpu.intra_node.share);
   EXPECT_DOUBLE_EQ(shares->links[0].kind_bytes_per_s(CollectiveKind::kReduceScatter), 450e9 * 0.8 * 0.25);
   EXPECT_DOUBLE_EQ(shares->links[0].kind_bytes_per_s(CollectiveKind::kSend), 450e9 * 0.8);
+  // The cpu entry's overlap rates are optional (0: the threads' shares) and in (0, 1].
+  EXPECT_EQ(shares->cpu.overlap_comm_rate, 0);
+  EXPECT_EQ(shares->cpu.overlap_compute_rate, 0);
+  const std::string cpu_entry =
+      "gpus: []\ninterconnects: []\ncpu: {peak_gflops: 100, memory_gbps: 10, link_gbytes_per_s: 5, "
+      "link_latency_us: 5, gemm_efficiency: 0.5, attention_efficiency: 0.5, ";
+  Result<HardwareTable> rates =
+      parse_hardware_table(cpu_entry + "overlap_comm_rate: 0.05, overlap_compute_rate: 0.8}\n", "hw.yaml");
+  ASSERT_TRUE(rates.is_ok()) << rates.status().message();
+  EXPECT_EQ(rates->cpu.overlap_comm_rate, 0.05);
+  EXPECT_EQ(rates->cpu.overlap_compute_rate, 0.8);
+  Result<HardwareTable> above = parse_hardware_table(cpu_entry + "overlap_comm_rate: 1.5}\n", "hw.yaml");
+  ASSERT_FALSE(above.is_ok());
+  EXPECT_EQ(above.status().message(), "hw.yaml: cpu.overlap_comm_rate: a share of a speed, at most 1, got 1.500000");
+  Result<HardwareTable> zero_rate = parse_hardware_table(cpu_entry + "overlap_compute_rate: 0}\n", "hw.yaml");
+  ASSERT_FALSE(zero_rate.is_ok());
+  EXPECT_EQ(zero_rate.status().message(), "hw.yaml: cpu.overlap_compute_rate: must be > 0, got 0");
   Result<HardwareTable> zero_share = parse_hardware_table(
       "gpus: []\ninterconnects: [{name: nv, gbytes_per_s: 450, latency_us: 10, all_reduce_share: 0}]\n", "hw.yaml");
   ASSERT_FALSE(zero_share.is_ok());
