@@ -331,6 +331,17 @@ Hardware doubled_links(Hardware hw) {
   return hw;
 }
 
+// The root in [lo, hi] of a quantity that falls as x grows, by `halvings` bisections in
+// log space: `above(x)` says whether the quantity at x is still above its target.
+template <typename Above>
+double bisect_log(double lo, double hi, int halvings, Above above) {
+  for (int i = 0; i < halvings; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (above(mid) ? lo : hi) = mid;
+  }
+  return std::sqrt(lo * hi);
+}
+
 std::string file_list(const std::vector<CalibrationRun>& runs) {
   std::string out;
   for (const CalibrationRun& r : runs) out += (out.empty() ? "" : ", ") + r.run.path;
@@ -468,11 +479,7 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
   double lo = 1e-4, hi = 1e4;
   TRIDENT_RETURN_IF_ERROR(compute_reachable(run, step(hi), step(lo)));
-  for (int i = 0; i < 80; ++i) {
-    const double mid = std::sqrt(lo * hi);
-    (step(mid) > run.step_s ? lo : hi) = mid;
-  }
-  c.compute_factor = std::sqrt(lo * hi);
+  c.compute_factor = bisect_log(lo, hi, 80, [&](double f) { return step(f) > run.step_s; });
   c.hardware = scale_compute(linked, c.compute_factor);
   c.after = evaluate_on(config, options, c.hardware);
   c.notes += "step: measured " + fmt("%.4g", run.step_s * 1e3) + " ms (median of " +
@@ -625,26 +632,14 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
   constexpr double kLeast = 1e-3;  // the slowest rate fitted (either)
   constexpr int kHalvings = 30;
   auto comm_rate = [&](double compute) {
-    double lo = kLeast, hi = 1;
-    if (planned(hi, compute).first >= waits) return hi;
-    if (planned(lo, compute).first <= waits) return lo;
-    for (int i = 0; i < kHalvings; ++i) {
-      const double mid = std::sqrt(lo * hi);
-      (planned(mid, compute).first > waits ? lo : hi) = mid;
-    }
-    return std::sqrt(lo * hi);
+    if (planned(1, compute).first >= waits) return 1.0;
+    if (planned(kLeast, compute).first <= waits) return kLeast;
+    return bisect_log(kLeast, 1, kHalvings, [&](double x) { return planned(x, compute).first > waits; });
   };
-  double lo = kLeast, hi = 1, compute = 1;
-  if (planned(comm_rate(hi), hi).second < steps) {
-    if (planned(comm_rate(lo), lo).second <= steps) {
-      compute = lo;
-    } else {
-      for (int i = 0; i < kHalvings; ++i) {
-        const double mid = std::sqrt(lo * hi);
-        (planned(comm_rate(mid), mid).second > steps ? lo : hi) = mid;
-      }
-      compute = std::sqrt(lo * hi);
-    }
+  auto step_above = [&](double compute) { return planned(comm_rate(compute), compute).second > steps; };
+  double compute = 1;
+  if (planned(comm_rate(1), 1).second < steps) {
+    compute = step_above(kLeast) ? bisect_log(kLeast, 1, kHalvings, step_above) : kLeast;
   }
   c.hardware.overlap_comm_rate = comm_rate(compute);
   c.hardware.overlap_compute_rate = compute;

@@ -66,29 +66,28 @@ std::map<int, Record> read_steps(const std::string& path) {
   return out;
 }
 
-// This machine's CPU vendor ("GenuineIntel", "AuthenticAMD"), or "unknown".
-std::string cpu_vendor() {
+// The value of /proc/cpuinfo's first `key` line ("vendor_id": "AuthenticAMD"), or "".
+std::string cpuinfo(const std::string& key) {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("vendor_id", 0) != 0) continue;
+    if (line.rfind(key, 0) != 0) continue;
     const size_t colon = line.find(':');
     if (colon == std::string::npos) break;
     const size_t start = line.find_first_not_of(" \t", colon + 1);
-    return start == std::string::npos ? "unknown" : line.substr(start);
+    return start == std::string::npos ? "" : line.substr(start);
   }
-  return "unknown";
+  return "";
+}
+
+// This machine's CPU vendor ("GenuineIntel", "AuthenticAMD"), or "unknown".
+std::string cpu_vendor() {
+  const std::string vendor = cpuinfo("vendor_id");
+  return vendor.empty() ? "unknown" : vendor;
 }
 
 // Whether this CPU has AVX-512 (the flags line lists avx512f).
-bool cpu_has_avx512f() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) == 0) return (line + " ").find(" avx512f ") != std::string::npos;
-  }
-  return false;
-}
+bool cpu_has_avx512f() { return (" " + cpuinfo("flags") + " ").find(" avx512f ") != std::string::npos; }
 
 // The name of this CPU kind's expected file: the vendor's, ".noavx512f" added on a CPU
 // without AVX-512 (whose kernels give other last bits: AMD EPYC with AVX2 only).
