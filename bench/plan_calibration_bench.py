@@ -33,21 +33,26 @@
 # a layout the bench does not predict: with it, the table's overlap rates (the speed a
 # collective keeps beside compute on these shared cores, and the compute's while one is in
 # flight) are fitted from its waits and step, the links and the compute from the runs
-# with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). Printed
+# with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). z0b1 is dp2 ZeRO-0
+# with overlap off in 1 MiB buckets: the same all-reduces as z0's in 3x the calls per byte,
+# so that the link's per-call latency is fitted apart from its bandwidth (tp's 144
+# all-reduces a step of 256 KiB each are mostly latency; --two-run=z0,z0b1,z3,z2on). From
+# the runs with overlap off the fit takes the ranks' arrival skew as well (ZeRO-3's waits
+# at every group: the least total less each collective's least). Printed
 # per round: the fitted bandwidth and latency; at the end, each layout's exposed
 # communication error per group (three times the runs).
 # With --calibrate-on=z3, the calibration run (the first layout) is dp2 ZeRO-3 with both
 # overlap switches off instead of ZeRO-1: 84 collectives over 82 MB a step on this model,
 # against ZeRO-1's 12 over 13 MB, whose few ms of waiting are mostly the two ranks'
 # arrival skew rather than the transfer; ZeRO-1 with overlap off is then a predicted row.
-#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3|z0,z3,z2on]]
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3|z0,z0b1,z3,z2on]]
 #     [--calibrate-on=z3] [--layouts=I,J,...]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
 further = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
-if not further or any(x not in ("z3", "tp2", "z0", "z2on") for x in further) or len(set(further)) < len(further):
-    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, z2on, or several of them (z0,z3,z2on)")
+if not further or any(x not in ("z3", "tp2", "z0", "z0b1", "z2on") for x in further) or len(set(further)) < len(further):
+    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, z0b1, z2on, or several of them (z0,z0b1,z3,z2on)")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
@@ -94,6 +99,8 @@ if only:
 FURTHER = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
             "tp2": ("tp2", ["parallel.tp=2"]),
             "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF),
+            "z0b1": ("dp2 z0 overlap off, 1 MiB buckets",
+                     ["parallel.dp=2", "parallel.zero_stage=0", "parallel.bucket_mb=1"] + OFF),
             "z2on": ("dp2 z2 overlap on", ["parallel.dp=2", "parallel.zero_stage=2"])}[x] for x in further]
 
 
@@ -193,7 +200,7 @@ with tempfile.TemporaryDirectory() as work:
             sys.exit(f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
         out = r.stdout
         fitted = [l for l in out.splitlines() if l.startswith("shared memory") or l.startswith("compute efficiencies")
-                  or l.startswith("overlap on shared cores")]
+                  or l.startswith("overlap on shared cores") or l.startswith("arrival skew")]
         print(f"# round {rnd + 1} layout {i} (load {' '.join(load())}): " + "; ".join(fitted))
 
     for rnd in range(rounds):

@@ -348,6 +348,75 @@ std::string file_list(const std::vector<CalibrationRun>& runs) {
   return out;
 }
 
+// The ranks' arrival skew (Hardware::arrival_skew) that `hw` (its links and compute
+// fitted) needs for the runs' measured skew: per run whose file gives each collective's
+// least time and the least totals (has_kinds, has_least), and per group (tp; dp with the
+// tied embedding, with overlap off) whose plan waits between compute, the least total
+// less the sum of each collective's least (what the ranks waited for each other beyond
+// the transfers), against the plan's skew at arrival_skew 1; the ratio of the sums (the
+// plan's skew is proportional to it), in [0, kMaxSkew]. Returns whether some run measured
+// it (else `*skew` is left); `*note` says what it was fitted from.
+bool fit_arrival_skew(const std::vector<CalibrationRun>& runs, const PlanOptions& options,
+                      const Hardware& hw, double* skew, std::string* note) {
+  constexpr double kMaxSkew = 0.5;
+  Hardware unit = hw;
+  unit.arrival_skew = 1;
+  double measured = 0, planned = 0;
+  std::string files;
+  for (const CalibrationRun& r : runs) {
+    const MeasuredRun& m = r.run;
+    if (!m.has_kinds || !m.has_least) continue;
+    const PlanResult p = evaluate_on(r.config, options, unit);
+    double sum_tp = 0, sum_dp = 0;
+    for (size_t k = 0; k < kRingKinds; ++k) {
+      sum_tp += m.tp_kinds[k];
+      sum_dp += m.dp_kinds[k];
+    }
+    bool used = false;
+    if (p.tp_skew_s > 0) {
+      measured += std::max(0.0, m.total_least.tp - sum_tp);
+      planned += p.tp_skew_s;
+      used = true;
+    }
+    // dp with overlap on: its hidden time includes the communication threads' skew, which
+    // the compute thread does not wait for; only blocking dp measures the compute's.
+    const bool dp_blocking = !r.config.parallel.overlap_grad_reduce &&
+                             !(r.config.parallel.zero_stage == 3 && r.config.parallel.overlap_param_gather);
+    if (dp_blocking && p.dp_skew_s > 0) {
+      measured += std::max(0.0, m.total_least.dp + m.total_least.embedding - sum_dp);
+      planned += p.dp_skew_s;
+      used = true;
+    }
+    if (used) files += (files.empty() ? "" : ", ") + m.path;
+  }
+  if (planned <= 0) return false;
+  *skew = std::min(kMaxSkew, measured / planned);
+  *note = "arrival skew (" + files + "): " + fmt("%.4g", *skew) +
+          " s waited per s of compute between blocking collectives (the least totals less "
+          "each collective's least: " + fmt("%.4g", measured * 1e3) + " ms, against " +
+          fmt("%.4g", planned * 1e3) + " ms planned at 1, summed over the runs)\n";
+  return true;
+}
+
+// The compute factor and the arrival skew fitted together: the skew at the compute
+// `factor` gave, the factor again with it (`fit_compute` at *base), three times (the step
+// holds the skew, the skew is in proportion to the compute's seconds). Without a run that
+// measures the skew, `factor` and *base as they are.
+template <typename FitCompute>
+Result<double> with_arrival_skew(const std::vector<CalibrationRun>& runs, const PlanOptions& options,
+                                 FitCompute fit_compute, double factor, Hardware* base,
+                                 std::string* notes) {
+  std::string note;
+  for (int pass = 0; pass < 3; ++pass) {
+    double skew = base->arrival_skew;
+    if (!fit_arrival_skew(runs, options, scale_compute(*base, factor), &skew, &note)) return factor;
+    base->arrival_skew = skew;
+    TRIDENT_ASSIGN_OR_RETURN(factor, fit_compute());
+  }
+  *notes += note;
+  return factor;
+}
+
 }  // namespace
 
 Result<MeasuredRun> read_metrics(const std::string& path, int expected_world,
@@ -476,11 +545,18 @@ Result<Calibration> calibrate(const Config& config, const PlanOptions& options,
   const Hardware linked = apply_links(hw, fit);
   // Compute: the one factor whose predicted step is the measured one (the step falls as
   // the factor grows; bisection in log space).
-  auto step = [&](double f) { return evaluate_on(config, options, scale_compute(linked, f)).step_time_s; };
-  double lo = 1e-4, hi = 1e4;
-  TRIDENT_RETURN_IF_ERROR(compute_reachable(run, step(hi), step(lo)));
-  c.compute_factor = bisect_log(lo, hi, 80, [&](double f) { return step(f) > run.step_s; });
-  c.hardware = scale_compute(linked, c.compute_factor);
+  Hardware base = linked;
+  auto fit_compute = [&]() -> Result<double> {
+    auto step = [&](double f) { return evaluate_on(config, options, scale_compute(base, f)).step_time_s; };
+    double lo = 1e-4, hi = 1e4;
+    TRIDENT_RETURN_IF_ERROR(compute_reachable(run, step(hi), step(lo)));
+    return bisect_log(lo, hi, 80, [&](double f) { return step(f) > run.step_s; });
+  };
+  TRIDENT_ASSIGN_OR_RETURN(c.compute_factor, fit_compute());
+  TRIDENT_ASSIGN_OR_RETURN(c.compute_factor,
+                           with_arrival_skew({CalibrationRun{config, run}}, options, fit_compute,
+                                             c.compute_factor, &base, &c.notes));
+  c.hardware = scale_compute(base, c.compute_factor);
   c.after = evaluate_on(config, options, c.hardware);
   c.notes += "step: measured " + fmt("%.4g", run.step_s * 1e3) + " ms (median of " +
              std::to_string(run.steps_used) + " steps), predicted " +
@@ -522,40 +598,45 @@ Result<Calibration> fit_links_and_compute(const std::vector<CalibrationRun>& run
                                               runs.size(), file_list(runs), &c.notes));
   }
   record_links(c.runs_before[0], hw, fit, &c);
-  const Hardware linked = apply_links(hw, fit);
+  Hardware base = apply_links(hw, fit);
   // Compute: every run's step must be reachable by some factor; then the factor with
   // the least sum of squared step errors. Each step falls as the factor grows, so the
   // sum is unimodal in log f: golden-section search.
-  auto step = [&](const CalibrationRun& r, double f) {
-    return evaluate_on(r.config, options, scale_compute(linked, f)).step_time_s;
-  };
-  constexpr double kLo = 1e-4, kHi = 1e4;
-  for (const CalibrationRun& r : runs) {
-    TRIDENT_RETURN_IF_ERROR(compute_reachable(r.run, step(r, kHi), step(r, kLo)));
-  }
-  auto cost = [&](double log_f) {
-    double sum = 0;
+  auto fit_compute = [&]() -> Result<double> {
+    auto step = [&](const CalibrationRun& r, double f) {
+      return evaluate_on(r.config, options, scale_compute(base, f)).step_time_s;
+    };
+    constexpr double kLo = 1e-4, kHi = 1e4;
     for (const CalibrationRun& r : runs) {
-      const double e = step(r, std::exp(log_f)) - r.run.step_s;
-      sum += e * e;
+      TRIDENT_RETURN_IF_ERROR(compute_reachable(r.run, step(r, kHi), step(r, kLo)));
     }
-    return sum;
+    auto cost = [&](double log_f) {
+      double sum = 0;
+      for (const CalibrationRun& r : runs) {
+        const double e = step(r, std::exp(log_f)) - r.run.step_s;
+        sum += e * e;
+      }
+      return sum;
+    };
+    const double golden = (std::sqrt(5.0) - 1) / 2;
+    double a = std::log(kLo), b = std::log(kHi);
+    double x1 = b - golden * (b - a), x2 = a + golden * (b - a);
+    double f1 = cost(x1), f2 = cost(x2);
+    for (int i = 0; i < 100; ++i) {
+      if (f1 <= f2) {
+        b = x2, x2 = x1, f2 = f1;
+        x1 = b - golden * (b - a), f1 = cost(x1);
+      } else {
+        a = x1, x1 = x2, f1 = f2;
+        x2 = a + golden * (b - a), f2 = cost(x2);
+      }
+    }
+    return std::exp(0.5 * (a + b));
   };
-  const double golden = (std::sqrt(5.0) - 1) / 2;
-  double a = std::log(kLo), b = std::log(kHi);
-  double x1 = b - golden * (b - a), x2 = a + golden * (b - a);
-  double f1 = cost(x1), f2 = cost(x2);
-  for (int i = 0; i < 100; ++i) {
-    if (f1 <= f2) {
-      b = x2, x2 = x1, f2 = f1;
-      x1 = b - golden * (b - a), f1 = cost(x1);
-    } else {
-      a = x1, x1 = x2, f1 = f2;
-      x2 = a + golden * (b - a), f2 = cost(x2);
-    }
-  }
-  c.compute_factor = std::exp(0.5 * (a + b));
-  c.hardware = scale_compute(linked, c.compute_factor);
+  TRIDENT_ASSIGN_OR_RETURN(c.compute_factor, fit_compute());
+  TRIDENT_ASSIGN_OR_RETURN(c.compute_factor,
+                           with_arrival_skew(runs, options, fit_compute, c.compute_factor, &base, &c.notes));
+  c.hardware = scale_compute(base, c.compute_factor);
   for (size_t i = 0; i < runs.size(); ++i) {
     const MeasuredRun& m = runs[i].run;
     c.runs_after.push_back(evaluate_on(runs[i].config, options, c.hardware));

@@ -52,6 +52,11 @@ class Entry {
     return number(key, false);
   }
   Result<double> non_negative(const std::string& key) const { return number(key, true); }
+  // A number >= 0 that may be left out (then `fallback`).
+  Result<double> non_negative_or(const std::string& key, double fallback) const {
+    if (!node_[key]) return fallback;
+    return number(key, true);
+  }
   Result<std::string> name(const std::string& key) const {
     const YAML::Node v = node_[key];
     if (!v || !v.IsScalar() || v.Scalar().empty()) {
@@ -173,7 +178,8 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
                                           "link_latency_us", "gemm_efficiency",
                                           "attention_efficiency", "link_all_reduce_share",
                                           "link_reduce_scatter_share", "link_all_gather_share",
-                                          "overlap_comm_rate", "overlap_compute_rate"}));
+                                          "overlap_comm_rate", "overlap_compute_rate",
+                                          "arrival_skew"}));
     TRIDENT_ASSIGN_OR_RETURN(const double gflops, e.positive("peak_gflops"));
     TRIDENT_ASSIGN_OR_RETURN(const double gbps, e.positive("memory_gbps"));
     TRIDENT_ASSIGN_OR_RETURN(const double link_gbytes, e.positive("link_gbytes_per_s"));
@@ -193,6 +199,11 @@ Result<HardwareTable> parse_hardware_table(const std::string& yaml_text, const s
         return Status::invalid_config(source + ": cpu." + key + ": a share of a speed, at most 1, got " +
                                       std::to_string(*rate));
       }
+    }
+    TRIDENT_ASSIGN_OR_RETURN(table.cpu.arrival_skew, e.non_negative_or("arrival_skew", 0.0));
+    if (table.cpu.arrival_skew >= 1) {
+      return Status::invalid_config(source + ": cpu.arrival_skew: seconds waited per second of "
+                                    "compute, below 1, got " + std::to_string(table.cpu.arrival_skew));
     }
     table.has_cpu = true;
   }
@@ -294,7 +305,7 @@ std::string hardware_table_yaml(const HardwareTable& table, const std::string& h
            shares(c.intra_node, "link_") +
            (c.overlap_comm_rate > 0 ? ", overlap_comm_rate: " + num(c.overlap_comm_rate) : "") +
            (c.overlap_compute_rate > 0 ? ", overlap_compute_rate: " + num(c.overlap_compute_rate) : "") +
-           "}\n";
+           (c.arrival_skew > 0 ? ", arrival_skew: " + num(c.arrival_skew) : "") + "}\n";
   }
   return out;
 }

@@ -7,7 +7,7 @@
 namespace trident {
 
 double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy,
-                          double* slowdown) {
+                          double* slowdown, WaitSegments* segments) {
   // The communication stream: collectives in issue order, each with the seconds it still
   // needs; item k (in issue order) has completed once `done` > k.
   struct Item {
@@ -18,6 +18,9 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
   long issued = 0, done = 0;
   int queued_in_flight = 0;
   double t = 0, own = 0, slowed = 0;
+  // The ops' compute since the compute thread last waited.
+  double since_wait = segments != nullptr ? segments->open : 0;
+  std::vector<double> at_end;  // reductions issued after the last op (reduce_at_end)
   auto pop = [&] {
     if (stream.front().queued) --queued_in_flight;
     stream.pop_front();
@@ -70,6 +73,10 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
   };
   // The compute thread waits (the link all the stream's) until item `id` has completed.
   auto wait_for = [&](long id) {
+    if (done <= id && segments != nullptr) {
+      segments->add(since_wait);
+      since_wait = 0;
+    }
     while (done <= id) {
       t += stream.front().left;
       pop();
@@ -96,9 +103,14 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
     t += op.compute + op.busy + lost;
     slowed += lost;
     own += op.compute + op.busy;
+    since_wait += op.compute;
     if (op.reduce > 0) {
       const int n = std::max(1, op.pieces);
       for (int i = 0; i < n; ++i) {
+        if (!policy.async_reduce && policy.reduce_at_end) {
+          at_end.push_back(op.reduce / n);
+          continue;
+        }
         if (!policy.async_reduce) {
           wait_for(issue(op.reduce / n, false));
           continue;
@@ -113,7 +125,12 @@ double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy
       }
     }
   }
+  for (const double seconds : at_end) wait_for(issue(seconds, false));
   while (!stream.empty()) wait_for(done);  // reduce_gradients: everything issued completes
+  if (segments != nullptr) {
+    segments->add(since_wait);
+    segments->open = 0;
+  }
   if (slowdown != nullptr) *slowdown = slowed;
   return std::max(0.0, t - own);
 }

@@ -48,13 +48,31 @@ struct OverlapPolicy {
   // threads, and the whole core only while the compute thread waits for it. (Both CPU
   // rates: the threads' shares of the cores, or a calibrated table's; plan.cpp.)
   double comm_rate_in_compute = 1;
+  // Synchronous reductions waited for after the last op instead of at each op's end
+  // (ZeRO-0/1 without overlap: the trainer reduces the buckets in reduce_gradients). The
+  // same exposed time; only where the compute thread waits differs (`segments`).
+  bool reduce_at_end = false;
+};
+
+// The compute between the compute thread's waits on the dp stream (a wait is where a rank
+// meets its group's other ranks: the collective completes only once the last of them has
+// issued it): the sum of the segments' seconds and of their squares, the step's end
+// (everything issued completes) closing the last one (plan.cpp arrival_skew_seconds).
+struct WaitSegments {
+  double sum = 0, squares = 0;
+  double open = 0;  // compute before the ops since the last wait (a caller's earlier micro-batches)
+  void add(double d, double count = 1) {
+    sum += count * d;
+    squares += count * d * d;
+  }
 };
 
 // Seconds the dp stream adds to the ops in `ops` (>= 0): the step's end (every collective
 // completed) minus the sum of the ops' compute + busy. Of it, `*slowdown` (when given) is
 // what the ops' compute lost to collectives in flight beside it (compute_rate_in_flight
-// < 1; 0 on a GPU), the rest the compute thread's waits.
+// < 1; 0 on a GPU), the rest the compute thread's waits. `*segments` (when given) gets the
+// ops' compute between the waits (a wait of any length is one).
 double exposed_dp_seconds(const std::vector<OverlapOp>& ops, const OverlapPolicy& policy,
-                          double* slowdown = nullptr);
+                          double* slowdown = nullptr, WaitSegments* segments = nullptr);
 
 }  // namespace trident

@@ -95,6 +95,9 @@ struct StageTime {
   // Seconds per step the compute lost to dp collectives beside it on shared cores (CPU
   // ranks; the rest of the exposed dp time, dp, is the compute thread's waits).
   double dp_slowdown = 0;
+  // Of tp (per micro-batch) and dp (per step): the ranks' arrival skew where they wait for
+  // the group's collectives (arrival_skew_seconds; 0 unless the table states one).
+  double tp_skew = 0, dp_skew = 0;
   CollectiveTerms tp_terms;  // per micro-batch, of tp
   CollectiveTerms dp_terms;  // per step, of dp_comm (the experts' reduction excepted)
   RankTraffic traffic;
@@ -166,10 +169,12 @@ struct GroupWork {
 // nothing). ZeRO-0/1 communicate in the last micro-batch only, so one is simulated;
 // ZeRO-2/3 every micro-batch: up to 4 are, and the rest extrapolated from the last one's
 // increment (every micro-batch after the first is the same). Returns the compute
-// thread's waits; `*slowdown` gets the compute lost to collectives in flight (CPU ranks).
+// thread's waits; `*slowdown` gets the compute lost to collectives in flight (CPU ranks),
+// `*segments` the step's compute between the waits (arrival_skew_seconds).
 double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, double head_extra,
                   const KindSeconds& k, double tp_per_compute, bool tp_busy,
-                  double compute_rate_in_flight, double comm_rate_in_compute, double* slowdown) {
+                  double compute_rate_in_flight, double comm_rate_in_compute, double* slowdown,
+                  WaitSegments* segments) {
   const ParallelConfig& par = config.parallel;
   const int zero = par.zero_stage;
   const int m = config.grad_accum_steps();
@@ -179,6 +184,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   policy.queue_depth = zero >= 1 ? kReduceQueueDepth : 0;  // ZeRO-0 all-reduces in place
   policy.compute_rate_in_flight = compute_rate_in_flight;
   policy.comm_rate_in_compute = comm_rate_in_compute;
+  policy.reduce_at_end = zero <= 1;  // without overlap, in reduce_gradients
   const bool every_micro = zero >= 2;
   // The bytes each collective kind moves per step, in floats: the reductions' and
   // ZeRO-3's gathers' (head_extra: a tied one-stage head's second use of group 0).
@@ -207,7 +213,7 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
     }
     return o;
   };
-  auto simulate = [&](int micro, double* lost) {
+  auto simulate = [&](int micro, double* lost, WaitSegments* seg) {
     std::vector<OverlapOp> ops;
     for (int i = 0; i < micro; ++i) {
       const bool reduces = every_micro || i == micro - 1;
@@ -218,7 +224,10 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
         ops.push_back(op(groups[g], g + 1 == groups.size() ? head_extra : 0, true, reduces));
       }
     }
-    return exposed_dp_seconds(ops, policy, lost);
+    if (!every_micro) {  // the m - 1 micro-batches before the one simulated: no waits
+      for (const OverlapOp& o : ops) seg->open += (m - 1) * o.compute;
+    }
+    return exposed_dp_seconds(ops, policy, lost, seg);
   };
   // The waits: the whole exposed time less the compute's slowdown, both returned apart.
   auto split = [&](double e, double lost) {
@@ -227,14 +236,22 @@ double exposed_dp(const Config& config, const std::vector<GroupWork>& groups, do
   };
   double lost = 0;
   if (!every_micro) {
-    const double e = simulate(1, &lost);
+    const double e = simulate(1, &lost, segments);
     return split(e, lost);
   }
   const int n = std::min(m, 4);
-  const double e = simulate(n, &lost);
-  if (m == n) return split(e, lost);
+  WaitSegments seg;
+  const double e = simulate(n, &lost, &seg);
+  if (m == n) {
+    *segments = seg;
+    return split(e, lost);
+  }
   double lost_before = 0;
-  const double before = simulate(n - 1, &lost_before);
+  WaitSegments seg_before;
+  const double before = simulate(n - 1, &lost_before, &seg_before);
+  // Each micro-batch after the first adds the same segments: the last one's increment.
+  segments->sum = seg.sum + (m - n) * std::max(0.0, seg.sum - seg_before.sum);
+  segments->squares = seg.squares + (m - n) * std::max(0.0, seg.squares - seg_before.squares);
   return split(e + (m - n) * std::max(0.0, e - before),
                lost + (m - n) * std::max(0.0, lost - lost_before));
 }
@@ -345,6 +362,19 @@ double cpu_comm_rate_in_compute(const Config& config, const PlanOptions& o) {
   const double share =
       std::min(1.0, c.cores / (c.threads + c.ranks)) / std::min(1.0, c.cores / c.ranks);
   return share < 1 && o.hardware.overlap_comm_rate > 0 ? o.hardware.overlap_comm_rate : share;
+}
+
+// The seconds per step a group's least waiting rank waits for the others where it waits
+// for the group's collectives (Hardware::arrival_skew): skew x (sum of d_i - sqrt(sum of
+// d_i^2)) over the segments d_i of compute between those waits (tp: every collective;
+// dp: where the compute thread waits, exposed_dp's segments). For two ranks whose segment times differ by D_i, the one rank
+// waits the D_i > 0, the other the D_i < 0, and the lesser of the two totals is
+// (sum |D_i| - |sum D_i|) / 2; with independent normal D_i of spread proportional to d_i,
+// its mean is proportional to sum d_i - sqrt(sum d_i^2). One segment (a step's compute,
+// then the collectives) costs the last rank to arrive nothing; n equal ones cost
+// (1 - 1/sqrt(n)) of the compute.
+double arrival_skew_seconds(const WaitSegments& s, double skew) {
+  return skew * std::max(0.0, s.sum - std::sqrt(s.squares));
 }
 
 StageTime stage_time(const Config& config, const ModelPartition& part, const ParamLayout& layout,
@@ -485,10 +515,13 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
     // ZeRO-1/2's all-gather runs after the update: nothing left to hide it behind.
     const int zero = config.parallel.zero_stage;
     const double after_step = zero == 1 || zero == 2 ? k.all_gather : 0;
+    WaitSegments waits;
     t.dp = exposed_dp(config, groups, head_extra, k, tp_per_compute, tp_busy,
                       cpu_compute_rate_in_flight(config, o), cpu_comm_rate_in_compute(config, o),
-                      &t.dp_slowdown) +
+                      &t.dp_slowdown, &waits) +
            after_step + embedding_s;
+    t.dp_skew = arrival_skew_seconds(waits, hw.arrival_skew);
+    t.dp += t.dp_skew;
   } else {
     t.dp = embedding_s;
   }
@@ -496,6 +529,14 @@ StageTime stage_time(const Config& config, const ModelPartition& part, const Par
   t.dp += expert_dp_seconds(config, layout, t.traffic.expert_dp, links, o, seconds(w.layer),
                             layer_recompute, &t.dp_comm, &expert_slowdown);
   t.dp_slowdown += expert_slowdown;
+  // tp: every collective blocks, per micro-batch tp_calls of them between equal shares of
+  // the compute (the step's m x tp_calls segments).
+  if (tp > 1 && tp_calls > 0 && hw.arrival_skew > 0) {
+    WaitSegments segments;
+    segments.add(t.compute / tp_calls, micro * tp_calls);
+    t.tp_skew = arrival_skew_seconds(segments, hw.arrival_skew) / micro;
+    t.tp += t.tp_skew;
+  }
   // AdamW over the local shard: read param (or master), grad, m, v; write them back
   // (and the bf16 compute copy); one more read of the gradients for the norm.
   const double local = memory.optimizer / (fp32 ? 8.0 : 12.0);
@@ -518,8 +559,9 @@ double expert_dp_seconds(const Config& config, const ParamLayout& layout, const 
                       kBackwardPerForward * layer_forward + layer_recompute});
   }
   const int zero = config.parallel.zero_stage;
+  WaitSegments waits;  // (the experts' reduction adds no arrival skew: not modelled)
   return exposed_dp(config, groups, 0, k, 0, false, cpu_compute_rate_in_flight(config, o),
-                    cpu_comm_rate_in_compute(config, o), slowdown) +
+                    cpu_comm_rate_in_compute(config, o), slowdown, &waits) +
          (zero == 1 || zero == 2 ? k.all_gather : 0);
 }
 
@@ -849,6 +891,8 @@ PlanResult evaluate_cached(const Config& config, const PlanOptions& o,
   }
   r.dp_s = slowest_tail.dp;
   r.dp_slowdown_s = slowest_tail.dp_slowdown;
+  r.tp_skew_s = m * slowest.tp_skew;
+  r.dp_skew_s = slowest_tail.dp_skew;
   r.dp_comm_s = slowest_tail.dp_comm;
   r.optimizer_s = slowest_tail.optimizer;
   r.step_time_s =

@@ -261,6 +261,9 @@ struct PlanResult {
   // collectives running beside it on the same cores (CPU ranks with overlap; 0 on a GPU).
   double compute_s = 0, recompute_s = 0, bubble_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
   double dp_slowdown_s = 0;
+  // Of tp_s and dp_s: the ranks' arrival skew at the group's blocking collectives, the
+  // least waiting rank's (Hardware::arrival_skew; 0 unless the hardware table states one).
+  double tp_skew_s = 0, dp_skew_s = 0;
   // The cp ring's exposed seconds (parallel.cp > 1): what its exchanges take beyond the
   // block attention they overlap (RingAttention::kOverlapsCompute), of cp_comm_s in all
   // (all of it when the ring is blocking: cp_ring_overlapped false).

@@ -58,6 +58,8 @@ nlohmann::json layout_json(const PlanResult& r) {
             {"dp", r.dp_s},
             {"dp_slowdown", r.dp_slowdown_s},
             {"optimizer", r.optimizer_s}}},
+          // Of time_s.tp and time_s.dp: the waits for the group's other ranks to arrive.
+          {"arrival_skew_s", {{"tp", r.tp_skew_s}, {"dp", r.dp_skew_s}}},
           {"dp_comm_s", r.dp_comm_s},
           {"stage_pp_wait_s", r.stage_pp_wait_s},
           {"overlap_grad_reduce", r.overlap_grad_reduce},
@@ -138,6 +140,12 @@ std::string plan_table(const Plan& plan, int rows) {
   if (slowed) {
     out += "# slow s: the compute that dp collectives in flight slow (CPU ranks whose threads "
            "outnumber the cores); dp s is the compute threads' waits\n";
+  }
+  bool skewed = plan.configured_error.empty() && plan.configured.tp_skew_s + plan.configured.dp_skew_s > 0;
+  for (const PlanResult& l : plan.layouts) skewed |= l.tp_skew_s + l.dp_skew_s > 0;
+  if (skewed) {
+    out += "# tp s, dp s: include the ranks' arrival skew at blocking collectives (the "
+           "hardware table's cpu.arrival_skew)\n";
   }
   if (plan.selective_reruns == SelectiveReruns::kTorchtitanOp) {
     out += "# recomp s: selective reruns as torchtitan's op-level policy "

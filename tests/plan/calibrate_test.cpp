@@ -306,6 +306,11 @@ TEST(Calibrate, TheWrittenTableReadsBackToTheSameFigures) {
   ASSERT_TRUE(rates.is_ok()) << rates.status().message();
   EXPECT_NEAR(rates->cpu.overlap_comm_rate, 0.0487658, 1e-9);
   EXPECT_EQ(rates->cpu.overlap_compute_rate, 0.75);
+  EXPECT_EQ(yaml.find("arrival_skew"), std::string::npos) << yaml;  // 0: not written
+  t.cpu.arrival_skew = 0.0123457;
+  Result<HardwareTable> skewed = parse_hardware_table(hardware_table_yaml(t, ""), "written.yaml");
+  ASSERT_TRUE(skewed.is_ok()) << skewed.status().message();
+  EXPECT_NEAR(skewed->cpu.arrival_skew, 0.0123457, 1e-12);
   // The shipped table has no cpu entry: --gpu cpu measures this machine.
   EXPECT_FALSE(table->has_cpu);
 }
@@ -357,6 +362,52 @@ TEST(Calibrate, RunsWithOverlapOnFitTheOverlapRatesAndTheOthersTheLinks) {
   ASSERT_TRUE(no_rates.is_ok()) << no_rates.status().message();
   EXPECT_EQ(no_rates->hardware.overlap_comm_rate, 0);
   EXPECT_EQ(no_rates->notes.find("overlap on shared cores"), std::string::npos) << no_rates->notes;
+}
+
+// The ranks' arrival skew, "measured" on a machine whose ranks wait 0.02 s per s of the
+// compute between a group's waits: the files give each collective's least time (the
+// transfers) and the least totals (the transfers and the skew). From ZeRO-1 (no waits
+// in the step), ZeRO-0 and ZeRO-3 with overlap off the skew comes back with the links and
+// the compute, and tp 2, not fitted, is predicted to the truth's tp time and step. Files
+// without the least totals (has_least) leave the table's skew.
+TEST(Calibrate, TheArrivalSkewComesFromTheLeastTotalsLessEachCollectivesLeast) {
+  const Hardware start = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  Hardware truth = cpu_with_kinds(1.5e9, start.intra_node.latency_s, {1.7, 0.6, 1.4});
+  truth.arrival_skew = 0.02;
+  auto run = [&](const PlanCandidate& l, bool least) {
+    Config c = config_for(l);
+    c.parallel.overlap_grad_reduce = c.parallel.overlap_param_gather = false;
+    MeasuredRun m = measured_by_kind(c, cpu_options(2, truth));
+    m.path = layout_name(l) + ".jsonl";
+    m.has_least = least;
+    m.total_least = m.exposed_least = {m.exposed.tp, m.exposed.dp, 0, 0, 0};
+    return CalibrationRun{c, m};
+  };
+  const std::vector<CalibrationRun> runs = {run(PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1}, true),
+                                            run(PlanCandidate{{.dp = 2, .zero_stage = 0}, Recompute::kNone, 1}, true),
+                                            run(PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1}, true)};
+  EXPECT_GT(runs[2].run.exposed.dp - (runs[2].run.dp_kinds[0] + runs[2].run.dp_kinds[1] + runs[2].run.dp_kinds[2]), 0);
+  auto fit = calibrate_runs(runs, cpu_options(2, start));
+  ASSERT_TRUE(fit.is_ok()) << fit.status().message();
+  EXPECT_NEAR(fit->hardware.arrival_skew / 0.02, 1, 1e-3) << fit->notes;
+  EXPECT_NEAR(fit->compute_factor, 0.6, 1e-3) << fit->notes;
+  EXPECT_NE(fit->notes.find("arrival skew (" + runs[2].run.path + "): "), std::string::npos) << fit->notes;
+  const CalibrationRun tp = run(PlanCandidate{{.tp = 2}, Recompute::kNone, 1}, true);
+  const PlanResult predicted = evaluate_layout(tp.config, cpu_options(2, fit->hardware));
+  EXPECT_GT(predicted.tp_skew_s, 0);
+  EXPECT_NEAR(predicted.tp_s / tp.run.exposed.tp, 1, 1e-3);
+  EXPECT_NEAR(predicted.step_time_s / tp.run.step_s, 1, 1e-3);
+  // The same fitted from the tp run alone (one run: calibrate()).
+  auto alone = calibrate_runs({tp}, cpu_options(2, start));
+  ASSERT_TRUE(alone.is_ok()) << alone.status().message();
+  EXPECT_NEAR(alone->hardware.arrival_skew / 0.02, 1, 1e-2) << alone->notes;
+  // Without the least totals: no skew measured, none fitted.
+  std::vector<CalibrationRun> bare = runs;
+  for (CalibrationRun& r : bare) r.run.has_least = false;
+  auto none = calibrate_runs(bare, cpu_options(2, start));
+  ASSERT_TRUE(none.is_ok()) << none.status().message();
+  EXPECT_EQ(none->hardware.arrival_skew, 0);
+  EXPECT_EQ(none->notes.find("arrival skew"), std::string::npos) << none->notes;
 }
 
 // Two runs on CPU ranks "measured" on a link of known bandwidth and per-call latency:

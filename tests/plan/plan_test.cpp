@@ -331,6 +331,44 @@ TEST(Plan, CpuCoresOptionSetsTheComputeShareWhileACollectiveRuns) {
   EXPECT_EQ(two.dp_comm_s, many.dp_comm_s);
 }
 
+// The ranks' arrival skew (Hardware::arrival_skew) on CPU ranks: tp's collectives block,
+// m x calls equal segments of the step's compute C, so tp waits skew x C x (1 - 1/sqrt(n))
+// more, in the step too; ZeRO-3 with overlap off waits at every group's op: most of
+// skew x C more; ZeRO-1 with overlap off reduces after the backward (one segment): nothing; so
+// does every layout at skew 0 (the GPUs' entries).
+TEST(Plan, ArrivalSkewAddsWhereTheRanksWaitForEachOther) {
+  PlanOptions o = gpu_options(2);
+  o.hardware = cpu_hardware(1e11, 64.0 * 1073741824.0);
+  o.gpus_per_node = 2;
+  PlanOptions skewed = o;
+  skewed.hardware.arrival_skew = 0.02;
+  auto both = [&](const PlanCandidate& l, bool overlap) {
+    Config c = apply_layout(small_config(), l);
+    c.parallel.overlap_grad_reduce = c.parallel.overlap_param_gather = overlap;
+    EXPECT_TRUE(validate_config(c).is_ok()) << validate_config(c).message();
+    return std::pair{evaluate_layout(c, o), evaluate_layout(c, skewed)};
+  };
+  const auto [tp0, tp] = both(PlanCandidate{{.tp = 2}, Recompute::kNone, 1}, false);
+  EXPECT_EQ(tp0.tp_skew_s, 0);
+  const LayerCollectives block = describe_collectives(small_config().model);
+  const double n = tp.micro_batches * ((block.column_inputs + block.row_outputs) * small_config().model.n_layers + 2);
+  const double compute = tp.compute_s + tp.recompute_s;
+  EXPECT_NEAR(tp.tp_skew_s, 0.02 * compute * (1 - 1 / std::sqrt(n)), 1e-12);
+  EXPECT_NEAR(tp.tp_s - tp0.tp_s, tp.tp_skew_s, 1e-12);
+  EXPECT_NEAR(tp.step_time_s - tp0.step_time_s, tp.tp_skew_s, 1e-12);
+  const auto [z3_0, z3] = both(PlanCandidate{{.dp = 2, .zero_stage = 3}, Recompute::kNone, 1}, false);
+  EXPECT_EQ(z3_0.dp_skew_s, 0);
+  const double z3_compute = z3.compute_s + z3.recompute_s;
+  EXPECT_GT(z3.dp_skew_s, 0.02 * z3_compute * 0.5);
+  EXPECT_LT(z3.dp_skew_s, 0.02 * z3_compute);
+  EXPECT_NEAR(z3.dp_s - z3_0.dp_s, z3.dp_skew_s, 1e-12);
+  EXPECT_NEAR(z3.step_time_s - z3_0.step_time_s, z3.dp_skew_s, 1e-12);
+  const auto [z1_0, z1] = both(PlanCandidate{{.dp = 2, .zero_stage = 1}, Recompute::kNone, 1}, false);
+  EXPECT_NEAR(z1.dp_skew_s, 0, 1e-15);
+  EXPECT_NEAR(z1.step_time_s, z1_0.step_time_s, 1e-15);
+  EXPECT_EQ(z1_0.dp_s, z1.dp_s);
+}
+
 // The tp and dp groups' time split by collective kind (PlanResult::tp_terms, dp_terms) adds
 // up to their time, on layouts with each kind; a kind's share of the link divides its bytes
 // term and leaves the other kinds' and the latency terms alone.
@@ -562,7 +600,9 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
       // added by expert parallelism: the ep degree
       "ep",
       // added with each stage's pipeline wait
-      "stage_pp_wait_s"};
+      "stage_pp_wait_s",
+      // added with the ranks' arrival skew (of time_s.tp and time_s.dp)
+      "arrival_skew_s"};
   for (const nlohmann::json& l : {j["configured"], j["recommended"], j["layouts"][0], j["layouts"][155]}) {
     EXPECT_EQ(keys(l), layout_keys);
     EXPECT_EQ(keys(l["memory_bytes"]),
@@ -570,6 +610,9 @@ TEST(Plan, JsonHasExactlyTheKeysOfTheDesign) {
                                      "workspace", "fragmentation", "total"}));
     EXPECT_EQ(keys(l["time_s"]), (std::set<std::string>{"compute", "recompute", "bubble", "tp", "pp", "cp",
                                                         "ep", "dp", "dp_slowdown", "optimizer"}));
+    EXPECT_EQ(keys(l["arrival_skew_s"]), (std::set<std::string>{"tp", "dp"}));
+    EXPECT_EQ(l["arrival_skew_s"]["tp"], 0.0);  // a GPU table: no skew
+    EXPECT_EQ(l["arrival_skew_s"]["dp"], 0.0);
     double parts = 0;
     for (const auto& [k, v] : l["time_s"].items()) parts += v.get<double>();
     EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-12 * parts);
@@ -744,6 +787,39 @@ TEST(Overlap, TensorParallelTimeOnTheSameLinkHidesNothing) {
   ops[0].busy = 0;
   ops[0].compute = 2.0;  // the same second on another link hides it
   EXPECT_DOUBLE_EQ(exposed_dp_seconds(ops, prefetch), 1.5);
+}
+
+// Where the compute thread waits (the ranks meet there: plan/overlap.h WaitSegments), by
+// hand: synchronous reductions after each of 4 ops of 3 s split the step into 4
+// segments of 3 s; the same reductions at the end (ZeRO-0/1's reduce_gradients) leave one
+// of 12 s, with the same exposed time; reductions that hide behind the next op wait only
+// at the end: one segment. Prefetched gathers longer than the compute wait at every op but
+// the first: segments 0 (the first gather), then 3 s each.
+TEST(Overlap, TheComputeBetweenTheWaitsIsWhereTheRanksMeet) {
+  auto segments = [](const std::vector<OverlapOp>& ops, const OverlapPolicy& p, double* exposed) {
+    WaitSegments s;
+    *exposed = exposed_dp_seconds(ops, p, nullptr, &s);
+    return std::pair{s.sum, s.squares};
+  };
+  double exposed = 0;
+  EXPECT_EQ(segments(ops_of(4, 3.0, 0, 1.0), OverlapPolicy{}, &exposed), (std::pair{12.0, 4 * 9.0}));
+  EXPECT_DOUBLE_EQ(exposed, 4.0);
+  EXPECT_EQ(segments(ops_of(4, 3.0, 0, 1.0), OverlapPolicy{.reduce_at_end = true}, &exposed),
+            (std::pair{12.0, 144.0}));
+  EXPECT_DOUBLE_EQ(exposed, 4.0);
+  EXPECT_EQ(segments(ops_of(4, 3.0, 0, 1.0), OverlapPolicy{.async_reduce = true, .queue_depth = 2}, &exposed),
+            (std::pair{12.0, 144.0}));
+  EXPECT_DOUBLE_EQ(exposed, 1.0);
+  EXPECT_EQ(segments(ops_of(4, 3.0, 4.0, 0), OverlapPolicy{.prefetch = true}, &exposed),
+            (std::pair{12.0, 4 * 9.0}));
+  EXPECT_DOUBLE_EQ(exposed, 4.0 + 3 * 1.0);
+  // A caller's compute before the ops (WaitSegments::open) joins the first segment.
+  WaitSegments lead;
+  lead.open = 5;
+  exposed_dp_seconds(ops_of(4, 3.0, 0, 1.0), OverlapPolicy{}, nullptr, &lead);
+  EXPECT_DOUBLE_EQ(lead.sum, 17.0);
+  EXPECT_DOUBLE_EQ(lead.squares, 64.0 + 3 * 9.0);
+  EXPECT_DOUBLE_EQ(lead.open, 0.0);
 }
 
 // A model big enough for compute to matter (8 x 1024 tokens of width 1024 per micro-batch).
@@ -1052,6 +1128,20 @@ TEST(Hardware, BadTablesNameTheEntryAndKey) {
   Result<HardwareTable> zero_rate = parse_hardware_table(cpu_entry + "overlap_compute_rate: 0}\n", "hw.yaml");
   ASSERT_FALSE(zero_rate.is_ok());
   EXPECT_EQ(zero_rate.status().message(), "hw.yaml: cpu.overlap_compute_rate: must be > 0, got 0");
+  EXPECT_EQ(rates->cpu.arrival_skew, 0);  // none stated: none
+  Result<HardwareTable> skew = parse_hardware_table(cpu_entry + "arrival_skew: 0.02}\n", "hw.yaml");
+  ASSERT_TRUE(skew.is_ok()) << skew.status().message();
+  EXPECT_EQ(skew->cpu.arrival_skew, 0.02);
+  Result<HardwareTable> no_skew = parse_hardware_table(cpu_entry + "arrival_skew: 0}\n", "hw.yaml");
+  ASSERT_TRUE(no_skew.is_ok()) << no_skew.status().message();
+  for (const auto& [bad, message] :
+       {std::pair{"-0.1", "hw.yaml: cpu.arrival_skew: must be >= 0, got -0.1"},
+        std::pair{"1", "hw.yaml: cpu.arrival_skew: seconds waited per second of compute, below 1, got 1.000000"},
+        std::pair{"x", "hw.yaml: cpu.arrival_skew: expected a number, got 'x'"}}) {
+    Result<HardwareTable> r = parse_hardware_table(cpu_entry + "arrival_skew: " + bad + "}\n", "hw.yaml");
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_EQ(r.status().message(), message);
+  }
   Result<HardwareTable> zero_share = parse_hardware_table(
       "gpus: []\ninterconnects: [{name: nv, gbytes_per_s: 450, latency_us: 10, all_reduce_share: 0}]\n", "hw.yaml");
   ASSERT_FALSE(zero_share.is_ok());
