@@ -33,26 +33,28 @@
 # a layout the bench does not predict: with it, the table's overlap rates (the speed a
 # collective keeps beside compute on these shared cores, and the compute's while one is in
 # flight) are fitted from its waits and step, the links and the compute from the runs
-# with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). z0b1 is dp2 ZeRO-0
-# with overlap off in 1 MiB buckets: the same all-reduces as z0's in 3x the calls per byte,
-# so that the link's per-call latency is fitted apart from its bandwidth (tp's 144
-# all-reduces a step of 256 KiB each are mostly latency; --two-run=z0,z0b1,z3,z2on). From
-# the runs with overlap off the fit takes the ranks' arrival skew as well (ZeRO-3's waits
-# at every group: the least total less each collective's least). Printed
+# with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). tp2s is tp 2 on the
+# model at a quarter of the sequence (T 64): 144 all-reduces a step of 64 KiB each, 30x
+# ZeRO-0's calls per byte, so that the link's per-call latency is fitted apart from its
+# bandwidth (the predicted tp2's 144 of 256 KiB are half latency); it and ZeRO-3 with
+# overlap off, whose compute thread waits at every group, also give the ranks' arrival
+# skew (the least total less each collective's least; --two-run=z0,z3,z2on,tp2s).
+# (ZeRO-0 in 1 MiB buckets, 3x z0's calls per byte, did not separate the latency: a
+# fraction of a ms between the two, within the runs' noise, gave a negative one.) Printed
 # per round: the fitted bandwidth and latency; at the end, each layout's exposed
 # communication error per group (three times the runs).
 # With --calibrate-on=z3, the calibration run (the first layout) is dp2 ZeRO-3 with both
 # overlap switches off instead of ZeRO-1: 84 collectives over 82 MB a step on this model,
 # against ZeRO-1's 12 over 13 MB, whose few ms of waiting are mostly the two ranks'
 # arrival skew rather than the transfer; ZeRO-1 with overlap off is then a predicted row.
-#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3|z0,z0b1,z3,z2on]]
+#   python3 bench/plan_calibration_bench.py [steps] [rounds] [--paired | --two-run[=z3|tp2|z0|z0,z3|z0,z3,z2on,tp2s]]
 #     [--calibrate-on=z3] [--layouts=I,J,...]   (default 6 3; from the repo root)
 import json, os, statistics, subprocess, sys, tempfile, time
 
 two_run = next((a for a in sys.argv[1:] if a == "--two-run" or a.startswith("--two-run=")), None)
 further = (two_run.split("=", 1)[1] if two_run and "=" in two_run else "z3").split(",")
-if not further or any(x not in ("z3", "tp2", "z0", "z0b1", "z2on") for x in further) or len(set(further)) < len(further):
-    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, z0, z0b1, z2on, or several of them (z0,z0b1,z3,z2on)")
+if not further or any(x not in ("z3", "tp2", "tp2s", "z0", "z2on") for x in further) or len(set(further)) < len(further):
+    sys.exit(f"{two_run}: the further calibration runs are z3 (the default), tp2, tp2s, z0, z2on, or several of them (z0,z3,z2on,tp2s)")
 paired = "--paired" in sys.argv or two_run is not None
 on_z3 = "--calibrate-on=z3" in sys.argv
 if on_z3 and two_run:
@@ -99,8 +101,7 @@ if only:
 FURTHER = [{"z3": ("dp2 z3 overlap off", ["parallel.dp=2", "parallel.zero_stage=3"] + OFF),
             "tp2": ("tp2", ["parallel.tp=2"]),
             "z0": ("dp2 z0 overlap off", ["parallel.dp=2", "parallel.zero_stage=0"] + OFF),
-            "z0b1": ("dp2 z0 overlap off, 1 MiB buckets",
-                     ["parallel.dp=2", "parallel.zero_stage=0", "parallel.bucket_mb=1"] + OFF),
+            "tp2s": ("tp2 T64", ["parallel.tp=2", "model.seq_len=64"]),
             "z2on": ("dp2 z2 overlap on", ["parallel.dp=2", "parallel.zero_stage=2"])}[x] for x in further]
 
 

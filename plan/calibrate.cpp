@@ -710,8 +710,15 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
     }
     return sum;
   };
-  constexpr double kLeast = 1e-3;  // the slowest rate fitted (either)
+  constexpr double kLeast = 1e-3;  // the slowest collective's rate fitted
   constexpr int kHalvings = 30;
+  // The compute keeps at least the threads' share of the cores while a collective is in
+  // flight (a communication thread that took a whole core would leave it that): a step
+  // longer than the plan's at that share is not the overlap's, and the rate stops there.
+  double least_compute = 1;
+  for (const CalibrationRun& r : overlapped) {
+    least_compute = std::min(least_compute, cpu_thread_share_in_flight(r.config, options));
+  }
   auto comm_rate = [&](double compute) {
     if (planned(1, compute).first >= waits) return 1.0;
     if (planned(kLeast, compute).first <= waits) return kLeast;
@@ -720,7 +727,8 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
   auto step_above = [&](double compute) { return planned(comm_rate(compute), compute).second > steps; };
   double compute = 1;
   if (planned(comm_rate(1), 1).second < steps) {
-    compute = step_above(kLeast) ? bisect_log(kLeast, 1, kHalvings, step_above) : kLeast;
+    compute = step_above(least_compute) ? bisect_log(least_compute, 1, kHalvings, step_above)
+                                        : least_compute;
   }
   c.hardware.overlap_comm_rate = comm_rate(compute);
   c.hardware.overlap_compute_rate = compute;

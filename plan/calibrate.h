@@ -41,9 +41,15 @@
 //     the collective's rate beside compute whose planned dp waits (summed over the
 //     overlapped runs) are the measured ones (their exposed dp time, the least of the
 //     group's ranks where the file has it), and the compute's rate whose planned steps are
-//     the measured ones; each in [1e-3, 1]. An overlapped run's exposed + hidden time is
+//     the measured ones; the collective's in [1e-3, 1], the compute's in [the threads'
+//     share of the cores (cpu_thread_share_in_flight), 1]. An overlapped run's exposed + hidden time is
 //     not its transfer's (its hidden part runs at the slower rate beside compute), so it
 //     fits no link. Otherwise every run fits the links and the compute, as below.
+//   - the ranks' arrival skew (Hardware::arrival_skew), where the files give each
+//     collective's least time and the least totals (has_kinds, has_least): per run and per
+//     group whose plan waits between compute (tp; dp with overlap off), the least total
+//     less the sum of the collectives' least times, against the plan's skew at 1; the
+//     ratio of the sums, fitted in turn with the compute factor (the step holds it).
 //   - compute: one factor on gemm_efficiency, attention_efficiency and memory_efficiency
 //     together (their ratios kept), so that the predicted step equals the measured one.
 //     With several runs, the factor whose predicted steps match the measured ones in the

@@ -1120,4 +1120,10 @@ std::string configured_misfit(const Plan& plan) {
   return s;
 }
 
+double cpu_thread_share_in_flight(const Config& config, const PlanOptions& o) {
+  PlanOptions shares = o;
+  shares.hardware.overlap_compute_rate = 0;
+  return cpu_compute_rate_in_flight(config, shares);
+}
+
 }  // namespace trident

@@ -318,6 +318,12 @@ std::vector<int> plan_ep_degrees(const Config& base, int dp);
 // reason empty (make_plan ranks).
 PlanResult evaluate_layout(const Config& config, const PlanOptions& options);
 
+// CPU ranks: the share of its speed a rank's compute keeps while its communication thread
+// runs a collective, from the threads' shares of the cores alone (a table's
+// overlap_compute_rate aside; plan.cpp cpu_compute_rate_in_flight). 1 on a GPU and where a
+// core is spare. The least compute rate calibration fits (plan/calibrate.h).
+double cpu_thread_share_in_flight(const Config& config, const PlanOptions& options);
+
 struct Plan {
   int devices = 0, gpus_per_node = 0;
   std::string gpu;

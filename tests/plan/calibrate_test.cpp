@@ -356,6 +356,18 @@ TEST(Calibrate, RunsWithOverlapOnFitTheOverlapRatesAndTheOthersTheLinks) {
   thread_shares.overlap_comm_rate = thread_shares.overlap_compute_rate = 0;
   const PlanResult shares = evaluate_layout(z3.config, cpu_options(2, thread_shares));
   EXPECT_GT(std::abs(shares.dp_s / z3.run.exposed.dp - 1), 0.2);
+  // A ZeRO-2 run that waited less than the plan at full collective speed and stepped 20%
+  // longer: its collectives' rate stops at 1, and the compute's at the threads' share of
+  // the cores (a longer step is not the overlap's beyond that), not at the search's end.
+  std::vector<CalibrationRun> odd = runs;
+  odd[3].run.exposed.dp *= 0.1;
+  odd[3].run.step_s *= 1.2;
+  auto floor = calibrate_runs(odd, cpu_options(2, start));
+  ASSERT_TRUE(floor.is_ok()) << floor.status().message();
+  EXPECT_EQ(floor->hardware.overlap_comm_rate, 1) << floor->notes;
+  const double share = cpu_thread_share_in_flight(odd[3].config, cpu_options(2, start));
+  EXPECT_LT(share, 1);
+  EXPECT_NEAR(floor->hardware.overlap_compute_rate, share, 1e-6) << floor->notes;
   // The overlapped run with tp 2 only: no dp link fitted apart, every run fits the links.
   auto no_rates = calibrate_runs({runs[3], runs_on({PlanCandidate{{.tp = 2}, Recompute::kNone, 1}}, truth, true)[0]},
                                  cpu_options(2, start));
