@@ -34,9 +34,9 @@
 # collective keeps beside compute on these shared cores, and the compute's while one is in
 # flight) are fitted from its waits and step, the links and the compute from the runs
 # with overlap off (--two-run=z0,z3,z2on; docs/PLAN.md "Calibration"). tp2s is tp 2 on the
-# model at a quarter of the sequence (T 64): 144 all-reduces a step of 64 KiB each, 30x
+# model at a quarter of the sequence (T 64): 144 all-reduces a step of 64 KiB each, 33x
 # ZeRO-0's calls per byte, so that the link's per-call latency is fitted apart from its
-# bandwidth (the predicted tp2's 144 of 256 KiB are half latency); it and ZeRO-3 with
+# bandwidth (of the predicted tp2's 144 of 256 KiB, about a fifth is latency); it and ZeRO-3 with
 # overlap off, whose compute thread waits at every group, also give the ranks' arrival
 # skew (the least total less each collective's least; --two-run=z0,z3,z2on,tp2s).
 # (ZeRO-0 in 1 MiB buckets, 3x z0's calls per byte, did not separate the latency: a

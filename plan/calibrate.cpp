@@ -392,7 +392,7 @@ bool fit_arrival_skew(const std::vector<CalibrationRun>& runs, const PlanOptions
   if (planned <= 0) return false;
   *skew = std::min(kMaxSkew, measured / planned);
   *note = "arrival skew (" + files + "): " + fmt("%.4g", *skew) +
-          " s waited per s of compute between blocking collectives (the least totals less "
+          " s waited per s of compute between a group's waits (the least totals less "
           "each collective's least: " + fmt("%.4g", measured * 1e3) + " ms, against " +
           fmt("%.4g", planned * 1e3) + " ms planned at 1, summed over the runs)\n";
   return true;

@@ -98,14 +98,13 @@ struct Hardware {
   // threads' shares of the cores instead (plan.cpp cpu_comm_rate_in_compute). Fitted by
   // `trident plan --calibrate` from a run with overlap on (docs/PLAN.md "Calibration").
   double overlap_comm_rate = 0, overlap_compute_rate = 0;
-  // The ranks' arrival skew at a group's blocking collectives: a rank waits there for the
-  // others as long as their compute since the group's last blocking collective took
-  // longer than its own. Per step, the least waiting rank of a group waits
+  // The ranks' arrival skew where they wait for a group's collectives: a rank waits there
+  // for the others as long as their compute since the last such wait took longer than its
+  // own. Per step, the least waiting rank of a group waits
   //   arrival_skew x (sum of d_i - sqrt(sum of d_i^2)),
-  // d_i the compute between the group's consecutive blocking collectives (plan.cpp
-  // arrival_skew_seconds: two ranks whose compute of d varies independently by a share
-  // proportional to d; one long segment costs the last to arrive nothing, many short
-  // ones add up). 0: none (the GPU entries; an uncalibrated cpu). Fitted by `trident plan
+  // d_i the compute between the group's consecutive waits (plan.cpp arrival_skew_seconds:
+  // two ranks whose compute of d varies independently by a share proportional to d; one
+  // long segment costs the last to arrive nothing, many short ones add up). 0: none (the GPU entries; an uncalibrated cpu). Fitted by `trident plan
   // --calibrate` from runs whose metrics give each collective's least time apart
   // (docs/PLAN.md "Calibration").
   double arrival_skew = 0;

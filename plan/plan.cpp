@@ -367,12 +367,12 @@ double cpu_comm_rate_in_compute(const Config& config, const PlanOptions& o) {
 // The seconds per step a group's least waiting rank waits for the others where it waits
 // for the group's collectives (Hardware::arrival_skew): skew x (sum of d_i - sqrt(sum of
 // d_i^2)) over the segments d_i of compute between those waits (tp: every collective;
-// dp: where the compute thread waits, exposed_dp's segments). For two ranks whose segment times differ by D_i, the one rank
-// waits the D_i > 0, the other the D_i < 0, and the lesser of the two totals is
-// (sum |D_i| - |sum D_i|) / 2; with independent normal D_i of spread proportional to d_i,
-// its mean is proportional to sum d_i - sqrt(sum d_i^2). One segment (a step's compute,
-// then the collectives) costs the last rank to arrive nothing; n equal ones cost
-// (1 - 1/sqrt(n)) of the compute.
+// dp: where the compute thread waits, exposed_dp's segments). For two ranks whose
+// segment times differ by D_i, the one rank waits the D_i > 0, the other the D_i < 0, and
+// the lesser of the two totals is (sum |D_i| - |sum D_i|) / 2; with independent normal
+// D_i of spread proportional to d_i, its mean is proportional to sum d_i - sqrt(sum
+// d_i^2). One segment (a step's compute, then the collectives) costs the last rank to
+// arrive nothing; n equal ones cost (1 - 1/sqrt(n)) of the compute.
 double arrival_skew_seconds(const WaitSegments& s, double skew) {
   return skew * std::max(0.0, s.sum - std::sqrt(s.squares));
 }

@@ -144,8 +144,8 @@ std::string plan_table(const Plan& plan, int rows) {
   bool skewed = plan.configured_error.empty() && plan.configured.tp_skew_s + plan.configured.dp_skew_s > 0;
   for (const PlanResult& l : plan.layouts) skewed |= l.tp_skew_s + l.dp_skew_s > 0;
   if (skewed) {
-    out += "# tp s, dp s: include the ranks' arrival skew at blocking collectives (the "
-           "hardware table's cpu.arrival_skew)\n";
+    out += "# tp s, dp s: include the ranks' waits for each other's arrival at the group's "
+           "collectives (the hardware table's cpu.arrival_skew)\n";
   }
   if (plan.selective_reruns == SelectiveReruns::kTorchtitanOp) {
     out += "# recomp s: selective reruns as torchtitan's op-level policy "
