@@ -733,9 +733,7 @@ Result<Calibration> calibrate_runs(const std::vector<CalibrationRun>& runs, cons
   c.hardware.overlap_comm_rate = comm_rate(compute);
   c.hardware.overlap_compute_rate = compute;
   const auto fitted = planned(c.hardware.overlap_comm_rate, compute);
-  std::string files;
-  for (const CalibrationRun& r : overlapped) files += (files.empty() ? "" : ", ") + r.run.path;
-  c.notes += "overlap on shared cores (" + files + "): a dp collective beside compute at " +
+  c.notes += "overlap on shared cores (" + file_list(overlapped) + "): a dp collective beside compute at " +
              fmt("%.4g", c.hardware.overlap_comm_rate) + " of its speed, the compute at " +
              fmt("%.4g", compute) + " of its speed while one is in flight; dp waits measured " +
              fmt("%.4g", waits * 1e3) + " ms, planned " + fmt("%.4g", fitted.first * 1e3) +
